@@ -1,0 +1,17 @@
+//! fp8-engine: FP8 transformer training in Rust.
+//!
+//! The numeric contract lives in `docs/numerics.md`. Every GPU kernel has a CPU
+//! twin with the same bits, so FP8 numerics can be studied and tested anywhere.
+//!
+//! ```
+//! use fp8_engine::format::{Fp8Format, Overflow};
+//!
+//! let code = Fp8Format::E4M3.encode(1000.0, Overflow::Saturate);
+//! assert_eq!(Fp8Format::E4M3.decode(code), 448.0); // saturated to max finite
+//! ```
+
+pub mod convert;
+pub mod error;
+pub mod format;
+
+pub use error::{Error, Result};
