@@ -67,8 +67,9 @@ pub fn encode_e8m0(x: f32, overflow: Overflow) -> u8 {
     if x.is_nan() || (bits >> 31 == 1 && x != 0.0) {
         return E8M0_NAN;
     }
-    let exp = bits >> 23; // sign is clear from here on (or x is -0)
-    let man = bits & 0x7F_FFFF;
+    let abs = bits & 0x7FFF_FFFF; // only -0 still has the sign bit here
+    let exp = abs >> 23;
+    let man = abs & 0x7F_FFFF;
     let code = if exp == 0 {
         // f32 subnormal: between 2^-127 (mantissa 0x40_0000) and 2^-126;
         // the midpoint 0.75 * 2^-126 ties to code 0 (even).

@@ -257,7 +257,7 @@ macro_rules! fp8_scalar {
             /// Smallest positive subnormal value.
             pub const MIN_POSITIVE_SUBNORMAL: $name = $name(1);
             /// Difference between 1.0 and the next value up.
-            pub const EPSILON: $name = $name(((($format.spec().bias - $format.spec().man_bits as i32) as u8) << $format.spec().man_bits));
+            pub const EPSILON: $name = $name((($format.spec().bias - $format.spec().man_bits as i32) as u8) << $format.spec().man_bits);
             /// The NaN the encoder produces.
             pub const NAN: $name = $name($format.spec().nan_code);
             /// Positive zero.
