@@ -15,3 +15,8 @@ pub mod error;
 pub mod format;
 
 pub use error::{Error, Result};
+
+/// The README's Rust examples run as doc tests, so they cannot rot.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
