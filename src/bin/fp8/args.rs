@@ -49,7 +49,7 @@ mod tests {
         assert_eq!(scale("0.5"), Ok(0.5));
         assert_eq!(scale("1e3"), Ok(1000.0));
         for bad in ["0", "-1", "inf", "nan", "1e-50", "1e39", "abc", ""] {
-            let message = scale(bad).unwrap_err();
+            let message = scale(bad).unwrap_err().to_lowercase();
             assert!(message.contains(&format!("'{bad}'")) || message.contains(bad), "{bad}: {message}");
         }
     }
