@@ -48,7 +48,11 @@ fn fail(args: &[&str], stdin: &[u8]) -> String {
     let out = fp8(args, stdin);
     let stderr = String::from_utf8(out.stderr).expect("utf-8 stderr");
     assert!(!out.status.success(), "fp8 {args:?} should fail; stderr: {stderr}");
-    assert!(out.stdout.is_empty(), "fp8 {args:?} wrote {} bytes to stdout", out.stdout.len());
+    assert!(
+        out.stdout.is_empty(),
+        "fp8 {args:?} wrote {} bytes to stdout",
+        out.stdout.len()
+    );
     let lines: Vec<&str> = stderr.lines().collect();
     assert_eq!(lines.len(), 1, "fp8 {args:?} should print one line, got: {stderr:?}");
     assert!(lines[0].starts_with("fp8: error: "), "{}", lines[0]);
@@ -61,7 +65,10 @@ fn f32_bytes(values: &[f32]) -> Vec<u8> {
 
 fn f32s(bytes: &[u8]) -> Vec<f32> {
     assert_eq!(bytes.len() % 4, 0, "output is not whole f32 values");
-    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
 }
 
 /// Same value, NaN matching any NaN (payloads are not part of the contract).
@@ -102,7 +109,10 @@ fn cast_agrees_with_the_scalar_codec_per_element() {
     let values = awkward_values(&mut rng, 20_000);
     let input = f32_bytes(&values);
     for format in Fp8Format::ALL {
-        for (flag, overflow) in [(None, Overflow::Saturate), (Some("--no-saturate"), Overflow::NonSaturating)] {
+        for (flag, overflow) in [
+            (None, Overflow::Saturate),
+            (Some("--no-saturate"), Overflow::NonSaturating),
+        ] {
             for scale in [1.0f32, 0.37, 1024.0] {
                 let scale_text = scale.to_string();
                 let mut args = vec!["cast", "--to", format.name(), "--scale", &scale_text];
@@ -112,7 +122,10 @@ fn cast_agrees_with_the_scalar_codec_per_element() {
                 for (&x, &code) in values.iter().zip(&codes) {
                     let expected = format.encode(x * scale, overflow);
                     let ok = code == expected || (format.is_nan(code) && format.is_nan(expected));
-                    assert!(ok, "{args:?}: x = {x:e}: got {code:#04x}, scalar codec gives {expected:#04x}");
+                    assert!(
+                        ok,
+                        "{args:?}: x = {x:e}: got {code:#04x}, scalar codec gives {expected:#04x}"
+                    );
                 }
             }
         }
@@ -128,7 +141,10 @@ fn cast_handles_inputs_larger_than_one_chunk() {
     assert_eq!(codes.len(), values.len());
     for (i, (&x, &code)) in values.iter().zip(&codes).enumerate() {
         let expected = Fp8Format::E5M2.encode(x, Overflow::Saturate);
-        assert!(code == expected || Fp8Format::E5M2.is_nan(code) && x.is_nan(), "element {i}: x = {x:e}");
+        assert!(
+            code == expected || Fp8Format::E5M2.is_nan(code) && x.is_nan(),
+            "element {i}: x = {x:e}"
+        );
     }
 }
 
@@ -148,7 +164,10 @@ fn decode_agrees_with_the_scalar_codec_per_element() {
                     "e5m2" => Fp8Format::E5M2.decode(code),
                     _ => decode_e8m0(code),
                 };
-                assert!(same(y, exact * scale), "{name} code {code:#04x} scale {scale}: got {y:e}");
+                assert!(
+                    same(y, exact * scale),
+                    "{name} code {code:#04x} scale {scale}: got {y:e}"
+                );
             }
         }
     }
@@ -158,10 +177,16 @@ fn decode_agrees_with_the_scalar_codec_per_element() {
 fn cast_then_decode_round_trips() {
     // Every finite FP8 value divided by a power-of-two scale comes back exactly.
     for format in Fp8Format::ALL {
-        let values: Vec<f32> =
-            (0..=255u8).map(|c| format.decode(c)).filter(|v| v.is_finite()).map(|v| v / 64.0).collect();
+        let values: Vec<f32> = (0..=255u8)
+            .map(|c| format.decode(c))
+            .filter(|v| v.is_finite())
+            .map(|v| v / 64.0)
+            .collect();
         let codes = succeed(&["cast", "--to", format.name(), "--scale", "64"], &f32_bytes(&values));
-        let back = f32s(&succeed(&["decode", "--from", format.name(), "--scale", "0.015625"], &codes));
+        let back = f32s(&succeed(
+            &["decode", "--from", format.name(), "--scale", "0.015625"],
+            &codes,
+        ));
         for (x, y) in values.iter().zip(&back) {
             assert_eq!(x.to_bits(), y.to_bits(), "{format}: {x:e} came back as {y:e}");
         }
@@ -206,19 +231,28 @@ fn scale_and_no_saturate_change_results_as_the_contract_says() {
     // Non-saturating: E4M3 has no inf, so NaN; E5M2 goes to inf.
     assert!(cast_one(1000.0, &["cast", "--to", "e4m3", "--no-saturate"]).is_nan());
     assert_eq!(cast_one(1e6, &["cast", "--to", "e5m2", "--no-saturate"]), f32::INFINITY);
-    assert_eq!(cast_one(-1e6, &["cast", "--to", "e5m2", "--no-saturate"]), f32::NEG_INFINITY);
+    assert_eq!(
+        cast_one(-1e6, &["cast", "--to", "e5m2", "--no-saturate"]),
+        f32::NEG_INFINITY
+    );
     // 464 is the tie between 448 and the first overflow: it rounds to even, 448, in both modes.
     assert_eq!(cast_one(464.0, &["cast", "--to", "e4m3", "--no-saturate"]), 448.0);
     assert!(cast_one(465.0, &["cast", "--to", "e4m3", "--no-saturate"]).is_nan());
     // The scale applies before the cast: 1000 * 0.25 = 250, nearest E4M3 value 256 (240 is farther).
     assert_eq!(cast_one(1000.0, &["cast", "--to", "e4m3", "--scale", "0.25"]), 256.0);
-    assert_eq!(cast_one(1000.0, &["cast", "--to", "e4m3", "--scale", "0.25", "--no-saturate"]), 256.0);
+    assert_eq!(
+        cast_one(1000.0, &["cast", "--to", "e4m3", "--scale", "0.25", "--no-saturate"]),
+        256.0
+    );
     // ... and can push a value that fit into saturation.
     assert_eq!(cast_one(300.0, &["cast", "--to", "e4m3", "--scale", "2"]), 448.0);
     // Tiny values flush to zero unless scaled up into range: 2^-12 -> 0, but 2^-12 * 2^6 = 2^-6.
     let tiny = 2f32.powi(-12);
     assert_eq!(cast_one(tiny, &["cast", "--to", "e4m3"]), 0.0);
-    assert_eq!(cast_one(tiny, &["cast", "--to", "e4m3", "--scale", "64"]), 2f32.powi(-6));
+    assert_eq!(
+        cast_one(tiny, &["cast", "--to", "e4m3", "--scale", "64"]),
+        2f32.powi(-6)
+    );
 }
 
 // ---------------------------------------------------------------- bad input
@@ -234,15 +268,32 @@ fn input_that_is_not_whole_f32_values_is_refused() {
 #[test]
 fn unknown_formats_are_refused_with_the_known_ones_listed() {
     let line = fail(&["cast", "--to", "e9m9"], &[0; 8]);
-    assert!(line.contains("e9m9") && line.contains("e4m3") && line.contains("e5m2"), "{line}");
+    assert!(
+        line.contains("e9m9") && line.contains("e4m3") && line.contains("e5m2"),
+        "{line}"
+    );
     let line = fail(&["cast", "--to", "bf16"], &[0; 8]);
-    assert!(line.contains("bf16") && line.contains("e4m3") && line.contains("e5m2"), "{line}");
+    assert!(
+        line.contains("bf16") && line.contains("e4m3") && line.contains("e5m2"),
+        "{line}"
+    );
     let line = fail(&["decode", "--from", "int8"], &[0; 8]);
-    assert!(["int8", "e4m3", "e5m2", "e8m0"].iter().all(|w| line.contains(w)), "{line}");
+    assert!(
+        ["int8", "e4m3", "e5m2", "e8m0"].iter().all(|w| line.contains(w)),
+        "{line}"
+    );
     let line = fail(&["decode", "--from", "fp16"], &[0; 8]);
-    assert!(["fp16", "e4m3", "e5m2", "e8m0"].iter().all(|w| line.contains(w)), "{line}");
+    assert!(
+        ["fp16", "e4m3", "e5m2", "e8m0"].iter().all(|w| line.contains(w)),
+        "{line}"
+    );
     let line = fail(&["show", "1", "--format", "fp32"], &[]);
-    assert!(["fp32", "e4m3", "e5m2", "e8m0", "bf16", "fp16"].iter().all(|w| line.contains(w)), "{line}");
+    assert!(
+        ["fp32", "e4m3", "e5m2", "e8m0", "bf16", "fp16"]
+            .iter()
+            .all(|w| line.contains(w)),
+        "{line}"
+    );
 }
 
 #[test]
@@ -268,7 +319,11 @@ fn other_usage_errors_are_one_line_too() {
 
 /// Splits a table line into cells: columns are separated by two or more spaces.
 fn cells(line: &str) -> Vec<String> {
-    line.split("  ").map(str::trim).filter(|c| !c.is_empty()).map(String::from).collect()
+    line.split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 /// The rows of a table printed by the tool, keyed by their first cell, each as column title -> cell.
@@ -311,7 +366,10 @@ fn number(cell: &str) -> Option<f64> {
     match note {
         Some(approx) if approx.starts_with('~') => {
             let approx: f64 = approx[1..].parse().expect("approximation");
-            assert!(((approx - value) / value).abs() < 1e-4, "{cell:?}: approximation is off");
+            assert!(
+                ((approx - value) / value).abs() < 1e-4,
+                "{cell:?}: approximation is off"
+            );
         }
         Some(decimal) => assert_eq!(decimal.parse::<f64>().expect("decimal"), value, "{cell:?}"),
         None => {}
@@ -336,21 +394,81 @@ fn code_set(cell: &str) -> BTreeSet<u16> {
         .collect()
 }
 
+/// One row of the format table of the numeric contract.
+struct Limits {
+    name: &'static str,
+    bits: &'static str,
+    bias: i32,
+    max: f64,
+    min_normal: f64,
+    min_subnormal: Option<f64>,
+    eps: Option<f64>,
+}
+
 #[test]
 fn formats_table_has_the_numbers_of_the_contract() {
     let text = String::from_utf8(succeed(&["formats"], &[])).expect("utf-8");
     let rows = table_rows(&text);
     assert_eq!(rows.len(), Format::ALL.len());
     let p = |e: i32| 2f64.powi(e);
-    // Section 1 of the numeric contract: s/e/m, bias, max finite, min normal, min subnormal, eps.
-    let contract: [(&str, &str, i32, f64, f64, Option<f64>, Option<f64>); 5] = [
-        ("e4m3", "1/4/3", 7, 448.0, p(-6), Some(p(-9)), Some(p(-3))),
-        ("e5m2", "1/5/2", 15, 57344.0, p(-14), Some(p(-16)), Some(p(-2))),
-        ("e8m0", "0/8/0", 127, p(127), p(-127), None, None),
-        ("bf16", "1/8/7", 127, (2.0 - p(-7)) * p(127), p(-126), Some(p(-133)), Some(p(-7))),
-        ("fp16", "1/5/10", 15, 65504.0, p(-14), Some(p(-24)), Some(p(-10))),
+    // Section 1 of the numeric contract.
+    let contract = [
+        Limits {
+            name: "e4m3",
+            bits: "1/4/3",
+            bias: 7,
+            max: 448.0,
+            min_normal: p(-6),
+            min_subnormal: Some(p(-9)),
+            eps: Some(p(-3)),
+        },
+        Limits {
+            name: "e5m2",
+            bits: "1/5/2",
+            bias: 15,
+            max: 57344.0,
+            min_normal: p(-14),
+            min_subnormal: Some(p(-16)),
+            eps: Some(p(-2)),
+        },
+        Limits {
+            name: "e8m0",
+            bits: "0/8/0",
+            bias: 127,
+            max: p(127),
+            min_normal: p(-127),
+            min_subnormal: None,
+            eps: None,
+        },
+        Limits {
+            name: "bf16",
+            bits: "1/8/7",
+            bias: 127,
+            max: (2.0 - p(-7)) * p(127),
+            min_normal: p(-126),
+            min_subnormal: Some(p(-133)),
+            eps: Some(p(-7)),
+        },
+        Limits {
+            name: "fp16",
+            bits: "1/5/10",
+            bias: 15,
+            max: 65504.0,
+            min_normal: p(-14),
+            min_subnormal: Some(p(-24)),
+            eps: Some(p(-10)),
+        },
     ];
-    for (name, bits, bias, max, min_normal, min_subnormal, eps) in contract {
+    for Limits {
+        name,
+        bits,
+        bias,
+        max,
+        min_normal,
+        min_subnormal,
+        eps,
+    } in contract
+    {
         let row = &rows[name];
         assert_eq!(row["s/e/m"], bits, "{name}");
         assert_eq!(row["bias"].parse::<i32>().unwrap(), bias, "{name}");
@@ -363,11 +481,22 @@ fn formats_table_has_the_numbers_of_the_contract() {
     for format in Format::ALL {
         let row = &rows[format.name()];
         let max_code = hex(&row["max code"]);
-        assert_eq!(Some(format.decode(max_code) as f64), number(&row["max finite"]), "{format} max code");
+        assert_eq!(
+            Some(format.decode(max_code) as f64),
+            number(&row["max finite"]),
+            "{format} max code"
+        );
         let codes = 0..format.code_count();
-        let nan: BTreeSet<u16> = codes.clone().map(|c| c as u16).filter(|&c| format.decode(c).is_nan()).collect();
+        let nan: BTreeSet<u16> = codes
+            .clone()
+            .map(|c| c as u16)
+            .filter(|&c| format.decode(c).is_nan())
+            .collect();
         assert_eq!(code_set(&row["NaN codes"]), nan, "{format} NaN codes");
-        let inf: Vec<u16> = codes.map(|c| c as u16).filter(|&c| format.decode(c).is_infinite()).collect();
+        let inf: Vec<u16> = codes
+            .map(|c| c as u16)
+            .filter(|&c| format.decode(c).is_infinite())
+            .collect();
         let listed: Vec<u16> = match row["inf (+/-)"].split_once('/') {
             Some((pos, neg)) => {
                 assert_eq!(format.decode(hex(pos)), f32::INFINITY, "{format} +inf");
@@ -376,7 +505,11 @@ fn formats_table_has_the_numbers_of_the_contract() {
             }
             None => vec![],
         };
-        assert_eq!(listed.iter().copied().collect::<BTreeSet<_>>(), inf.into_iter().collect(), "{format} inf");
+        assert_eq!(
+            listed.iter().copied().collect::<BTreeSet<_>>(),
+            inf.into_iter().collect(),
+            "{format} inf"
+        );
     }
 }
 
@@ -389,7 +522,11 @@ fn show(args: &[&str]) -> HashMap<String, HashMap<String, String>> {
 }
 
 fn flags(row: &HashMap<String, String>) -> BTreeSet<String> {
-    row["flags"].split(',').filter(|f| *f != "-").map(String::from).collect()
+    row["flags"]
+        .split(',')
+        .filter(|f| *f != "-")
+        .map(String::from)
+        .collect()
 }
 
 fn flag_set(names: &[&str]) -> BTreeSet<String> {
@@ -403,8 +540,14 @@ fn show_flags_saturation_overflow_and_flush() {
     assert_eq!(flags(row), flag_set(&["saturated"]));
     // 464 rounds (ties to even) to 448: rounding, not saturation.
     assert_eq!(flags(&show(&["464", "--format", "e4m3"])["e4m3"]), flag_set(&[]));
-    assert_eq!(flags(&show(&["465", "--format", "e4m3"])["e4m3"]), flag_set(&["saturated"]));
-    assert_eq!(flags(&show(&["-inf", "--format", "e4m3"])["e4m3"]), flag_set(&["saturated"]));
+    assert_eq!(
+        flags(&show(&["465", "--format", "e4m3"])["e4m3"]),
+        flag_set(&["saturated"])
+    );
+    assert_eq!(
+        flags(&show(&["-inf", "--format", "e4m3"])["e4m3"]),
+        flag_set(&["saturated"])
+    );
 
     let row = &show(&["1000", "--format", "e4m3", "--no-saturate"])["e4m3"];
     assert!(number(&row["value"]).unwrap().is_nan());
@@ -413,7 +556,10 @@ fn show_flags_saturation_overflow_and_flush() {
     assert_eq!(number(&row["value"]), Some(f64::NEG_INFINITY));
     assert_eq!(flags(row), flag_set(&["overflow-to-inf"]));
     let row = &show(&["1e6", "--format", "e5m2"])["e5m2"];
-    assert_eq!((number(&row["value"]), flags(row)), (Some(57344.0), flag_set(&["saturated"])));
+    assert_eq!(
+        (number(&row["value"]), flags(row)),
+        (Some(57344.0), flag_set(&["saturated"]))
+    );
 
     // 1e-10 is below half the smallest subnormal of e4m3 (2^-10), e5m2 (2^-17) and fp16 (2^-25), not of bf16.
     let rows = show(&["1e-10"]);
@@ -423,15 +569,25 @@ fn show_flags_saturation_overflow_and_flush() {
     }
     assert_eq!(flags(&rows["bf16"]), flag_set(&[]));
     // 2^-10 is exactly half e4m3's smallest subnormal: the tie goes to the even code, zero.
-    assert_eq!(flags(&show(&["0.0009765625", "--format", "e4m3"])["e4m3"]), flag_set(&["flushed-to-zero"]));
+    assert_eq!(
+        flags(&show(&["0.0009765625", "--format", "e4m3"])["e4m3"]),
+        flag_set(&["flushed-to-zero"])
+    );
     // 2^-9 is e4m3's smallest subnormal, exactly.
     let row = &show(&["0.001953125", "--format", "e4m3"])["e4m3"];
     assert_eq!(flags(row), flag_set(&["subnormal"]));
     assert_eq!(row["rel error"], "0");
     // Zero is not flushed; NaN is just NaN; e8m0 has no sign.
     assert!(show(&["0"]).values().all(|row| flags(row).is_empty()));
-    assert!(show(&["nan"]).values().all(|row| flags(row).is_empty() && number(&row["value"]).unwrap().is_nan()));
-    assert_eq!(flags(&show(&["-5", "--format", "e8m0"])["e8m0"]), flag_set(&["negative-to-nan"]));
+    assert!(
+        show(&["nan"])
+            .values()
+            .all(|row| flags(row).is_empty() && number(&row["value"]).unwrap().is_nan())
+    );
+    assert_eq!(
+        flags(&show(&["-5", "--format", "e8m0"])["e8m0"]),
+        flag_set(&["negative-to-nan"])
+    );
 }
 
 #[test]
@@ -445,26 +601,41 @@ fn show_reports_the_codec_values_and_true_neighbours() {
             let code = hex(&row["code"]);
             assert_eq!(code, format.encode(x, Overflow::Saturate), "{format} {text}");
             let bits: String = row["bits s/e/m"].split(' ').collect();
-            assert_eq!(u16::from_str_radix(&bits, 2).unwrap(), code, "{format} {text}: bit fields");
+            assert_eq!(
+                u16::from_str_radix(&bits, 2).unwrap(),
+                code,
+                "{format} {text}: bit fields"
+            );
             let value = number(&row["value"]).unwrap();
-            assert!(same(value as f32, format.decode(code)), "{format} {text}: value {value}");
+            assert!(
+                same(value as f32, format.decode(code)),
+                "{format} {text}: value {value}"
+            );
             if value.is_nan() {
                 continue;
             }
             // Neighbours: representable, on the right side, and nothing representable in between.
-            let all: Vec<f64> = (0..format.code_count()).map(|c| format.decode(c as u16) as f64).collect();
+            let all: Vec<f64> = (0..format.code_count())
+                .map(|c| format.decode(c as u16) as f64)
+                .collect();
             let below = number(&row["below"]);
             let above = number(&row["above"]);
             for v in &all {
                 let inside = below.is_none_or(|b| *v > b) && above.is_none_or(|a| *v < a);
-                assert!(!inside || *v == value || v.is_nan(), "{format} {text}: {v} lies between the neighbours");
+                assert!(
+                    !inside || *v == value || v.is_nan(),
+                    "{format} {text}: {v} lies between the neighbours"
+                );
             }
             assert!(below.is_none_or(|b| b < value && all.contains(&b)), "{format} {text}");
             assert!(above.is_none_or(|a| a > value && all.contains(&a)), "{format} {text}");
             // Relative error, printed to 5 digits.
             let expected = (value - x as f64) / x as f64;
             let printed: f64 = row["rel error"].parse().unwrap();
-            assert!((printed - expected).abs() <= 1e-4 * expected.abs(), "{format} {text}: {printed} vs {expected}");
+            assert!(
+                (printed - expected).abs() <= 1e-4 * expected.abs(),
+                "{format} {text}: {printed} vs {expected}"
+            );
         }
     }
 }

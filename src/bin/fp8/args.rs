@@ -15,20 +15,32 @@ pub fn format_among(text: &str, allowed: &[Format], reason: &'static str) -> Res
     let names = || allowed.iter().map(|f| f.name()).collect::<Vec<_>>().join(", ");
     match text.parse::<Format>() {
         Ok(found) if allowed.contains(&found) => Ok(found),
-        Ok(found) => Err(format!("format {found} cannot be used here: {reason} (expected one of: {})", names())),
+        Ok(found) => Err(format!(
+            "format {found} cannot be used here: {reason} (expected one of: {})",
+            names()
+        )),
         Err(_) => Err(format!("unknown format '{text}' (expected one of: {})", names())),
     }
 }
 
 /// An FP8 data format: `e4m3` or `e5m2`.
 pub fn fp8_format(text: &str) -> Result<Fp8Format, String> {
-    let found = format_among(text, &[Format::E4M3, Format::E5M2], "only FP8 data formats are one byte per value")?;
-    found.fp8().ok_or_else(|| format!("format {found} is not an FP8 data format"))
+    let found = format_among(
+        text,
+        &[Format::E4M3, Format::E5M2],
+        "only FP8 data formats are one byte per value",
+    )?;
+    found
+        .fp8()
+        .ok_or_else(|| format!("format {found} is not an FP8 data format"))
 }
 
 /// A scale: a number that is finite and greater than zero once rounded to f32.
 pub fn scale(text: &str) -> Result<f32, String> {
-    let value: f32 = text.trim().parse().map_err(|_| format!("scale '{text}' is not a number"))?;
+    let value: f32 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("scale '{text}' is not a number"))?;
     if value.is_finite() && value > 0.0 {
         return Ok(value);
     }
@@ -50,7 +62,10 @@ mod tests {
         assert_eq!(scale("1e3"), Ok(1000.0));
         for bad in ["0", "-1", "inf", "nan", "1e-50", "1e39", "abc", ""] {
             let message = scale(bad).unwrap_err().to_lowercase();
-            assert!(message.contains(&format!("'{bad}'")) || message.contains(bad), "{bad}: {message}");
+            assert!(
+                message.contains(&format!("'{bad}'")) || message.contains(bad),
+                "{bad}: {message}"
+            );
         }
     }
 

@@ -43,20 +43,35 @@ pub fn run(args: CastArgs) -> Result<(), CliError> {
             input.len() % 4
         )));
     }
-    let overflow = if args.no_saturate { Overflow::NonSaturating } else { Overflow::Saturate };
+    let overflow = if args.no_saturate {
+        Overflow::NonSaturating
+    } else {
+        Overflow::Saturate
+    };
     let mut codes = vec![0u8; input.len() / 4];
     cast_le_f32(&input, &mut codes, args.to, args.scale, overflow)?;
     raw_io::write_stdout(&codes)
 }
 
 /// `codes[i] = cast(f32::from_le_bytes(raw[4i..4i+4]) * scale)`, chunks in parallel.
-fn cast_le_f32(raw: &[u8], codes: &mut [u8], format: Fp8Format, scale: f32, overflow: Overflow) -> Result<(), CliError> {
-    codes.par_chunks_mut(CHUNK).zip(raw.par_chunks(4 * CHUNK)).try_for_each(|(codes, raw)| {
-        let mut values = [0.0f32; CHUNK];
-        let values = &mut values[..codes.len()];
-        for (value, bytes) in values.iter_mut().zip(raw.chunks_exact(4)) {
-            *value = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-        }
-        quantize(values, codes, format, scale, overflow).map(|_amax| ()).map_err(CliError::from)
-    })
+fn cast_le_f32(
+    raw: &[u8],
+    codes: &mut [u8],
+    format: Fp8Format,
+    scale: f32,
+    overflow: Overflow,
+) -> Result<(), CliError> {
+    codes
+        .par_chunks_mut(CHUNK)
+        .zip(raw.par_chunks(4 * CHUNK))
+        .try_for_each(|(codes, raw)| {
+            let mut values = [0.0f32; CHUNK];
+            let values = &mut values[..codes.len()];
+            for (value, bytes) in values.iter_mut().zip(raw.chunks_exact(4)) {
+                *value = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+            }
+            quantize(values, codes, format, scale, overflow)
+                .map(|_amax| ())
+                .map_err(CliError::from)
+        })
 }

@@ -22,7 +22,10 @@ fn source(text: &str) -> Result<Source, String> {
     let allowed = [Format::E4M3, Format::E5M2, Format::E8M0];
     match args::format_among(text, &allowed, "decode reads one-byte codes")? {
         Format::E8M0 => Ok(Source::E8m0),
-        other => other.fp8().map(Source::Fp8).ok_or_else(|| format!("format {other} is not a one-byte format")),
+        other => other
+            .fp8()
+            .map(Source::Fp8)
+            .ok_or_else(|| format!("format {other} is not a one-byte format")),
     }
 }
 
@@ -54,20 +57,22 @@ pub fn run(args: DecodeArgs) -> Result<(), CliError> {
 
 /// `raw[4i..4i+4] = (decode(codes[i]) * scale).to_le_bytes()`, chunks in parallel.
 fn decode_to_le_f32(codes: &[u8], raw: &mut [u8], from: Source, scale: f32) -> Result<(), CliError> {
-    raw.par_chunks_mut(4 * CHUNK).zip(codes.par_chunks(CHUNK)).try_for_each(|(raw, codes)| {
-        let mut values = [0.0f32; CHUNK];
-        let values = &mut values[..codes.len()];
-        match from {
-            Source::Fp8(format) => dequantize(codes, values, format, scale)?,
-            Source::E8m0 => {
-                for (value, &code) in values.iter_mut().zip(codes) {
-                    *value = decode_e8m0(code) * scale;
+    raw.par_chunks_mut(4 * CHUNK)
+        .zip(codes.par_chunks(CHUNK))
+        .try_for_each(|(raw, codes)| {
+            let mut values = [0.0f32; CHUNK];
+            let values = &mut values[..codes.len()];
+            match from {
+                Source::Fp8(format) => dequantize(codes, values, format, scale)?,
+                Source::E8m0 => {
+                    for (value, &code) in values.iter_mut().zip(codes) {
+                        *value = decode_e8m0(code) * scale;
+                    }
                 }
             }
-        }
-        for (bytes, value) in raw.chunks_exact_mut(4).zip(values.iter()) {
-            bytes.copy_from_slice(&value.to_le_bytes());
-        }
-        Ok(())
-    })
+            for (bytes, value) in raw.chunks_exact_mut(4).zip(values.iter()) {
+                bytes.copy_from_slice(&value.to_le_bytes());
+            }
+            Ok(())
+        })
 }

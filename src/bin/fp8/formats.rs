@@ -39,11 +39,19 @@ fn row(format: Format) -> Vec<String> {
     let limits: &FormatLimits = format.limits();
     let hex = |code: u16| format!("0x{code:0width$X}", width = format.storage_bits() as usize / 4);
     let optional = |value: Option<f64>| value.map_or_else(|| "-".to_string(), readable);
-    let infinity = limits.infinity.map_or_else(|| "none".to_string(), |(pos, neg)| format!("{}/{}", hex(pos), hex(neg)));
+    let infinity = limits
+        .infinity
+        .map_or_else(|| "none".to_string(), |(pos, neg)| format!("{}/{}", hex(pos), hex(neg)));
     let nan = limits
         .nan
         .iter()
-        .map(|&(lo, hi)| if lo == hi { hex(lo) } else { format!("{}-{}", hex(lo), hex(hi)) })
+        .map(|&(lo, hi)| {
+            if lo == hi {
+                hex(lo)
+            } else {
+                format!("{}-{}", hex(lo), hex(hi))
+            }
+        })
         .collect::<Vec<_>>()
         .join(", ");
     vec![

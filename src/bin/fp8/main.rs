@@ -58,7 +58,9 @@ fn main() -> ExitCode {
             // --help, --version, and help shown for a missing subcommand print as clap renders them.
             let shows_help = matches!(
                 err.kind(),
-                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
             );
             if shows_help {
                 let _ = err.print();

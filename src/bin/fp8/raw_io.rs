@@ -10,10 +10,15 @@ use crate::error::CliError;
 pub fn read_stdin(what: &str) -> Result<Vec<u8>, CliError> {
     let stdin = io::stdin();
     if stdin.is_terminal() {
-        return Err(CliError(format!("stdin is a terminal; pipe or redirect {what} into it")));
+        return Err(CliError(format!(
+            "stdin is a terminal; pipe or redirect {what} into it"
+        )));
     }
     let mut bytes = Vec::with_capacity(stdin_file_size().unwrap_or(0));
-    stdin.lock().read_to_end(&mut bytes).map_err(|err| CliError(format!("reading stdin: {err}")))?;
+    stdin
+        .lock()
+        .read_to_end(&mut bytes)
+        .map_err(|err| CliError(format!("reading stdin: {err}")))?;
     Ok(bytes)
 }
 
@@ -36,10 +41,14 @@ fn stdin_file_size() -> Option<usize> {
 pub fn write_stdout(bytes: &[u8]) -> Result<(), CliError> {
     let stdout = io::stdout();
     if stdout.is_terminal() && !bytes.is_empty() {
-        return Err(CliError("stdout is a terminal; redirect the binary output to a file or a pipe".into()));
+        return Err(CliError(
+            "stdout is a terminal; redirect the binary output to a file or a pipe".into(),
+        ));
     }
     let mut lock = stdout.lock();
-    lock.write_all(bytes).and_then(|()| lock.flush()).map_err(|err| CliError(format!("writing stdout: {err}")))
+    lock.write_all(bytes)
+        .and_then(|()| lock.flush())
+        .map_err(|err| CliError(format!("writing stdout: {err}")))
 }
 
 /// Writes text to stdout (tables, reports).

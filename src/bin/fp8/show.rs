@@ -4,11 +4,11 @@
 use clap::Args;
 use fp8_engine::format::{Format, Overflow};
 
+use crate::args;
 use crate::error::CliError;
 use crate::number_text::{exact_decimal, readable};
 use crate::raw_io::print_text;
 use crate::table::Table;
-use crate::args;
 
 /// Show how one number encodes in each format.
 ///
@@ -35,12 +35,28 @@ pub struct ShowArgs {
 /// Runs `fp8 show`.
 pub fn run(args: ShowArgs) -> Result<(), CliError> {
     let x: f32 = args.value.trim().parse().map_err(|_| {
-        CliError(format!("value '{}' is not a number (expected decimal, scientific, inf, -inf or nan)", args.value))
+        CliError(format!(
+            "value '{}' is not a number (expected decimal, scientific, inf, -inf or nan)",
+            args.value
+        ))
     })?;
-    let overflow = if args.no_saturate { Overflow::NonSaturating } else { Overflow::Saturate };
+    let overflow = if args.no_saturate {
+        Overflow::NonSaturating
+    } else {
+        Overflow::Saturate
+    };
     let formats: Vec<Format> = args.format.map_or_else(|| Format::ALL.to_vec(), |f| vec![f]);
 
-    let mut table = Table::new(&["format", "code", "bits s/e/m", "value", "below", "above", "rel error", "flags"]);
+    let mut table = Table::new(&[
+        "format",
+        "code",
+        "bits s/e/m",
+        "value",
+        "below",
+        "above",
+        "rel error",
+        "flags",
+    ]);
     for format in formats {
         table.push(row(format, x, overflow));
     }
@@ -50,7 +66,11 @@ pub fn run(args: ShowArgs) -> Result<(), CliError> {
         Overflow::Saturate => "saturating",
         Overflow::NonSaturating => "non-saturating",
     };
-    print_text(&format!("x = {x_text} (f32 0x{:08X}), {mode}\n{}", x.to_bits(), table.render()))
+    print_text(&format!(
+        "x = {x_text} (f32 0x{:08X}), {mode}\n{}",
+        x.to_bits(),
+        table.render()
+    ))
 }
 
 fn row(format: Format, x: f32, overflow: Overflow) -> Vec<String> {
@@ -67,7 +87,11 @@ fn row(format: Format, x: f32, overflow: Overflow) -> Vec<String> {
         neighbour(below),
         neighbour(above),
         relative_error(x, decoded),
-        if flags.is_empty() { "-".to_string() } else { flags.join(",") },
+        if flags.is_empty() {
+            "-".to_string()
+        } else {
+            flags.join(",")
+        },
     ]
 }
 
@@ -78,7 +102,12 @@ fn bit_fields(format: Format, code: u16) -> String {
     let binary = format!("{code:0total$b}");
     let (sign, rest) = binary.split_at(limits.sign_bits as usize);
     let (exponent, mantissa) = rest.split_at(limits.exponent_bits as usize);
-    [sign, exponent, mantissa].iter().filter(|field| !field.is_empty()).copied().collect::<Vec<_>>().join(" ")
+    [sign, exponent, mantissa]
+        .iter()
+        .filter(|field| !field.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `(decoded - x) / x`, or `-` where it means nothing (x zero, inf or NaN, or decoded not finite).
@@ -88,7 +117,11 @@ fn relative_error(x: f32, decoded: f32) -> String {
     }
     // Both are f32, so the f64 difference is exact short of a 2^29 exponent gap.
     let error = (decoded as f64 - x as f64) / x as f64;
-    if error == 0.0 { "0".into() } else { format!("{error:+.4e}") }
+    if error == 0.0 {
+        "0".into()
+    } else {
+        format!("{error:+.4e}")
+    }
 }
 
 fn flags(format: Format, x: f32, decoded: f32, overflow: Overflow) -> Vec<&'static str> {
@@ -105,7 +138,11 @@ fn flags(format: Format, x: f32, decoded: f32, overflow: Overflow) -> Vec<&'stat
             flags.push("saturated");
         }
         if overflow == Overflow::NonSaturating && x.is_finite() && !decoded.is_finite() {
-            flags.push(if decoded.is_nan() { "overflow-to-nan" } else { "overflow-to-inf" });
+            flags.push(if decoded.is_nan() {
+                "overflow-to-nan"
+            } else {
+                "overflow-to-inf"
+            });
         }
     }
     if x != 0.0 && !x.is_nan() && decoded == 0.0 {

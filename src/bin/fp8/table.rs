@@ -10,7 +10,10 @@ pub struct Table {
 impl Table {
     /// A table with these column titles.
     pub fn new(header: &[&str]) -> Self {
-        Table { header: header.iter().map(|h| h.to_string()).collect(), rows: Vec::new() }
+        Table {
+            header: header.iter().map(|h| h.to_string()).collect(),
+            rows: Vec::new(),
+        }
     }
 
     /// Appends one row; it should have one cell per column.
