@@ -51,10 +51,12 @@ pub fn write_stdout(bytes: &[u8]) -> Result<(), CliError> {
         .map_err(|err| CliError(format!("writing stdout: {err}")))
 }
 
-/// Writes text to stdout (tables, reports).
+/// Writes text to stdout (tables, reports). A reader that stops early
+/// (`fp8 formats | head -3`) is not an error for text.
 pub fn print_text(text: &str) -> Result<(), CliError> {
     let mut lock = io::stdout().lock();
-    lock.write_all(text.as_bytes())
-        .and_then(|()| lock.flush())
-        .map_err(|err| CliError(format!("writing stdout: {err}")))
+    match lock.write_all(text.as_bytes()).and_then(|()| lock.flush()) {
+        Err(err) if err.kind() != io::ErrorKind::BrokenPipe => Err(CliError(format!("writing stdout: {err}"))),
+        _ => Ok(()),
+    }
 }
