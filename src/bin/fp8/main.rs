@@ -3,9 +3,18 @@
 
 use std::process::ExitCode;
 
+use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};
 
+mod args;
+mod cast;
+mod decode;
 mod error;
+mod formats;
+mod number_text;
+mod raw_io;
+mod show;
+mod table;
 
 use error::CliError;
 
@@ -17,14 +26,51 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    Formats(formats::FormatsArgs),
+    Show(show::ShowArgs),
+    Cast(cast::CastArgs),
+    Decode(decode::DecodeArgs),
+}
 
 fn run(cli: Cli) -> Result<(), CliError> {
-    match cli.command {}
+    match cli.command {
+        Command::Formats(args) => formats::run(args),
+        Command::Show(args) => show::run(args),
+        Command::Cast(args) => cast::run(args),
+        Command::Decode(args) => decode::run(args),
+    }
+}
+
+/// clap's usage errors span several lines (message, tip, usage); keep the
+/// message part on one line so every failure of the tool reads the same.
+fn one_line(err: &clap::Error) -> String {
+    let rendered = err.to_string();
+    let message = rendered.split("\n\n").next().unwrap_or_default();
+    let words: Vec<&str> = message.split_whitespace().collect();
+    words.join(" ").trim_start_matches("error: ").to_string()
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            // --help, --version, and help shown for a missing subcommand print as clap renders them.
+            let shows_help = matches!(
+                err.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            );
+            if shows_help {
+                let _ = err.print();
+            } else {
+                eprintln!("fp8: error: {}", one_line(&err));
+            }
+            return ExitCode::from(err.exit_code().clamp(0, 255) as u8);
+        }
+    };
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("fp8: error: {err}");
