@@ -288,8 +288,11 @@ fn scalar_path_is_the_elementwise_definition() {
 fn parallel_input(len: usize) -> Vec<f32> {
     let mut rng = StdRng::seed_from_u64(0x5EED_0004);
     let mut v: Vec<f32> = (0..len).map(|_| rng.random_range(-600.0f32..600.0)).collect();
-    // A NaN and a large value in late chunks: the chunk amaxes must combine with NaN ignored.
-    v[len - 3] = f32::NAN;
+    // NaNs at the end of a chunk, of a SIMD step and in the scalar tail, and a
+    // large value mid-way: chunk amaxes must combine with NaN ignored.
+    for k in [(1 << 16) - 1, (1 << 16) + 63, len - 3] {
+        v[k] = f32::NAN;
+    }
     v[len / 2 + 7] = -1.0e6;
     v
 }

@@ -47,10 +47,15 @@ pub(super) fn first_mismatch(isa: Isa) -> Option<String> {
 pub(super) fn first_mismatch_of(kernels: &impl Kernels) -> Option<String> {
     let values = f32_inputs();
     let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
-    let bf16_values: Vec<bf16> = values.iter().map(|&x| bf16::from_f32(x)).chain((0..512).map(|_| bf16::from_bits(rng.next() as u16))).collect();
-    let f16_values: Vec<f16> = values.iter().map(|&x| f16::from_f32(x)).chain((0..512).map(|_| f16::from_bits(rng.next() as u16))).collect();
+    let bf16_values: Vec<bf16> =
+        values.iter().map(|&x| bf16::from_f32(x)).chain((0..512).map(|_| bf16::from_bits(rng.next() as u16))).collect();
+    let f16_values: Vec<f16> =
+        values.iter().map(|&x| f16::from_f32(x)).chain((0..512).map(|_| f16::from_bits(rng.next() as u16))).collect();
+    // NaNs as the last element of every lane: a max that lets NaN through shows here.
+    let nan_last: Vec<f32> = values[..256].iter().copied().chain([f32::NAN, -f32::NAN].repeat(64)).collect();
     let codes: Vec<u8> = (0..1024u32).map(|i| (i.wrapping_mul(37).wrapping_add(i / 256)) as u8).collect();
     quantize_mismatch(kernels, &values)
+        .or_else(|| quantize_mismatch(kernels, &nan_last))
         .or_else(|| quantize_mismatch(kernels, &bf16_values))
         .or_else(|| quantize_mismatch(kernels, &f16_values))
         .or_else(|| dequantize_mismatch::<f32>(kernels, &codes))
