@@ -24,7 +24,7 @@ pub(super) const ROUND_NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT;
 
 /// Element types with an exact 8-lane widening load and a `half`-exact narrowing store.
 pub(super) trait Lanes8: HighPrecision {
-    /// Loads 8 elements as f32.
+    /// Loads 8 elements as f32: the exact value, NaN stays a NaN (payload free).
     ///
     /// # Safety
     /// `p` is valid for reading 8 elements and the CPU has AVX2 and F16C.
@@ -275,4 +275,81 @@ fn dequantize_format<T: Lanes8, const E4M3: bool>(src: &[u8], dst: &mut [T], sca
     }
     let format = if E4M3 { Fp8Format::E4M3 } else { Fp8Format::E5M2 };
     scalar::dequantize(src_steps.remainder(), dst_steps.into_remainder(), format, scale_inv);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn has_avx2() -> bool {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
+    }
+
+    /// Random f32 bit patterns plus NaNs with many payloads, both signs, and edges.
+    fn f32_patterns() -> Vec<u32> {
+        let mut state = 0x1234_5678_9ABC_DEF0u64;
+        let mut v: Vec<u32> = (0..1 << 16)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u32
+            })
+            .collect();
+        v.extend((0..1u32 << 12).flat_map(|p| [0x7F80_0000 | p << 11 | 1, 0xFF80_0000 | p << 11, 0x7F80_0000 | p]));
+        v.extend([0, 0x8000_0000, 0x7F80_0000, 0xFF80_0000, 0x7F7F_FFFF, 0x0000_8000, 0x0001_8000, 0x3F80_8000]);
+        v
+    }
+
+    fn check_store<T: Lanes8>(bits_of: impl Fn(T) -> u32) {
+        if !has_avx2() {
+            return;
+        }
+        for chunk in f32_patterns().chunks_exact(8) {
+            let src: Vec<f32> = chunk.iter().map(|&b| f32::from_bits(b)).collect();
+            let mut out = [T::from_f32(0.0); 8];
+            // SAFETY: AVX2 and F16C were detected; both buffers hold 8 elements.
+            unsafe { T::store8(out.as_mut_ptr(), _mm256_loadu_ps(src.as_ptr())) };
+            for (x, y) in src.iter().zip(out) {
+                assert_eq!(bits_of(y), bits_of(T::from_f32(*x)), "{} from {:#x}", T::NAME, x.to_bits());
+            }
+        }
+    }
+
+    fn check_load<T: Lanes8>(from_bits: impl Fn(u16) -> T) {
+        if !has_avx2() {
+            return;
+        }
+        let all: Vec<T> = (0..=u16::MAX).map(from_bits).collect();
+        for chunk in all.chunks_exact(8) {
+            let mut out = [0.0f32; 8];
+            // SAFETY: AVX2 and F16C were detected; both buffers hold 8 elements.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), T::load8(chunk.as_ptr())) };
+            for (x, y) in chunk.iter().zip(out) {
+                let want = x.to_f32();
+                // NaN payloads may differ (`half` quiets bf16 NaNs); the encoder maps every NaN alike.
+                assert!(y.to_bits() == want.to_bits() || (y.is_nan() && want.is_nan()), "{} {y:?} vs {want:?}", T::NAME);
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_store_rounds_like_half() {
+        check_store::<bf16>(|y| y.to_bits().into());
+    }
+
+    #[test]
+    fn f16_store_rounds_like_half() {
+        check_store::<f16>(|y| y.to_bits().into());
+    }
+
+    #[test]
+    fn bf16_load_is_exact_for_every_pattern() {
+        check_load(bf16::from_bits);
+    }
+
+    #[test]
+    fn f16_load_is_exact_for_every_pattern() {
+        check_load(f16::from_bits);
+    }
 }

@@ -25,7 +25,7 @@ const INF_BITS: i32 = 0x7F80_0000;
 
 /// Element types with an exact 16-lane widening load and a `half`-exact narrowing store.
 pub(super) trait Lanes16: HighPrecision {
-    /// Loads 16 elements as f32.
+    /// Loads 16 elements as f32: the exact value, NaN stays a NaN (payload free).
     ///
     /// # Safety
     /// `p` is valid for reading 16 elements and the CPU has AVX-512F, AVX2 and F16C.
