@@ -204,3 +204,78 @@ impl XorShift {
         self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The scalar path with one deliberate fault, to show the check catches it.
+    enum Fault {
+        /// The E4M3 non-saturating tie at 464 rounds up (to NaN) instead of to even.
+        TieAt464,
+        /// The amax lets a NaN through, as a max with the wrong operand order would.
+        NanInAmax,
+        /// The last element of slices longer than 64 is left unwritten.
+        SkippedTail,
+        /// NaN codes dequantize to a NaN with a different payload.
+        NanPayload,
+        /// f16 outputs round toward zero.
+        F16Truncates,
+    }
+
+    impl Kernels for Fault {
+        fn quantize<T: HighPrecision>(&self, src: &[T], dst: &mut [u8], format: Fp8Format, scale: f32, o: Overflow) -> f32 {
+            let amax = scalar::quantize(src, dst, format, scale, o);
+            match self {
+                Fault::TieAt464 => {
+                    for (x, q) in src.iter().zip(dst.iter_mut()) {
+                        if format == Fp8Format::E4M3 && (x.to_f32() * scale).abs() == 464.0 {
+                            *q |= 0x7F;
+                        }
+                    }
+                }
+                Fault::NanInAmax if src.last().is_some_and(|x| x.to_f32().is_nan()) => return f32::NAN,
+                Fault::SkippedTail if src.len() > 64 => dst[src.len() - 1] = 0,
+                _ => {}
+            }
+            amax
+        }
+
+        fn dequantize<T: HighPrecision>(&self, src: &[u8], dst: &mut [T], format: Fp8Format, scale_inv: f32) {
+            scalar::dequantize(src, dst, format, scale_inv);
+            for (&q, y) in src.iter().zip(dst.iter_mut()) {
+                let exact = format.decode(q) * scale_inv;
+                match self {
+                    Fault::NanPayload if format.is_nan(q) => *y = T::from_f32(f32::from_bits(0x7FE0_0000)),
+                    Fault::F16Truncates if T::NAME == "f16" && exact.is_finite() => {
+                        let rounded = f16::from_f32(exact);
+                        if rounded.to_f32().abs() > exact.abs() {
+                            // One f16 step toward zero; exactly representable, so `from_f32` keeps it.
+                            *y = T::from_f32(f16::from_bits(rounded.to_bits() - 1).to_f32());
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn scalar_passes() {
+        assert_eq!(first_mismatch(Isa::Scalar), None);
+    }
+
+    #[test]
+    fn every_fault_is_caught() {
+        for (fault, expected) in [
+            (Fault::TieAt464, "quantize f32 -> e4m3"),
+            (Fault::NanInAmax, "amax"),
+            (Fault::SkippedTail, "quantize f32"),
+            (Fault::NanPayload, "dequantize e4m3 -> f32"),
+            (Fault::F16Truncates, "-> f16"),
+        ] {
+            let report = first_mismatch_of(&fault).unwrap_or_else(|| panic!("fault not caught: {expected}"));
+            assert!(report.contains(expected), "{report}");
+        }
+    }
+}
