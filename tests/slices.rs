@@ -82,7 +82,11 @@ fn edge_values() -> Vec<f32> {
         f32::from_bits(0x7F80_0001), // signalling NaN
         f32::from_bits(0x7FFF_FFFF),
     ];
-    let neighbours: Vec<f32> = v.iter().filter(|x| x.is_finite()).flat_map(|&x| [x.next_up(), x.next_down()]).collect();
+    let neighbours: Vec<f32> = v
+        .iter()
+        .filter(|x| x.is_finite())
+        .flat_map(|&x| [x.next_up(), x.next_down()])
+        .collect();
     v.extend(neighbours);
     v
 }
@@ -128,7 +132,13 @@ fn shuffle<T>(rng: &mut StdRng, v: &mut [T]) {
 /// `pool` as `T`: rounded from f32, with a quarter replaced by random raw bits.
 fn pool_of<T: Element>(rng: &mut StdRng, pool: &[f32]) -> Vec<T> {
     pool.iter()
-        .map(|&x| if rng.random_range(0..4) == 0 { T::from_random_bits(rng.random()) } else { T::from_f32(x) })
+        .map(|&x| {
+            if rng.random_range(0..4) == 0 {
+                T::from_random_bits(rng.random())
+            } else {
+                T::from_f32(x)
+            }
+        })
         .collect()
 }
 
@@ -143,8 +153,8 @@ fn windows() -> impl Iterator<Item = (usize, usize, usize)> {
 }
 
 fn check_quantize_on<T: Element>(isa: Isa, pool: &[T], what: &str) {
-    let mut want = vec![0u8; MAX_LEN + 4];
-    let mut got = vec![0u8; MAX_LEN + 4];
+    let mut want = [0u8; MAX_LEN + 4];
+    let mut got = [0u8; MAX_LEN + 4];
     for format in Fp8Format::ALL {
         for overflow in OVERFLOWS {
             for scale in SCALES {
@@ -169,7 +179,11 @@ fn check_quantize_on<T: Element>(isa: Isa, pool: &[T], what: &str) {
                             src[k].bits()
                         );
                     }
-                    assert_eq!(got_amax.to_bits(), want_amax.to_bits(), "{case}: amax {got_amax} vs {want_amax}");
+                    assert_eq!(
+                        got_amax.to_bits(),
+                        want_amax.to_bits(),
+                        "{case}: amax {got_amax} vs {want_amax}"
+                    );
                 }
             }
         }
@@ -178,8 +192,8 @@ fn check_quantize_on<T: Element>(isa: Isa, pool: &[T], what: &str) {
 
 fn check_dequantize_on<T: Element>(isa: Isa, codes: &[u8]) {
     let zero = T::from_f32(0.0);
-    let mut want = vec![zero; MAX_LEN + 4];
-    let mut got = vec![zero; MAX_LEN + 4];
+    let mut want = [zero; MAX_LEN + 4];
+    let mut got = [zero; MAX_LEN + 4];
     for format in Fp8Format::ALL {
         for scale_inv in SCALES {
             for (len, offset, base) in windows() {
@@ -270,7 +284,10 @@ fn scalar_path_is_the_elementwise_definition() {
         for overflow in OVERFLOWS {
             let mut q = vec![0u8; pool.len()];
             let amax = scalar::quantize(&pool, &mut q, format, 3.7, overflow);
-            let want_amax = pool.iter().filter(|x| !x.is_nan()).fold(0.0f32, |m, x| if x.abs() > m { x.abs() } else { m });
+            let want_amax = pool
+                .iter()
+                .filter(|x| !x.is_nan())
+                .fold(0.0f32, |m, x| if x.abs() > m { x.abs() } else { m });
             assert_eq!(amax.to_bits(), want_amax.to_bits());
             for (x, &code) in pool.iter().zip(&q) {
                 assert_eq!(code, format.encode(x * 3.7, overflow), "{x:e}");
@@ -311,12 +328,18 @@ fn parallel_quantize_matches_scalar() {
             let got_amax = quantize(&x, &mut got, format, 0.75, overflow).unwrap();
             assert_eq!(got_amax.to_bits(), want_amax.to_bits());
             assert_eq!(got_amax, 1.0e6);
-            assert!(got == want, "{format} {overflow:?}: parallel quantize differs from scalar");
+            assert!(
+                got == want,
+                "{format} {overflow:?}: parallel quantize differs from scalar"
+            );
 
             let want_amax = scalar::quantize(&x_bf16, &mut want, format, 0.75, overflow);
             let got_amax = quantize(&x_bf16, &mut got, format, 0.75, overflow).unwrap();
             assert_eq!(got_amax.to_bits(), want_amax.to_bits());
-            assert!(got == want, "{format} {overflow:?} bf16: parallel quantize differs from scalar");
+            assert!(
+                got == want,
+                "{format} {overflow:?} bf16: parallel quantize differs from scalar"
+            );
         }
     }
 }
@@ -330,7 +353,10 @@ fn parallel_dequantize_matches_scalar() {
         let mut got = vec![0.0f32; len];
         scalar::dequantize(&codes, &mut want, format, 1.5);
         dequantize(&codes, &mut got, format, 1.5).unwrap();
-        assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{format}");
+        assert!(
+            want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{format}"
+        );
     }
 }
 
@@ -353,14 +379,23 @@ fn length_mismatch_is_an_error_everywhere() {
     let x = [1.0f32; 4];
     let mut q = [0u8; 3];
     let mismatch = |what| Err::<(), _>(Error::LengthMismatch { what, src: 4, dst: 3 });
-    assert_eq!(quantize(&x, &mut q, Fp8Format::E4M3, 1.0, Overflow::Saturate).map(drop), mismatch("quantize"));
+    assert_eq!(
+        quantize(&x, &mut q, Fp8Format::E4M3, 1.0, Overflow::Saturate).map(drop),
+        mismatch("quantize")
+    );
     let codes = [0u8; 4];
     let mut y = [0.0f32; 3];
     assert_eq!(dequantize(&codes, &mut y, Fp8Format::E5M2, 1.0), mismatch("dequantize"));
     for isa in Isa::ALL {
         // Lengths are checked before the instruction set.
-        assert_eq!(quantize_on(isa, &x, &mut q, Fp8Format::E4M3, 1.0, Overflow::Saturate).map(drop), mismatch("quantize"));
-        assert_eq!(dequantize_on(isa, &codes, &mut y, Fp8Format::E4M3, 1.0), mismatch("dequantize"));
+        assert_eq!(
+            quantize_on(isa, &x, &mut q, Fp8Format::E4M3, 1.0, Overflow::Saturate).map(drop),
+            mismatch("quantize")
+        );
+        assert_eq!(
+            dequantize_on(isa, &codes, &mut y, Fp8Format::E4M3, 1.0),
+            mismatch("dequantize")
+        );
     }
 }
 
@@ -371,11 +406,17 @@ fn invalid_scale_is_an_error_everywhere() {
     let codes = [0x38u8; 4];
     let mut y = [0.0f32; 4];
     for bad in BAD_SCALES {
-        let invalid = |r: Result<(), Error>| matches!(r, Err(Error::InvalidScale { value }) if value.to_bits() == bad.to_bits());
-        assert!(invalid(quantize(&x, &mut q, Fp8Format::E4M3, bad, Overflow::Saturate).map(drop)), "{bad}");
+        let invalid =
+            |r: Result<(), Error>| matches!(r, Err(Error::InvalidScale { value }) if value.to_bits() == bad.to_bits());
+        assert!(
+            invalid(quantize(&x, &mut q, Fp8Format::E4M3, bad, Overflow::Saturate).map(drop)),
+            "{bad}"
+        );
         assert!(invalid(dequantize(&codes, &mut y, Fp8Format::E4M3, bad)), "{bad}");
         for isa in Isa::ALL {
-            assert!(invalid(quantize_on(isa, &x, &mut q, Fp8Format::E5M2, bad, Overflow::Saturate).map(drop)));
+            assert!(invalid(
+                quantize_on(isa, &x, &mut q, Fp8Format::E5M2, bad, Overflow::Saturate).map(drop)
+            ));
             assert!(invalid(dequantize_on(isa, &codes, &mut y, Fp8Format::E5M2, bad)));
         }
     }
@@ -391,7 +432,10 @@ fn unavailable_isa_is_an_error() {
     let mut y = [0.0f32; 40];
     for isa in Isa::ALL.into_iter().filter(|isa| !isa.is_available()) {
         let unavailable = Err::<(), _>(Error::IsaUnavailable { isa: isa.name() });
-        assert_eq!(quantize_on(isa, &x, &mut q, Fp8Format::E4M3, 1.0, Overflow::Saturate).map(drop), unavailable);
+        assert_eq!(
+            quantize_on(isa, &x, &mut q, Fp8Format::E4M3, 1.0, Overflow::Saturate).map(drop),
+            unavailable
+        );
         assert_eq!(dequantize_on(isa, &q, &mut y, Fp8Format::E4M3, 1.0), unavailable);
         assert_eq!(isa.self_check(), unavailable);
     }

@@ -209,7 +209,13 @@ pub(super) fn quantize<T: Lanes8>(src: &[T], dst: &mut [u8], format: Fp8Format, 
         // SAFETY: `d` holds 32 bytes.
         unsafe { _mm256_storeu_si256(d.as_mut_ptr().cast(), pack_codes(codes)) };
     }
-    let tail_amax = scalar::quantize(src_steps.remainder(), dst_steps.into_remainder(), format, scale, overflow);
+    let tail_amax = scalar::quantize(
+        src_steps.remainder(),
+        dst_steps.into_remainder(),
+        format,
+        scale,
+        overflow,
+    );
     horizontal_max(amax).max(tail_amax)
 }
 
@@ -297,7 +303,16 @@ mod tests {
             })
             .collect();
         v.extend((0..1u32 << 12).flat_map(|p| [0x7F80_0000 | p << 11 | 1, 0xFF80_0000 | p << 11, 0x7F80_0000 | p]));
-        v.extend([0, 0x8000_0000, 0x7F80_0000, 0xFF80_0000, 0x7F7F_FFFF, 0x0000_8000, 0x0001_8000, 0x3F80_8000]);
+        v.extend([
+            0,
+            0x8000_0000,
+            0x7F80_0000,
+            0xFF80_0000,
+            0x7F7F_FFFF,
+            0x0000_8000,
+            0x0001_8000,
+            0x3F80_8000,
+        ]);
         v
     }
 
@@ -311,7 +326,13 @@ mod tests {
             // SAFETY: AVX2 and F16C were detected; both buffers hold 8 elements.
             unsafe { T::store8(out.as_mut_ptr(), _mm256_loadu_ps(src.as_ptr())) };
             for (x, y) in src.iter().zip(out) {
-                assert_eq!(bits_of(y), bits_of(T::from_f32(*x)), "{} from {:#x}", T::NAME, x.to_bits());
+                assert_eq!(
+                    bits_of(y),
+                    bits_of(T::from_f32(*x)),
+                    "{} from {:#x}",
+                    T::NAME,
+                    x.to_bits()
+                );
             }
         }
     }
@@ -328,7 +349,11 @@ mod tests {
             for (x, y) in chunk.iter().zip(out) {
                 let want = x.to_f32();
                 // NaN payloads may differ (`half` quiets bf16 NaNs); the encoder maps every NaN alike.
-                assert!(y.to_bits() == want.to_bits() || (y.is_nan() && want.is_nan()), "{} {y:?} vs {want:?}", T::NAME);
+                assert!(
+                    y.to_bits() == want.to_bits() || (y.is_nan() && want.is_nan()),
+                    "{} {y:?} vs {want:?}",
+                    T::NAME
+                );
             }
         }
     }

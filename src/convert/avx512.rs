@@ -172,7 +172,13 @@ fn horizontal_max16(v: __m512) -> f32 {
 
 /// `dst[i] = encode(src[i] * scale)`; returns `max |src[i]|`, NaN ignored.
 #[target_feature(enable = "avx512f,avx512bw,avx2,f16c")]
-pub(super) fn quantize<T: Lanes16>(src: &[T], dst: &mut [u8], format: Fp8Format, scale: f32, overflow: Overflow) -> f32 {
+pub(super) fn quantize<T: Lanes16>(
+    src: &[T],
+    dst: &mut [u8],
+    format: Fp8Format,
+    scale: f32,
+    overflow: Overflow,
+) -> f32 {
     let encoder = Encoder::new(&EncodeParams::new(format, overflow));
     let scale_v = _mm512_set1_ps(scale);
     let mut amax = _mm512_setzero_ps();
@@ -189,7 +195,13 @@ pub(super) fn quantize<T: Lanes16>(src: &[T], dst: &mut [u8], format: Fp8Format,
             unsafe { _mm_storeu_si128(d.as_mut_ptr().add(16 * i).cast(), codes) };
         }
     }
-    let tail_amax = scalar::quantize(src_steps.remainder(), dst_steps.into_remainder(), format, scale, overflow);
+    let tail_amax = scalar::quantize(
+        src_steps.remainder(),
+        dst_steps.into_remainder(),
+        format,
+        scale,
+        overflow,
+    );
     horizontal_max16(amax).max(tail_amax)
 }
 

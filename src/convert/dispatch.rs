@@ -14,7 +14,8 @@ use crate::format::{Fp8Format, Overflow};
 #[cfg(target_arch = "x86_64")]
 fn as_slice_of<T: 'static, U: 'static>(src: &[T]) -> Option<&[U]> {
     // SAFETY: `T` and `U` are the same type, so the layout and length are the same.
-    (TypeId::of::<T>() == TypeId::of::<U>()).then(|| unsafe { std::slice::from_raw_parts(src.as_ptr().cast(), src.len()) })
+    (TypeId::of::<T>() == TypeId::of::<U>())
+        .then(|| unsafe { std::slice::from_raw_parts(src.as_ptr().cast(), src.len()) })
 }
 
 /// `dst` as a `&mut [U]` when `T` is `U`.
@@ -85,7 +86,13 @@ pub(super) unsafe fn quantize<T: HighPrecision>(
 ///
 /// # Safety
 /// `isa.is_available()` is true.
-pub(super) unsafe fn dequantize<T: HighPrecision>(isa: Isa, src: &[u8], dst: &mut [T], format: Fp8Format, scale_inv: f32) {
+pub(super) unsafe fn dequantize<T: HighPrecision>(
+    isa: Isa,
+    src: &[u8],
+    dst: &mut [T],
+    format: Fp8Format,
+    scale_inv: f32,
+) {
     debug_assert_eq!(src.len(), dst.len());
     match isa {
         Isa::Scalar => scalar::dequantize(src, dst, format, scale_inv),

@@ -40,9 +40,7 @@ impl Isa {
             Isa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c"),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => {
-                Isa::Avx2.is_available()
-                    && is_x86_feature_detected!("avx512f")
-                    && is_x86_feature_detected!("avx512bw")
+                Isa::Avx2.is_available() && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw")
             }
             #[cfg(not(target_arch = "x86_64"))]
             Isa::Avx2 | Isa::Avx512 => false,
@@ -69,7 +67,11 @@ impl Isa {
             match Isa::Avx512.self_check() {
                 Ok(()) => Isa::Avx512,
                 Err(err) => {
-                    let fallback = if Isa::Avx2.is_available() { Isa::Avx2 } else { Isa::Scalar };
+                    let fallback = if Isa::Avx2.is_available() {
+                        Isa::Avx2
+                    } else {
+                        Isa::Scalar
+                    };
                     eprintln!("fp8-engine: warning: {err}; using {fallback} conversions instead");
                     fallback
                 }
@@ -84,7 +86,10 @@ impl Isa {
         self.ensure_available()?;
         match super::self_check::first_mismatch(self) {
             None => Ok(()),
-            Some(detail) => Err(Error::IsaMismatch { isa: self.name(), detail }),
+            Some(detail) => Err(Error::IsaMismatch {
+                isa: self.name(),
+                detail,
+            }),
         }
     }
 

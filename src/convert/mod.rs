@@ -30,10 +30,12 @@ use crate::error::{Error, Result};
 use crate::format::{Fp8Format, Overflow};
 
 /// Slices shorter than this run on one thread. Napkin math: AVX2 converts
-/// ~1.5-3 G elements/s, so 256 Ki elements take ~100-170 us, while handing
-/// work to rayon's pool and waking a worker costs a few us to ~20 us; below
-/// this the split saves less than it costs (measured in `benches/convert.rs`).
-pub const PARALLEL_MIN_LEN: usize = 1 << 18;
+/// ~3 G elements/s per thread, so 1 Mi elements take ~350 us on one thread;
+/// waking rayon's workers costs ~10 us on bare metal but ~50 us measured on
+/// the 2-vCPU VM of `docs/benchmarks.md`, where a split of 256 Ki elements
+/// was slower than one thread and 1 Mi broke even. At 1 Mi the overhead is at
+/// most ~15% of the work even there, and large tensors (16 Mi) gain.
+pub const PARALLEL_MIN_LEN: usize = 1 << 20;
 
 /// Elements per rayon task above the threshold: 64 Ki elements (256 KiB of f32
 /// in, 64 KiB of FP8 out) keep a task in L2 and leave enough tasks to balance.

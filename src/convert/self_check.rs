@@ -47,13 +47,25 @@ pub(super) fn first_mismatch(isa: Isa) -> Option<String> {
 pub(super) fn first_mismatch_of(kernels: &impl Kernels) -> Option<String> {
     let values = f32_inputs();
     let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
-    let bf16_values: Vec<bf16> =
-        values.iter().map(|&x| bf16::from_f32(x)).chain((0..512).map(|_| bf16::from_bits(rng.next() as u16))).collect();
-    let f16_values: Vec<f16> =
-        values.iter().map(|&x| f16::from_f32(x)).chain((0..512).map(|_| f16::from_bits(rng.next() as u16))).collect();
+    let bf16_values: Vec<bf16> = values
+        .iter()
+        .map(|&x| bf16::from_f32(x))
+        .chain((0..512).map(|_| bf16::from_bits(rng.next() as u16)))
+        .collect();
+    let f16_values: Vec<f16> = values
+        .iter()
+        .map(|&x| f16::from_f32(x))
+        .chain((0..512).map(|_| f16::from_bits(rng.next() as u16)))
+        .collect();
     // NaNs as the last element of every lane: a max that lets NaN through shows here.
-    let nan_last: Vec<f32> = values[..256].iter().copied().chain([f32::NAN, -f32::NAN].repeat(64)).collect();
-    let codes: Vec<u8> = (0..1024u32).map(|i| (i.wrapping_mul(37).wrapping_add(i / 256)) as u8).collect();
+    let nan_last: Vec<f32> = values[..256]
+        .iter()
+        .copied()
+        .chain([f32::NAN, -f32::NAN].repeat(64))
+        .collect();
+    let codes: Vec<u8> = (0..1024u32)
+        .map(|i| (i.wrapping_mul(37).wrapping_add(i / 256)) as u8)
+        .collect();
     quantize_mismatch(kernels, &values)
         .or_else(|| quantize_mismatch(kernels, &nan_last))
         .or_else(|| quantize_mismatch(kernels, &bf16_values))
@@ -76,7 +88,12 @@ fn quantize_mismatch<T: HighPrecision + Bits>(kernels: &impl Kernels, values: &[
                     let mut got = vec![0u8; len];
                     let want_amax = scalar::quantize(src, &mut want, format, scale, overflow);
                     let got_amax = kernels.quantize(src, &mut got, format, scale, overflow);
-                    let case = || format!("quantize {} -> {format} {overflow:?} scale {scale:e} len {len}", T::NAME);
+                    let case = || {
+                        format!(
+                            "quantize {} -> {format} {overflow:?} scale {scale:e} len {len}",
+                            T::NAME
+                        )
+                    };
                     if let Some(k) = (0..len).find(|&k| want[k] != got[k]) {
                         return Some(format!(
                             "{}: element {k} (bits {:#x}) gave {:#04x}, scalar {:#04x}",
@@ -224,7 +241,14 @@ mod tests {
     }
 
     impl Kernels for Fault {
-        fn quantize<T: HighPrecision>(&self, src: &[T], dst: &mut [u8], format: Fp8Format, scale: f32, o: Overflow) -> f32 {
+        fn quantize<T: HighPrecision>(
+            &self,
+            src: &[T],
+            dst: &mut [u8],
+            format: Fp8Format,
+            scale: f32,
+            o: Overflow,
+        ) -> f32 {
             let amax = scalar::quantize(src, dst, format, scale, o);
             match self {
                 Fault::TieAt464 => {
