@@ -16,6 +16,7 @@ mod avx2;
 mod avx512;
 mod dispatch;
 mod element;
+#[cfg(target_arch = "x86_64")]
 mod encode_params;
 mod isa;
 pub mod scalar;
