@@ -126,7 +126,7 @@ fn split_threshold(c: &mut Criterion) {
     let best = Isa::best();
     let (format, overflow) = (Fp8Format::E4M3, Overflow::Saturate);
     let mut group = c.benchmark_group("split threshold, quantize f32 -> e4m3");
-    for len in [256 << 10, 1 << 20, 4 << 20] {
+    for len in [256 << 10, 1 << 20, 2 << 20, 4 << 20] {
         let src = activations::<f32>(len);
         let mut q = vec![0u8; len];
         group.throughput(Throughput::Elements(len as u64));

@@ -115,7 +115,8 @@ pub fn dequantize<T: HighPrecision>(src: &[u8], dst: &mut [T], format: Fp8Format
     Ok(())
 }
 
-/// [`quantize`] on one thread with the given instruction set.
+/// [`quantize`] on one thread with the given instruction set (as asked: no
+/// self-check, unlike [`Isa::best`]).
 ///
 /// Errors: [`Error::LengthMismatch`], [`Error::InvalidScale`], and
 /// [`Error::IsaUnavailable`] when this CPU cannot run `isa`.
