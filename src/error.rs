@@ -20,6 +20,9 @@ pub enum Error {
     /// A SIMD instruction set was requested that this CPU does not have.
     #[error("instruction set {isa} is not available on this CPU")]
     IsaUnavailable { isa: &'static str },
+    /// A SIMD path gave different bits than the scalar reference in its self-check.
+    #[error("instruction set {isa} failed its self-check against the scalar path: {detail}")]
+    IsaMismatch { isa: &'static str, detail: String },
 }
 
 /// Shorthand used throughout the crate.
