@@ -23,6 +23,25 @@ pub enum Error {
     /// A SIMD path gave different bits than the scalar reference in its self-check.
     #[error("instruction set {isa} failed its self-check against the scalar path: {detail}")]
     IsaMismatch { isa: &'static str, detail: String },
+    /// A GPU was asked for but none can be used (no driver, no device, unsupported device).
+    #[error("no usable GPU: {reason}")]
+    NoGpu { reason: String },
+    /// The crate was compiled on a machine without nvcc, so it has no kernels to run.
+    #[error("built without CUDA kernels (no nvcc at build time): run scripts/install-nvcc.sh and rebuild")]
+    KernelsMissing,
+    /// A CUDA driver call failed; `name` is the CUDA error name (e.g. CUDA_ERROR_OUT_OF_MEMORY).
+    #[error("CUDA error {name} in {call}: {message}")]
+    Cuda {
+        call: String,
+        name: String,
+        message: String,
+    },
+    /// A device name that is not `auto`, `cpu`, `cuda` or `cuda:N`.
+    #[error("unknown device '{name}' (expected auto, cpu, cuda or cuda:N)")]
+    UnknownDevice { name: String },
+    /// Buffers or shapes passed to a GPU kernel do not fit together.
+    #[error("GPU kernel {kernel}: {detail}")]
+    KernelArgs { kernel: &'static str, detail: String },
 }
 
 /// Shorthand used throughout the crate.

@@ -10,7 +10,9 @@
 //! assert_eq!(Fp8Format::E4M3.decode(code), 448.0); // saturated to max finite
 //! ```
 
+pub mod backend;
 pub mod convert;
+pub mod device;
 pub mod error;
 pub mod format;
 

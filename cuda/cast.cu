@@ -1,0 +1,135 @@
+// Per-tensor FP8 casts with a fused amax (delayed and current scaling), the
+// fused cast + transpose, and the amax of a tensor.
+#include "fp8_device.cuh"
+
+using namespace fp8;
+
+// Threads per block of every kernel in this file.
+constexpr int THREADS = 256;
+// Cast + transpose tile: 64 x 64 elements, 256 threads x 16 elements.
+constexpr int TILE = 64;
+
+// q = cast_sat(x * scale) over the flat tensor; 16 elements per thread step.
+template <typename T> __device__ void cast_amax(const Fp8CastParams& p) {
+    const T* src = reinterpret_cast<const T*>(p.src);
+    uint8_t* dst = reinterpret_cast<uint8_t*>(p.dst_rowwise);
+    const uint64_t n = p.rows * p.cols;
+    const float scale = *reinterpret_cast<const float*>(p.scale);
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const bool vec = aligned16(p.src) && aligned16(p.dst_rowwise);
+    const uint64_t chunks = vec ? n / VEC : 0;
+    float amax = 0.0f;
+    for (uint64_t c = tid; c < chunks; c += stride) {
+        float x[VEC];
+        uint8_t q[VEC];
+        load16(src + c * VEC, x);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            amax = fmaxf(amax, fabsf(x[k]));
+            q[k] = to_fp8(__fmul_rn(x[k], scale), p.format);
+        }
+        *reinterpret_cast<uint4*>(dst + c * VEC) = pack16(q);
+    }
+    for (uint64_t i = chunks * VEC + tid; i < n; i += stride) {
+        const float x = to_f32(src[i]);
+        amax = fmaxf(amax, fabsf(x));
+        dst[i] = to_fp8(__fmul_rn(x, scale), p.format);
+    }
+    block_amax_to(amax, p.amax);
+    if (tid == 0 && p.scale_inv_out != 0) *reinterpret_cast<float*>(p.scale_inv_out) = __fdiv_rn(1.0f, scale);
+}
+
+// Both copies from one read: a 64 x 64 tile is cast, stored row-wise, staged
+// as codes in shared memory and written transposed.
+template <typename T> __device__ void cast_transpose_amax(const Fp8CastParams& p) {
+    __shared__ __align__(16) uint8_t tile[TILE][TILE + 16];
+    const T* src = reinterpret_cast<const T*>(p.src);
+    uint8_t* dst = reinterpret_cast<uint8_t*>(p.dst_rowwise);
+    uint8_t* dst_t = reinterpret_cast<uint8_t*>(p.dst_columnwise);
+    const uint64_t rows = p.rows, cols = p.cols;
+    const float scale = *reinterpret_cast<const float*>(p.scale);
+    const uint64_t tile_cols = (cols + TILE - 1) / TILE;
+    const uint64_t r0 = (blockIdx.x / tile_cols) * TILE, c0 = (blockIdx.x % tile_cols) * TILE;
+    // Row phase: thread -> (tile row t/4, 16-column segment t%4).
+    const int r = threadIdx.x / 4, seg = threadIdx.x % 4;
+    const uint64_t row = r0 + r, col = c0 + VEC * seg;
+    float amax = 0.0f;
+    if (row < rows && col < cols) {
+        const bool vec = cols % VEC == 0 && aligned16(p.src) && aligned16(p.dst_rowwise);
+        const int n = (int)min((uint64_t)VEC, cols - col);
+        float x[VEC];
+        uint8_t q[VEC];
+        if (vec) load16(src + row * cols + col, x);
+        else load_partial(src + row * cols + col, n, x);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            amax = fmaxf(amax, fabsf(x[k]));
+            q[k] = to_fp8(__fmul_rn(x[k], scale), p.format);
+        }
+        if (vec) {
+            const uint4 packed = pack16(q);
+            *reinterpret_cast<uint4*>(dst + row * cols + col) = packed;
+            *reinterpret_cast<uint4*>(&tile[r][VEC * seg]) = packed;
+        } else {
+            for (int k = 0; k < n; ++k) {
+                dst[row * cols + col + k] = q[k];
+                tile[r][VEC * seg + k] = q[k];
+            }
+        }
+    }
+    __syncthreads();
+    // Column phase: thread -> (tile column t%64, 16-row segment t/64); a warp
+    // reads 32 consecutive bytes of each tile row, so no bank conflicts.
+    if (dst_t != nullptr) {
+        const int jj = threadIdx.x % TILE, s = threadIdx.x / TILE;
+        const uint64_t j = c0 + jj, i = r0 + VEC * s;
+        if (j < cols && i < rows) {
+            uint8_t q[VEC];
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) q[k] = tile[VEC * s + k][jj];
+            const int n = (int)min((uint64_t)VEC, rows - i);
+            if (rows % VEC == 0 && aligned16(p.dst_columnwise)) {
+                *reinterpret_cast<uint4*>(dst_t + j * rows + i) = pack16(q);
+            } else {
+                store_partial(dst_t + j * rows + i, n, q);
+            }
+        }
+    }
+    block_amax_to(amax, p.amax);
+    if (blockIdx.x == 0 && threadIdx.x == 0 && p.scale_inv_out != 0)
+        *reinterpret_cast<float*>(p.scale_inv_out) = __fdiv_rn(1.0f, scale);
+}
+
+// max|x| of a flat tensor, max-ed into *amax.
+template <typename T> __device__ void amax_only(const Fp8AmaxParams& p) {
+    const T* src = reinterpret_cast<const T*>(p.src);
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint64_t chunks = aligned16(p.src) ? p.len / VEC : 0;
+    float amax = 0.0f;
+    for (uint64_t c = tid; c < chunks; c += stride) {
+        float x[VEC];
+        load16(src + c * VEC, x);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) amax = fmaxf(amax, fabsf(x[k]));
+    }
+    for (uint64_t i = chunks * VEC + tid; i < p.len; i += stride) amax = fmaxf(amax, fabsf(to_f32(src[i])));
+    block_amax_to(amax, p.amax);
+}
+
+#define FP8_CAST_KERNELS(SUFFIX, T)                                                                      \
+    extern "C" __global__ void __launch_bounds__(THREADS) fp8_cast_amax_##SUFFIX(const Fp8CastParams p) { \
+        cast_amax<T>(p);                                                                                 \
+    }                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                \
+        fp8_cast_transpose_amax_##SUFFIX(const Fp8CastParams p) {                                        \
+        cast_transpose_amax<T>(p);                                                                       \
+    }                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(THREADS) fp8_amax_##SUFFIX(const Fp8AmaxParams p) {     \
+        amax_only<T>(p);                                                                                 \
+    }
+
+FP8_CAST_KERNELS(f32, float)
+FP8_CAST_KERNELS(bf16, __nv_bfloat16)
+FP8_CAST_KERNELS(f16, __half)

@@ -1,0 +1,122 @@
+//! Device buffers that keep the device's memory ledger up to date.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
+
+use super::context::CudaDevice;
+use super::error::CudaResultExt;
+use crate::device::{MemoryCategory, MemoryLedger};
+use crate::error::Result;
+
+/// High-precision element types the kernels take: f32, bf16, fp16.
+pub trait DeviceElement: crate::convert::HighPrecision + DeviceRepr + ValidAsZeroBits + Unpin {
+    /// Kernel name suffix (`fp8_cast_amax_f32`, ...).
+    const SUFFIX: &'static str;
+}
+
+impl DeviceElement for f32 {
+    const SUFFIX: &'static str = "f32";
+}
+impl DeviceElement for half::bf16 {
+    const SUFFIX: &'static str = "bf16";
+}
+impl DeviceElement for half::f16 {
+    const SUFFIX: &'static str = "f16";
+}
+
+/// A device allocation counted in its device's ledger under one category until dropped.
+pub struct DeviceBuffer<T> {
+    slice: CudaSlice<T>,
+    category: MemoryCategory,
+    ledger: Arc<MemoryLedger>,
+}
+
+impl<T> std::fmt::Debug for DeviceBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("len", &self.slice.len())
+            .field("category", &self.category)
+            .finish()
+    }
+}
+
+impl<T: DeviceRepr> DeviceBuffer<T> {
+    fn track(slice: CudaSlice<T>, category: MemoryCategory, ledger: &Arc<MemoryLedger>) -> Self {
+        ledger.allocate(category, slice.num_bytes() as u64);
+        DeviceBuffer {
+            slice,
+            category,
+            ledger: ledger.clone(),
+        }
+    }
+
+    /// Elements in the buffer.
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
+
+    /// Whether the buffer holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.slice.is_empty()
+    }
+
+    /// The underlying cudarc slice.
+    pub fn slice(&self) -> &CudaSlice<T> {
+        &self.slice
+    }
+
+    /// The device address as kernels see it (valid while `self` lives; work is ordered on the device's stream).
+    pub(crate) fn address(&self, device: &CudaDevice) -> u64 {
+        let (ptr, _sync) = self.slice.device_ptr(device.stream());
+        ptr
+    }
+
+    /// The device address for a kernel that writes the buffer.
+    pub(crate) fn address_mut(&mut self, device: &CudaDevice) -> u64 {
+        let (ptr, _sync) = self.slice.device_ptr_mut(device.stream());
+        ptr
+    }
+}
+
+impl<T> Drop for DeviceBuffer<T> {
+    fn drop(&mut self) {
+        self.ledger
+            .free(self.category, (self.slice.len() * size_of::<T>()) as u64);
+    }
+}
+
+impl CudaDevice {
+    /// `len` zeroed elements in `category`.
+    pub fn alloc_zeros<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        len: usize,
+        category: MemoryCategory,
+    ) -> Result<DeviceBuffer<T>> {
+        let slice = self.stream().alloc_zeros::<T>(len).call("cuMemAlloc")?;
+        Ok(DeviceBuffer::track(slice, category, self.ledger()))
+    }
+
+    /// A copy of `host` on the device, in `category`.
+    pub fn upload<T: DeviceRepr>(&self, host: &[T], category: MemoryCategory) -> Result<DeviceBuffer<T>> {
+        let slice = self.stream().clone_htod(host).call("cuMemcpyHtoD")?;
+        Ok(DeviceBuffer::track(slice, category, self.ledger()))
+    }
+
+    /// Overwrites `buffer` with `host` (same length).
+    pub fn write<T: DeviceRepr>(&self, host: &[T], buffer: &mut DeviceBuffer<T>) -> Result<()> {
+        self.stream().memcpy_htod(host, &mut buffer.slice).call("cuMemcpyHtoD")
+    }
+
+    /// The buffer's contents (waits for the stream).
+    pub fn download<T: DeviceRepr>(&self, buffer: &DeviceBuffer<T>) -> Result<Vec<T>> {
+        self.stream().clone_dtoh(&buffer.slice).call("cuMemcpyDtoH")
+    }
+
+    /// Device-to-device copy of `src` into `dst` (same length); the baseline of the bandwidth bench.
+    pub fn copy<T: DeviceRepr>(&self, src: &DeviceBuffer<T>, dst: &mut DeviceBuffer<T>) -> Result<()> {
+        self.stream()
+            .memcpy_dtod(&src.slice, &mut dst.slice)
+            .call("cuMemcpyDtoD")
+    }
+}

@@ -1,0 +1,198 @@
+//! GPU discovery and the `CudaDevice` handle: context, stream, kernel modules, memory ledger.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, result};
+use cudarc::nvrtc::Ptx;
+
+use super::error::CudaResultExt;
+use crate::backend::kernels;
+use crate::device::MemoryLedger;
+use crate::error::{Error, Result};
+
+/// What discovery reports about one GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuInfo {
+    /// Driver ordinal.
+    pub ordinal: usize,
+    /// Marketing name, e.g. "NVIDIA H100 80GB HBM3".
+    pub name: String,
+    /// Compute capability (major, minor), e.g. (9, 0).
+    pub compute_capability: (u32, u32),
+    /// Device memory in bytes.
+    pub total_memory: u64,
+    /// Streaming multiprocessors.
+    pub multiprocessors: u32,
+}
+
+impl GpuInfo {
+    /// Whether the kernels of this build can run on it (sm_75 or newer; CUDA 13 dropped Volta).
+    pub fn supported(&self) -> bool {
+        self.compute_capability >= (7, 5)
+    }
+}
+
+/// Whether the CUDA driver library can be loaded. Every other driver call
+/// would panic inside cudarc without it, so everything here asks this first.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen libcuda; no driver function is called.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// The driver version as (major, minor), e.g. (13, 0).
+pub fn driver_version() -> Result<(u32, u32)> {
+    if !driver_present() {
+        return Err(no_driver());
+    }
+    result::init().call("cuInit")?;
+    let mut version = 0i32;
+    // SAFETY: the driver is loaded and initialized; `version` is a valid out-pointer.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) }
+        .result()
+        .call("cuDriverGetVersion")?;
+    Ok(((version / 1000) as u32, ((version % 1000) / 10) as u32))
+}
+
+fn no_driver() -> Error {
+    Error::NoGpu {
+        reason: "the CUDA driver library (libcuda) is not installed".to_string(),
+    }
+}
+
+/// Every GPU the driver sees, or `NoGpu` without a driver. Never panics.
+pub fn discover() -> Result<Vec<GpuInfo>> {
+    if !driver_present() {
+        return Err(no_driver());
+    }
+    result::init().call("cuInit")?;
+    let count = result::device::get_count().call("cuDeviceGetCount")?;
+    (0..count).map(|i| info(i as usize)).collect()
+}
+
+fn info(ordinal: usize) -> Result<GpuInfo> {
+    let dev = result::device::get(ordinal as i32).call("cuDeviceGet")?;
+    // SAFETY: `dev` is a valid device handle from cuDeviceGet on an initialized driver.
+    let attribute = |a: CUdevice_attribute| unsafe { result::device::get_attribute(dev, a) };
+    let major =
+        attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).call("cuDeviceGetAttribute")?;
+    let minor =
+        attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR).call("cuDeviceGetAttribute")?;
+    let sms = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).call("cuDeviceGetAttribute")?;
+    // SAFETY: as above.
+    let total = unsafe { result::device::total_mem(dev) }.call("cuDeviceTotalMem")?;
+    Ok(GpuInfo {
+        ordinal,
+        name: result::device::get_name(dev).call("cuDeviceGetName")?,
+        compute_capability: (major as u32, minor as u32),
+        total_memory: total as u64,
+        multiprocessors: sms as u32,
+    })
+}
+
+/// One GPU ready for kernels: its context, a stream, the loaded modules and a memory ledger.
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: GpuInfo,
+    ledger: Arc<MemoryLedger>,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal`: checks the driver, the device, its compute capability and that kernels were compiled in.
+    pub fn open(ordinal: usize) -> Result<Self> {
+        let gpus = discover()?;
+        let info = gpus.get(ordinal).cloned().ok_or_else(|| Error::NoGpu {
+            reason: format!("GPU {ordinal} asked for, the driver sees {} GPU(s)", gpus.len()),
+        })?;
+        if !info.supported() {
+            let (major, minor) = info.compute_capability;
+            return Err(Error::NoGpu {
+                reason: format!(
+                    "{} has compute capability {major}.{minor}; the kernels need 7.5 (Turing) or newer",
+                    info.name
+                ),
+            });
+        }
+        if !kernels::compiled() {
+            return Err(Error::KernelsMissing);
+        }
+        let ctx = CudaContext::new(ordinal).call("cuDevicePrimaryCtxRetain")?;
+        let stream = ctx.new_stream().call("cuStreamCreate")?;
+        Ok(CudaDevice {
+            ctx,
+            stream,
+            info,
+            ledger: Arc::new(MemoryLedger::new()),
+            modules: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// What discovery reported about this GPU.
+    pub fn info(&self) -> &GpuInfo {
+        &self.info
+    }
+
+    /// The device's context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream every launcher of this device uses (kernels run in order on it).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// A new stream on this device.
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
+        self.ctx.new_stream().call("cuStreamCreate")
+    }
+
+    /// Bytes in use and peak bytes of this device, by category.
+    pub fn ledger(&self) -> &Arc<MemoryLedger> {
+        &self.ledger
+    }
+
+    /// Free and total device memory in bytes, as the driver reports them.
+    pub fn memory_info(&self) -> Result<(u64, u64)> {
+        let (free, total) = self.ctx.mem_get_info().call("cuMemGetInfo")?;
+        Ok((free as u64, total as u64))
+    }
+
+    /// Waits for all work on the device's stream.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().call("cuStreamSynchronize")
+    }
+
+    /// Kernel `function` of `cuda/<module>.cu`, loading the module from its fatbin on first use.
+    pub fn function(&self, module: &'static str, function: &str) -> Result<CudaFunction> {
+        let loaded = {
+            let mut modules = self.modules.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            match modules.get(module) {
+                Some(m) => m.clone(),
+                None => {
+                    let fatbin = kernels::fatbin(module).ok_or(Error::KernelsMissing)?;
+                    let m = self
+                        .ctx
+                        .load_module(Ptx::from_binary(fatbin.to_vec()))
+                        .call(&format!("cuModuleLoadData({module})"))?;
+                    modules.insert(module, m.clone());
+                    m
+                }
+            }
+        };
+        loaded
+            .load_function(function)
+            .call(&format!("cuModuleGetFunction({module}.{function})"))
+    }
+}

@@ -1,0 +1,396 @@
+//! Launchers of the memory-bound FP8 kernels, each the GPU twin of a CPU quantizer:
+//! same inputs, same layouts, same bits.
+
+use super::buffer::{DeviceBuffer, DeviceElement};
+use super::context::CudaDevice;
+use super::launch::{THREADS, grid_stride_blocks, launch, tile_blocks};
+use super::params::*;
+use crate::error::{Error, Result};
+use crate::format::Fp8Format;
+
+/// The per-block scale rule of 1x128 and 128x128 quantization (spec 4.2 on each block's amax).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockScale {
+    /// Data format.
+    pub format: Fp8Format,
+    /// Floor scales to powers of two.
+    pub power_2_scale: bool,
+    /// Lower bound on a block's amax.
+    pub amax_epsilon: f32,
+}
+
+/// Where dequantize finds each element's `scale_inv`.
+#[derive(Clone, Copy, Debug)]
+pub enum DequantScales<'a> {
+    /// One f32 for the tensor (element 0).
+    PerTensor(&'a DeviceBuffer<f32>),
+    /// f32 grid `[ceil(rows/block.0), ceil(cols/block.1)]`.
+    Blocks(&'a DeviceBuffer<f32>, (usize, usize)),
+    /// MXFP8 E8M0 codes `[rows, ceil(cols/32)]`.
+    Mxfp8(&'a DeviceBuffer<u8>),
+}
+
+/// How the delayed-scaling update reduces a history (spec 4.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpdateAlgo {
+    /// Max of the window and this step's amax.
+    Max,
+    /// This step's amax only.
+    MostRecent,
+}
+
+const CAST: &str = "cast";
+const BLOCK: &str = "block";
+
+fn format_code(format: Fp8Format) -> u32 {
+    match format {
+        Fp8Format::E4M3 => FP8_FORMAT_E4M3,
+        Fp8Format::E5M2 => FP8_FORMAT_E5M2,
+    }
+}
+
+fn check(kernel: &'static str, what: &str, len: usize, expected: usize) -> Result<()> {
+    if len == expected {
+        Ok(())
+    } else {
+        Err(Error::KernelArgs {
+            kernel,
+            detail: format!("{what} has {len} elements, the shape needs {expected}"),
+        })
+    }
+}
+
+fn elements(kernel: &'static str, rows: usize, cols: usize) -> Result<usize> {
+    rows.checked_mul(cols).ok_or_else(|| Error::KernelArgs {
+        kernel,
+        detail: format!("{rows} x {cols} elements overflow usize"),
+    })
+}
+
+fn address_at<T: cudarc::driver::DeviceRepr>(
+    device: &CudaDevice,
+    kernel: &'static str,
+    buffer: &DeviceBuffer<T>,
+    index: usize,
+) -> Result<u64> {
+    if index >= buffer.len() {
+        return Err(Error::KernelArgs {
+            kernel,
+            detail: format!("index {index} is outside a buffer of {} elements", buffer.len()),
+        });
+    }
+    Ok(buffer.address(device) + (index * size_of::<T>()) as u64)
+}
+
+impl CudaDevice {
+    /// `dst = cast_sat(src * scale[scale_at])` (`[rows, cols]`), `amax[amax_at] = max(amax[amax_at], max|src|)`,
+    /// and, if given, `dst_t = dst^T` (`[cols, rows]`) from the same read. Twin of the CPU
+    /// `cast_amax` / `cast_transpose_amax`. Also writes `1/scale` to `scale_inv[0]` if given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn cast_amax<T: DeviceElement>(
+        &self,
+        src: &DeviceBuffer<T>,
+        rows: usize,
+        cols: usize,
+        format: Fp8Format,
+        (scale, scale_at): (&DeviceBuffer<f32>, usize),
+        dst: &mut DeviceBuffer<u8>,
+        dst_t: Option<&mut DeviceBuffer<u8>>,
+        (amax, amax_at): (&mut DeviceBuffer<f32>, usize),
+        scale_inv: Option<&mut DeviceBuffer<f32>>,
+    ) -> Result<()> {
+        const K: &str = "cast_amax";
+        let n = elements(K, rows, cols)?;
+        check(K, "source", src.len(), n)?;
+        check(K, "codes", dst.len(), n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let transpose = dst_t.is_some();
+        let params = Fp8CastParams {
+            src: src.address(self),
+            dst_rowwise: dst.address_mut(self),
+            dst_columnwise: match dst_t {
+                Some(t) => {
+                    check(K, "transposed codes", t.len(), n)?;
+                    t.address_mut(self)
+                }
+                None => 0,
+            },
+            scale: address_at(self, K, scale, scale_at)?,
+            scale_inv_out: match scale_inv {
+                Some(s) => address_at(self, K, s, 0)?,
+                None => 0,
+            },
+            amax: address_at(self, K, amax, amax_at)?,
+            rows: rows as u64,
+            cols: cols as u64,
+            format: format_code(format),
+            pad0: 0,
+        };
+        if transpose {
+            let blocks = tile_blocks(K, (rows.div_ceil(64) * cols.div_ceil(64)) as u64)?;
+            launch(
+                self,
+                CAST,
+                &format!("fp8_cast_transpose_amax_{}", T::SUFFIX),
+                blocks,
+                params,
+            )
+        } else {
+            let blocks = grid_stride_blocks(self, (n as u64).div_ceil(16), THREADS as u64);
+            launch(self, CAST, &format!("fp8_cast_amax_{}", T::SUFFIX), blocks, params)
+        }
+    }
+
+    /// `amax[0] = max(amax[0], max|src|)`; zero `amax` first for the amax of `src` alone. Twin of CPU `amax`.
+    pub fn amax<T: DeviceElement>(&self, src: &DeviceBuffer<T>, amax: &mut DeviceBuffer<f32>) -> Result<()> {
+        const K: &str = "amax";
+        if src.is_empty() {
+            return Ok(());
+        }
+        let params = Fp8AmaxParams {
+            src: src.address(self),
+            len: src.len() as u64,
+            amax: address_at(self, K, amax, 0)?,
+        };
+        let blocks = grid_stride_blocks(self, (src.len() as u64).div_ceil(16), THREADS as u64);
+        launch(self, CAST, &format!("fp8_amax_{}", T::SUFFIX), blocks, params)
+    }
+
+    /// 1x128 blocks: row-wise copy (`[rows, cols]` codes, `[rows, ceil(cols/128)]` scale_inv) and/or
+    /// column-wise copy (`[cols, rows]` codes, `[cols, ceil(rows/128)]` scale_inv), both from `src`.
+    pub fn quantize_1x128<T: DeviceElement>(
+        &self,
+        src: &DeviceBuffer<T>,
+        rows: usize,
+        cols: usize,
+        rule: BlockScale,
+        rowwise: Option<(&mut DeviceBuffer<u8>, &mut DeviceBuffer<f32>)>,
+        columnwise: Option<(&mut DeviceBuffer<u8>, &mut DeviceBuffer<f32>)>,
+    ) -> Result<()> {
+        self.block_copies(src, rows, cols, 128, "1x128", rule, rowwise, columnwise)
+    }
+
+    /// MXFP8: row-wise copy (`[rows, ceil(cols/32)]` E8M0) and/or column-wise copy (`[cols, ceil(rows/32)]`).
+    pub fn quantize_mxfp8<T: DeviceElement>(
+        &self,
+        src: &DeviceBuffer<T>,
+        rows: usize,
+        cols: usize,
+        format: Fp8Format,
+        rowwise: Option<(&mut DeviceBuffer<u8>, &mut DeviceBuffer<u8>)>,
+        columnwise: Option<(&mut DeviceBuffer<u8>, &mut DeviceBuffer<u8>)>,
+    ) -> Result<()> {
+        let rule = BlockScale {
+            format,
+            power_2_scale: false,
+            amax_epsilon: 0.0,
+        };
+        self.block_copies(src, rows, cols, 32, "mxfp8", rule, rowwise, columnwise)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn block_copies<T: DeviceElement, S: cudarc::driver::DeviceRepr>(
+        &self,
+        src: &DeviceBuffer<T>,
+        rows: usize,
+        cols: usize,
+        block: usize,
+        name: &'static str,
+        rule: BlockScale,
+        rowwise: Option<(&mut DeviceBuffer<u8>, &mut DeviceBuffer<S>)>,
+        columnwise: Option<(&mut DeviceBuffer<u8>, &mut DeviceBuffer<S>)>,
+    ) -> Result<()> {
+        let n = elements(name, rows, cols)?;
+        check(name, "source", src.len(), n)?;
+        if !(rule.amax_epsilon.is_finite() && rule.amax_epsilon >= 0.0) {
+            return Err(Error::KernelArgs {
+                kernel: name,
+                detail: format!("amax_epsilon {} must be finite and >= 0", rule.amax_epsilon),
+            });
+        }
+        let prefix = if block == 128 { "fp8_block_1x128" } else { "fp8_mxfp8" };
+        let mut params = Fp8BlockParams {
+            src: src.address(self),
+            rows: rows as u64,
+            cols: cols as u64,
+            format: format_code(rule.format),
+            power_2_scale: rule.power_2_scale as u32,
+            amax_epsilon: rule.amax_epsilon,
+            ..Default::default()
+        };
+        if let Some((codes, scales)) = rowwise {
+            check(name, "row-wise codes", codes.len(), n)?;
+            check(name, "row-wise scales", scales.len(), rows * cols.div_ceil(block))?;
+            if n > 0 {
+                params.dst_rowwise = codes.address_mut(self);
+                params.scales_rowwise = scales.address_mut(self);
+                let groups_per_cta = (THREADS as u64 / 32) * (32 / (block as u64 / 16));
+                let total = (rows * cols.div_ceil(block)) as u64;
+                let blocks = grid_stride_blocks(self, total, groups_per_cta);
+                launch(self, BLOCK, &format!("{prefix}_rowwise_{}", T::SUFFIX), blocks, params)?;
+            }
+        }
+        if let Some((codes, scales)) = columnwise {
+            check(name, "column-wise codes", codes.len(), n)?;
+            check(name, "column-wise scales", scales.len(), cols * rows.div_ceil(block))?;
+            if n > 0 {
+                params.dst_rowwise = 0;
+                params.scales_rowwise = 0;
+                params.dst_columnwise = codes.address_mut(self);
+                params.scales_columnwise = scales.address_mut(self);
+                let width = (THREADS as usize * 16) / block; // tile columns of the column-wise kernel
+                let blocks = tile_blocks(name, (rows.div_ceil(block) * cols.div_ceil(width)) as u64)?;
+                launch(
+                    self,
+                    BLOCK,
+                    &format!("{prefix}_columnwise_{}", T::SUFFIX),
+                    blocks,
+                    params,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// 128x128 tiles: `[rows, cols]` codes and `[ceil(rows/128), ceil(cols/128)]` scale_inv, plus, if
+    /// given, the column-wise copy (`[cols, rows]` codes, transposed scale grid). Twin of CPU `quantize_128x128`.
+    pub fn quantize_128x128<T: DeviceElement>(
+        &self,
+        src: &DeviceBuffer<T>,
+        rows: usize,
+        cols: usize,
+        rule: BlockScale,
+        (codes, scale_inv): (&mut DeviceBuffer<u8>, &mut DeviceBuffer<f32>),
+        columnwise: Option<(&mut DeviceBuffer<u8>, &mut DeviceBuffer<f32>)>,
+    ) -> Result<()> {
+        const K: &str = "128x128";
+        let n = elements(K, rows, cols)?;
+        let grid = rows.div_ceil(128) * cols.div_ceil(128);
+        check(K, "source", src.len(), n)?;
+        check(K, "codes", codes.len(), n)?;
+        check(K, "scale_inv", scale_inv.len(), grid)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut params = Fp8BlockParams {
+            src: src.address(self),
+            dst_rowwise: codes.address_mut(self),
+            scales_rowwise: scale_inv.address_mut(self),
+            rows: rows as u64,
+            cols: cols as u64,
+            format: format_code(rule.format),
+            power_2_scale: rule.power_2_scale as u32,
+            amax_epsilon: rule.amax_epsilon,
+            ..Default::default()
+        };
+        if let Some((codes_t, scale_inv_t)) = columnwise {
+            check(K, "column-wise codes", codes_t.len(), n)?;
+            check(K, "column-wise scale_inv", scale_inv_t.len(), grid)?;
+            params.dst_columnwise = codes_t.address_mut(self);
+            params.scales_columnwise = scale_inv_t.address_mut(self);
+        }
+        let blocks = tile_blocks(K, grid as u64)?;
+        launch(self, BLOCK, &format!("fp8_block_128x128_{}", T::SUFFIX), blocks, params)
+    }
+
+    /// `dst = T(decode(src) * scale_inv)` for `[rows, cols]` codes. Twin of the CPU dequantizers.
+    pub fn dequantize<T: DeviceElement>(
+        &self,
+        src: &DeviceBuffer<u8>,
+        rows: usize,
+        cols: usize,
+        format: Fp8Format,
+        scales: DequantScales<'_>,
+        dst: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        const K: &str = "dequantize";
+        let n = elements(K, rows, cols)?;
+        check(K, "codes", src.len(), n)?;
+        check(K, "destination", dst.len(), n)?;
+        let (scale_inv, (block_rows, block_cols), kind) = match scales {
+            DequantScales::PerTensor(s) => (address_at(self, K, s, 0)?, (1, 1), FP8_SCALES_PER_TENSOR),
+            DequantScales::Blocks(s, (br, bc)) => {
+                if br == 0 || bc == 0 || br > u32::MAX as usize || bc > u32::MAX as usize {
+                    return Err(Error::KernelArgs {
+                        kernel: K,
+                        detail: format!("block shape {br} x {bc} is not usable"),
+                    });
+                }
+                check(K, "scale_inv grid", s.len(), rows.div_ceil(br) * cols.div_ceil(bc))?;
+                (s.address(self), (br, bc), FP8_SCALES_F32_GRID)
+            }
+            DequantScales::Mxfp8(e) => {
+                check(K, "E8M0 scales", e.len(), rows * cols.div_ceil(32))?;
+                (e.address(self), (1, 32), FP8_SCALES_E8M0_GRID)
+            }
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let params = Fp8DequantParams {
+            src: src.address(self),
+            dst: dst.address_mut(self),
+            scale_inv,
+            rows: rows as u64,
+            cols: cols as u64,
+            block_rows: block_rows as u32,
+            block_cols: block_cols as u32,
+            scale_kind: kind,
+            format: format_code(format),
+        };
+        let blocks = grid_stride_blocks(self, (n as u64).div_ceil(16), THREADS as u64);
+        launch(
+            self,
+            "dequantize",
+            &format!("fp8_dequantize_{}", T::SUFFIX),
+            blocks,
+            params,
+        )
+    }
+
+    /// The delayed-scaling update (spec 4.1) of all `scale.len()` slots in one launch:
+    /// `history` is `[slots, history_len]` with this step's amax in column 0, `scaled_max[s]`
+    /// is `fp8_max * 2^-margin` of slot `s`'s format. Twin of the CPU `DelayedSlot::update`.
+    pub fn delayed_update(
+        &self,
+        history: &mut DeviceBuffer<f32>,
+        history_len: usize,
+        scale: &mut DeviceBuffer<f32>,
+        scaled_max: &DeviceBuffer<f32>,
+        algo: UpdateAlgo,
+    ) -> Result<()> {
+        const K: &str = "delayed_update";
+        let slots = scale.len();
+        if history_len == 0 {
+            return Err(Error::KernelArgs {
+                kernel: K,
+                detail: "history_len must be at least 1".to_string(),
+            });
+        }
+        check(K, "scaled_max", scaled_max.len(), slots)?;
+        check(K, "history", history.len(), slots * history_len)?;
+        if slots == 0 {
+            return Ok(());
+        }
+        let too_big = |what: &str, v: usize| Error::KernelArgs {
+            kernel: K,
+            detail: format!("{what} {v} exceeds 2^32-1"),
+        };
+        let params = Fp8DelayedUpdateParams {
+            history: history.address_mut(self),
+            scale: scale.address_mut(self),
+            scaled_max: scaled_max.address(self),
+            slots: u32::try_from(slots).map_err(|_| too_big("slots", slots))?,
+            history_len: u32::try_from(history_len).map_err(|_| too_big("history_len", history_len))?,
+            algo: match algo {
+                UpdateAlgo::Max => FP8_AMAX_ALGO_MAX,
+                UpdateAlgo::MostRecent => FP8_AMAX_ALGO_MOST_RECENT,
+            },
+            pad0: 0,
+        };
+        let blocks = tile_blocks(K, (slots as u64).div_ceil(THREADS as u64 / 32))?;
+        launch(self, "delayed", "fp8_delayed_update", blocks, params)
+    }
+}

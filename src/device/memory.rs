@@ -1,0 +1,167 @@
+//! Memory accounting by category, shared by the CPU and CUDA backends: bytes
+//! in use and the peak of each category, updated by every tracked allocation.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What an allocation holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemoryCategory {
+    /// Model parameters (master weights).
+    Parameters,
+    /// Gradients of the parameters.
+    Gradients,
+    /// Optimizer state (AdamW moments).
+    OptimizerState,
+    /// Activations saved for the backward pass.
+    Activations,
+    /// FP8 copies of tensors and their caches (transposes, scales).
+    Fp8Copies,
+    /// Scratch space of kernels and libraries.
+    Workspace,
+}
+
+impl MemoryCategory {
+    /// Every category, in report order.
+    pub const ALL: [MemoryCategory; 6] = [
+        MemoryCategory::Parameters,
+        MemoryCategory::Gradients,
+        MemoryCategory::OptimizerState,
+        MemoryCategory::Activations,
+        MemoryCategory::Fp8Copies,
+        MemoryCategory::Workspace,
+    ];
+
+    /// Human-readable name.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryCategory::Parameters => "parameters",
+            MemoryCategory::Gradients => "gradients",
+            MemoryCategory::OptimizerState => "optimizer state",
+            MemoryCategory::Activations => "activations",
+            MemoryCategory::Fp8Copies => "FP8 copies and caches",
+            MemoryCategory::Workspace => "workspace",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Current and peak bytes of one category.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// Bytes allocated now.
+    pub current: u64,
+    /// Highest `current` seen.
+    pub peak: u64,
+}
+
+/// Thread-safe counters: one current/peak pair per category, plus the total's peak.
+#[derive(Debug, Default)]
+pub struct MemoryLedger {
+    current: [AtomicU64; 6],
+    peak: [AtomicU64; 6],
+    total_current: AtomicU64,
+    total_peak: AtomicU64,
+}
+
+impl MemoryLedger {
+    /// All counters at zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records an allocation of `bytes` in `category`.
+    pub fn allocate(&self, category: MemoryCategory, bytes: u64) {
+        let i = category.index();
+        let now = self.current[i].fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak[i].fetch_max(now, Ordering::Relaxed);
+        let total = self.total_current.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.total_peak.fetch_max(total, Ordering::Relaxed);
+    }
+
+    /// Records that `bytes` of `category` were freed.
+    pub fn free(&self, category: MemoryCategory, bytes: u64) {
+        self.current[category.index()].fetch_sub(bytes, Ordering::Relaxed);
+        self.total_current.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    /// Current and peak bytes of one category.
+    pub fn usage(&self, category: MemoryCategory) -> MemoryUsage {
+        let i = category.index();
+        MemoryUsage {
+            current: self.current[i].load(Ordering::Relaxed),
+            peak: self.peak[i].load(Ordering::Relaxed),
+        }
+    }
+
+    /// Current and peak bytes of all categories together (the peak of the sum, not the sum of the peaks).
+    pub fn total(&self) -> MemoryUsage {
+        MemoryUsage {
+            current: self.total_current.load(Ordering::Relaxed),
+            peak: self.total_peak.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A snapshot of every category.
+    pub fn report(&self) -> MemoryReport {
+        MemoryReport {
+            categories: MemoryCategory::ALL.map(|c| (c, self.usage(c))),
+            total: self.total(),
+        }
+    }
+}
+
+/// A snapshot of a ledger, printable as a table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryReport {
+    /// Each category's usage.
+    pub categories: [(MemoryCategory, MemoryUsage); 6],
+    /// All categories together.
+    pub total: MemoryUsage,
+}
+
+impl fmt::Display for MemoryReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{:<22} {:>14} {:>14}", "category", "current bytes", "peak bytes")?;
+        for (category, usage) in &self.categories {
+            writeln!(f, "{:<22} {:>14} {:>14}", category.name(), usage.current, usage.peak)?;
+        }
+        write!(f, "{:<22} {:>14} {:>14}", "total", self.total.current, self.total.peak)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peaks_follow_the_highest_current_per_category_and_in_total() {
+        let ledger = MemoryLedger::new();
+        ledger.allocate(MemoryCategory::Parameters, 100);
+        ledger.allocate(MemoryCategory::Workspace, 50);
+        ledger.free(MemoryCategory::Workspace, 50);
+        ledger.allocate(MemoryCategory::Workspace, 20);
+        assert_eq!(
+            ledger.usage(MemoryCategory::Parameters),
+            MemoryUsage {
+                current: 100,
+                peak: 100
+            }
+        );
+        assert_eq!(
+            ledger.usage(MemoryCategory::Workspace),
+            MemoryUsage { current: 20, peak: 50 }
+        );
+        assert_eq!(
+            ledger.total(),
+            MemoryUsage {
+                current: 120,
+                peak: 150
+            }
+        );
+        assert_eq!(ledger.usage(MemoryCategory::Gradients), MemoryUsage::default());
+    }
+}
