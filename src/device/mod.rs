@@ -2,11 +2,13 @@
 //! the user or automatically, with the same memory accounting on both.
 
 pub mod memory;
+pub mod policy;
 
 use std::str::FromStr;
 use std::sync::{Arc, Once};
 
 pub use memory::{MemoryCategory, MemoryLedger, MemoryReport, MemoryUsage};
+pub use policy::PrecisionPolicy;
 
 use crate::backend::cuda::CudaDevice;
 use crate::error::{Error, Result};

@@ -7,10 +7,12 @@ use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};
 
 mod args;
+mod bench;
 mod cast;
 mod decode;
 mod error;
 mod formats;
+mod info;
 mod number_text;
 mod raw_io;
 mod show;
@@ -31,6 +33,8 @@ enum Command {
     Show(show::ShowArgs),
     Cast(cast::CastArgs),
     Decode(decode::DecodeArgs),
+    Info(info::InfoArgs),
+    Bench(bench::BenchArgs),
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
@@ -39,6 +43,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Show(args) => show::run(args),
         Command::Cast(args) => cast::run(args),
         Command::Decode(args) => decode::run(args),
+        Command::Info(args) => info::run(args),
+        Command::Bench(args) => bench::run(args),
     }
 }
 
