@@ -42,6 +42,41 @@ pub enum Error {
     /// Buffers or shapes passed to a GPU kernel do not fit together.
     #[error("GPU kernel {kernel}: {detail}")]
     KernelArgs { kernel: &'static str, detail: String },
+    /// A recipe setting outside its valid range.
+    #[error("invalid recipe setting {setting} = {value}: {reason}")]
+    InvalidRecipe {
+        setting: &'static str,
+        value: String,
+        reason: String,
+    },
+    /// A buffer whose length does not match the shape it is used with.
+    #[error("shape mismatch: {what}: shape {rows}x{cols} needs {expected} elements, got {got}")]
+    ShapeMismatch {
+        what: &'static str,
+        rows: usize,
+        cols: usize,
+        expected: usize,
+        got: usize,
+    },
+    /// A file could not be read or written.
+    #[error("{path}: {message}")]
+    Io { path: String, message: String },
+    /// A file that is not what it claims to be (corrupt header, missing metadata).
+    #[error("{path}: {reason}")]
+    InvalidFile { path: String, reason: String },
+    /// A tensor that cannot be processed, named.
+    #[error("tensor '{name}': {reason}")]
+    InvalidTensor { name: String, reason: String },
+    /// A module index past the end of a scaling state.
+    #[error("no module {module}: the scaling state has {modules} modules")]
+    NoSuchModule { module: usize, modules: usize },
+    /// A line of a text input that does not parse.
+    #[error("line {line}: {reason}: '{text}'")]
+    InvalidLine {
+        line: usize,
+        text: String,
+        reason: &'static str,
+    },
 }
 
 /// Shorthand used throughout the crate.

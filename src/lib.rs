@@ -15,6 +15,10 @@ pub mod convert;
 pub mod device;
 pub mod error;
 pub mod format;
+pub mod quantize;
+pub mod scaling;
+pub mod tensor;
+pub mod tools;
 
 pub use error::{Error, Result};
 

@@ -1,0 +1,1 @@
+//! CPU quantizers (in progress).

@@ -1,0 +1,1 @@
+//! Quantized tensors (in progress).

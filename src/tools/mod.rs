@@ -1,0 +1,1 @@
+//! Library side of the fp8 tool (in progress).
