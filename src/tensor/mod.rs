@@ -1,1 +1,179 @@
-//! Quantized tensors (in progress).
+//! The quantized tensor: FP8 codes, their format, shape and scales, and
+//! optionally the transposed (column-wise) copy that backward GEMMs need.
+//!
+//! Every copy is a row-major matrix quantized along its rows. The column-wise
+//! copy of an `[M, K]` tensor is an `[K, M]` matrix: the row-wise quantization
+//! of `X^T`, so a TN GEMM can read the reduction dimension contiguously on both
+//! sides. Its scales follow from that: per-tensor the same scale_inv, 1x128
+//! `[K, ceil(M/128)]`, 128x128 the transposed tile grid `[ceil(K/128), ceil(M/128)]`,
+//! MXFP8 `[K, ceil(M/32)]`.
+
+mod scales;
+
+pub use scales::{ScaleKind, Scales};
+
+use crate::convert::HighPrecision;
+use crate::error::{Error, Result};
+use crate::format::Fp8Format;
+use crate::quantize::dequantize;
+
+/// One orientation of a quantized tensor: `rows x cols` FP8 codes, row-major, with their scales.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantizedMatrix {
+    data: Vec<u8>,
+    rows: usize,
+    cols: usize,
+    scales: Scales,
+}
+
+impl QuantizedMatrix {
+    /// Checks that `data` holds `rows * cols` codes and `scales` the layout's count.
+    pub fn new(data: Vec<u8>, rows: usize, cols: usize, scales: Scales) -> Result<Self> {
+        let expected = rows.checked_mul(cols).ok_or(Error::ShapeMismatch {
+            what: "quantized data",
+            rows,
+            cols,
+            expected: usize::MAX,
+            got: data.len(),
+        })?;
+        if data.len() != expected {
+            return Err(Error::ShapeMismatch {
+                what: "quantized data",
+                rows,
+                cols,
+                expected,
+                got: data.len(),
+            });
+        }
+        let (scale_rows, scale_cols) = scales.kind().scale_shape(rows, cols);
+        if scales.len() != scale_rows * scale_cols {
+            return Err(Error::ShapeMismatch {
+                what: "scales",
+                rows: scale_rows,
+                cols: scale_cols,
+                expected: scale_rows * scale_cols,
+                got: scales.len(),
+            });
+        }
+        Ok(QuantizedMatrix {
+            data,
+            rows,
+            cols,
+            scales,
+        })
+    }
+
+    /// The FP8 codes, row-major.
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// Rows of this copy.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns of this copy (the dimension the blocks run along).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The scales in their compact layout.
+    pub fn scales(&self) -> &Scales {
+        &self.scales
+    }
+
+    /// Takes the codes and scales apart.
+    pub fn into_parts(self) -> (Vec<u8>, Scales) {
+        (self.data, self.scales)
+    }
+
+    /// Decodes every element: `f32(q) * scale_inv` of its block, rounded to `T`.
+    pub fn dequantize<T: HighPrecision>(&self, format: Fp8Format) -> Result<Vec<T>> {
+        let mut out = vec![T::from_f32(0.0); self.data.len()];
+        dequantize::dequantize_matrix(self, format, &mut out)?;
+        Ok(out)
+    }
+}
+
+/// A quantized `[rows, cols]` tensor: the row-wise copy, and optionally the
+/// column-wise (transposed) one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantizedTensor {
+    format: Fp8Format,
+    rowwise: QuantizedMatrix,
+    columnwise: Option<QuantizedMatrix>,
+}
+
+impl QuantizedTensor {
+    /// Checks that the column-wise copy, if any, is the transpose of the row-wise one
+    /// and uses the same kind of scales.
+    pub fn new(format: Fp8Format, rowwise: QuantizedMatrix, columnwise: Option<QuantizedMatrix>) -> Result<Self> {
+        if let Some(col) = &columnwise {
+            if col.rows != rowwise.cols || col.cols != rowwise.rows {
+                return Err(Error::ShapeMismatch {
+                    what: "column-wise copy (must be the transpose)",
+                    rows: rowwise.cols,
+                    cols: rowwise.rows,
+                    expected: rowwise.data.len(),
+                    got: col.data.len(),
+                });
+            }
+            if col.scales.kind() != rowwise.scales.kind() {
+                return Err(Error::InvalidTensor {
+                    name: "column-wise copy".to_string(),
+                    reason: format!(
+                        "scaled {:?} but the row-wise copy is {:?}",
+                        col.scales.kind(),
+                        rowwise.scales.kind()
+                    ),
+                });
+            }
+        }
+        Ok(QuantizedTensor {
+            format,
+            rowwise,
+            columnwise,
+        })
+    }
+
+    /// The FP8 format of every code.
+    pub fn format(&self) -> Fp8Format {
+        self.format
+    }
+
+    /// `[rows, cols]` of the high-precision tensor.
+    pub fn shape(&self) -> [usize; 2] {
+        [self.rowwise.rows, self.rowwise.cols]
+    }
+
+    /// How the tensor is scaled.
+    pub fn scale_kind(&self) -> ScaleKind {
+        self.rowwise.scales.kind()
+    }
+
+    /// The row-wise copy (`[rows, cols]`).
+    pub fn rowwise(&self) -> &QuantizedMatrix {
+        &self.rowwise
+    }
+
+    /// The column-wise copy (`[cols, rows]`), if it was made.
+    pub fn columnwise(&self) -> Option<&QuantizedMatrix> {
+        self.columnwise.as_ref()
+    }
+
+    /// Takes the copies apart.
+    pub fn into_parts(self) -> (Fp8Format, QuantizedMatrix, Option<QuantizedMatrix>) {
+        (self.format, self.rowwise, self.columnwise)
+    }
+
+    /// Dequantizes the row-wise copy: `[rows, cols]` values of type `T` (f32, bf16, f16).
+    pub fn dequantize<T: HighPrecision>(&self) -> Result<Vec<T>> {
+        self.rowwise.dequantize(self.format)
+    }
+
+    /// Dequantizes the column-wise copy, `[cols, rows]`, if there is one.
+    pub fn dequantize_columnwise<T: HighPrecision>(&self) -> Result<Option<Vec<T>>> {
+        self.columnwise.as_ref().map(|c| c.dequantize(self.format)).transpose()
+    }
+}

@@ -1,0 +1,63 @@
+//! Fused cast + transpose + amax: both copies of a per-tensor-scaled tensor
+//! in one pass over the high-precision source (what dgrad and wgrad need).
+
+use rayon::prelude::*;
+
+use super::transpose::TILE;
+use super::{check_len, check_scale};
+use crate::convert::{self, HighPrecision};
+use crate::error::Result;
+use crate::format::{Fp8Format, Overflow};
+
+/// Writes `dst_rowwise` (`[rows, cols]`) and `dst_columnwise` (`[cols, rows]`)
+/// with `cast_sat(x * scale)`; returns `max |x|`.
+///
+/// Bands of [`TILE`] rows run in parallel: a band's rows are cast into its own
+/// slice of the row-wise copy, then transposed tile by tile from there (the
+/// band's codes are still in cache) into the band's column range of every row
+/// of the column-wise copy. Those ranges are disjoint between bands, so each
+/// task gets its own `&mut` pieces.
+pub fn cast_transpose_amax<T: HighPrecision>(
+    src: &[T],
+    rows: usize,
+    cols: usize,
+    format: Fp8Format,
+    scale: f32,
+    dst_rowwise: &mut [u8],
+    dst_columnwise: &mut [u8],
+) -> Result<f32> {
+    check_len("cast_transpose source", src.len(), rows, cols)?;
+    check_len("cast_transpose row-wise codes", dst_rowwise.len(), rows, cols)?;
+    check_len("cast_transpose column-wise codes", dst_columnwise.len(), cols, rows)?;
+    check_scale(scale)?;
+    if rows == 0 || cols == 0 {
+        return Ok(0.0);
+    }
+    // pieces[band][j] = dst_columnwise[j][band rows]: one slice per band per column.
+    let bands = rows.div_ceil(TILE);
+    let mut pieces: Vec<Vec<&mut [u8]>> = (0..bands).map(|_| Vec::with_capacity(cols)).collect();
+    for column in dst_columnwise.chunks_mut(rows) {
+        for (band, piece) in column.chunks_mut(TILE).enumerate() {
+            pieces[band].push(piece);
+        }
+    }
+    src.par_chunks(TILE * cols)
+        .zip(dst_rowwise.par_chunks_mut(TILE * cols))
+        .zip(pieces.into_par_iter())
+        .map(|((src, dst), mut columns)| {
+            let mut amax = 0.0f32;
+            for (row, out) in src.chunks(cols).zip(dst.chunks_mut(cols)) {
+                amax = amax.max(convert::quantize(row, out, format, scale, Overflow::Saturate)?);
+            }
+            for j0 in (0..cols).step_by(TILE) {
+                let width = TILE.min(cols - j0);
+                for (jj, column) in columns[j0..j0 + width].iter_mut().enumerate() {
+                    for (i, q) in column.iter_mut().enumerate() {
+                        *q = dst[i * cols + j0 + jj];
+                    }
+                }
+            }
+            Ok(amax)
+        })
+        .try_reduce(|| 0.0, |a, b| Ok(a.max(b)))
+}
