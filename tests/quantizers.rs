@@ -507,7 +507,7 @@ fn transpose_codes_is_a_transpose() {
 fn wrong_sizes_and_scales_are_errors_not_panics() {
     let x = vec![1.0f32; 12];
     let mut q = vec![0u8; 12];
-    let mut s = vec![0.0f32; 3];
+    let mut s = [0.0f32; 3];
     let rule = ScaleRule::block(&BlockScaling::default(), TensorRole::Input);
     let err = quantize_1x128_rowwise(&x, 4, 4, &rule, &mut q, &mut s[..]).unwrap_err();
     assert!(matches!(err, Error::ShapeMismatch { .. }), "{err}");
