@@ -1,6 +1,8 @@
 //! Recipes and scaling state against a deliberately simple scalar reading of
 //! spec section 4: exact, zero mismatches, every edge case.
 
+mod reference;
+
 use fp8_engine::Error;
 use fp8_engine::format::Fp8Format;
 use fp8_engine::scaling::{
@@ -9,13 +11,9 @@ use fp8_engine::scaling::{
     mxfp8_scale_exponent,
 };
 use proptest::prelude::*;
+use reference::{fp8_max, ref_current, ref_e8m0, same};
 
 // ---------------------------------------------------------------- reference
-
-/// Same f32, NaN equal to NaN (payloads are not part of the contract).
-fn same(a: f32, b: f32) -> bool {
-    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
-}
 
 fn assert_same_slice(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
@@ -65,6 +63,7 @@ impl RefSlot {
             }
         };
         let mut new = vec![0.0f32; len];
+        #[allow(clippy::manual_memcpy)] // the spec's formula, element by element
         for i in 1..len.saturating_sub(1) {
             new[i] = self.history[i + 1];
         }
@@ -80,68 +79,6 @@ impl RefSlot {
             let s = numerator / amax;
             self.scale = if s.is_infinite() { f32::MAX } else { s };
         }
-    }
-}
-
-/// Largest power of two <= s, found by walking (s is a positive normal f32).
-fn floor_pow2(s: f32) -> f32 {
-    let s = s as f64;
-    let mut p = 1.0f64;
-    if s >= 1.0 {
-        while p * 2.0 <= s {
-            p *= 2.0;
-        }
-    } else {
-        while p > s {
-            p /= 2.0;
-        }
-    }
-    p as f32
-}
-
-/// Spec 4.2.
-fn ref_current(amax: f32, fp8_max: f32, pow2: bool, eps: f32) -> f32 {
-    if amax.is_nan() {
-        return 1.0;
-    }
-    let amax = if eps > amax { eps } else { amax };
-    if amax.is_infinite() || amax == 0.0 {
-        return 1.0;
-    }
-    let mut s = fp8_max / amax;
-    if s.is_infinite() {
-        s = f32::MAX;
-    }
-    if pow2 { floor_pow2(s) } else { s }
-}
-
-/// Spec 4.4 read as "smallest power of two >= v, clamped to [2^-127, 2^127]".
-fn ref_e8m0(amax: f32, fp8_max: f32) -> u8 {
-    let r = (1.0f64 / fp8_max as f64) as f32;
-    let v = amax * r; // an f32 multiply, as the spec says
-    if v.is_nan() {
-        return 0xFF;
-    }
-    if v.is_infinite() {
-        return 0xFE;
-    }
-    if v == 0.0 {
-        return 0;
-    }
-    let v = v.abs() as f64;
-    let mut k: i32 = -127;
-    let mut p = 2f64.powi(-127);
-    while p < v && k < 127 {
-        p *= 2.0;
-        k += 1;
-    }
-    (k + 127) as u8
-}
-
-fn fp8_max(format: Fp8Format) -> f32 {
-    match format {
-        Fp8Format::E4M3 => 448.0,
-        Fp8Format::E5M2 => 57344.0,
     }
 }
 
