@@ -87,59 +87,6 @@ fn convert_all<T: HighPrecision>(x: &[f32]) -> Vec<T> {
 
 // ---------------------------------------------------------------- reference quantizers
 
-/// Per-tensor: `ref_encode(x * scale)` per element.
-fn ref_cast(x: &[f32], format: Fp8Format, scale: f32) -> Vec<u8> {
-    x.iter().map(|&v| ref_encode(format, v * scale)).collect()
-}
-
-/// Block quantization of `[rows, cols]` with `bh x bw` blocks, each block's
-/// scale from `scale_of(block amax)` -> (multiplier, stored value).
-fn ref_blocks<S: Copy>(
-    x: &[f32],
-    rows: usize,
-    cols: usize,
-    (bh, bw): (usize, usize),
-    format: Fp8Format,
-    scale_of: impl Fn(f32) -> (f32, S),
-) -> (Vec<u8>, Vec<S>) {
-    let mut codes = vec![0u8; rows * cols];
-    let mut scales = Vec::new();
-    for bi in 0..rows.div_ceil(bh) {
-        for bj in 0..cols.div_ceil(bw) {
-            let rs = bi * bh..((bi + 1) * bh).min(rows);
-            let cs = bj * bw..((bj + 1) * bw).min(cols);
-            let mut block = Vec::new();
-            for r in rs.clone() {
-                for c in cs.clone() {
-                    block.push(x[r * cols + c]);
-                }
-            }
-            let (mult, stored) = scale_of(ref_amax(block));
-            scales.push(stored);
-            for r in rs.clone() {
-                for c in cs.clone() {
-                    codes[r * cols + c] = ref_encode(format, x[r * cols + c] * mult);
-                }
-            }
-        }
-    }
-    (codes, scales)
-}
-
-fn ref_block_rule(rule: &ScaleRule) -> impl Fn(f32) -> (f32, f32) + '_ {
-    move |amax| {
-        let s = ref_current(amax, fp8_max(rule.format), rule.power_2_scale, rule.amax_epsilon);
-        (s, 1.0 / s)
-    }
-}
-
-fn ref_mx_rule(format: Fp8Format) -> impl Fn(f32) -> (f32, u8) {
-    move |amax| {
-        let e = ref_e8m0(amax, fp8_max(format));
-        (e8m0_multiplier(e), e)
-    }
-}
-
 fn assert_codes(what: &str, format: Fp8Format, got: &[u8], want: &[u8]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let bad: Vec<usize> = (0..got.len())
@@ -415,12 +362,26 @@ fn block_1x128_matches_reference() {
             let t = input.run(B1(rule, rows, cols));
             let ctx = format!("{ctx} {rule:?}");
             assert_eq!(t.scale_kind(), ScaleKind::Block1x128);
-            let (codes, scales) = ref_blocks(&input.f32s, rows, cols, (1, 128), rule.format, ref_block_rule(&rule));
+            let (codes, scales) = ref_blocks(
+                &input.f32s,
+                rows,
+                cols,
+                (1, 128),
+                rule.format,
+                ref_block_rule(rule.format, rule.power_2_scale, rule.amax_epsilon),
+            );
             assert_codes(&ctx, rule.format, t.rowwise().data(), &codes);
             assert_f32s(&format!("{ctx} scale_inv"), block_scales(t.rowwise()), &scales);
             // Column-wise: 1x128 blocks of X^T, from the source.
             let xt = transpose(&input.f32s, rows, cols);
-            let (codes, scales) = ref_blocks(&xt, cols, rows, (1, 128), rule.format, ref_block_rule(&rule));
+            let (codes, scales) = ref_blocks(
+                &xt,
+                cols,
+                rows,
+                (1, 128),
+                rule.format,
+                ref_block_rule(rule.format, rule.power_2_scale, rule.amax_epsilon),
+            );
             let col = t.columnwise().unwrap();
             assert_eq!((col.rows(), col.cols()), (cols, rows));
             assert_codes(&format!("{ctx} columnwise"), rule.format, col.data(), &codes);
@@ -443,12 +404,26 @@ fn block_128x128_matches_reference() {
             }
             let t = input.run(B2(rule, rows, cols));
             let ctx = format!("{ctx} {rule:?}");
-            let (codes, scales) = ref_blocks(&input.f32s, rows, cols, (128, 128), rule.format, ref_block_rule(&rule));
+            let (codes, scales) = ref_blocks(
+                &input.f32s,
+                rows,
+                cols,
+                (128, 128),
+                rule.format,
+                ref_block_rule(rule.format, rule.power_2_scale, rule.amax_epsilon),
+            );
             assert_codes(&ctx, rule.format, t.rowwise().data(), &codes);
             assert_f32s(&format!("{ctx} scale_inv"), block_scales(t.rowwise()), &scales);
             // Column-wise: 128x128 blocks of X^T quantized from the source.
             let xt = transpose(&input.f32s, rows, cols);
-            let (codes, scales) = ref_blocks(&xt, cols, rows, (128, 128), rule.format, ref_block_rule(&rule));
+            let (codes, scales) = ref_blocks(
+                &xt,
+                cols,
+                rows,
+                (128, 128),
+                rule.format,
+                ref_block_rule(rule.format, rule.power_2_scale, rule.amax_epsilon),
+            );
             let col = t.columnwise().unwrap();
             assert_codes(&format!("{ctx} columnwise"), rule.format, col.data(), &codes);
             assert_f32s(&format!("{ctx} columnwise scale_inv"), block_scales(col), &scales);

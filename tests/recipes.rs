@@ -11,7 +11,7 @@ use fp8_engine::scaling::{
     mxfp8_scale_exponent,
 };
 use proptest::prelude::*;
-use reference::{fp8_max, ref_current, ref_e8m0, same};
+use reference::{RefSlot, fp8_max, ref_current, ref_e8m0, same};
 
 // ---------------------------------------------------------------- reference
 
@@ -19,66 +19,6 @@ fn assert_same_slice(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         assert!(same(g, w), "{what}[{i}]: got {g:e} ({:#010x}), want {w:e}", g.to_bits());
-    }
-}
-
-/// Spec 4.1, step by step, with no cleverness.
-#[derive(Clone, Debug)]
-struct RefSlot {
-    scale: f32,
-    history: Vec<f32>,
-}
-
-impl RefSlot {
-    fn new(len: usize) -> Self {
-        RefSlot {
-            scale: 1.0,
-            history: vec![0.0; len],
-        }
-    }
-
-    fn update(&mut self, algo: AmaxComputeAlgo, fp8_max: f32, margin: i32) {
-        let len = self.history.len();
-        let last = self.history[0];
-        if last == 0.0 {
-            return;
-        }
-        let amax = match algo {
-            AmaxComputeAlgo::MostRecent => last,
-            AmaxComputeAlgo::Max => {
-                let mut window: Vec<f32> = self.history[1..].to_vec();
-                window.push(last);
-                let numbers: Vec<f32> = window.iter().copied().filter(|v| !v.is_nan()).collect();
-                if numbers.is_empty() {
-                    f32::NAN
-                } else {
-                    let mut best = numbers[0];
-                    for &v in &numbers {
-                        if v > best {
-                            best = v;
-                        }
-                    }
-                    best
-                }
-            }
-        };
-        let mut new = vec![0.0f32; len];
-        #[allow(clippy::manual_memcpy)] // the spec's formula, element by element
-        for i in 1..len.saturating_sub(1) {
-            new[i] = self.history[i + 1];
-        }
-        if len > 1 {
-            new[len - 1] = last;
-        }
-        self.history = new;
-        if amax.is_finite() && amax > 0.0 {
-            let mut numerator = fp8_max;
-            for _ in 0..margin {
-                numerator /= 2.0;
-            }
-            let s = numerator / amax;
-            self.scale = if s.is_infinite() { f32::MAX } else { s };
-        }
     }
 }
 

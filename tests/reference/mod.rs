@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 use fp8_engine::format::Fp8Format;
+use fp8_engine::scaling::AmaxComputeAlgo;
 
 /// Same f32, NaN equal to NaN (payloads are not part of the contract).
 pub fn same(a: f32, b: f32) -> bool {
@@ -152,4 +153,117 @@ pub fn half_ulp(format: Fp8Format, y: f64) -> f64 {
         y.log2().floor() as i32
     };
     2f64.powi(exp - man_bits) / 2.0
+}
+
+/// Spec 4.1, step by step, with no cleverness.
+#[derive(Clone, Debug)]
+pub struct RefSlot {
+    pub scale: f32,
+    pub history: Vec<f32>,
+}
+
+impl RefSlot {
+    pub fn new(len: usize) -> Self {
+        RefSlot {
+            scale: 1.0,
+            history: vec![0.0; len],
+        }
+    }
+
+    pub fn update(&mut self, algo: AmaxComputeAlgo, fp8_max: f32, margin: i32) {
+        let len = self.history.len();
+        let last = self.history[0];
+        if last == 0.0 {
+            return;
+        }
+        let amax = match algo {
+            AmaxComputeAlgo::MostRecent => last,
+            AmaxComputeAlgo::Max => {
+                let mut window: Vec<f32> = self.history[1..].to_vec();
+                window.push(last);
+                let numbers: Vec<f32> = window.iter().copied().filter(|v| !v.is_nan()).collect();
+                if numbers.is_empty() {
+                    f32::NAN
+                } else {
+                    let mut best = numbers[0];
+                    for &v in &numbers {
+                        if v > best {
+                            best = v;
+                        }
+                    }
+                    best
+                }
+            }
+        };
+        let mut new = vec![0.0f32; len];
+        #[allow(clippy::manual_memcpy)] // the spec's formula, element by element
+        for i in 1..len.saturating_sub(1) {
+            new[i] = self.history[i + 1];
+        }
+        if len > 1 {
+            new[len - 1] = last;
+        }
+        self.history = new;
+        if amax.is_finite() && amax > 0.0 {
+            let mut numerator = fp8_max;
+            for _ in 0..margin {
+                numerator /= 2.0;
+            }
+            let s = numerator / amax;
+            self.scale = if s.is_infinite() { f32::MAX } else { s };
+        }
+    }
+}
+
+/// Per-tensor: `ref_encode(x * scale)` per element.
+pub fn ref_cast(x: &[f32], format: Fp8Format, scale: f32) -> Vec<u8> {
+    x.iter().map(|&v| ref_encode(format, v * scale)).collect()
+}
+
+/// Block quantization of `[rows, cols]` with `bh x bw` blocks, each block's
+/// scale from `scale_of(block amax)` -> (multiplier, stored value).
+pub fn ref_blocks<S: Copy>(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    (bh, bw): (usize, usize),
+    format: Fp8Format,
+    scale_of: impl Fn(f32) -> (f32, S),
+) -> (Vec<u8>, Vec<S>) {
+    let mut codes = vec![0u8; rows * cols];
+    let mut scales = Vec::new();
+    for bi in 0..rows.div_ceil(bh) {
+        for bj in 0..cols.div_ceil(bw) {
+            let rs = bi * bh..((bi + 1) * bh).min(rows);
+            let cs = bj * bw..((bj + 1) * bw).min(cols);
+            let mut block = Vec::new();
+            for r in rs.clone() {
+                for c in cs.clone() {
+                    block.push(x[r * cols + c]);
+                }
+            }
+            let (mult, stored) = scale_of(ref_amax(block));
+            scales.push(stored);
+            for r in rs.clone() {
+                for c in cs.clone() {
+                    codes[r * cols + c] = ref_encode(format, x[r * cols + c] * mult);
+                }
+            }
+        }
+    }
+    (codes, scales)
+}
+
+pub fn ref_block_rule(format: Fp8Format, power_2_scale: bool, amax_epsilon: f32) -> impl Fn(f32) -> (f32, f32) {
+    move |amax| {
+        let s = ref_current(amax, fp8_max(format), power_2_scale, amax_epsilon);
+        (s, 1.0 / s)
+    }
+}
+
+pub fn ref_mx_rule(format: Fp8Format) -> impl Fn(f32) -> (f32, u8) {
+    move |amax| {
+        let e = ref_e8m0(amax, fp8_max(format));
+        (e8m0_multiplier(e), e)
+    }
 }

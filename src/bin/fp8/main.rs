@@ -13,8 +13,11 @@ mod decode;
 mod error;
 mod formats;
 mod info;
+mod inspect;
 mod number_text;
+mod quantize;
 mod raw_io;
+mod recipe;
 mod show;
 mod table;
 
@@ -35,6 +38,10 @@ enum Command {
     Decode(decode::DecodeArgs),
     Info(info::InfoArgs),
     Bench(bench::BenchArgs),
+    Recipe(recipe::RecipeArgs),
+    Quantize(quantize::QuantizeArgs),
+    Dequantize(quantize::DequantizeArgs),
+    Inspect(inspect::InspectArgs),
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
@@ -45,6 +52,10 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Decode(args) => decode::run(args),
         Command::Info(args) => info::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Recipe(args) => recipe::run(args),
+        Command::Quantize(args) => quantize::run(args),
+        Command::Dequantize(args) => quantize::run_dequantize(args),
+        Command::Inspect(args) => inspect::run(args),
     }
 }
 

@@ -1,0 +1,95 @@
+//! `fp8 recipe replay`: the delayed-scaling update over an amax trace.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand, ValueEnum};
+use fp8_engine::format::Fp8Format;
+use fp8_engine::scaling::{AmaxComputeAlgo, DelayedScaling};
+use fp8_engine::tools::replay;
+
+use crate::error::CliError;
+use crate::{args, raw_io};
+
+/// Scaling recipe tools.
+#[derive(Args)]
+pub struct RecipeArgs {
+    #[command(subcommand)]
+    command: RecipeCommand,
+}
+
+#[derive(Subcommand)]
+enum RecipeCommand {
+    Replay(ReplayArgs),
+}
+
+/// How the delayed recipe reduces the amax history.
+#[derive(Clone, Copy, ValueEnum)]
+enum Algo {
+    /// The largest amax of the window.
+    Max,
+    /// The amax of the step that just ran.
+    MostRecent,
+}
+
+/// Replay delayed scaling over an amax trace, one amax per line (one training
+/// step each; `nan`, `inf` and `0` accepted, blank and `#` lines skipped).
+///
+/// Prints `step amax scale` per step, step counting from 1, where scale is the
+/// one in force after that step's update (the scale step + 1 casts with).
+/// Numbers print in their shortest form that parses back to the same f32.
+#[derive(Args)]
+#[command(after_help = "Example: fp8 recipe replay --history-len 16 --algo max < amax.txt")]
+struct ReplayArgs {
+    /// Amax history length, current step included (1 to 1048576).
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    history_len: usize,
+    /// How the history becomes one amax.
+    #[arg(long, value_enum, default_value = "max")]
+    algo: Algo,
+    /// Headroom in binades: scale = fp8_max * 2^-M / amax (0 to 8).
+    #[arg(long, value_name = "M", default_value_t = 0, allow_hyphen_values = true)]
+    margin: i32,
+    /// FP8 format of the tensor: e4m3 (max 448) or e5m2 (max 57344).
+    #[arg(long, value_name = "FORMAT", default_value = "e4m3", value_parser = args::fp8_format)]
+    format: Fp8Format,
+    /// The trace; stdin when absent or `-`.
+    #[arg(value_name = "TRACE")]
+    input: Option<PathBuf>,
+}
+
+/// Runs `fp8 recipe ...`.
+pub fn run(args: RecipeArgs) -> Result<(), CliError> {
+    match args.command {
+        RecipeCommand::Replay(args) => run_replay(args),
+    }
+}
+
+fn run_replay(args: ReplayArgs) -> Result<(), CliError> {
+    let recipe = DelayedScaling {
+        margin: args.margin,
+        amax_history_len: args.history_len,
+        amax_compute_algo: match args.algo {
+            Algo::Max => AmaxComputeAlgo::Max,
+            Algo::MostRecent => AmaxComputeAlgo::MostRecent,
+        },
+        ..DelayedScaling::default()
+    };
+    recipe.validate()?;
+    let (text, label) = match args.input.as_deref() {
+        Some(path) if path.as_os_str() != "-" => (
+            std::fs::read_to_string(path).map_err(|err| CliError(format!("{}: cannot read: {err}", path.display())))?,
+            path.display().to_string(),
+        ),
+        _ => {
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .map_err(|err| CliError(format!("reading stdin: {err}")))?;
+            (text, "stdin".to_string())
+        }
+    };
+    let amaxes = replay::parse_amax_trace(&text).map_err(|err| CliError(format!("{label}: {err}")))?;
+    let steps = replay::replay(&recipe, args.format, &amaxes)?;
+    raw_io::print_text(&replay::render(&steps))
+}

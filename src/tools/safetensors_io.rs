@@ -1,0 +1,188 @@
+//! Reading and writing safetensors files: whole-file reads with errors that
+//! name the file, typed element decoding, and atomic writes.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use half::{bf16, f16};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors, View};
+
+use crate::error::{Error, Result};
+
+/// A parsed safetensors buffer with its free-form metadata.
+pub struct LoadedFile<'a> {
+    /// The tensors (views into the buffer).
+    pub tensors: SafeTensors<'a>,
+    /// The `__metadata__` map (empty if absent).
+    pub metadata: HashMap<String, String>,
+}
+
+/// Reads a whole file; a missing or unreadable file is an error naming it.
+pub fn read_file(path: &Path) -> Result<Vec<u8>> {
+    fs::read(path).map_err(|err| Error::Io {
+        path: path.display().to_string(),
+        message: format!("cannot read: {err}"),
+    })
+}
+
+/// Parses a safetensors buffer; `label` (usually the path) names it in errors.
+pub fn parse<'a>(bytes: &'a [u8], label: &str) -> Result<LoadedFile<'a>> {
+    let invalid = |err: safetensors::SafeTensorError| Error::InvalidFile {
+        path: label.to_string(),
+        reason: format!("not a valid safetensors file: {err}"),
+    };
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(invalid)?;
+    let tensors = SafeTensors::deserialize(bytes).map_err(invalid)?;
+    Ok(LoadedFile {
+        tensors,
+        metadata: header.metadata().clone().unwrap_or_default(),
+    })
+}
+
+/// The tensors of a file sorted by name, for deterministic processing and output.
+pub fn sorted_tensors<'a>(file: &LoadedFile<'a>) -> Vec<(String, TensorView<'a>)> {
+    let mut tensors = file.tensors.tensors();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    tensors
+}
+
+/// A tensor to write: borrowed from the input or newly made.
+#[derive(Clone, Debug)]
+pub struct OutTensor<'a> {
+    /// safetensors dtype.
+    pub dtype: Dtype,
+    /// Shape (`[]` for a scalar).
+    pub shape: Vec<usize>,
+    /// Little-endian element bytes.
+    pub data: Cow<'a, [u8]>,
+}
+
+impl View for &OutTensor<'_> {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+impl<'a> OutTensor<'a> {
+    /// An input tensor copied unchanged.
+    pub fn copy_of(view: &TensorView<'a>) -> Self {
+        OutTensor {
+            dtype: view.dtype(),
+            shape: view.shape().to_vec(),
+            data: Cow::Borrowed(view.data()),
+        }
+    }
+}
+
+/// Serializes tensors and metadata into safetensors bytes.
+pub fn serialize(
+    tensors: &[(String, OutTensor<'_>)],
+    metadata: HashMap<String, String>,
+    label: &str,
+) -> Result<Vec<u8>> {
+    let metadata = if metadata.is_empty() { None } else { Some(metadata) };
+    safetensors::serialize(tensors.iter().map(|(name, t)| (name.as_str(), t)), metadata).map_err(|err| {
+        Error::InvalidFile {
+            path: label.to_string(),
+            reason: format!("cannot serialize: {err}"),
+        }
+    })
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file in the same directory
+/// (so the rename stays on one file system), flushed to disk, then renamed
+/// over `path`. A failure removes the temporary file and leaves `path` as it was.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
+    let io_error = |what: &str, err: std::io::Error| Error::Io {
+        path: path.display().to_string(),
+        message: format!("{what}: {err}"),
+    };
+    let name = path.file_name().ok_or_else(|| Error::Io {
+        path: path.display().to_string(),
+        message: "not a file name".to_string(),
+    })?;
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let unique = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let temp = dir.join(format!(
+        ".{}.{}.{unique}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let written = (|| {
+        let mut file = fs::File::create(&temp).map_err(|e| io_error("cannot create temporary file", e))?;
+        file.write_all(bytes).map_err(|e| io_error("cannot write", e))?;
+        file.sync_all().map_err(|e| io_error("cannot flush", e))?;
+        fs::rename(&temp, path).map_err(|e| io_error("cannot rename temporary file into place", e))
+    })();
+    if written.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    written
+}
+
+/// Decodes the little-endian elements of an F32, BF16 or F16 tensor; `None`
+/// for any other dtype.
+pub fn float_values(view: &TensorView<'_>) -> Option<FloatValues> {
+    let data = view.data();
+    let words16 = || data.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    match view.dtype() {
+        Dtype::F32 => Some(FloatValues::F32(
+            data.chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        )),
+        Dtype::BF16 => Some(FloatValues::BF16(words16().map(bf16::from_bits).collect())),
+        Dtype::F16 => Some(FloatValues::F16(words16().map(f16::from_bits).collect())),
+        _ => None,
+    }
+}
+
+/// The elements of an F32, BF16 or F16 tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FloatValues {
+    /// F32 elements.
+    F32(Vec<f32>),
+    /// BF16 elements.
+    BF16(Vec<bf16>),
+    /// F16 elements.
+    F16(Vec<f16>),
+}
+
+impl FloatValues {
+    /// Every element widened to f32 (exact).
+    pub fn to_f32(&self) -> Vec<f32> {
+        match self {
+            FloatValues::F32(v) => v.clone(),
+            FloatValues::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            FloatValues::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        }
+    }
+}
+
+/// Little-endian bytes of f32 values.
+pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Little-endian bytes of 16-bit values given as their bit patterns.
+pub fn u16_bytes(bits: impl Iterator<Item = u16>) -> Vec<u8> {
+    bits.flat_map(|b| b.to_le_bytes()).collect()
+}
