@@ -2,7 +2,7 @@
 //! name the file, typed element decoding, and atomic writes.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::{bf16, f16};
 use safetensors::tensor::TensorView;
-use safetensors::{Dtype, SafeTensors, View};
+use safetensors::{Dtype, SafeTensors};
 
 use crate::error::{Error, Result};
 
@@ -62,21 +62,6 @@ pub struct OutTensor<'a> {
     pub data: Cow<'a, [u8]>,
 }
 
-impl View for &OutTensor<'_> {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.data)
-    }
-    fn data_len(&self) -> usize {
-        self.data.len()
-    }
-}
-
 impl<'a> OutTensor<'a> {
     /// An input tensor copied unchanged.
     pub fn copy_of(view: &TensorView<'a>) -> Self {
@@ -88,19 +73,50 @@ impl<'a> OutTensor<'a> {
     }
 }
 
-/// Serializes tensors and metadata into safetensors bytes.
+/// Serializes tensors and metadata into safetensors bytes, reproducibly: the
+/// header's keys are sorted (the crate's own writer emits the metadata map in
+/// hash order, so two runs would differ), and the data is laid out by element
+/// size, largest first, then by name, so every tensor starts at a multiple of
+/// its element size (the header is padded to 8 bytes).
 pub fn serialize(
     tensors: &[(String, OutTensor<'_>)],
     metadata: HashMap<String, String>,
     label: &str,
 ) -> Result<Vec<u8>> {
-    let metadata = if metadata.is_empty() { None } else { Some(metadata) };
-    safetensors::serialize(tensors.iter().map(|(name, t)| (name.as_str(), t)), metadata).map_err(|err| {
-        Error::InvalidFile {
-            path: label.to_string(),
-            reason: format!("cannot serialize: {err}"),
-        }
-    })
+    let mut order: Vec<&(String, OutTensor<'_>)> = tensors.iter().collect();
+    order.sort_by(|(a, x), (b, y)| y.dtype.bitsize().cmp(&x.dtype.bitsize()).then(a.cmp(b)));
+    let mut header = serde_json::Map::new();
+    if !metadata.is_empty() {
+        let sorted: BTreeMap<String, String> = metadata.into_iter().collect();
+        header.insert("__metadata__".to_string(), serde_json::json!(sorted));
+    }
+    let mut entries = BTreeMap::new();
+    let mut offset = 0usize;
+    for (name, tensor) in &order {
+        let end = offset + tensor.data.len();
+        entries.insert(
+            name.clone(),
+            serde_json::json!({
+                "dtype": tensor.dtype.to_string(),
+                "shape": tensor.shape,
+                "data_offsets": [offset, end],
+            }),
+        );
+        offset = end;
+    }
+    header.extend(entries);
+    let mut json = serde_json::to_vec(&header).map_err(|err| Error::InvalidFile {
+        path: label.to_string(),
+        reason: format!("cannot serialize the header: {err}"),
+    })?;
+    json.resize(json.len().next_multiple_of(8), b' ');
+    let mut out = Vec::with_capacity(8 + json.len() + offset);
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(&json);
+    for (_, tensor) in &order {
+        out.extend_from_slice(&tensor.data);
+    }
+    Ok(out)
 }
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory
