@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use super::transpose::TILE;
+use super::transpose::{TILE, transpose_tile};
 use super::{check_len, check_scale};
 use crate::convert::{self, HighPrecision};
 use crate::error::Result;
@@ -49,13 +49,13 @@ pub fn cast_transpose_amax<T: HighPrecision>(
             for (row, out) in src.chunks(cols).zip(dst.chunks_mut(cols)) {
                 amax = amax.max(convert::quantize(row, out, format, scale, Overflow::Saturate)?);
             }
+            let mut tile = [[0u8; TILE]; TILE];
             for j0 in (0..cols).step_by(TILE) {
                 let width = TILE.min(cols - j0);
-                for (jj, column) in columns[j0..j0 + width].iter_mut().enumerate() {
-                    for (i, q) in column.iter_mut().enumerate() {
-                        *q = dst[i * cols + j0 + jj];
-                    }
-                }
+                let tile_columns = &mut columns[j0..j0 + width];
+                transpose_tile(dst, cols, j0, width, &mut tile, |jj, column| {
+                    tile_columns[jj].copy_from_slice(column)
+                });
             }
             Ok(amax)
         })
