@@ -76,6 +76,26 @@ pub fn fmax_reduce(into: &mut [f32], other: &[f32]) {
 }
 
 /// Delayed-scaling state for every module of a model.
+///
+/// ```
+/// use fp8_engine::quantize::quantize_per_tensor;
+/// use fp8_engine::scaling::{DelayedScaling, ScalingState, TensorRole};
+///
+/// let mut state = ScalingState::new(DelayedScaling::default(), 1)?;
+/// let x = vec![0.5f32, -2.0, 1.0, 0.25];
+/// for _step in 0..2 {
+///     // Forward: cast with the slot's scale, record the amax the cast measured.
+///     let role = TensorRole::Input;
+///     let scale = state.scale(0, role)?;
+///     let (q, amax) = quantize_per_tensor(&x, 2, 2, state.recipe().format.for_role(role), scale, false)?;
+///     state.record_cast(0, role, amax)?;
+///     state.update_forward(); // after the forward pass
+///     state.update_backward(); // after the backward pass (no backward casts here)
+///     assert_eq!(q.dequantize::<f32>()?, x); // these values are exact in E4M3
+/// }
+/// assert_eq!(state.scale(0, TensorRole::Input)?, 224.0); // 448 / amax 2
+/// # Ok::<(), fp8_engine::Error>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "StateRepr")]
 pub struct ScalingState {
