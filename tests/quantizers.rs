@@ -23,8 +23,9 @@ use reference::*;
 
 // ---------------------------------------------------------------- inputs
 
-/// Shapes around the block sizes (1, 31..33, 127..129, 255..257) and a few odd ones.
-const SHAPES: [(usize, usize); 14] = [
+/// Shapes around the block sizes (1, 31..33, 127..129, 255..257), wider than
+/// one column-wise task (512 columns), and a few odd ones.
+const SHAPES: [(usize, usize); 16] = [
     (1, 1),
     (1, 200),
     (3, 5),
@@ -37,6 +38,8 @@ const SHAPES: [(usize, usize); 14] = [
     (257, 130),
     (64, 384),
     (200, 1),
+    (5, 1100),
+    (130, 600),
     (300, 45),
     (0, 7),
 ];

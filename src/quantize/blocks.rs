@@ -9,9 +9,10 @@ use crate::convert::{self, HighPrecision};
 use crate::error::Result;
 use crate::format::{Fp8Format, Overflow};
 
-/// Columns of the source per column-wise task: 32 f32 are two cache lines per
-/// source row, and a 32 x 128 tile of f32 (16 KB) stays in L1.
-const COL_BAND: usize = 32;
+/// Columns of one column-wise task: its rows are read in runs of 512
+/// elements (2 KB of f32, long enough for the hardware prefetcher), and its
+/// scratch tile (512 x 128 f32, 256 KB) stays in L2.
+const TASK_COLS: usize = 512;
 
 /// What a block's amax turns into: the multiplier the data is cast with and
 /// the scale value stored for the block.
@@ -74,9 +75,14 @@ pub(crate) fn quantize_rowwise<T: HighPrecision, R: BlockRule>(
 
 /// Column-wise block quantization: `dst` is `[cols, rows]` (the codes of
 /// `X^T`) and `scales` `[cols, ceil(rows/block)]`, every block quantized from
-/// the high-precision source. Bands of [`COL_BAND`] source columns run in
-/// parallel; each copies a `block x band` tile into a transposed scratch tile
-/// and quantizes its rows, which are contiguous there.
+/// the high-precision source.
+///
+/// One task per `block` rows x [`TASK_COLS`] columns, in parallel: it copies
+/// its rows, read whole, into a transposed scratch tile and quantizes the
+/// scratch rows, which are contiguous. (Walking down a 32-column band instead
+/// read each source row as a separate DRAM miss: 1.7x slower, measured.) Its
+/// outputs, one block of each of its columns of `X^T`, are disjoint from every
+/// other task's, so each task gets them as its own `&mut` pieces.
 pub(crate) fn quantize_columnwise<T: HighPrecision, R: BlockRule>(
     src: &[T],
     rows: usize,
@@ -90,30 +96,31 @@ pub(crate) fn quantize_columnwise<T: HighPrecision, R: BlockRule>(
         return Ok(());
     }
     let blocks = rows.div_ceil(block);
-    dst.par_chunks_mut(COL_BAND * rows)
-        .zip(scales.par_chunks_mut(COL_BAND * blocks))
-        .enumerate()
-        .try_for_each(|(band, (dst, scales))| {
-            let j0 = band * COL_BAND;
-            let width = COL_BAND.min(cols - j0);
-            let mut tile = vec![T::from_f32(0.0); width * block];
-            for b in 0..blocks {
-                let r0 = b * block;
-                let height = block.min(rows - r0);
-                // tile[jj][i] = src[r0 + i][j0 + jj]
-                for i in 0..height {
-                    let src_row = &src[(r0 + i) * cols + j0..][..width];
-                    for (jj, &x) in src_row.iter().enumerate() {
-                        tile[jj * height + i] = x;
-                    }
-                }
-                for jj in 0..width {
-                    let run = &tile[jj * height..][..height];
-                    let out = &mut dst[jj * rows + r0..][..height];
-                    let stored = &mut scales[jj * blocks + b..][..1];
-                    quantize_run(run, out, stored, block, rule)?;
-                }
+    let groups = cols.div_ceil(TASK_COLS);
+    // pieces[b * groups + g][jj] = (dst[j][block b], scales[j][b]) for column j = g * TASK_COLS + jj.
+    let mut pieces: Vec<Vec<(&mut [u8], &mut R::Stored)>> =
+        (0..blocks * groups).map(|_| Vec::with_capacity(TASK_COLS)).collect();
+    for (j, (column, column_scales)) in dst.chunks_mut(rows).zip(scales.chunks_mut(blocks)).enumerate() {
+        for (b, piece) in column.chunks_mut(block).zip(column_scales.iter_mut()).enumerate() {
+            pieces[b * groups + j / TASK_COLS].push(piece);
+        }
+    }
+    pieces.into_par_iter().enumerate().try_for_each(|(task, mut outs)| {
+        let (b, g) = (task / groups, task % groups);
+        let (r0, j_start) = (b * block, g * TASK_COLS);
+        let height = block.min(rows - r0);
+        let band = &src[r0 * cols..(r0 + height) * cols];
+        let width = outs.len();
+        // tile[jj][i] = src[r0 + i][j_start + jj], rows read whole (prefetch-friendly).
+        let mut tile = vec![T::from_f32(0.0); width * height];
+        for (i, src_row) in band.chunks_exact(cols).enumerate() {
+            for (jj, &x) in src_row[j_start..j_start + width].iter().enumerate() {
+                tile[jj * height + i] = x;
             }
-            Ok(())
-        })
+        }
+        for (run, (out, stored)) in tile.chunks_exact(height).zip(outs.iter_mut()) {
+            quantize_run(run, out, std::slice::from_mut(*stored), block, rule)?;
+        }
+        Ok(())
+    })
 }
