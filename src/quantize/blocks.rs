@@ -105,22 +105,28 @@ pub(crate) fn quantize_columnwise<T: HighPrecision, R: BlockRule>(
             pieces[b * groups + j / TASK_COLS].push(piece);
         }
     }
-    pieces.into_par_iter().enumerate().try_for_each(|(task, mut outs)| {
-        let (b, g) = (task / groups, task % groups);
-        let (r0, j_start) = (b * block, g * TASK_COLS);
-        let height = block.min(rows - r0);
-        let band = &src[r0 * cols..(r0 + height) * cols];
-        let width = outs.len();
-        // tile[jj][i] = src[r0 + i][j_start + jj], rows read whole (prefetch-friendly).
-        let mut tile = vec![T::from_f32(0.0); width * height];
-        for (i, src_row) in band.chunks_exact(cols).enumerate() {
-            for (jj, &x) in src_row[j_start..j_start + width].iter().enumerate() {
-                tile[jj * height + i] = x;
+    // One scratch tile per worker, reused: a fresh 256 KB allocation per task
+    // would be fresh pages, each one a page fault.
+    let scratch = || Vec::<T>::new();
+    pieces
+        .into_par_iter()
+        .enumerate()
+        .try_for_each_init(scratch, |tile, (task, mut outs)| {
+            let (b, g) = (task / groups, task % groups);
+            let (r0, j_start) = (b * block, g * TASK_COLS);
+            let height = block.min(rows - r0);
+            let band = &src[r0 * cols..(r0 + height) * cols];
+            let width = outs.len();
+            // tile[jj][i] = src[r0 + i][j_start + jj], rows read whole (prefetch-friendly).
+            tile.resize(width * height, T::from_f32(0.0));
+            for (i, src_row) in band.chunks_exact(cols).enumerate() {
+                for (jj, &x) in src_row[j_start..j_start + width].iter().enumerate() {
+                    tile[jj * height + i] = x;
+                }
             }
-        }
-        for (run, (out, stored)) in tile.chunks_exact(height).zip(outs.iter_mut()) {
-            quantize_run(run, out, std::slice::from_mut(*stored), block, rule)?;
-        }
-        Ok(())
-    })
+            for (run, (out, stored)) in tile.chunks_exact(height).zip(outs.iter_mut()) {
+                quantize_run(run, out, std::slice::from_mut(*stored), block, rule)?;
+            }
+            Ok(())
+        })
 }
