@@ -12,7 +12,7 @@ use crate::format::{Fp8Format, Overflow};
 /// Writes `dst_rowwise` (`[rows, cols]`) and `dst_columnwise` (`[cols, rows]`)
 /// with `cast_sat(x * scale)`; returns `max |x|`.
 ///
-/// Bands of [`TILE`] rows run in parallel: a band's rows are cast into its own
+/// Bands of 64 rows run in parallel: a band's rows are cast into its own
 /// slice of the row-wise copy, then transposed tile by tile from there (the
 /// band's codes are still in cache) into the band's column range of every row
 /// of the column-wise copy. Those ranges are disjoint between bands, so each
