@@ -1,18 +1,23 @@
-//! Every CUDA kernel against its CPU twin on random inputs of awkward shapes:
-//! codes, scales and amax must be identical (NaN codes compare as "both NaN",
-//! the contract leaves NaN payloads open). Without a usable GPU this prints
-//! one line, "gpu_kernels: skipped: <why>", and passes.
-//!
-//! The CPU side is a deliberately simple element-by-element reference built on
-//! `convert::quantize`/`dequantize` (the vectorized, exhaustively tested cast)
-//! and the spec formulas; it is independent of the kernels' tiling.
+//! Every CUDA kernel against its CPU twin in the library (`fp8_engine::quantize`,
+//! `fp8_engine::scaling`) on random inputs of awkward shapes: codes, scales
+//! (f32 `scale_inv`, E8M0 exponents), amax and amax histories must be identical
+//! (NaN codes and values compare as "both NaN", the contract leaves NaN payloads
+//! open). The CPU side is exactly what the CPU backend computes, with the launch
+//! options expressed as the library's recipe types (`ScaleRule`,
+//! `BlockScaling`, `CurrentScaling`, `DelayedScaling`). Without a usable GPU this
+//! prints one line, "gpu_kernels: skipped: <why>", and passes.
 
 use std::process::ExitCode;
 
-use fp8_engine::backend::cuda::{BlockScale, CudaDevice, DequantScales, DeviceElement, UpdateAlgo};
-use fp8_engine::convert::{self, HighPrecision};
+use fp8_engine::backend::cuda::{CudaDevice, DequantScales, DeviceBuffer, DeviceElement};
+use fp8_engine::convert::HighPrecision;
 use fp8_engine::device::MemoryCategory::{Activations, Fp8Copies, Workspace};
-use fp8_engine::format::{Fp8Format, Overflow};
+use fp8_engine::format::Fp8Format;
+use fp8_engine::quantize::{self as twin, ScaleRule};
+use fp8_engine::scaling::{
+    AmaxComputeAlgo, BlockScaling, CurrentScaling, DelayedScaling, DelayedSlot, MAX_MARGIN, RecipeFormat, TensorRole,
+};
+use fp8_engine::tensor::{QuantizedMatrix, QuantizedTensor, Scales};
 use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -35,12 +40,16 @@ const SHAPES: &[(usize, usize)] = &[
 
 const FORMATS: [Fp8Format; 2] = [Fp8Format::E4M3, Fp8Format::E5M2];
 
-/// Values over many binades with signs, zeros and (when `specials`) NaN/inf.
-fn random_values<T: HighPrecision>(rng: &mut StdRng, n: usize, specials: bool) -> Vec<T> {
+/// Share of NaN/inf/-0/0 elements: per-tensor casts get many; block quantizers
+/// few, so most blocks still have a finite amax (one inf makes a block's scale 1).
+const CAST_SPECIALS: f64 = 0.01;
+const BLOCK_SPECIALS: f64 = 0.0005;
+
+/// Values over eight decades with signs, and a `specials` share of NaN/inf/zeros.
+fn random_values<T: HighPrecision>(rng: &mut StdRng, n: usize, specials: f64) -> Vec<T> {
     (0..n)
         .map(|_| {
-            let roll: f32 = rng.random();
-            let x = if specials && roll < 0.01 {
+            let x = if rng.random_bool(specials) {
                 [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 0.0][rng.random_range(0..5)]
             } else {
                 let magnitude = 10f32.powf(rng.random_range(-4.0..4.0));
@@ -49,6 +58,39 @@ fn random_values<T: HighPrecision>(rng: &mut StdRng, n: usize, specials: bool) -
             T::from_f32(x)
         })
         .collect()
+}
+
+/// The recipe format and a tensor role under which a recipe picks `format`.
+fn recipe_format(format: Fp8Format) -> (RecipeFormat, TensorRole) {
+    match format {
+        Fp8Format::E4M3 => (RecipeFormat::E4M3, TensorRole::Input),
+        Fp8Format::E5M2 => (RecipeFormat::Hybrid, TensorRole::OutputGrad),
+    }
+}
+
+/// An amax epsilon that is 0, below most blocks' amax, or above many.
+fn random_epsilon(rng: &mut StdRng) -> f32 {
+    [0.0, 0.0, 1.0, 1e3][rng.random_range(0..4)]
+}
+
+/// The per-block rule of a random block-scaling recipe in `format`.
+fn block_rule(rng: &mut StdRng, format: Fp8Format) -> ScaleRule {
+    let (recipe_format, role) = recipe_format(format);
+    let recipe = BlockScaling {
+        format: recipe_format,
+        power_2_scale: rng.random(),
+        amax_epsilon: random_epsilon(rng),
+        ..BlockScaling::default()
+    };
+    ScaleRule::block(&recipe, role)
+}
+
+fn cpu<T>(r: fp8_engine::Result<T>) -> Result<T, String> {
+    r.map_err(|e| format!("CPU twin: {e}"))
+}
+
+fn gpu<T>(r: fp8_engine::Result<T>) -> Result<T, String> {
+    r.map_err(|e| format!("GPU: {e}"))
 }
 
 fn same_codes(what: &str, format: Fp8Format, gpu: &[u8], cpu: &[u8]) -> Check {
@@ -78,78 +120,43 @@ fn same_f32(what: &str, gpu: &[f32], cpu: &[f32]) -> Check {
         .ok_or(format!("{what}: lengths differ"))
 }
 
-fn transpose<T: Copy>(src: &[T], rows: usize, cols: usize) -> Vec<T> {
-    (0..cols)
-        .flat_map(|j| (0..rows).map(move |i| src[i * cols + j]))
-        .collect()
+fn same_values<T: HighPrecision>(what: &str, gpu: &[T], cpu: &[T]) -> Check {
+    let as_f32 = |v: &[T]| v.iter().map(|x| x.to_f32()).collect::<Vec<_>>();
+    same_f32(what, &as_f32(gpu), &as_f32(cpu))
 }
 
-fn amax_ref<T: HighPrecision>(src: &[T]) -> f32 {
-    src.iter().fold(0.0f32, |m, x| m.max(x.to_f32().abs()))
-}
-
-/// Spec 4.2 on a block's amax.
-fn current_scale(amax: f32, max: f32, power_2: bool, eps: f32) -> f32 {
-    let amax = if amax < eps { eps } else { amax };
-    if !amax.is_finite() || amax == 0.0 {
-        return 1.0;
-    }
-    let s = max / amax;
-    let s = if s.is_infinite() { f32::MAX } else { s };
-    if power_2 {
-        f32::from_bits(s.to_bits() & 0xFF80_0000)
-    } else {
-        s
+fn same_e8m0(what: &str, gpu: &[u8], cpu: &[u8]) -> Check {
+    match gpu.iter().zip(cpu).position(|(g, c)| g != c) {
+        Some(i) => Err(format!("{what}: scale {i}: gpu {:#04x}, cpu {:#04x}", gpu[i], cpu[i])),
+        None if gpu.len() != cpu.len() => Err(format!("{what}: lengths differ")),
+        None => Ok(()),
     }
 }
 
-/// Spec 4.4: the E8M0 exponent, rounded up.
-fn mx_exponent(amax: f32, format: Fp8Format) -> u8 {
-    let v = amax * (1.0 / format.max_finite());
-    if v.is_nan() {
-        return 0xFF;
-    }
-    if v.is_infinite() {
-        return 0xFE;
-    }
-    if v == 0.0 {
-        return 0;
-    }
-    let (e, m) = ((v.to_bits() >> 23) as u8, v.to_bits() & 0x7F_FFFF);
-    if m != 0 && e != 0xFE && !(e == 0 && m <= 0x40_0000) {
-        e + 1
-    } else {
-        e
+/// The f32 `scale_inv` grid of a block-scaled copy.
+fn f32_scales(matrix: &QuantizedMatrix) -> Result<&[f32], String> {
+    match matrix.scales() {
+        Scales::Block1x128(s) | Scales::Block128x128(s) => Ok(s),
+        other => Err(format!("CPU twin: expected f32 block scales, got {:?}", other.kind())),
     }
 }
 
-fn mx_data_scale(e: u8) -> f32 {
-    match e {
-        0xFF => f32::NAN,
-        254 => f32::from_bits(0x0040_0000),
-        e => f32::from_bits((254 - e as u32) << 23),
+fn e8m0_scales(matrix: &QuantizedMatrix) -> Result<&[u8], String> {
+    match matrix.scales() {
+        Scales::Mxfp8(e) => Ok(e),
+        other => Err(format!("CPU twin: expected E8M0 scales, got {:?}", other.kind())),
     }
 }
 
-/// Row-wise blocks of `block` elements of a `[rows, cols]` matrix; `rule(amax) -> (scale, stored)`.
-fn blocks_ref<T: HighPrecision, S>(
-    src: &[T],
-    rows: usize,
-    cols: usize,
-    block: usize,
-    format: Fp8Format,
-    rule: impl Fn(f32) -> (f32, S),
-) -> (Vec<u8>, Vec<S>) {
-    let mut codes = vec![0u8; rows * cols];
-    let mut scales = Vec::new();
-    for (row, out) in src.chunks(cols).zip(codes.chunks_mut(cols)) {
-        for (chunk, out) in row.chunks(block).zip(out.chunks_mut(block)) {
-            let (scale, stored) = rule(amax_ref(chunk));
-            convert::quantize(chunk, out, format, scale, Overflow::Saturate).expect("reference cast");
-            scales.push(stored);
-        }
+fn per_tensor_scale_inv(tensor: &QuantizedTensor) -> Result<f32, String> {
+    match tensor.rowwise().scales() {
+        Scales::PerTensor(s) => Ok(*s),
+        other => Err(format!("CPU twin: expected a per-tensor scale, got {:?}", other.kind())),
     }
-    (codes, scales)
+}
+
+fn columnwise(tensor: &QuantizedTensor) -> Result<&QuantizedMatrix, String> {
+    tensor.columnwise().ok_or("CPU twin: no column-wise copy".to_string())
 }
 
 struct Ctx {
@@ -158,35 +165,75 @@ struct Ctx {
 }
 
 impl Ctx {
-    fn up<T: cudarc::driver::DeviceRepr>(&self, v: &[T]) -> fp8_engine::backend::cuda::DeviceBuffer<T> {
+    fn up<T: cudarc::driver::DeviceRepr>(&self, v: &[T]) -> DeviceBuffer<T> {
         self.gpu.upload(v, Activations).expect("upload")
     }
     /// A buffer of poison (0xA5 bytes / NaN), so a kernel that skips an element is caught.
-    fn poison_u8(&self, n: usize) -> fp8_engine::backend::cuda::DeviceBuffer<u8> {
+    fn poison_u8(&self, n: usize) -> DeviceBuffer<u8> {
         self.gpu.upload(&vec![0xA5u8; n], Fp8Copies).expect("upload")
     }
-    fn poison_f32(&self, n: usize) -> fp8_engine::backend::cuda::DeviceBuffer<f32> {
+    fn poison_f32(&self, n: usize) -> DeviceBuffer<f32> {
         self.gpu.upload(&vec![f32::NAN; n], Workspace).expect("upload")
     }
-    fn down<T: cudarc::driver::DeviceRepr>(&self, b: &fp8_engine::backend::cuda::DeviceBuffer<T>) -> Vec<T> {
+    fn poison_values<T: DeviceElement>(&self, n: usize) -> DeviceBuffer<T> {
+        self.up(&vec![T::from_f32(f32::NAN); n])
+    }
+    fn down<T: cudarc::driver::DeviceRepr>(&self, b: &DeviceBuffer<T>) -> Vec<T> {
         self.gpu.download(b).expect("download")
+    }
+
+    /// GPU dequantize of one `[rows, cols]` copy, compared with the twin's `QuantizedMatrix::dequantize`.
+    fn check_dequantize<T: DeviceElement>(
+        &self,
+        what: &str,
+        format: Fp8Format,
+        codes: &DeviceBuffer<u8>,
+        scales: DequantScales<'_>,
+        expected: &QuantizedMatrix,
+    ) -> Check {
+        let (rows, cols) = (expected.rows(), expected.cols());
+        let mut y = self.poison_values::<T>(rows * cols);
+        gpu(self.gpu.dequantize(codes, rows, cols, format, scales, &mut y))?;
+        same_values(what, &self.down(&y), &cpu(expected.dequantize::<T>(format))?)
     }
 }
 
+/// An amax accumulator's value before a cast: zero, a NaN (which `fmaxf` drops),
+/// a small or large earlier amax, or inf.
+fn random_prior_amax(rng: &mut StdRng) -> f32 {
+    [0.0, f32::NAN, -f32::NAN, 1e-3, 5.0, 1e5, f32::INFINITY][rng.random_range(0..7)]
+}
+
+/// What a cast leaves in an amax accumulator holding `prior` (the twin of the kernels' atomic max).
+fn accumulated(prior: f32, amax: f32) -> f32 {
+    let mut slot = DelayedSlot::new(1);
+    slot.set_current_amax(prior);
+    slot.record_amax(amax);
+    slot.current_amax()
+}
+
 fn check_cast<T: DeviceElement>(ctx: &mut Ctx, rows: usize, cols: usize, format: Fp8Format) -> Check {
-    let src: Vec<T> = random_values(&mut ctx.rng, rows * cols, true);
+    let src: Vec<T> = random_values(&mut ctx.rng, rows * cols, CAST_SPECIALS);
     let scale: f32 = ctx.rng.random_range(0.01..100.0);
-    let mut q_cpu = vec![0u8; src.len()];
-    let amax_cpu = convert::quantize(&src, &mut q_cpu, format, scale, Overflow::Saturate).map_err(|e| e.to_string())?;
     let d_src = ctx.up(&src);
     let d_scale = ctx.up(&[scale]);
+    // Delayed scaling: a given scale, cast (+ transpose) with a fused amax.
     for transpose_too in [false, true] {
+        let (tensor, amax_cpu) = cpu(twin::quantize_per_tensor(
+            &src,
+            rows,
+            cols,
+            format,
+            scale,
+            transpose_too,
+        ))?;
+        let prior = random_prior_amax(&mut ctx.rng);
         let mut q = ctx.poison_u8(src.len());
         let mut qt = ctx.poison_u8(src.len());
-        let mut amax = ctx.up(&[0.0f32]);
+        let mut amax = ctx.up(&[prior]);
         let mut scale_inv = ctx.poison_f32(1);
         let dst_t = if transpose_too { Some(&mut qt) } else { None };
-        let r = ctx.gpu.cast_amax(
+        gpu(ctx.gpu.cast_amax(
             &d_src,
             rows,
             cols,
@@ -196,214 +243,242 @@ fn check_cast<T: DeviceElement>(ctx: &mut Ctx, rows: usize, cols: usize, format:
             dst_t,
             (&mut amax, 0),
             Some(&mut scale_inv),
-        );
-        r.map_err(|e| e.to_string())?;
-        same_codes("cast codes", format, &ctx.down(&q), &q_cpu)?;
-        same_f32("cast amax", &ctx.down(&amax), &[amax_cpu])?;
-        same_f32("cast scale_inv", &ctx.down(&scale_inv), &[1.0 / scale])?;
+        ))?;
+        same_codes("cast codes", format, &ctx.down(&q), tensor.rowwise().data())?;
+        same_f32("cast amax", &ctx.down(&amax), &[accumulated(prior, amax_cpu)])?;
+        same_f32(
+            "cast scale_inv",
+            &ctx.down(&scale_inv),
+            &[per_tensor_scale_inv(&tensor)?],
+        )?;
         if transpose_too {
-            same_codes(
-                "cast transposed codes",
-                format,
-                &ctx.down(&qt),
-                &transpose(&q_cpu, rows, cols),
-            )?;
+            let expected = columnwise(&tensor)?.data();
+            same_codes("cast transposed codes", format, &ctx.down(&qt), expected)?;
         }
     }
+    let prior = random_prior_amax(&mut ctx.rng);
+    let mut amax = ctx.up(&[prior]);
+    gpu(ctx.gpu.amax(&d_src, &mut amax))?;
+    same_f32("amax", &ctx.down(&amax), &[accumulated(prior, twin::amax(&src))])?;
+    // Current scaling: the amax kernel, the recipe's scale, the cast (the CPU twin fuses nothing).
+    let (recipe_format, role) = recipe_format(format);
+    let recipe = CurrentScaling {
+        format: recipe_format,
+        power_2_scale: ctx.rng.random(),
+        amax_epsilon: random_epsilon(&mut ctx.rng),
+    };
+    let rule = ScaleRule::current(&recipe, role);
+    let (tensor, amax_cpu) = cpu(twin::quantize_current(&src, rows, cols, &rule, false))?;
     let mut amax = ctx.up(&[0.0f32]);
-    ctx.gpu.amax(&d_src, &mut amax).map_err(|e| e.to_string())?;
-    same_f32("amax", &ctx.down(&amax), &[amax_ref(&src)])
+    gpu(ctx.gpu.amax(&d_src, &mut amax))?;
+    let amax_gpu = ctx.down(&amax)[0];
+    same_f32("current amax", &[amax_gpu], &[amax_cpu])?;
+    let d_scale = ctx.up(&[rule.scale(amax_gpu)]);
+    let (mut q, mut scale_inv) = (ctx.poison_u8(src.len()), ctx.poison_f32(1));
+    gpu(ctx.gpu.cast_amax(
+        &d_src,
+        rows,
+        cols,
+        format,
+        (&d_scale, 0),
+        &mut q,
+        None,
+        (&mut amax, 0),
+        Some(&mut scale_inv),
+    ))?;
+    same_codes("current codes", format, &ctx.down(&q), tensor.rowwise().data())?;
+    same_f32(
+        "current scale_inv",
+        &ctx.down(&scale_inv),
+        &[per_tensor_scale_inv(&tensor)?],
+    )?;
+    // Per-tensor dequantize of the codes.
+    ctx.check_dequantize::<T>(
+        "per-tensor dequantize",
+        format,
+        &q,
+        DequantScales::PerTensor(&scale_inv),
+        tensor.rowwise(),
+    )
 }
 
 fn check_1x128<T: DeviceElement>(ctx: &mut Ctx, rows: usize, cols: usize, format: Fp8Format) -> Check {
-    let src: Vec<T> = random_values(&mut ctx.rng, rows * cols, false);
-    let rule = BlockScale {
-        format,
-        power_2_scale: ctx.rng.random(),
-        amax_epsilon: 0.0,
-    };
-    let f = |amax: f32| {
-        let s = current_scale(amax, format.max_finite(), rule.power_2_scale, 0.0);
-        (s, 1.0 / s)
-    };
-    let (q_row, s_row) = blocks_ref(&src, rows, cols, 128, format, f);
-    let (q_col, s_col) = blocks_ref(&transpose(&src, rows, cols), cols, rows, 128, format, f);
+    let src: Vec<T> = random_values(&mut ctx.rng, rows * cols, BLOCK_SPECIALS);
+    let rule = block_rule(&mut ctx.rng, format);
+    let tensor = cpu(twin::quantize_1x128(&src, rows, cols, &rule, true))?;
+    let (row, col) = (tensor.rowwise(), columnwise(&tensor)?);
+    let (s_row, s_col) = (f32_scales(row)?, f32_scales(col)?);
     let d_src = ctx.up(&src);
     let (mut q, mut s) = (ctx.poison_u8(src.len()), ctx.poison_f32(s_row.len()));
     let (mut qc, mut sc) = (ctx.poison_u8(src.len()), ctx.poison_f32(s_col.len()));
-    ctx.gpu
-        .quantize_1x128(
-            &d_src,
-            rows,
-            cols,
-            rule,
-            Some((&mut q, &mut s)),
-            Some((&mut qc, &mut sc)),
-        )
-        .map_err(|e| e.to_string())?;
-    same_codes("1x128 row-wise codes", format, &ctx.down(&q), &q_row)?;
-    same_f32("1x128 row-wise scale_inv", &ctx.down(&s), &s_row)?;
-    same_codes("1x128 column-wise codes", format, &ctx.down(&qc), &q_col)?;
-    same_f32("1x128 column-wise scale_inv", &ctx.down(&sc), &s_col)
+    gpu(ctx.gpu.quantize_1x128(
+        &d_src,
+        rows,
+        cols,
+        &rule,
+        Some((&mut q, &mut s)),
+        Some((&mut qc, &mut sc)),
+    ))?;
+    same_codes("1x128 row-wise codes", format, &ctx.down(&q), row.data())?;
+    same_f32("1x128 row-wise scale_inv", &ctx.down(&s), s_row)?;
+    same_codes("1x128 column-wise codes", format, &ctx.down(&qc), col.data())?;
+    same_f32("1x128 column-wise scale_inv", &ctx.down(&sc), s_col)?;
+    let blocks = DequantScales::Blocks(&s, (1, 128));
+    ctx.check_dequantize::<T>("1x128 row-wise dequantize", format, &q, blocks, row)?;
+    let blocks = DequantScales::Blocks(&sc, (1, 128));
+    ctx.check_dequantize::<T>("1x128 column-wise dequantize", format, &qc, blocks, col)
 }
 
 fn check_mxfp8<T: DeviceElement>(ctx: &mut Ctx, rows: usize, cols: usize, format: Fp8Format) -> Check {
-    let src: Vec<T> = random_values(&mut ctx.rng, rows * cols, false);
-    let f = |amax: f32| {
-        let e = mx_exponent(amax, format);
-        (mx_data_scale(e), e)
-    };
-    let (q_row, e_row) = blocks_ref(&src, rows, cols, 32, format, f);
-    let (q_col, e_col) = blocks_ref(&transpose(&src, rows, cols), cols, rows, 32, format, f);
+    let src: Vec<T> = random_values(&mut ctx.rng, rows * cols, BLOCK_SPECIALS);
+    let tensor = cpu(twin::quantize_mxfp8(&src, rows, cols, format, true))?;
+    let (row, col) = (tensor.rowwise(), columnwise(&tensor)?);
+    let (e_row, e_col) = (e8m0_scales(row)?, e8m0_scales(col)?);
     let d_src = ctx.up(&src);
     let (mut q, mut e) = (ctx.poison_u8(src.len()), ctx.poison_u8(e_row.len()));
     let (mut qc, mut ec) = (ctx.poison_u8(src.len()), ctx.poison_u8(e_col.len()));
-    ctx.gpu
-        .quantize_mxfp8(
-            &d_src,
-            rows,
-            cols,
-            format,
-            Some((&mut q, &mut e)),
-            Some((&mut qc, &mut ec)),
-        )
-        .map_err(|e| e.to_string())?;
-    same_codes("mxfp8 row-wise codes", format, &ctx.down(&q), &q_row)?;
-    (ctx.down(&e) == e_row)
-        .then_some(())
-        .ok_or("mxfp8 row-wise E8M0 scales differ")?;
-    same_codes("mxfp8 column-wise codes", format, &ctx.down(&qc), &q_col)?;
-    (ctx.down(&ec) == e_col)
-        .then_some(())
-        .ok_or_else(|| "mxfp8 column-wise E8M0 scales differ".to_string())?;
-    // Dequantize the row-wise copy back.
-    let mut y_cpu = vec![T::from_f32(0.0); src.len()];
-    for (i, (&code, y)) in q_row.iter().zip(y_cpu.iter_mut()).enumerate() {
-        let e = e_row[(i / cols) * cols.div_ceil(32) + (i % cols) / 32];
-        *y = T::from_f32(format.decode(code) * fp8_engine::format::decode_e8m0(e));
-    }
-    let mut y = ctx.up(&vec![T::from_f32(f32::NAN); src.len()]);
-    ctx.gpu
-        .dequantize(&q, rows, cols, format, DequantScales::Mxfp8(&e), &mut y)
-        .map_err(|e| e.to_string())?;
-    let as_f32 = |v: &[T]| v.iter().map(|x| x.to_f32()).collect::<Vec<_>>();
-    same_f32("mxfp8 dequantize", &as_f32(&ctx.down(&y)), &as_f32(&y_cpu))
+    gpu(ctx.gpu.quantize_mxfp8(
+        &d_src,
+        rows,
+        cols,
+        format,
+        Some((&mut q, &mut e)),
+        Some((&mut qc, &mut ec)),
+    ))?;
+    same_codes("mxfp8 row-wise codes", format, &ctx.down(&q), row.data())?;
+    same_e8m0("mxfp8 row-wise E8M0", &ctx.down(&e), e_row)?;
+    same_codes("mxfp8 column-wise codes", format, &ctx.down(&qc), col.data())?;
+    same_e8m0("mxfp8 column-wise E8M0", &ctx.down(&ec), e_col)?;
+    ctx.check_dequantize::<T>("mxfp8 row-wise dequantize", format, &q, DequantScales::Mxfp8(&e), row)?;
+    ctx.check_dequantize::<T>(
+        "mxfp8 column-wise dequantize",
+        format,
+        &qc,
+        DequantScales::Mxfp8(&ec),
+        col,
+    )
 }
 
 fn check_128x128<T: DeviceElement>(ctx: &mut Ctx, rows: usize, cols: usize, format: Fp8Format) -> Check {
-    let src: Vec<T> = random_values(&mut ctx.rng, rows * cols, false);
-    let rule = BlockScale {
-        format,
-        power_2_scale: ctx.rng.random(),
-        amax_epsilon: 0.0,
-    };
-    let (gr, gc) = (rows.div_ceil(128), cols.div_ceil(128));
-    let mut q_cpu = vec![0u8; src.len()];
-    let mut s_cpu = vec![0.0f32; gr * gc];
-    for (t, stored) in s_cpu.iter_mut().enumerate() {
-        let (r0, c0) = ((t / gc) * 128, (t % gc) * 128);
-        let (r1, c1) = ((r0 + 128).min(rows), (c0 + 128).min(cols));
-        let amax = (r0..r1).fold(0.0f32, |m, i| m.max(amax_ref(&src[i * cols + c0..i * cols + c1])));
-        let scale = current_scale(amax, format.max_finite(), rule.power_2_scale, 0.0);
-        for i in r0..r1 {
-            let range = i * cols + c0..i * cols + c1;
-            convert::quantize(
-                &src[range.clone()],
-                &mut q_cpu[range],
-                format,
-                scale,
-                Overflow::Saturate,
-            )
-            .map_err(|e| e.to_string())?;
-        }
-        *stored = 1.0 / scale;
-    }
+    let src: Vec<T> = random_values(&mut ctx.rng, rows * cols, BLOCK_SPECIALS);
+    let rule = block_rule(&mut ctx.rng, format);
     let d_src = ctx.up(&src);
-    let (mut q, mut s) = (ctx.poison_u8(src.len()), ctx.poison_f32(s_cpu.len()));
-    let (mut qt, mut st) = (ctx.poison_u8(src.len()), ctx.poison_f32(s_cpu.len()));
-    ctx.gpu
-        .quantize_128x128(&d_src, rows, cols, rule, (&mut q, &mut s), Some((&mut qt, &mut st)))
-        .map_err(|e| e.to_string())?;
-    same_codes("128x128 codes", format, &ctx.down(&q), &q_cpu)?;
-    same_f32("128x128 scale_inv", &ctx.down(&s), &s_cpu)?;
-    same_codes(
-        "128x128 column-wise codes",
-        format,
-        &ctx.down(&qt),
-        &transpose(&q_cpu, rows, cols),
-    )?;
-    same_f32(
-        "128x128 column-wise scale_inv",
-        &ctx.down(&st),
-        &transpose(&s_cpu, gr, gc),
-    )?;
-    // Dequantize with the f32 grid.
-    let mut y_cpu = vec![T::from_f32(0.0); src.len()];
-    for (i, (&code, y)) in q_cpu.iter().zip(y_cpu.iter_mut()).enumerate() {
-        *y = T::from_f32(format.decode(code) * s_cpu[(i / cols / 128) * gc + (i % cols) / 128]);
+    // Without the column-wise copy the kernel takes an early exit; with it, the staged transpose.
+    for with_columnwise in [false, true] {
+        let tensor = cpu(twin::quantize_block_128x128(&src, rows, cols, &rule, with_columnwise))?;
+        let row = tensor.rowwise();
+        let s_row = f32_scales(row)?;
+        let (mut q, mut s) = (ctx.poison_u8(src.len()), ctx.poison_f32(s_row.len()));
+        let (mut qt, mut st) = (ctx.poison_u8(src.len()), ctx.poison_f32(s_row.len()));
+        let copy_t = if with_columnwise {
+            Some((&mut qt, &mut st))
+        } else {
+            None
+        };
+        gpu(ctx
+            .gpu
+            .quantize_128x128(&d_src, rows, cols, &rule, (&mut q, &mut s), copy_t))?;
+        same_codes("128x128 codes", format, &ctx.down(&q), row.data())?;
+        same_f32("128x128 scale_inv", &ctx.down(&s), s_row)?;
+        let blocks = DequantScales::Blocks(&s, (128, 128));
+        ctx.check_dequantize::<T>("128x128 dequantize", format, &q, blocks, row)?;
+        if with_columnwise {
+            let col = columnwise(&tensor)?;
+            same_codes("128x128 column-wise codes", format, &ctx.down(&qt), col.data())?;
+            same_f32("128x128 column-wise scale_inv", &ctx.down(&st), f32_scales(col)?)?;
+            let blocks = DequantScales::Blocks(&st, (128, 128));
+            ctx.check_dequantize::<T>("128x128 column-wise dequantize", format, &qt, blocks, col)?;
+        }
     }
-    let mut y = ctx.up(&vec![T::from_f32(f32::NAN); src.len()]);
-    ctx.gpu
-        .dequantize(&q, rows, cols, format, DequantScales::Blocks(&s, (128, 128)), &mut y)
-        .map_err(|e| e.to_string())?;
-    let as_f32 = |v: &[T]| v.iter().map(|x| x.to_f32()).collect::<Vec<_>>();
-    same_f32("128x128 dequantize", &as_f32(&ctx.down(&y)), &as_f32(&y_cpu))?;
-    // Per-tensor dequantize against convert::dequantize.
-    let scale_inv: f32 = ctx.rng.random_range(0.001..10.0);
-    let mut y_cpu = vec![T::from_f32(0.0); src.len()];
-    convert::dequantize(&q_cpu, &mut y_cpu, format, scale_inv).map_err(|e| e.to_string())?;
-    let d_scale_inv = ctx.up(&[scale_inv]);
-    ctx.gpu
-        .dequantize(&q, rows, cols, format, DequantScales::PerTensor(&d_scale_inv), &mut y)
-        .map_err(|e| e.to_string())?;
-    same_f32("per-tensor dequantize", &as_f32(&ctx.down(&y)), &as_f32(&y_cpu))
+    Ok(())
 }
 
-/// Spec 4.1 for one slot, written out step by step.
-fn delayed_ref(history: &mut [f32], scale: &mut f32, scaled_max: f32, algo: UpdateAlgo) {
-    let last = history[0];
-    if last == 0.0 {
-        return;
+/// A rule the CPU twin rejects is rejected by the launchers with the same error, before any launch.
+fn check_rejected_rules(ctx: &mut Ctx) -> Check {
+    let (rows, cols) = (3, 17);
+    let src = vec![1.0f32; rows * cols];
+    let d_src = ctx.up(&src);
+    for amax_epsilon in [-1.0, f32::NAN, f32::INFINITY] {
+        let rule = ScaleRule {
+            amax_epsilon,
+            ..block_rule(&mut ctx.rng, Fp8Format::E4M3)
+        };
+        let expected = match twin::quantize_block_128x128(&src, rows, cols, &rule, false) {
+            Ok(_) => return Err(format!("CPU twin accepted amax_epsilon {amax_epsilon}")),
+            Err(e) => e.to_string(),
+        };
+        let (mut q, mut s) = (ctx.poison_u8(src.len()), ctx.poison_f32(1));
+        let (mut q1, mut s1) = (ctx.poison_u8(src.len()), ctx.poison_f32(rows * cols.div_ceil(128)));
+        let results = [
+            ctx.gpu
+                .quantize_128x128(&d_src, rows, cols, &rule, (&mut q, &mut s), None),
+            ctx.gpu
+                .quantize_1x128(&d_src, rows, cols, &rule, Some((&mut q1, &mut s1)), None),
+        ];
+        for result in results {
+            match result {
+                Ok(()) => return Err(format!("GPU launcher accepted amax_epsilon {amax_epsilon}")),
+                Err(e) if e.to_string() != expected => {
+                    return Err(format!("GPU launcher error '{e}', CPU twin '{expected}'"));
+                }
+                Err(_) => {}
+            }
+        }
     }
-    let amax = match algo {
-        UpdateAlgo::Max => history[1..].iter().fold(last, |a, &h| a.max(h)),
-        UpdateAlgo::MostRecent => last,
+    Ok(())
+}
+
+/// A history entry: mostly amaxes over six decades, with NaN, inf, zeros and a
+/// tiny value whose scale overflows to `f32::MAX`.
+fn random_history_entry(rng: &mut StdRng, first: bool) -> f32 {
+    match rng.random_range(0..20) {
+        0 if first => 0.0, // a slot that did not run this step
+        1 if first => -0.0,
+        2 => f32::NAN,
+        3 => f32::INFINITY,
+        4 => 1e-40,
+        _ => 10f32.powf(rng.random_range(-3.0..3.0)),
+    }
+}
+
+fn check_delayed(ctx: &mut Ctx, slots: usize, len: usize, algo: AmaxComputeAlgo) -> Check {
+    let recipe = DelayedScaling {
+        margin: ctx.rng.random_range(0..=MAX_MARGIN),
+        amax_history_len: len,
+        amax_compute_algo: algo,
+        ..DelayedScaling::default()
     };
-    let len = history.len();
-    for i in 1..len.saturating_sub(1) {
-        history[i] = history[i + 1];
-    }
-    if len > 1 {
-        history[len - 1] = last;
-    }
-    history[0] = 0.0;
-    if amax.is_finite() && amax > 0.0 {
-        let s = scaled_max / amax;
-        *scale = if s.is_infinite() { f32::MAX } else { s };
-    }
-}
-
-fn check_delayed(ctx: &mut Ctx, slots: usize, len: usize, algo: UpdateAlgo) -> Check {
-    let mut history: Vec<f32> = (0..slots * len)
-        .map(|i| match ctx.rng.random_range(0..20) {
-            0 if i % len == 0 => 0.0, // a slot that did not run this step
-            1 => f32::NAN,
-            2 => f32::INFINITY,
-            3 => 1e-40, // tiny: scale overflows to f32::MAX
-            _ => 10f32.powf(ctx.rng.random_range(-3.0..3.0)),
+    cpu(recipe.validate())?;
+    // Slots cycle through the five roles, so E4M3 and E5M2 slots mix in one launch.
+    let roles = TensorRole::FORWARD.into_iter().chain(TensorRole::BACKWARD).cycle();
+    let formats: Vec<Fp8Format> = roles.take(slots).map(|r| recipe.format.for_role(r)).collect();
+    let mut cpu_slots: Vec<DelayedSlot> = (0..slots)
+        .map(|s| {
+            let mut slot = DelayedSlot::new(len);
+            slot.scale = ctx.rng.random_range(0.5..2.0);
+            for (i, h) in slot.history.iter_mut().enumerate() {
+                // Slot 1: an all-NaN window, the one case where Max yields NaN.
+                *h = if s == 1 {
+                    f32::NAN
+                } else {
+                    random_history_entry(&mut ctx.rng, i == 0)
+                };
+            }
+            slot
         })
         .collect();
-    let mut scale: Vec<f32> = (0..slots).map(|_| ctx.rng.random_range(0.5..2.0)).collect();
-    let scaled_max: Vec<f32> = (0..slots)
-        .map(|i| if i % 2 == 0 { 448.0 } else { 57344.0 / 2.0 })
-        .collect();
+    let history: Vec<f32> = cpu_slots.iter().flat_map(|s| s.history.iter().copied()).collect();
+    let scale: Vec<f32> = cpu_slots.iter().map(|s| s.scale).collect();
+    let scaled_max: Vec<f32> = formats.iter().map(|&f| recipe.scaled_max(f)).collect();
     let (mut d_h, mut d_s, d_m) = (ctx.up(&history), ctx.up(&scale), ctx.up(&scaled_max));
-    ctx.gpu
-        .delayed_update(&mut d_h, len, &mut d_s, &d_m, algo)
-        .map_err(|e| e.to_string())?;
-    for ((h, s), &m) in history.chunks_mut(len).zip(scale.iter_mut()).zip(&scaled_max) {
-        delayed_ref(h, s, m, algo);
+    gpu(ctx
+        .gpu
+        .delayed_update(&mut d_h, len, &mut d_s, &d_m, recipe.amax_compute_algo))?;
+    for (slot, &format) in cpu_slots.iter_mut().zip(&formats) {
+        slot.update(&recipe, format);
     }
+    let history: Vec<f32> = cpu_slots.iter().flat_map(|s| s.history.iter().copied()).collect();
+    let scale: Vec<f32> = cpu_slots.iter().map(|s| s.scale).collect();
     same_f32("delayed history", &ctx.down(&d_h), &history)?;
     same_f32("delayed scale", &ctx.down(&d_s), &scale)
 }
@@ -452,8 +527,9 @@ fn main() -> ExitCode {
     for_types(&mut ctx, "1x128", &mut results, &typed!(check_1x128));
     for_types(&mut ctx, "mxfp8", &mut results, &typed!(check_mxfp8));
     for_types(&mut ctx, "128x128", &mut results, &typed!(check_128x128));
-    for (slots, len) in [(1, 1), (3, 2), (37, 1024), (100, 33)] {
-        for algo in [UpdateAlgo::Max, UpdateAlgo::MostRecent] {
+    results.push(("rejected rules".to_string(), check_rejected_rules(&mut ctx)));
+    for (slots, len) in [(1, 1), (3, 2), (37, 1024), (100, 33), (5, 65)] {
+        for algo in [AmaxComputeAlgo::Max, AmaxComputeAlgo::MostRecent] {
             results.push((
                 format!("delayed {slots} slots x {len} {algo:?}"),
                 check_delayed(&mut ctx, slots, len, algo),

@@ -174,9 +174,19 @@ __device__ __forceinline__ float group_max(float v, int width) {
     return v;
 }
 
-// Non-negative floats order like their bits, so an unsigned atomic max is a float max.
+// *target = fmaxf(*target, v) for v >= +0 and not NaN (a reduced amax), as the CPU
+// twin's record_amax does whatever *target holds. Non-negative floats order like
+// their bits as signed ints, and every negative float (-0 included) is a negative
+// int, so a signed atomicMax is fmaxf, except for a NaN *target with the sign bit
+// clear (its bits beat inf): fmaxf drops it, so swap it for v and max again.
 __device__ __forceinline__ void atomic_max_nonneg(float* target, float v) {
-    atomicMax(reinterpret_cast<unsigned int*>(target), __float_as_uint(v));
+    int* t = reinterpret_cast<int*>(target);
+    const int bits = __float_as_int(v);
+    int old = atomicMax(t, bits);
+    while (isnan(__int_as_float(old)) && old >= 0) {
+        if (atomicCAS(t, old, bits) == old) break;
+        old = atomicMax(t, bits);
+    }
 }
 
 // Block-wide fmaxf of `v`; thread 0 adds it to *target (if any). All threads must call it.

@@ -32,7 +32,7 @@ typedef struct Fp8CastParams {
     uint64_t dst_columnwise; /* [cols, rows] codes, 0 for none */
     uint64_t scale;          /* device f32: the scale to multiply by */
     uint64_t scale_inv_out;  /* device f32: receives 1/scale (0 for none) */
-    uint64_t amax;           /* device f32, atomically max-ed with max|x| (0 for none); must hold a value >= 0 */
+    uint64_t amax;           /* device f32, atomically fmaxf-ed with max|x| (0 for none) */
     uint64_t rows;
     uint64_t cols;
     uint32_t format; /* FP8_FORMAT_* */
@@ -78,7 +78,7 @@ typedef struct Fp8DelayedUpdateParams {
     uint32_t pad0;
 } Fp8DelayedUpdateParams;
 
-/* max|x| of a tensor, atomically max-ed into *amax (which must hold a value >= 0). */
+/* max|x| of a tensor, atomically fmaxf-ed into *amax. */
 typedef struct Fp8AmaxParams {
     uint64_t src;
     uint64_t len;

@@ -12,4 +12,4 @@ pub mod quantize;
 
 pub use buffer::{DeviceBuffer, DeviceElement};
 pub use context::{CudaDevice, GpuInfo, discover, driver_present, driver_version};
-pub use quantize::{BlockScale, DequantScales, UpdateAlgo};
+pub use quantize::DequantScales;

@@ -7,17 +7,8 @@ use super::launch::{THREADS, grid_stride_blocks, launch, tile_blocks};
 use super::params::*;
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
-
-/// The per-block scale rule of 1x128 and 128x128 quantization (spec 4.2 on each block's amax).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct BlockScale {
-    /// Data format.
-    pub format: Fp8Format,
-    /// Floor scales to powers of two.
-    pub power_2_scale: bool,
-    /// Lower bound on a block's amax.
-    pub amax_epsilon: f32,
-}
+use crate::quantize::ScaleRule;
+use crate::scaling::AmaxComputeAlgo;
 
 /// Where dequantize finds each element's `scale_inv`.
 #[derive(Clone, Copy, Debug)]
@@ -28,15 +19,6 @@ pub enum DequantScales<'a> {
     Blocks(&'a DeviceBuffer<f32>, (usize, usize)),
     /// MXFP8 E8M0 codes `[rows, ceil(cols/32)]`.
     Mxfp8(&'a DeviceBuffer<u8>),
-}
-
-/// How the delayed-scaling update reduces a history (spec 4.1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum UpdateAlgo {
-    /// Max of the window and this step's amax.
-    Max,
-    /// This step's amax only.
-    MostRecent,
 }
 
 const CAST: &str = "cast";
@@ -83,9 +65,11 @@ fn address_at<T: cudarc::driver::DeviceRepr>(
 }
 
 impl CudaDevice {
-    /// `dst = cast_sat(src * scale[scale_at])` (`[rows, cols]`), `amax[amax_at] = max(amax[amax_at], max|src|)`,
-    /// and, if given, `dst_t = dst^T` (`[cols, rows]`) from the same read. Twin of the CPU
-    /// `cast_amax` / `cast_transpose_amax`. Also writes `1/scale` to `scale_inv[0]` if given.
+    /// `dst = cast_sat(src * scale[scale_at])` (`[rows, cols]`), `amax[amax_at] = fmaxf(amax[amax_at], max|src|)`
+    /// (what `DelayedSlot::record_amax` does), and, if given, `dst_t = dst^T` (`[cols, rows]`) from the same
+    /// read. Twin of the CPU `cast_amax` / `cast_transpose_amax`. Also writes the correctly rounded `1/scale`
+    /// to `scale_inv[0]` if given. The scale lives on the device, so unlike the CPU twin it is not checked
+    /// (finite, > 0) here; an empty tensor launches nothing (amax and `scale_inv` untouched).
     #[allow(clippy::too_many_arguments)]
     pub fn cast_amax<T: DeviceElement>(
         &self,
@@ -143,7 +127,7 @@ impl CudaDevice {
         }
     }
 
-    /// `amax[0] = max(amax[0], max|src|)`; zero `amax` first for the amax of `src` alone. Twin of CPU `amax`.
+    /// `amax[0] = fmaxf(amax[0], max|src|)`; zero `amax` first for the amax of `src` alone. Twin of CPU `amax`.
     pub fn amax<T: DeviceElement>(&self, src: &DeviceBuffer<T>, amax: &mut DeviceBuffer<f32>) -> Result<()> {
         const K: &str = "amax";
         if src.is_empty() {
@@ -160,12 +144,13 @@ impl CudaDevice {
 
     /// 1x128 blocks: row-wise copy (`[rows, cols]` codes, `[rows, ceil(cols/128)]` scale_inv) and/or
     /// column-wise copy (`[cols, rows]` codes, `[cols, ceil(rows/128)]` scale_inv), both from `src`.
+    /// Twin of CPU `quantize_1x128_rowwise` / `quantize_1x128_columnwise` with the same [`ScaleRule`].
     pub fn quantize_1x128<T: DeviceElement>(
         &self,
         src: &DeviceBuffer<T>,
         rows: usize,
         cols: usize,
-        rule: BlockScale,
+        rule: &ScaleRule,
         rowwise: Option<(&mut DeviceBuffer<u8>, &mut DeviceBuffer<f32>)>,
         columnwise: Option<(&mut DeviceBuffer<u8>, &mut DeviceBuffer<f32>)>,
     ) -> Result<()> {
@@ -173,6 +158,7 @@ impl CudaDevice {
     }
 
     /// MXFP8: row-wise copy (`[rows, ceil(cols/32)]` E8M0) and/or column-wise copy (`[cols, ceil(rows/32)]`).
+    /// Twin of CPU `quantize_mxfp8_rowwise` / `quantize_mxfp8_columnwise`.
     pub fn quantize_mxfp8<T: DeviceElement>(
         &self,
         src: &DeviceBuffer<T>,
@@ -182,12 +168,13 @@ impl CudaDevice {
         rowwise: Option<(&mut DeviceBuffer<u8>, &mut DeviceBuffer<u8>)>,
         columnwise: Option<(&mut DeviceBuffer<u8>, &mut DeviceBuffer<u8>)>,
     ) -> Result<()> {
-        let rule = BlockScale {
+        // E8M0 scales ignore the f32 rule's power-of-two and epsilon settings.
+        let rule = ScaleRule {
             format,
             power_2_scale: false,
             amax_epsilon: 0.0,
         };
-        self.block_copies(src, rows, cols, 32, "mxfp8", rule, rowwise, columnwise)
+        self.block_copies(src, rows, cols, 32, "mxfp8", &rule, rowwise, columnwise)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -198,18 +185,14 @@ impl CudaDevice {
         cols: usize,
         block: usize,
         name: &'static str,
-        rule: BlockScale,
+        rule: &ScaleRule,
         rowwise: Option<(&mut DeviceBuffer<u8>, &mut DeviceBuffer<S>)>,
         columnwise: Option<(&mut DeviceBuffer<u8>, &mut DeviceBuffer<S>)>,
     ) -> Result<()> {
+        // The CPU twin's check and error (`Error::InvalidRecipe`).
+        rule.validate()?;
         let n = elements(name, rows, cols)?;
         check(name, "source", src.len(), n)?;
-        if !(rule.amax_epsilon.is_finite() && rule.amax_epsilon >= 0.0) {
-            return Err(Error::KernelArgs {
-                kernel: name,
-                detail: format!("amax_epsilon {} must be finite and >= 0", rule.amax_epsilon),
-            });
-        }
         let prefix = if block == 128 { "fp8_block_1x128" } else { "fp8_mxfp8" };
         let mut params = Fp8BlockParams {
             src: src.address(self),
@@ -255,17 +238,20 @@ impl CudaDevice {
     }
 
     /// 128x128 tiles: `[rows, cols]` codes and `[ceil(rows/128), ceil(cols/128)]` scale_inv, plus, if
-    /// given, the column-wise copy (`[cols, rows]` codes, transposed scale grid). Twin of CPU `quantize_128x128`.
+    /// given, the column-wise copy (`[cols, rows]` codes, transposed scale grid). Twin of CPU `quantize_128x128`
+    /// (and of `quantize_block_128x128` with its column-wise copy).
     pub fn quantize_128x128<T: DeviceElement>(
         &self,
         src: &DeviceBuffer<T>,
         rows: usize,
         cols: usize,
-        rule: BlockScale,
+        rule: &ScaleRule,
         (codes, scale_inv): (&mut DeviceBuffer<u8>, &mut DeviceBuffer<f32>),
         columnwise: Option<(&mut DeviceBuffer<u8>, &mut DeviceBuffer<f32>)>,
     ) -> Result<()> {
         const K: &str = "128x128";
+        // A negative or NaN epsilon would silently be ignored by the kernel; the CPU twin rejects it.
+        rule.validate()?;
         let n = elements(K, rows, cols)?;
         let grid = rows.div_ceil(128) * cols.div_ceil(128);
         check(K, "source", src.len(), n)?;
@@ -352,14 +338,14 @@ impl CudaDevice {
 
     /// The delayed-scaling update (spec 4.1) of all `scale.len()` slots in one launch:
     /// `history` is `[slots, history_len]` with this step's amax in column 0, `scaled_max[s]`
-    /// is `fp8_max * 2^-margin` of slot `s`'s format. Twin of the CPU `DelayedSlot::update`.
+    /// is `DelayedScaling::scaled_max` of slot `s`'s format. Twin of the CPU `DelayedSlot::update`.
     pub fn delayed_update(
         &self,
         history: &mut DeviceBuffer<f32>,
         history_len: usize,
         scale: &mut DeviceBuffer<f32>,
         scaled_max: &DeviceBuffer<f32>,
-        algo: UpdateAlgo,
+        algo: AmaxComputeAlgo,
     ) -> Result<()> {
         const K: &str = "delayed_update";
         let slots = scale.len();
@@ -385,8 +371,8 @@ impl CudaDevice {
             slots: u32::try_from(slots).map_err(|_| too_big("slots", slots))?,
             history_len: u32::try_from(history_len).map_err(|_| too_big("history_len", history_len))?,
             algo: match algo {
-                UpdateAlgo::Max => FP8_AMAX_ALGO_MAX,
-                UpdateAlgo::MostRecent => FP8_AMAX_ALGO_MOST_RECENT,
+                AmaxComputeAlgo::Max => FP8_AMAX_ALGO_MAX,
+                AmaxComputeAlgo::MostRecent => FP8_AMAX_ALGO_MOST_RECENT,
             },
             pad0: 0,
         };

@@ -6,10 +6,12 @@
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use fp8_engine::backend::cuda::{BlockScale, CudaDevice, DequantScales, DeviceBuffer};
+use fp8_engine::backend::cuda::{CudaDevice, DequantScales, DeviceBuffer};
 use fp8_engine::convert;
 use fp8_engine::device::{Device, DeviceChoice, MemoryCategory};
 use fp8_engine::format::{Fp8Format, Overflow};
+use fp8_engine::quantize::ScaleRule;
+use fp8_engine::scaling::{BlockScaling, TensorRole};
 use half::bf16;
 
 use crate::error::CliError;
@@ -144,11 +146,8 @@ fn bench_gpu(gpu: &CudaDevice, size: usize, rows: &mut Vec<Row>) -> Result<(), C
     let mut s128: DeviceBuffer<f32> = gpu.alloc_zeros(size * size.div_ceil(128), MemoryCategory::Fp8Copies)?;
     let mut s128t: DeviceBuffer<f32> = gpu.alloc_zeros(size * size.div_ceil(128), MemoryCategory::Fp8Copies)?;
     let mut e32: DeviceBuffer<u8> = gpu.alloc_zeros(size * size.div_ceil(32), MemoryCategory::Fp8Copies)?;
-    let rule = BlockScale {
-        format: Fp8Format::E4M3,
-        power_2_scale: true,
-        amax_epsilon: 0.0,
-    };
+    // The block recipe's defaults (E4M3, power-of-two scales, epsilon 0).
+    let rule = ScaleRule::block(&BlockScaling::default(), TensorRole::Input);
     let mut push = |kernel, bytes: usize, seconds| {
         rows.push(Row {
             kernel,
@@ -188,14 +187,14 @@ fn bench_gpu(gpu: &CudaDevice, size: usize, rows: &mut Vec<Row>) -> Result<(), C
         "1x128 row-wise",
         3 * n,
         time_gpu(gpu, || {
-            gpu.quantize_1x128(&src, size, size, rule, Some((&mut q, &mut s128)), None)
+            gpu.quantize_1x128(&src, size, size, &rule, Some((&mut q, &mut s128)), None)
         })?,
     );
     push(
         "1x128 column-wise",
         3 * n,
         time_gpu(gpu, || {
-            gpu.quantize_1x128(&src, size, size, rule, None, Some((&mut qt, &mut s128t)))
+            gpu.quantize_1x128(&src, size, size, &rule, None, Some((&mut qt, &mut s128t)))
         })?,
     );
     let mut s_tile: DeviceBuffer<f32> = gpu.alloc_zeros(size.div_ceil(128).pow(2), MemoryCategory::Fp8Copies)?;
@@ -203,7 +202,7 @@ fn bench_gpu(gpu: &CudaDevice, size: usize, rows: &mut Vec<Row>) -> Result<(), C
         "128x128",
         3 * n,
         time_gpu(gpu, || {
-            gpu.quantize_128x128(&src, size, size, rule, (&mut q, &mut s_tile), None)
+            gpu.quantize_128x128(&src, size, size, &rule, (&mut q, &mut s_tile), None)
         })?,
     );
     push(
