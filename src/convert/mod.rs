@@ -50,7 +50,8 @@ fn check_lengths(what: &'static str, src: usize, dst: usize) -> Result<()> {
     }
 }
 
-fn check_scale(value: f32) -> Result<()> {
+/// A scale (or scale_inv) must be finite and positive.
+pub(crate) fn check_scale(value: f32) -> Result<()> {
     if value.is_finite() && value > 0.0 {
         Ok(())
     } else {

@@ -103,15 +103,9 @@ pub(crate) fn check_len(what: &'static str, len: usize, rows: usize, cols: usize
     }
 }
 
-/// A scale must be finite and positive (what `convert::quantize` checks per call;
-/// checked up front so an empty tensor rejects it too).
-pub(crate) fn check_scale(scale: f32) -> Result<()> {
-    if scale.is_finite() && scale > 0.0 {
-        Ok(())
-    } else {
-        Err(Error::InvalidScale { value: scale })
-    }
-}
+/// The quantizers check the scale up front with `convert`'s own check, so an
+/// empty tensor rejects a bad scale too.
+pub(crate) use crate::convert::check_scale;
 
 /// Rows per parallel task so that a task handles about 64K elements: big
 /// enough to amortize the scheduling, small enough to balance two to many cores.
