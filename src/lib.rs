@@ -15,6 +15,8 @@ pub mod convert;
 pub mod device;
 pub mod error;
 pub mod format;
+pub mod gemm;
+pub mod nn;
 pub mod quantize;
 pub mod scaling;
 pub mod tensor;

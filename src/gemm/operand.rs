@@ -1,0 +1,278 @@
+//! The GEMM's operands, output, parameters, and the checks every backend shares.
+
+use half::{bf16, f16};
+
+use crate::error::{Error, Result};
+use crate::format::Fp8Format;
+use crate::tensor::{QuantizedMatrix, ScaleKind};
+
+/// A borrowed row-major `rows x cols` matrix of plain values.
+#[derive(Clone, Copy, Debug)]
+pub struct Mat<'a, T> {
+    /// `rows * cols` values, row-major.
+    pub data: &'a [T],
+    /// Rows (M for A, N for B).
+    pub rows: usize,
+    /// Columns (K, the reduction dimension).
+    pub cols: usize,
+}
+
+impl<'a, T> Mat<'a, T> {
+    /// Checks that `data` holds `rows * cols` values.
+    pub fn new(data: &'a [T], rows: usize, cols: usize) -> Result<Self> {
+        let expected = rows.saturating_mul(cols);
+        if data.len() != expected {
+            return Err(Error::ShapeMismatch {
+                what: "GEMM operand",
+                rows,
+                cols,
+                expected,
+                got: data.len(),
+            });
+        }
+        Ok(Mat { data, rows, cols })
+    }
+}
+
+/// One GEMM input, K-major (`rows x K`).
+#[derive(Clone, Copy, Debug)]
+pub enum Operand<'a> {
+    /// FP8 codes with their scales (per tensor, 1x128, 128x128 or MXFP8).
+    Fp8(Fp8Format, &'a QuantizedMatrix),
+    /// Plain f32 (the `Fp32` policy).
+    F32(Mat<'a, f32>),
+    /// Plain bf16 (the bf16 policy).
+    Bf16(Mat<'a, bf16>),
+    /// Plain fp16 (the fp16 policy).
+    F16(Mat<'a, f16>),
+}
+
+impl Operand<'_> {
+    /// `(rows, K)`.
+    pub fn shape(&self) -> (usize, usize) {
+        match self {
+            Operand::Fp8(_, m) => (m.rows(), m.cols()),
+            Operand::F32(m) => (m.rows, m.cols),
+            Operand::Bf16(m) => (m.rows, m.cols),
+            Operand::F16(m) => (m.rows, m.cols),
+        }
+    }
+
+    /// Short dtype name for messages: e4m3, e5m2, f32, bf16, f16.
+    pub fn dtype(&self) -> &'static str {
+        match self {
+            Operand::Fp8(Fp8Format::E4M3, _) => "e4m3",
+            Operand::Fp8(Fp8Format::E5M2, _) => "e5m2",
+            Operand::F32(_) => "f32",
+            Operand::Bf16(_) => "bf16",
+            Operand::F16(_) => "f16",
+        }
+    }
+}
+
+/// Where the result goes: `M x N`, row-major.
+#[derive(Debug)]
+pub enum Output<'a> {
+    /// f32; the only output `beta != 0` may accumulate into.
+    F32(&'a mut [f32]),
+    /// bf16, rounded to nearest even.
+    Bf16(&'a mut [bf16]),
+    /// fp16, rounded to nearest even.
+    F16(&'a mut [f16]),
+    /// FP8 codes `cast_sat(D * scale)`.
+    Fp8 {
+        /// `M * N` codes.
+        codes: &'a mut [u8],
+        /// Output format.
+        format: Fp8Format,
+        /// Output scale (finite, > 0).
+        scale: f32,
+    },
+}
+
+impl Output<'_> {
+    /// Number of elements the output holds.
+    pub fn len(&self) -> usize {
+        match self {
+            Output::F32(d) => d.len(),
+            Output::Bf16(d) => d.len(),
+            Output::F16(d) => d.len(),
+            Output::Fp8 { codes, .. } => codes.len(),
+        }
+    }
+
+    /// Whether the output is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Short dtype name: f32, bf16, f16, e4m3, e5m2.
+    pub fn dtype(&self) -> &'static str {
+        match self {
+            Output::F32(_) => "f32",
+            Output::Bf16(_) => "bf16",
+            Output::F16(_) => "f16",
+            Output::Fp8 {
+                format: Fp8Format::E4M3,
+                ..
+            } => "e4m3",
+            Output::Fp8 {
+                format: Fp8Format::E5M2,
+                ..
+            } => "e5m2",
+        }
+    }
+}
+
+/// Scalars and switches of one GEMM.
+#[derive(Clone, Copy, Debug)]
+pub struct GemmParams<'a> {
+    /// Multiplies the product (after the input scale_invs).
+    pub alpha: f32,
+    /// Multiplies the f32 output's previous content; 0 ignores it (even NaN).
+    pub beta: f32,
+    /// Per-column bias, length N, added in f32 after alpha.
+    pub bias: Option<&'a [f32]>,
+    /// Promote the partial sum to an f32 accumulator every 128 of K (FP8 inputs);
+    /// forced on for block scales.
+    pub split_accumulator: bool,
+}
+
+impl Default for GemmParams<'_> {
+    fn default() -> Self {
+        GemmParams {
+            alpha: 1.0,
+            beta: 0.0,
+            bias: None,
+            split_accumulator: true,
+        }
+    }
+}
+
+/// What a GEMM reports besides its output.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GemmReport {
+    /// max |D| over the f32 result before the output cast (NaN propagates).
+    pub amax: f32,
+}
+
+/// How the two operands' scales combine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScalePair {
+    /// Plain inputs: no scales.
+    None,
+    /// One scale_inv each: applied once to the whole sum.
+    PerTensor,
+    /// A 1x128, B 128x128 (forward and dgrad under block scaling).
+    Block1x128By128x128,
+    /// A 1x128, B 1x128 (wgrad under block scaling).
+    Block1x128By1x128,
+    /// MXFP8: one E8M0 per 32 of K on both sides.
+    Mxfp8,
+}
+
+impl ScalePair {
+    /// The K granularity at which scales change, if they do.
+    pub fn k_block(self) -> Option<usize> {
+        match self {
+            ScalePair::None | ScalePair::PerTensor => None,
+            ScalePair::Block1x128By128x128 | ScalePair::Block1x128By1x128 => Some(128),
+            ScalePair::Mxfp8 => Some(32),
+        }
+    }
+}
+
+/// A checked GEMM: shapes and the scale combination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmPlan {
+    /// Rows of A and D.
+    pub m: usize,
+    /// Rows of B, columns of D.
+    pub n: usize,
+    /// The reduction dimension.
+    pub k: usize,
+    /// How scales are applied.
+    pub scales: ScalePair,
+}
+
+/// FP8 tensor cores read K in steps of 16 bytes per thread group: the engine asks the same of every backend.
+pub const FP8_K_MULTIPLE: usize = 16;
+
+fn args(detail: String) -> Error {
+    Error::KernelArgs { kernel: "gemm", detail }
+}
+
+/// Checks that `a`, `b`, `out` and `params` make a GEMM every backend can run, and returns its plan.
+pub fn plan(a: &Operand, b: &Operand, out: &Output, params: &GemmParams) -> Result<GemmPlan> {
+    let (m, k) = a.shape();
+    let (n, kb) = b.shape();
+    if k != kb {
+        return Err(args(format!(
+            "A is {m}x{k} and B is {n}x{kb}: both must be K-major with the same K"
+        )));
+    }
+    let scales = match (a, b) {
+        (Operand::Fp8(fa, qa), Operand::Fp8(fb, qb)) => {
+            if *fa == Fp8Format::E5M2 && *fb == Fp8Format::E5M2 {
+                return Err(args(
+                    "E5M2 x E5M2 is not a supported FP8 GEMM (one side must be E4M3)".into(),
+                ));
+            }
+            if k % FP8_K_MULTIPLE != 0 {
+                return Err(args(format!(
+                    "FP8 GEMM {m}x{n}x{k}: K must be a multiple of {FP8_K_MULTIPLE}"
+                )));
+            }
+            match (qa.scales().kind(), qb.scales().kind()) {
+                (ScaleKind::PerTensor, ScaleKind::PerTensor) => ScalePair::PerTensor,
+                (ScaleKind::Block1x128, ScaleKind::Block128x128) => ScalePair::Block1x128By128x128,
+                (ScaleKind::Block1x128, ScaleKind::Block1x128) => ScalePair::Block1x128By1x128,
+                (ScaleKind::Mxfp8, ScaleKind::Mxfp8) => ScalePair::Mxfp8,
+                (sa, sb) => {
+                    return Err(args(format!(
+                        "scales {sa:?} (A) x {sb:?} (B) are not a supported pair \
+                         (per-tensor x per-tensor, 1x128 x 128x128, 1x128 x 1x128, MXFP8 x MXFP8)"
+                    )));
+                }
+            }
+        }
+        (Operand::F32(_), Operand::F32(_))
+        | (Operand::Bf16(_), Operand::Bf16(_))
+        | (Operand::F16(_), Operand::F16(_)) => ScalePair::None,
+        _ => {
+            return Err(args(format!(
+                "A is {} and B is {}: plain inputs must have the same dtype, FP8 goes with FP8",
+                a.dtype(),
+                b.dtype()
+            )));
+        }
+    };
+    let expected = m
+        .checked_mul(n)
+        .ok_or_else(|| args(format!("{m} x {n} outputs overflow usize")))?;
+    if out.len() != expected {
+        return Err(Error::ShapeMismatch {
+            what: "GEMM output",
+            rows: m,
+            cols: n,
+            expected,
+            got: out.len(),
+        });
+    }
+    if let Some(bias) = params.bias
+        && bias.len() != n
+    {
+        return Err(args(format!("bias has {} elements, N is {n}", bias.len())));
+    }
+    if params.beta != 0.0 && !matches!(out, Output::F32(_)) {
+        return Err(args(format!(
+            "beta = {} needs an f32 output to accumulate into, not {}",
+            params.beta,
+            out.dtype()
+        )));
+    }
+    if let Output::Fp8 { scale, .. } = out {
+        crate::convert::check_scale(*scale)?;
+    }
+    Ok(GemmPlan { m, n, k, scales })
+}

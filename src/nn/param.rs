@@ -1,0 +1,92 @@
+//! A trainable parameter: f32 master values and their f32 gradient. Layers keep
+//! their compute copies (bf16, fp16, FP8 with its transpose) keyed by `version`,
+//! which the optimizer bumps after every update, so a copy is made once per step
+//! and reused across micro-batches.
+
+use crate::error::{Error, Result};
+
+/// One trainable tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Parameter {
+    name: String,
+    shape: Vec<usize>,
+    /// f32 master values, row-major.
+    pub value: Vec<f32>,
+    /// f32 gradient, accumulated across micro-batches until `zero_grad`.
+    pub grad: Vec<f32>,
+    version: u64,
+}
+
+impl Parameter {
+    /// A parameter named `name` (unique within its model) holding `value` of `shape`.
+    pub fn new(name: impl Into<String>, shape: &[usize], value: Vec<f32>) -> Result<Self> {
+        let name = name.into();
+        let expected: usize = shape.iter().product();
+        if value.len() != expected {
+            return Err(Error::InvalidTensor {
+                name,
+                reason: format!("shape {shape:?} needs {expected} values, got {}", value.len()),
+            });
+        }
+        Ok(Parameter {
+            grad: vec![0.0; value.len()],
+            name,
+            shape: shape.to_vec(),
+            value,
+            version: 0,
+        })
+    }
+
+    /// Name, e.g. `layers.0.attn.qkv.weight`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Shape, e.g. `[out_features, in_features]` for a weight.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        self.value.len()
+    }
+
+    /// Whether the parameter holds no values.
+    pub fn is_empty(&self) -> bool {
+        self.value.is_empty()
+    }
+
+    /// Bumped by [`Parameter::mark_updated`]; compute copies made at another version are stale.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Says the master values changed (after an optimizer step or a checkpoint load).
+    pub fn mark_updated(&mut self) {
+        self.version += 1;
+    }
+
+    /// Clears the gradient before the first micro-batch of a step.
+    pub fn zero_grad(&mut self) {
+        self.grad.fill(0.0);
+    }
+}
+
+/// Anything that owns parameters: a layer or a whole model.
+pub trait Module {
+    /// Calls `f` on every parameter, in a fixed order (the order checkpoints and optimizers use).
+    fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter));
+
+    /// Total number of trainable values.
+    fn parameter_count(&mut self) -> usize {
+        let mut count = 0;
+        self.visit_parameters(&mut |p| count += p.len());
+        count
+    }
+
+    /// Clears every gradient.
+    fn zero_grad(&mut self) {
+        self.visit_parameters(&mut |p| p.zero_grad());
+    }
+}
