@@ -2,5 +2,7 @@
 //! and the parameter type the training stack updates.
 
 mod param;
+mod stats;
 
 pub use param::{Module, Parameter};
+pub use stats::Fp8TensorStats;

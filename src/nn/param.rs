@@ -3,7 +3,9 @@
 //! which the optimizer bumps after every update, so a copy is made once per step
 //! and reused across micro-batches.
 
+use super::stats::Fp8TensorStats;
 use crate::error::{Error, Result};
+use crate::scaling::DelayedSlot;
 
 /// One trainable tensor.
 #[derive(Clone, Debug, PartialEq)]
@@ -89,4 +91,11 @@ pub trait Module {
     fn zero_grad(&mut self) {
         self.visit_parameters(&mut |p| p.zero_grad());
     }
+
+    /// Calls `f` on every delayed-scaling slot with its full name (e.g. `layers.0.attn.qkv.input`),
+    /// in a fixed order; checkpoints save and restore them. Modules without FP8 state do nothing.
+    fn visit_fp8_slots(&mut self, _f: &mut dyn FnMut(&str, &mut DelayedSlot)) {}
+
+    /// Appends the FP8 statistics of the last forward and backward, one entry per FP8 tensor slot.
+    fn collect_fp8_stats(&self, _out: &mut Vec<Fp8TensorStats>) {}
 }
