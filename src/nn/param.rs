@@ -96,6 +96,17 @@ pub trait Module {
     /// in a fixed order; checkpoints save and restore them. Modules without FP8 state do nothing.
     fn visit_fp8_slots(&mut self, _f: &mut dyn FnMut(&str, &mut DelayedSlot)) {}
 
+    /// Bytes of activations saved for backward right now (after forward: what backward will read; after
+    /// backward: zero). With recompute only the layer inputs count. Bytes are counted at the storage dtype.
+    fn saved_activation_bytes(&self) -> usize {
+        0
+    }
+
+    /// Bytes of cached compute copies of the weights (FP8 codes + transposes + scales, or bf16/fp16 copies).
+    fn weight_cache_bytes(&self) -> usize {
+        0
+    }
+
     /// Appends the FP8 statistics of the last forward and backward, one entry per FP8 tensor slot.
     fn collect_fp8_stats(&self, _out: &mut Vec<Fp8TensorStats>) {}
 }
