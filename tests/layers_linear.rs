@@ -57,6 +57,7 @@ fn every_precision_matches_fp32_within_spec_tolerances() {
     }
 }
 
+#[allow(clippy::manual_memcpy)] // element by element, as the spec states it
 /// Spec 4.1 by hand: roll `last` into the window, scale from the max (or the last).
 fn hand_update(scale: &mut f32, history: &mut Vec<f32>, last: f32, fp8_max: f32, algo: AmaxComputeAlgo) {
     if last == 0.0 {

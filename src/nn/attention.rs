@@ -16,8 +16,8 @@ use crate::scaling::DelayedSlot;
 
 /// The QKV projection, with or without its input norm.
 enum QkvProjection {
-    Plain(Linear),
-    Normed(LayerNormLinear),
+    Plain(Box<Linear>),
+    Normed(Box<LayerNormLinear>),
 }
 
 /// What attention keeps for backward: q, k, v and the output (compute dtype) and the
@@ -63,7 +63,7 @@ impl MultiheadAttention {
         precision: &Precision,
         seed: u64,
     ) -> Result<Self> {
-        if heads == 0 || hidden % heads != 0 {
+        if heads == 0 || !hidden.is_multiple_of(heads) {
             return Err(Error::LayerShape {
                 layer: name.to_string(),
                 detail: format!("hidden {hidden} is not divisible into {heads} heads"),
@@ -71,15 +71,15 @@ impl MultiheadAttention {
         }
         let qkv_name = format!("{name}.qkv");
         let qkv = match input_norm {
-            None => QkvProjection::Plain(Linear::new(
+            None => QkvProjection::Plain(Box::new(Linear::new(
                 &qkv_name,
                 hidden,
                 3 * hidden,
                 bias,
                 precision,
                 child_seed(seed, 1),
-            )?),
-            Some(norm) => QkvProjection::Normed(LayerNormLinear::new(
+            )?)),
+            Some(norm) => QkvProjection::Normed(Box::new(LayerNormLinear::new(
                 &qkv_name,
                 hidden,
                 3 * hidden,
@@ -88,7 +88,7 @@ impl MultiheadAttention {
                 false,
                 precision,
                 child_seed(seed, 1),
-            )?),
+            )?)),
         };
         Ok(MultiheadAttention {
             name: name.to_string(),
@@ -126,7 +126,7 @@ impl MultiheadAttention {
     }
 
     pub(crate) fn run(&mut self, x: &Tensor, batch: usize, seq: usize, replay: bool) -> Result<Tensor> {
-        let tokens = batch.checked_mul(seq).unwrap_or(usize::MAX);
+        let tokens = batch.saturating_mul(seq);
         if x.rows != tokens {
             return Err(Error::LayerShape {
                 layer: self.name.clone(),
@@ -203,15 +203,15 @@ impl MultiheadAttention {
 
     fn qkv_module(&mut self) -> &mut dyn Module {
         match &mut self.qkv {
-            QkvProjection::Plain(linear) => linear,
-            QkvProjection::Normed(fused) => fused,
+            QkvProjection::Plain(linear) => linear.as_mut(),
+            QkvProjection::Normed(fused) => fused.as_mut(),
         }
     }
 
     fn qkv_ref(&self) -> &dyn Module {
         match &self.qkv {
-            QkvProjection::Plain(linear) => linear,
-            QkvProjection::Normed(fused) => fused,
+            QkvProjection::Plain(linear) => linear.as_ref(),
+            QkvProjection::Normed(fused) => fused.as_ref(),
         }
     }
 }

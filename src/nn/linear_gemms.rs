@@ -134,7 +134,9 @@ impl LinearGemms {
     /// GEMMs for a `[out, in]` weight under `precision`; FP8 needs both dims multiples of 16.
     pub(crate) fn new(layer: &str, in_features: usize, out_features: usize, precision: &Precision) -> Result<Self> {
         precision.validate()?;
-        if precision.is_fp8() && (in_features % FP8_DIM_MULTIPLE != 0 || out_features % FP8_DIM_MULTIPLE != 0) {
+        if precision.is_fp8()
+            && (!in_features.is_multiple_of(FP8_DIM_MULTIPLE) || !out_features.is_multiple_of(FP8_DIM_MULTIPLE))
+        {
             return Err(Error::LayerShape {
                 layer: layer.to_string(),
                 detail: format!(
@@ -213,7 +215,7 @@ impl LinearGemms {
     }
 
     fn check_tokens(&self, rows: usize) -> Result<()> {
-        if self.precision.is_fp8() && rows % FP8_DIM_MULTIPLE != 0 {
+        if self.precision.is_fp8() && !rows.is_multiple_of(FP8_DIM_MULTIPLE) {
             return Err(Error::LayerShape {
                 layer: self.layer.clone(),
                 detail: format!(

@@ -2,6 +2,8 @@
 //! same signatures, so the layers compile and test now. Delete when `src/ops/` lands and point
 //! `nn::ops` at `crate::ops`.
 
+#![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+
 use crate::error::{Error, Result};
 
 fn check(what: &'static str, got: usize, expected: usize) -> Result<()> {

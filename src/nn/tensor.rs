@@ -17,7 +17,7 @@ pub struct Tensor {
 impl Tensor {
     /// A tensor of `data` with shape `[rows, cols]`; an error if the length does not match.
     pub fn new(data: Vec<f32>, rows: usize, cols: usize) -> Result<Self> {
-        let expected = rows.checked_mul(cols).unwrap_or(usize::MAX);
+        let expected = rows.saturating_mul(cols);
         if data.len() != expected {
             return Err(Error::ShapeMismatch {
                 what: "Tensor",

@@ -122,7 +122,7 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], (rtol, atol): (f32, f
     let mut worst = (0.0f32, 0usize);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let excess = (g - w).abs() - (atol * s + rtol * (w.abs() + s));
-        if !(excess <= 0.0) && (excess > worst.0 || excess.is_nan()) {
+        if (excess > 0.0 || excess.is_nan()) && (excess > worst.0 || excess.is_nan()) {
             worst = (excess, i);
         }
         assert!(g.is_finite(), "{what}[{i}] = {g} is not finite");
