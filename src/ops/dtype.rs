@@ -129,7 +129,15 @@ mod tests {
         let mut v: Vec<f32> = (0..200_000u32)
             .map(|i| f32::from_bits(i.wrapping_mul(0x9E37_79B9) ^ (i >> 3)))
             .collect();
-        v.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, f32::MAX, f32::MIN_POSITIVE]);
+        v.extend([
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+        ]);
         // Exact bf16 ties (dropped half == 0x8000) with even and odd kept bits.
         v.extend([0x3f80_8000u32, 0x3f81_8000, 0x7f7f_8000, 0x0000_8000].map(f32::from_bits));
         v

@@ -117,7 +117,13 @@ pub fn layernorm_backward(
         .map(|((dxb, (dyb, xb)), (mb, rb))| {
             let mut part = vec![0.0f32; 2 * cols];
             let (pg, pb) = part.split_at_mut(cols);
-            for ((((dxr, dyr), xr), &mu), &rs) in dxb.chunks_mut(cols).zip(dyb.chunks(cols)).zip(xb.chunks(cols)).zip(mb).zip(rb) {
+            for ((((dxr, dyr), xr), &mu), &rs) in dxb
+                .chunks_mut(cols)
+                .zip(dyb.chunks(cols))
+                .zip(xb.chunks(cols))
+                .zip(mb)
+                .zip(rb)
+            {
                 let mut sum_g = 0.0f32;
                 let mut sum_gx = 0.0f32;
                 for (j, (&d, &xv)) in dyr.iter().zip(xr).enumerate() {
