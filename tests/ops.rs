@@ -386,3 +386,457 @@ fn activations_reject_wrong_lengths_and_survive_nan() {
     assert_shape_error(swiglu_forward(&x, 1, 2, &mut [0.0; 3]), "y");
     assert_shape_error(swiglu_backward(&[1.0; 2], &x, 1, 2, &mut [0.0; 3]), "dx");
 }
+
+// ---------------------------------------------------------------- attention
+
+/// Naive causal attention in f64, layout [batch, seq, heads, head_dim]: (out, lse [batch, heads, seq]).
+fn attention64(q: &[f64], k: &[f64], v: &[f64], s: AttentionShape, scale: f64) -> (Vec<f64>, Vec<f64>) {
+    let hidden = s.heads * s.head_dim;
+    let at = |b: usize, i: usize, h: usize| (b * s.seq + i) * hidden + h * s.head_dim;
+    let mut out = vec![0.0; q.len()];
+    let mut lse = vec![0.0; s.batch * s.heads * s.seq];
+    for b in 0..s.batch {
+        for h in 0..s.heads {
+            for i in 0..s.seq {
+                let scores: Vec<f64> = (0..=i)
+                    .map(|j| scale * dot(&q[at(b, i, h)..][..s.head_dim], &k[at(b, j, h)..][..s.head_dim]))
+                    .collect();
+                let l = scores.iter().map(|x| x.exp()).sum::<f64>().ln();
+                lse[(b * s.heads + h) * s.seq + i] = l;
+                for (j, sc) in scores.iter().enumerate() {
+                    let p = (sc - l).exp();
+                    for c in 0..s.head_dim {
+                        out[at(b, i, h) + c] += p * v[at(b, j, h) + c];
+                    }
+                }
+            }
+        }
+    }
+    (out, lse)
+}
+
+struct AttnData {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    dout: Vec<f32>,
+}
+
+fn attn_data(seed: u64, s: AttentionShape) -> AttnData {
+    let n = s.batch * s.seq * s.heads * s.head_dim;
+    let mut r = rng(seed);
+    AttnData {
+        q: uniform(&mut r, n, -1.5, 1.5),
+        k: uniform(&mut r, n, -1.5, 1.5),
+        v: uniform(&mut r, n, -1.0, 2.0),
+        dout: uniform(&mut r, n, -1.0, 1.0),
+    }
+}
+
+fn shape(batch: usize, seq: usize, heads: usize, head_dim: usize) -> AttentionShape {
+    AttentionShape {
+        batch,
+        seq,
+        heads,
+        head_dim,
+    }
+}
+
+fn run_attention(a: &AttnData, s: AttentionShape, scale: f32, dtype: Dtype) -> (Vec<f32>, Vec<f32>) {
+    let mut out = vec![f32::NAN; a.q.len()];
+    let mut lse = vec![f32::NAN; s.batch * s.heads * s.seq];
+    attention_forward(&a.q, &a.k, &a.v, s, scale, dtype, &mut out, &mut lse).unwrap();
+    (out, lse)
+}
+
+/// Shapes: one token, odd sizes, and sequences that cross the 64-row query blocks.
+const ATTN_SHAPES: [(usize, usize, usize, usize); 4] = [(1, 1, 1, 1), (2, 5, 3, 4), (1, 70, 2, 3), (1, 130, 1, 5)];
+
+#[test]
+fn attention_forward_matches_naive_f64_attention_and_its_lse() {
+    for (seed, &(b, t, h, d)) in ATTN_SHAPES.iter().chain(&[(2, 200, 2, 64)]).enumerate() {
+        let s = shape(b, t, h, d);
+        let a = attn_data(400 + seed as u64, s);
+        let scale = 1.0 / (d as f32).sqrt();
+        let (out, lse) = run_attention(&a, s, scale, Dtype::F32);
+        let (out64, lse64) = attention64(&to64(&a.q), &to64(&a.k), &to64(&a.v), s, scale as f64);
+        let ctx = format!("attention {s:?}");
+        // Scores sum head_dim f32 products and out sums up to seq of them: a few ulp of the
+        // largest term, so the f32 tolerance relative to the largest |out|.
+        assert_close(&format!("{ctx} out"), &out, &out64, F32_RTOL, F32_ATOL);
+        assert_close(&format!("{ctx} lse"), &lse, &lse64, F32_RTOL, F32_ATOL);
+    }
+}
+
+#[test]
+fn attention_in_bf16_and_f16_stores_rounded_outputs_within_their_tolerance() {
+    let s = shape(2, 70, 2, 16);
+    let a = attn_data(410, s);
+    let scale = 0.25;
+    let (out64, lse64) = attention64(&to64(&a.q), &to64(&a.k), &to64(&a.v), s, scale as f64);
+    for (dtype, rtol, atol) in [(Dtype::Bf16, 1.6e-2, 1e-5), (Dtype::F16, 1e-3, 1e-5)] {
+        let (out, lse) = run_attention(&a, s, scale, dtype);
+        assert!(
+            out.iter().all(|&x| dtype.round(x) == x),
+            "{dtype}: out must hold {dtype} values"
+        );
+        // P is rounded before P.V: an error of up to one rounding per term, relative to sum |P v|.
+        assert_close(&format!("attention {dtype} out"), &out, &out64, rtol, atol + rtol);
+        assert_close(&format!("attention {dtype} lse"), &lse, &lse64, F32_RTOL, F32_ATOL);
+    }
+}
+
+#[test]
+fn attention_backward_matches_finite_differences_of_f64_attention() {
+    for (seed, &(b, t, h, d)) in ATTN_SHAPES.iter().enumerate() {
+        let s = shape(b, t, h, d);
+        let a = attn_data(500 + seed as u64, s);
+        let scale = 1.0 / (d as f32).sqrt();
+        let (out, lse) = run_attention(&a, s, scale, Dtype::F32);
+        let n = a.q.len();
+        let (mut dq, mut dk, mut dv) = (vec![f32::NAN; n], vec![f32::NAN; n], vec![f32::NAN; n]);
+        attention_backward(
+            &a.dout,
+            &a.q,
+            &a.k,
+            &a.v,
+            &out,
+            &lse,
+            s,
+            scale,
+            Dtype::F32,
+            &mut dq,
+            &mut dk,
+            &mut dv,
+        )
+        .unwrap();
+        let (q64, k64, v64, do64) = (to64(&a.q), to64(&a.k), to64(&a.v), to64(&a.dout));
+        let sc = scale as f64;
+        let loss = |q: &[f64], k: &[f64], v: &[f64]| dot(&attention64(q, k, v, s, sc).0, &do64);
+        let ctx = format!("attention backward {s:?}");
+        assert_close(
+            &format!("{ctx} dq"),
+            &dq,
+            &finite_diff(&q64, |q| loss(q, &k64, &v64)),
+            GRAD_RTOL,
+            GRAD_ATOL,
+        );
+        assert_close(
+            &format!("{ctx} dk"),
+            &dk,
+            &finite_diff(&k64, |k| loss(&q64, k, &v64)),
+            GRAD_RTOL,
+            GRAD_ATOL,
+        );
+        assert_close(
+            &format!("{ctx} dv"),
+            &dv,
+            &finite_diff(&v64, |v| loss(&q64, &k64, v)),
+            GRAD_RTOL,
+            GRAD_ATOL,
+        );
+    }
+}
+
+#[test]
+fn attention_is_causal_a_future_key_or_value_changes_no_earlier_row() {
+    let s = shape(2, 100, 3, 8);
+    let a = attn_data(600, s);
+    let (out, lse) = run_attention(&a, s, 0.3, Dtype::Bf16);
+    let hidden = s.heads * s.head_dim;
+    let t = 70; // inside the second 64-row block
+    // Fresh random keys and values at position t of every sequence.
+    let fresh = attn_data(601, s);
+    let mut changed = attn_data(600, s);
+    for bi in 0..s.batch {
+        let at = (bi * s.seq + t) * hidden;
+        changed.k[at..at + hidden].copy_from_slice(&fresh.k[at..at + hidden]);
+        changed.v[at..at + hidden].copy_from_slice(&fresh.v[at..at + hidden]);
+    }
+    let (out2, lse2) = run_attention(&changed, s, 0.3, Dtype::Bf16);
+    for bi in 0..s.batch {
+        for i in 0..s.seq {
+            let row = (bi * s.seq + i) * hidden;
+            let same = out[row..row + hidden] == out2[row..row + hidden];
+            assert_eq!(
+                same,
+                i < t,
+                "batch {bi} row {i}: earlier rows unchanged, later rows changed"
+            );
+            for h in 0..s.heads {
+                let l = (bi * s.heads + h) * s.seq + i;
+                assert_eq!(lse[l] == lse2[l], i < t, "lse batch {bi} head {h} row {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_rejects_bad_shapes_and_survives_nan() {
+    let s = shape(1, 6, 2, 4);
+    let mut a = attn_data(700, s);
+    let n = a.q.len();
+    let (mut out, mut lse) = (vec![0.0; n], vec![0.0; 12]);
+    assert_shape_error(
+        attention_forward(&a.q[1..], &a.k, &a.v, s, 1.0, Dtype::F32, &mut out, &mut lse),
+        "q",
+    );
+    assert_shape_error(
+        attention_forward(&a.q, &a.k, &a.v, s, 1.0, Dtype::F32, &mut out, &mut lse[1..]),
+        "lse",
+    );
+    assert_shape_error(
+        attention_forward(&a.q, &a.k, &a.v[1..], s, 1.0, Dtype::F32, &mut out, &mut lse),
+        "v",
+    );
+    let zero_dim = shape(1, 6, 2, 0);
+    assert!(matches!(
+        attention_forward(&[], &[], &[], zero_dim, 1.0, Dtype::F32, &mut [], &mut lse),
+        Err(Error::InvalidShape { .. })
+    ));
+    let mut g = vec![0.0; n];
+    let (mut g2, mut g3) = (g.clone(), g.clone());
+    assert_shape_error(
+        attention_backward(
+            &a.dout,
+            &a.q,
+            &a.k,
+            &a.v,
+            &out[1..],
+            &lse,
+            s,
+            1.0,
+            Dtype::F32,
+            &mut g,
+            &mut g2,
+            &mut g3,
+        ),
+        "out",
+    );
+
+    // A NaN query at row 3 of head 0 poisons that row only; a NaN key at row 4 poisons rows >= 4 of head 0.
+    let hidden = 8;
+    a.q[3 * hidden] = f32::NAN;
+    a.k[4 * hidden + 1] = f32::NAN;
+    attention_forward(&a.q, &a.k, &a.v, s, 1.0, Dtype::Bf16, &mut out, &mut lse).unwrap();
+    for i in 0..6 {
+        let head0 = &out[i * hidden..i * hidden + 4];
+        assert_eq!(head0.iter().all(|x| x.is_nan()), i >= 3, "row {i}");
+        assert!(
+            out[i * hidden + 4..(i + 1) * hidden].iter().all(|x| x.is_finite()),
+            "head 1 row {i}"
+        );
+    }
+    attention_backward(
+        &a.dout,
+        &a.q,
+        &a.k,
+        &a.v,
+        &out,
+        &lse,
+        s,
+        1.0,
+        Dtype::Bf16,
+        &mut g,
+        &mut g2,
+        &mut g3,
+    )
+    .unwrap();
+    assert!(g.iter().any(|x| x.is_nan()));
+}
+
+// ---------------------------------------------------------------- cross-entropy
+
+/// (mean loss, per-row lse) in f64.
+fn cross_entropy64(logits: &[f64], targets: &[u32], vocab: usize, ignore: u32) -> (f64, Vec<f64>) {
+    let mut sum = 0.0;
+    let mut count = 0;
+    let mut lses = vec![];
+    for (row, &t) in logits.chunks(vocab).zip(targets) {
+        let lse = row.iter().map(|x| x.exp()).sum::<f64>().ln();
+        lses.push(lse);
+        if t != ignore {
+            sum += lse - row[t as usize];
+            count += 1;
+        }
+    }
+    (if count == 0 { 0.0 } else { sum / count as f64 }, lses)
+}
+
+#[test]
+fn cross_entropy_matches_f64_and_finite_differences_with_an_ignore_index() {
+    // (rows, vocab, ignore): no ignore, an ignore index inside the vocab, many blocks of rows.
+    for (seed, &(rows, vocab, ignore)) in [(1, 1, u32::MAX), (1, 7, u32::MAX), (6, 33, 3), (300, 1000, 999)]
+        .iter()
+        .enumerate()
+    {
+        let mut r = rng(800 + seed as u64);
+        let logits = uniform(&mut r, rows * vocab, -4.0, 6.0);
+        let mut targets: Vec<u32> = (0..rows).map(|_| r.random_range(0..vocab as u32)).collect();
+        if ignore != u32::MAX {
+            // Every third row ignored.
+            targets.iter_mut().step_by(3).for_each(|t| *t = ignore);
+        }
+        let mut lse = vec![0.0; rows];
+        let loss = cross_entropy_forward(&logits, &targets, vocab, ignore, &mut lse).unwrap();
+        let l64 = to64(&logits);
+        let (loss64, lse64) = cross_entropy64(&l64, &targets, vocab, ignore);
+        let ctx = format!("cross-entropy {rows}x{vocab} ignore {ignore}");
+        assert_close(&format!("{ctx} loss"), &[loss], &[loss64], F32_RTOL, F32_ATOL);
+        assert_close(&format!("{ctx} lse"), &lse, &lse64, F32_RTOL, F32_ATOL);
+
+        let dloss = 0.7;
+        let mut dl = vec![f32::NAN; rows * vocab];
+        cross_entropy_backward(&logits, &targets, vocab, ignore, &lse, dloss, &mut dl).unwrap();
+        // Finite differences on at most 400 sampled logits (all of them for the small shapes).
+        let picks: Vec<usize> = if rows * vocab <= 400 {
+            (0..rows * vocab).collect()
+        } else {
+            (0..400).map(|_| r.random_range(0..rows * vocab)).collect()
+        };
+        let mut x = l64.clone();
+        for &i in &picks {
+            let h = 1e-6 * x[i].abs().max(1.0);
+            let x0 = x[i];
+            x[i] = x0 + h;
+            let up = cross_entropy64(&x, &targets, vocab, ignore).0;
+            x[i] = x0 - h;
+            let down = cross_entropy64(&x, &targets, vocab, ignore).0;
+            x[i] = x0;
+            let want = dloss as f64 * (up - down) / (2.0 * h);
+            assert_close(&format!("{ctx} dlogits[{i}]"), &dl[i..i + 1], &[want], GRAD_RTOL, 1e-7);
+        }
+        for (row, &t) in dl.chunks(vocab).zip(&targets) {
+            if t == ignore {
+                assert!(row.iter().all(|&g| g == 0.0), "{ctx}: ignored rows get no gradient");
+            } else {
+                let sum: f64 = row.iter().map(|&g| g as f64).sum();
+                assert!(sum.abs() < 1e-6, "{ctx}: gradient of a row sums to {sum:e}, not 0");
+            }
+        }
+    }
+}
+
+#[test]
+fn cross_entropy_mean_counts_only_rows_that_are_not_ignored() {
+    let vocab = 5;
+    let logits = uniform(&mut rng(810), 4 * vocab, -2.0, 2.0);
+    let mut lse = vec![0.0; 4];
+    let all = cross_entropy_forward(&logits, &[1, 2, 3, 4], vocab, u32::MAX, &mut lse).unwrap();
+    let first_two = cross_entropy_forward(&logits[..2 * vocab], &[1, 2], vocab, u32::MAX, &mut lse[..2]).unwrap();
+    let ignored = cross_entropy_forward(&logits, &[1, 2, 7, 7], vocab, 7, &mut lse).unwrap();
+    assert_eq!(ignored, first_two, "ignored rows must leave the mean of the others");
+    assert_ne!(all, first_two);
+    // Every row ignored: zero loss and zero gradient, no 0/0.
+    assert_eq!(
+        cross_entropy_forward(&logits, &[7; 4], vocab, 7, &mut lse).unwrap(),
+        0.0
+    );
+    let mut dl = vec![1.0; 4 * vocab];
+    cross_entropy_backward(&logits, &[7; 4], vocab, 7, &lse, 1.0, &mut dl).unwrap();
+    assert!(dl.iter().all(|&g| g == 0.0));
+}
+
+#[test]
+fn cross_entropy_rejects_bad_targets_and_lengths_and_survives_nan() {
+    let logits = vec![0.5; 6];
+    let mut lse = vec![0.0; 2];
+    match cross_entropy_forward(&logits, &[1, 3], 3, u32::MAX, &mut lse) {
+        Err(Error::IndexOutOfRange {
+            index: 3,
+            position: 1,
+            len: 3,
+            ..
+        }) => {}
+        other => panic!("want target 3 at position 1 out of range, got {other:?}"),
+    }
+    assert_shape_error(
+        cross_entropy_forward(&logits, &[1, 2, 0], 3, u32::MAX, &mut lse),
+        "logits",
+    );
+    assert_shape_error(
+        cross_entropy_forward(&logits, &[1, 2], 3, u32::MAX, &mut lse[..1]),
+        "lse",
+    );
+    assert_shape_error(
+        cross_entropy_backward(&logits, &[1, 2], 3, u32::MAX, &lse, 1.0, &mut [0.0; 5]),
+        "dlogits",
+    );
+    let nan_logits = [0.5, f32::NAN, 0.1, 0.2, 0.3, 0.4];
+    let loss = cross_entropy_forward(&nan_logits, &[0, 2], 3, u32::MAX, &mut lse).unwrap();
+    assert!(loss.is_nan() && lse[0].is_nan() && lse[1].is_finite());
+    let mut dl = [0.0; 6];
+    cross_entropy_backward(&nan_logits, &[0, 2], 3, u32::MAX, &lse, 1.0, &mut dl).unwrap();
+    assert!(dl[..3].iter().all(|g| g.is_nan()) && dl[3..].iter().all(|g| g.is_finite()));
+}
+
+// ---------------------------------------------------------------- embedding
+
+#[test]
+fn embedding_gathers_rows_and_its_backward_accumulates_repeated_ids() {
+    let (vocab, dim) = (6, 5);
+    let mut r = rng(900);
+    let table = uniform(&mut r, vocab * dim, -1.0, 1.0);
+    let ids = [2u32, 0, 2, 5, 2, 3];
+    let mut out = vec![0.0; ids.len() * dim];
+    embedding_forward(&ids, &table, dim, &mut out).unwrap();
+    for (i, &id) in ids.iter().enumerate() {
+        assert_eq!(
+            out[i * dim..(i + 1) * dim],
+            table[id as usize * dim..(id as usize + 1) * dim]
+        );
+    }
+    let dout = uniform(&mut r, ids.len() * dim, -1.0, 1.0);
+    let start = uniform(&mut r, vocab * dim, -0.1, 0.1);
+    let mut dtable = start.clone();
+    embedding_backward(&ids, &dout, dim, &mut dtable).unwrap();
+    // f64 forward written out, differentiated by finite differences, plus the starting gradient.
+    let fwd = |t: &[f64]| -> f64 {
+        let mut s = 0.0;
+        for (i, &id) in ids.iter().enumerate() {
+            for c in 0..dim {
+                s += t[id as usize * dim + c] * dout[i * dim + c] as f64;
+            }
+        }
+        s
+    };
+    let want: Vec<f64> = finite_diff(&to64(&table), fwd)
+        .iter()
+        .zip(&start)
+        .map(|(g, &s)| g + s as f64)
+        .collect();
+    assert_close("dtable", &dtable, &want, GRAD_RTOL, 1e-7);
+    // Rows 1 and 4 are never looked up: their gradient is untouched.
+    assert_eq!(dtable[dim..2 * dim], start[dim..2 * dim]);
+    assert_eq!(dtable[4 * dim..5 * dim], start[4 * dim..5 * dim]);
+}
+
+#[test]
+fn embedding_rejects_out_of_range_ids_and_ragged_tables() {
+    let table = vec![0.0; 12];
+    let mut out = [0.0; 8];
+    match embedding_forward(&[0, 1, 3, 2], &table, 4, &mut out[..]) {
+        Err(Error::IndexOutOfRange {
+            index: 3,
+            position: 2,
+            len: 3,
+            ..
+        }) => {}
+        other => panic!("want id 3 at position 2 out of range, got {other:?}"),
+    }
+    assert!(matches!(
+        embedding_forward(&[0], &table, 5, &mut out[..5]),
+        Err(Error::InvalidShape { .. })
+    ));
+    assert!(matches!(
+        embedding_forward(&[0], &table, 0, &mut []),
+        Err(Error::InvalidShape { .. })
+    ));
+    assert_shape_error(embedding_forward(&[0, 1], &table, 4, &mut out[..7]), "output");
+    let mut dtable = vec![0.0; 12];
+    assert!(matches!(
+        embedding_backward(&[9], &[1.0; 4], 4, &mut dtable),
+        Err(Error::IndexOutOfRange { .. })
+    ));
+    assert_shape_error(embedding_backward(&[1], &[1.0; 3], 4, &mut dtable), "gradient");
+}

@@ -13,7 +13,7 @@ fn vocab_of(what: &'static str, ids: &[u32], table_len: usize, dim: usize) -> Re
             reason: "dim is 0".into(),
         });
     }
-    if table_len % dim != 0 {
+    if !table_len.is_multiple_of(dim) {
         return Err(Error::InvalidShape {
             what,
             reason: format!("a table of {table_len} values is not a whole number of rows of {dim}"),
