@@ -70,6 +70,17 @@ pub enum Error {
     /// A module index past the end of a scaling state.
     #[error("no module {module}: the scaling state has {modules} modules")]
     NoSuchModule { module: usize, modules: usize },
+    /// A shape that an operation cannot work with (zero-sized where it must not be, overflow).
+    #[error("invalid shape for {what}: {reason}")]
+    InvalidShape { what: &'static str, reason: String },
+    /// An index (token id, class target) past the end of what it indexes.
+    #[error("{what} {index} at position {position} is out of range: must be below {len}")]
+    IndexOutOfRange {
+        what: &'static str,
+        index: u64,
+        position: usize,
+        len: usize,
+    },
     /// A line of a text input that does not parse.
     #[error("line {line}: {reason}: '{text}'")]
     InvalidLine {
