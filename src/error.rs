@@ -83,6 +83,17 @@ pub enum Error {
     /// A layer given an input of the wrong shape, or built with dimensions its precision cannot take.
     #[error("layer {layer}: {detail}")]
     LayerShape { layer: String, detail: String },
+    /// A shape that an operation cannot work with (zero-sized where it must not be, overflow).
+    #[error("invalid shape for {what}: {reason}")]
+    InvalidShape { what: &'static str, reason: String },
+    /// An index (token id, class target) past the end of what it indexes.
+    #[error("{what} {index} at position {position} is out of range: must be below {len}")]
+    IndexOutOfRange {
+        what: &'static str,
+        index: u64,
+        position: usize,
+        len: usize,
+    },
     /// A line of a text input that does not parse.
     #[error("line {line}: {reason}: '{text}'")]
     InvalidLine {

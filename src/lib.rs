@@ -18,6 +18,7 @@ pub mod error;
 pub mod format;
 pub mod gemm;
 pub mod nn;
+pub mod ops;
 pub mod quantize;
 pub mod scaling;
 pub mod tensor;

@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use crate::device::{Device, PrecisionPolicy};
 use crate::error::{Error, Result};
-use crate::nn::ops::Dtype;
+use crate::ops::Dtype;
 use crate::scaling::{BlockScaling, CurrentScaling, DelayedScaling, Mxfp8Scaling, Recipe};
 
 /// The FP8 scaling recipe of an FP8 run: `Delayed`, `Current`, `Block` or `Mxfp8`

@@ -22,15 +22,13 @@ mod linear;
 mod linear_gemms;
 mod mlp;
 mod norm;
-#[doc(hidden)]
-pub mod ops_shim;
 mod param;
 mod stats;
 mod tensor;
 mod transformer;
 
 /// The op kernels the layers call (norms, activations, attention, `Dtype`).
-pub(crate) use ops_shim as ops;
+pub(crate) use crate::ops;
 
 pub use attention::MultiheadAttention;
 pub use layernorm_linear::LayerNormLinear;

@@ -1,0 +1,329 @@
+//! The causal scaled dot-product attention core, forward and backward, on the CPU.
+//!
+//! `q`, `k`, `v` and `out` are `[batch, seq, heads, head_dim]` row-major (the QKV
+//! projection's output split into three `[batch * seq, hidden]` views); `lse` is
+//! `[batch, heads, seq]`. Row `i` attends to keys `0..=i`.
+//!
+//! Forward, per (batch, head), for blocks of [`Q_BLOCK`] query rows:
+//! `S = scale * Q K^T` (f32, through [`crate::gemm::cpu::gemm`], keys up to the block's last row only),
+//! `lse_i = log sum_{j<=i} exp(S_ij)` (max-subtracted, f32),
+//! `P_ij = exp(S_ij - lse_i)` for `j <= i`, else 0, rounded to `dtype`,
+//! `O = P V`, rounded to `dtype`.
+//! This is what a GPU flash-attention kernel stores: probabilities in the compute dtype
+//! before the P.V matmul, softmax statistics in f32.
+//!
+//! Backward recomputes `P` from `q`, `k` and the saved `lse` (no `[seq, seq]` tensor is kept):
+//! `dV = round(P)^T dO`, `dP = dO V^T`, `D_i = sum_c dO_ic O_ic`, `dS = round(P * (dP - D))`,
+//! `dQ = scale * dS K`, `dK = scale * dS^T Q`; `dq`, `dk`, `dv` are rounded to `dtype`.
+//!
+//! One (batch, head) per rayon task; scratch per task is `Q_BLOCK x seq` scores plus
+//! a few `seq x head_dim` copies, so seq = 2048 needs about 2 MiB per task, not `seq^2` per head.
+
+use rayon::prelude::*;
+
+use super::check::{elements, len};
+use super::dtype::Dtype;
+use crate::error::{Error, Result};
+use crate::gemm::cpu::gemm;
+use crate::gemm::{GemmParams, Mat, Operand, Output};
+
+/// Query rows per block: a multiple of the GPU kernels' 64-row tiles.
+pub const Q_BLOCK: usize = 64;
+
+/// Sizes of the attention core's inputs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    /// Sequences in the batch.
+    pub batch: usize,
+    /// Tokens per sequence.
+    pub seq: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Features per head (hidden = heads * head_dim).
+    pub head_dim: usize,
+}
+
+impl AttentionShape {
+    /// Checked `(tokens, hidden)` = `(batch * seq, heads * head_dim)`.
+    fn dims(&self) -> Result<(usize, usize)> {
+        let tokens = elements("attention tokens (batch x seq)", self.batch, self.seq)?;
+        let hidden = elements("attention hidden (heads x head_dim)", self.heads, self.head_dim)?;
+        elements("attention q/k/v", tokens, hidden)?;
+        elements("attention lse", tokens, self.heads)?;
+        Ok((tokens, hidden))
+    }
+}
+
+/// Copies head `h` of sequence `b` out of a `[batch, seq, heads, head_dim]` tensor into `[seq, head_dim]`.
+fn gather_head(src: &[f32], s: &AttentionShape, b: usize, h: usize, dst: &mut [f32]) {
+    let (d, hidden) = (s.head_dim, s.heads * s.head_dim);
+    for (i, row) in dst.chunks_mut(d).enumerate() {
+        let at = (b * s.seq + i) * hidden + h * d;
+        row.copy_from_slice(&src[at..at + d]);
+    }
+}
+
+/// Writes a `[seq, head_dim]` head back into its place in a `[batch, seq, heads, head_dim]` tensor.
+fn scatter_head(src: &[f32], s: &AttentionShape, b: usize, h: usize, dst: &mut [f32]) {
+    let (d, hidden) = (s.head_dim, s.heads * s.head_dim);
+    for (i, row) in src.chunks(d).enumerate() {
+        let at = (b * s.seq + i) * hidden + h * d;
+        dst[at..at + d].copy_from_slice(row);
+    }
+}
+
+/// `dst [cols, rows] = src[..rows, ..cols]^T` for `src` with row stride `stride`.
+fn transpose_into(src: &[f32], rows: usize, cols: usize, stride: usize, dst: &mut Vec<f32>) {
+    dst.clear();
+    dst.resize(rows * cols, 0.0);
+    for (r, row) in src.chunks(stride).take(rows).enumerate() {
+        for (c, &x) in row[..cols].iter().enumerate() {
+            dst[c * rows + r] = x;
+        }
+    }
+}
+
+/// `out [m, n] = alpha * a [m, k] . b [n, k]^T (+ beta * out)` in f32 through the GEMM entry point.
+#[allow(clippy::too_many_arguments)]
+fn matmul_nt(a: &[f32], b: &[f32], m: usize, n: usize, k: usize, alpha: f32, beta: f32, out: &mut [f32]) -> Result<()> {
+    let params = GemmParams {
+        alpha,
+        beta,
+        bias: None,
+        split_accumulator: false,
+    };
+    gemm(
+        &Operand::F32(Mat::new(a, m, k)?),
+        &Operand::F32(Mat::new(b, n, k)?),
+        Output::F32(out),
+        &params,
+    )?;
+    Ok(())
+}
+
+/// Turns scaled scores of query rows `i0..i0 + rows` (row stride `keys`) into causal probabilities
+/// `exp(s - lse)`, zero past the diagonal. Computes `lse` when `lse_out` is given, else reads `lse_in`.
+fn causal_softmax(scores: &mut [f32], keys: usize, i0: usize, lse: LseMode) {
+    match lse {
+        LseMode::Compute(lse_out) => {
+            for (r, (row, l)) in scores.chunks_mut(keys).zip(lse_out.iter_mut()).enumerate() {
+                let valid = i0 + r + 1;
+                // f32::max skips NaN; a NaN score still reaches the sum below and makes the row NaN.
+                let m = row[..valid].iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+                let sum: f32 = row[..valid].iter().map(|&s| (s - m).exp()).sum();
+                *l = m + sum.ln();
+                fill_probs(row, valid, *l);
+            }
+        }
+        LseMode::Given(lse_in) => {
+            for (r, (row, &l)) in scores.chunks_mut(keys).zip(lse_in).enumerate() {
+                fill_probs(row, i0 + r + 1, l);
+            }
+        }
+    }
+}
+
+fn fill_probs(row: &mut [f32], valid: usize, lse: f32) {
+    let (live, masked) = row.split_at_mut(valid);
+    live.iter_mut().for_each(|s| *s = (*s - lse).exp());
+    masked.fill(0.0);
+}
+
+enum LseMode<'a> {
+    Compute(&'a mut [f32]),
+    Given(&'a [f32]),
+}
+
+/// True for an empty batch; an error for heads without features, which no kernel takes.
+fn nothing_to_do(shape: &AttentionShape) -> Result<bool> {
+    let empty = shape.batch == 0 || shape.seq == 0 || shape.heads == 0;
+    if !empty && shape.head_dim == 0 {
+        return Err(Error::InvalidShape {
+            what: "attention",
+            reason: format!("head_dim is 0 ({shape:?})"),
+        });
+    }
+    Ok(empty)
+}
+
+fn check_inputs(shape: &AttentionShape, q: &[f32], k: &[f32], v: &[f32], lse: usize) -> Result<(usize, usize)> {
+    let (tokens, hidden) = shape.dims()?;
+    len("attention q [batch*seq, heads*head_dim]", tokens, hidden, q.len())?;
+    len("attention k [batch*seq, heads*head_dim]", tokens, hidden, k.len())?;
+    len("attention v [batch*seq, heads*head_dim]", tokens, hidden, v.len())?;
+    len(
+        "attention lse [batch*heads, seq]",
+        shape.batch * shape.heads,
+        shape.seq,
+        lse,
+    )?;
+    Ok((tokens, hidden))
+}
+
+/// Causal attention forward; see the module docs. Writes `out` (`[batch, seq, heads, head_dim]`,
+/// rounded to `dtype`) and `lse` (`[batch, heads, seq]`, f32) for the backward.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_forward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    shape: AttentionShape,
+    softmax_scale: f32,
+    dtype: Dtype,
+    out: &mut [f32],
+    lse: &mut [f32],
+) -> Result<()> {
+    let (tokens, hidden) = check_inputs(&shape, q, k, v, lse.len())?;
+    len("attention out [batch*seq, heads*head_dim]", tokens, hidden, out.len())?;
+    let AttentionShape {
+        seq,
+        heads,
+        head_dim: d,
+        ..
+    } = shape;
+    if nothing_to_do(&shape)? {
+        return Ok(());
+    }
+    let heads_out: Vec<Vec<f32>> = lse
+        .par_chunks_mut(seq)
+        .enumerate()
+        .map(|(bh, lse_h)| -> Result<Vec<f32>> {
+            let (b, h) = (bh / heads, bh % heads);
+            let (mut qh, mut kh, mut vh) = (vec![0.0; seq * d], vec![0.0; seq * d], vec![0.0; seq * d]);
+            gather_head(q, &shape, b, h, &mut qh);
+            gather_head(k, &shape, b, h, &mut kh);
+            gather_head(v, &shape, b, h, &mut vh);
+            let mut oh = vec![0.0; seq * d];
+            let mut scores = Vec::with_capacity(Q_BLOCK * seq);
+            let mut vt = Vec::with_capacity(seq * d);
+            for i0 in (0..seq).step_by(Q_BLOCK) {
+                let i1 = (i0 + Q_BLOCK).min(seq);
+                let (rows, keys) = (i1 - i0, i1); // causal: no key past the block's last query
+                scores.clear();
+                scores.resize(rows * keys, 0.0);
+                matmul_nt(
+                    &qh[i0 * d..i1 * d],
+                    &kh[..keys * d],
+                    rows,
+                    keys,
+                    d,
+                    softmax_scale,
+                    0.0,
+                    &mut scores,
+                )?;
+                causal_softmax(&mut scores, keys, i0, LseMode::Compute(&mut lse_h[i0..i1]));
+                dtype.round_slice(&mut scores);
+                transpose_into(&vh, keys, d, d, &mut vt);
+                matmul_nt(&scores, &vt, rows, d, keys, 1.0, 0.0, &mut oh[i0 * d..i1 * d])?;
+            }
+            dtype.round_slice(&mut oh);
+            Ok(oh)
+        })
+        .collect::<Result<_>>()?;
+    for (bh, oh) in heads_out.iter().enumerate() {
+        scatter_head(oh, &shape, bh / heads, bh % heads, out);
+    }
+    Ok(())
+}
+
+/// Causal attention backward from the forward's `out` and `lse`; see the module docs.
+/// Overwrites `dq`, `dk`, `dv` (`[batch, seq, heads, head_dim]`, rounded to `dtype`).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward(
+    dout: &[f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &[f32],
+    lse: &[f32],
+    shape: AttentionShape,
+    softmax_scale: f32,
+    dtype: Dtype,
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
+) -> Result<()> {
+    let (tokens, hidden) = check_inputs(&shape, q, k, v, lse.len())?;
+    len("attention dout [batch*seq, heads*head_dim]", tokens, hidden, dout.len())?;
+    len("attention out [batch*seq, heads*head_dim]", tokens, hidden, out.len())?;
+    len("attention dq [batch*seq, heads*head_dim]", tokens, hidden, dq.len())?;
+    len("attention dk [batch*seq, heads*head_dim]", tokens, hidden, dk.len())?;
+    len("attention dv [batch*seq, heads*head_dim]", tokens, hidden, dv.len())?;
+    let AttentionShape {
+        seq,
+        heads,
+        head_dim: d,
+        ..
+    } = shape;
+    if nothing_to_do(&shape)? {
+        return Ok(());
+    }
+    let grads: Vec<[Vec<f32>; 3]> = lse
+        .par_chunks(seq)
+        .enumerate()
+        .map(|(bh, lse_h)| -> Result<[Vec<f32>; 3]> {
+            let (b, h) = (bh / heads, bh % heads);
+            let head = |src: &[f32]| {
+                let mut dst = vec![0.0; seq * d];
+                gather_head(src, &shape, b, h, &mut dst);
+                dst
+            };
+            let (qh, kh, vh, oh, doh) = (head(q), head(k), head(v), head(out), head(dout));
+            let (mut dqh, mut dkh, mut dvh) = (vec![0.0; seq * d], vec![0.0; seq * d], vec![0.0; seq * d]);
+            // Scratch reused across blocks.
+            let mut p = Vec::with_capacity(Q_BLOCK * seq);
+            let mut dp = Vec::with_capacity(Q_BLOCK * seq);
+            let (mut t_a, mut t_b) = (Vec::new(), Vec::new());
+            let mut delta = [0.0f32; Q_BLOCK];
+            for i0 in (0..seq).step_by(Q_BLOCK) {
+                let i1 = (i0 + Q_BLOCK).min(seq);
+                let (rows, keys) = (i1 - i0, i1);
+                let (q_blk, do_blk) = (&qh[i0 * d..i1 * d], &doh[i0 * d..i1 * d]);
+                // P recomputed from the saved lse.
+                p.clear();
+                p.resize(rows * keys, 0.0);
+                matmul_nt(q_blk, &kh[..keys * d], rows, keys, d, softmax_scale, 0.0, &mut p)?;
+                causal_softmax(&mut p, keys, i0, LseMode::Given(&lse_h[i0..i1]));
+                // dP = dO V^T
+                dp.clear();
+                dp.resize(rows * keys, 0.0);
+                matmul_nt(do_blk, &vh[..keys * d], rows, keys, d, 1.0, 0.0, &mut dp)?;
+                // D_i = rowsum(dO * O)
+                for (r, dl) in delta[..rows].iter_mut().enumerate() {
+                    let (o, g) = (&oh[(i0 + r) * d..(i0 + r + 1) * d], &do_blk[r * d..(r + 1) * d]);
+                    *dl = o.iter().zip(g).map(|(a, b)| a * b).sum();
+                }
+                // dS = P * (dP - D), in place of dP; masked entries have P = 0.
+                for ((ds_row, p_row), &dl) in dp.chunks_mut(keys).zip(p.chunks(keys)).zip(&delta[..rows]) {
+                    for (ds, &pv) in ds_row.iter_mut().zip(p_row) {
+                        *ds = if pv == 0.0 { 0.0 } else { pv * (*ds - dl) };
+                    }
+                }
+                dtype.round_slice(&mut dp);
+                dtype.round_slice(&mut p);
+                // dV[..keys] += P^T dO
+                transpose_into(&p, rows, keys, keys, &mut t_a);
+                transpose_into(do_blk, rows, d, d, &mut t_b);
+                matmul_nt(&t_a, &t_b, keys, d, rows, 1.0, 1.0, &mut dvh[..keys * d])?;
+                // dK[..keys] += scale * dS^T Q
+                transpose_into(&dp, rows, keys, keys, &mut t_a);
+                transpose_into(q_blk, rows, d, d, &mut t_b);
+                matmul_nt(&t_a, &t_b, keys, d, rows, softmax_scale, 1.0, &mut dkh[..keys * d])?;
+                // dQ = scale * dS K
+                transpose_into(&kh, keys, d, d, &mut t_b);
+                matmul_nt(&dp, &t_b, rows, d, keys, softmax_scale, 0.0, &mut dqh[i0 * d..i1 * d])?;
+            }
+            for g in [&mut dqh, &mut dkh, &mut dvh] {
+                dtype.round_slice(g);
+            }
+            Ok([dqh, dkh, dvh])
+        })
+        .collect::<Result<_>>()?;
+    for (bh, [dqh, dkh, dvh]) in grads.iter().enumerate() {
+        let (b, h) = (bh / heads, bh % heads);
+        scatter_head(dqh, &shape, b, h, dq);
+        scatter_head(dkh, &shape, b, h, dk);
+        scatter_head(dvh, &shape, b, h, dv);
+    }
+    Ok(())
+}

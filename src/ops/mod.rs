@@ -1,0 +1,26 @@
+//! CPU reference ops the transformer layers are built from: norms, activations,
+//! the attention core, the loss and the embedding lookup.
+//!
+//! Conventions shared by every op (see `docs/ops.md`):
+//! * buffers are row-major `f32` slices; statistics, softmax and reductions run in f32;
+//! * every length is checked against the shape, mismatches are typed errors;
+//! * parameter gradients (`dgamma`, `dbeta`, `dtable`) are accumulated (`+=`) so
+//!   micro-batches add up, input gradients (`dx`, `dq`, ...) are overwritten;
+//! * reductions over rows use a fixed blocking, so results do not depend on the
+//!   number of threads;
+//! * NaN and infinite inputs never panic (they propagate into the outputs).
+
+pub mod activation;
+pub mod attention;
+mod check;
+pub mod dtype;
+pub mod embedding;
+pub mod loss;
+pub mod norm;
+
+pub use activation::{gelu_backward, gelu_forward, swiglu_backward, swiglu_forward};
+pub use attention::{AttentionShape, attention_backward, attention_forward};
+pub use dtype::Dtype;
+pub use embedding::{embedding_backward, embedding_forward};
+pub use loss::{cross_entropy_backward, cross_entropy_forward};
+pub use norm::{NormShape, layernorm_backward, layernorm_forward, rmsnorm_backward, rmsnorm_forward};
