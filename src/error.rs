@@ -70,6 +70,19 @@ pub enum Error {
     /// A module index past the end of a scaling state.
     #[error("no module {module}: the scaling state has {modules} modules")]
     NoSuchModule { module: usize, modules: usize },
+    /// A precision name that is not one of the known ones.
+    #[error("unknown precision '{name}' (expected one of: {expected})")]
+    UnknownPrecision { name: String, expected: &'static str },
+    /// A precision the device cannot run (e.g. FP8 without FP8 tensor cores).
+    #[error("precision {precision} is not available on {device}: {reason}")]
+    PrecisionUnsupported {
+        precision: String,
+        device: String,
+        reason: String,
+    },
+    /// A layer given an input of the wrong shape, or built with dimensions its precision cannot take.
+    #[error("layer {layer}: {detail}")]
+    LayerShape { layer: String, detail: String },
     /// A shape that an operation cannot work with (zero-sized where it must not be, overflow).
     #[error("invalid shape for {what}: {reason}")]
     InvalidShape { what: &'static str, reason: String },

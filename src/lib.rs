@@ -10,6 +10,7 @@
 //! assert_eq!(Fp8Format::E4M3.decode(code), 448.0); // saturated to max finite
 //! ```
 
+pub mod amp;
 pub mod backend;
 pub mod convert;
 pub mod device;

@@ -1,8 +1,42 @@
 //! Transformer layers with forward and backward on the CPU reference backend,
 //! and the parameter type the training stack updates.
+//!
+//! Every layer has `new(name, dims/options..., &Precision, seed)`, `forward`,
+//! `backward` (returns dX, accumulates f32 parameter gradients) and implements
+//! [`Module`]. See `docs/layers.md` for which GEMMs each layer runs in which format.
+//!
+//! | layer | parameters |
+//! |---|---|
+//! | [`Linear`] | `weight [out, in]`, `bias [out]` |
+//! | [`LayerNorm`], [`RMSNorm`] | `weight` (gamma), `bias` (beta, LayerNorm only) |
+//! | [`LayerNormLinear`] | `norm.*`, `linear.*` |
+//! | [`LayerNormMLP`] | `norm.*`, `fc1.*`, `fc2.*` |
+//! | [`MultiheadAttention`] | `qkv.*`, `proj.*` |
+//! | [`TransformerLayer`] | `attn.*`, `mlp.*` |
 
+mod attention;
+mod fp8_cast;
+mod init;
+mod layernorm_linear;
+mod linear;
+mod linear_gemms;
+mod mlp;
+mod norm;
 mod param;
 mod stats;
+mod tensor;
+mod transformer;
 
+/// The op kernels the layers call (norms, activations, attention, `Dtype`).
+pub(crate) use crate::ops;
+
+pub use attention::MultiheadAttention;
+pub use layernorm_linear::LayerNormLinear;
+pub use linear::Linear;
+pub use linear_gemms::FP8_DIM_MULTIPLE;
+pub use mlp::{Activation, LayerNormMLP};
+pub use norm::{LayerNorm, NormConfig, NormKind, RMSNorm};
 pub use param::{Module, Parameter};
 pub use stats::Fp8TensorStats;
+pub use tensor::Tensor;
+pub use transformer::{TransformerConfig, TransformerLayer};

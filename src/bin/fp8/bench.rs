@@ -27,12 +27,16 @@ pub struct BenchArgs {
     /// auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
     device: String,
+    #[command(flatten)]
+    layer: crate::bench_layer::LayerArgs,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
 enum BenchWhat {
     /// The memory-bound casts, quantizers and dequantize.
     Cast,
+    /// Forward + backward of one TransformerLayer per precision (CPU backend).
+    Layer,
 }
 
 /// Edge lengths of the square bf16 inputs.
@@ -231,7 +235,9 @@ fn bench_gpu(gpu: &CudaDevice, size: usize, rows: &mut Vec<Row>) -> Result<(), C
 
 /// Runs `fp8 bench`.
 pub fn run(args: BenchArgs) -> Result<(), CliError> {
-    let BenchWhat::Cast = args.what;
+    if let BenchWhat::Layer = args.what {
+        return crate::bench_layer::run(&args.layer, args.json);
+    }
     let device = Device::select(args.device.parse::<DeviceChoice>()?)?;
     let mut rows = Vec::new();
     for size in SIZES {

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 mod args;
 mod bench;
+mod bench_layer;
 mod cast;
 mod decode;
 mod error;

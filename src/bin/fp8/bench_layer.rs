@@ -1,0 +1,145 @@
+//! `fp8 bench layer [--json] [--precision P,...] [--hidden --heads --ffn --seq --batch]`:
+//! forward + backward time of one `TransformerLayer` per precision on the CPU
+//! reference backend (the CUDA layer path does not exist yet). The default size is
+//! small enough to run in seconds; the GPU size of the issue is hidden 1024, 16
+//! heads, FFN 4096, sequence 2048.
+
+use std::time::Instant;
+
+use clap::Args;
+use fp8_engine::amp::Precision;
+use fp8_engine::nn::{Module, Tensor, TransformerConfig, TransformerLayer};
+
+use crate::error::CliError;
+
+/// Options of `fp8 bench layer`.
+#[derive(Args, Clone)]
+pub struct LayerArgs {
+    /// Comma-separated precisions (fp32, bf16, fp16, fp8-delayed, fp8-current, fp8-block, mxfp8).
+    #[arg(long, default_value = "fp32,bf16,fp16,fp8-delayed,fp8-current,fp8-block,mxfp8")]
+    precision: String,
+    /// Model width.
+    #[arg(long, default_value_t = 128)]
+    hidden: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    /// MLP hidden units.
+    #[arg(long, default_value_t = 512)]
+    ffn: usize,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 64)]
+    seq: usize,
+    /// Sequences per batch.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Timed steps per precision (median reported), after one warm-up step.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+}
+
+struct Row {
+    precision: String,
+    seconds: f64,
+    saved_bytes: usize,
+    weight_cache_bytes: usize,
+}
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    // A cheap deterministic pseudo-normal pattern; timing does not depend on the values.
+    (0..n)
+        .map(|i| {
+            let h = (i as u64 ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            ((h >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+        })
+        .collect()
+}
+
+fn bench_one(args: &LayerArgs, precision: &Precision) -> Result<Row, CliError> {
+    let config = TransformerConfig {
+        hidden: args.hidden,
+        heads: args.heads,
+        ffn_hidden: args.ffn,
+        ..TransformerConfig::default()
+    };
+    let mut layer = TransformerLayer::new("layer", &config, precision, 1)?;
+    let tokens = args.batch * args.seq;
+    let x = Tensor::new(values(tokens * args.hidden, 1), tokens, args.hidden)?;
+    let dy = Tensor::new(values(tokens * args.hidden, 2), tokens, args.hidden)?;
+    let mut saved_bytes = 0;
+    let mut step = |layer: &mut TransformerLayer| -> Result<f64, CliError> {
+        let start = Instant::now();
+        layer.forward(&x, args.batch, args.seq)?;
+        saved_bytes = layer.saved_activation_bytes();
+        layer.backward(&dy)?;
+        let seconds = start.elapsed().as_secs_f64();
+        layer.visit_parameters(&mut |p| p.mark_updated()); // each step casts the weights again
+        Ok(seconds)
+    };
+    step(&mut layer)?;
+    let mut times = (0..args.runs.max(1))
+        .map(|_| step(&mut layer))
+        .collect::<Result<Vec<_>, _>>()?;
+    times.sort_by(f64::total_cmp);
+    Ok(Row {
+        precision: precision.name().to_string(),
+        seconds: times[times.len() / 2],
+        saved_bytes,
+        weight_cache_bytes: layer.weight_cache_bytes(),
+    })
+}
+
+/// Runs the benchmark and prints a table or one JSON object.
+pub fn run(args: &LayerArgs, json: bool) -> Result<(), CliError> {
+    let precisions = args
+        .precision
+        .split(',')
+        .map(|name| name.trim().parse::<Precision>())
+        .collect::<Result<Vec<_>, _>>()?;
+    let rows = precisions
+        .iter()
+        .map(|p| bench_one(args, p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let tokens = args.batch * args.seq;
+    // GEMM FLOPs of forward + backward: 3x the forward's 2 * tokens * (4 h^2 + 2 h ffn) (qkv, proj, fc1,
+    // fc2), plus attention's 2 * 2 * tokens * seq * h / 2 (causal half) forward, twice that backward.
+    let (h, f, s) = (args.hidden as f64, args.ffn as f64, args.seq as f64);
+    let flops = 3.0 * 2.0 * tokens as f64 * (4.0 * h * h + 2.0 * h * f) + 3.0 * 2.0 * tokens as f64 * s * h;
+    if json {
+        let items: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "precision": r.precision, "seconds": r.seconds, "gflop_per_s": flops / r.seconds / 1e9,
+                    "saved_activation_bytes": r.saved_bytes, "weight_cache_bytes": r.weight_cache_bytes,
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "device": "cpu", "layer": {"hidden": args.hidden, "heads": args.heads, "ffn": args.ffn,
+            "seq": args.seq, "batch": args.batch}, "runs": args.runs, "results": items,
+        });
+        println!("{doc}");
+    } else {
+        println!(
+            "TransformerLayer forward+backward on the CPU: hidden {}, heads {}, ffn {}, seq {}, batch {} \
+             (median of {})",
+            args.hidden, args.heads, args.ffn, args.seq, args.batch, args.runs
+        );
+        println!(
+            "{:<12} {:>10} {:>10} {:>14} {:>14}",
+            "precision", "ms", "GFLOP/s", "saved MiB", "weights MiB"
+        );
+        for r in &rows {
+            println!(
+                "{:<12} {:>10.1} {:>10.2} {:>14.2} {:>14.2}",
+                r.precision,
+                r.seconds * 1e3,
+                flops / r.seconds / 1e9,
+                r.saved_bytes as f64 / (1 << 20) as f64,
+                r.weight_cache_bytes as f64 / (1 << 20) as f64
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,271 @@
+//! Causal multi-head self-attention: QKV projection (optionally after a norm),
+//! scaled dot-product attention with an f32 softmax, output projection.
+
+use super::init::child_seed;
+use super::layernorm_linear::LayerNormLinear;
+use super::linear::Linear;
+use super::norm::NormConfig;
+use super::ops::Dtype;
+use super::ops::attention::{self as kernels, AttentionShape};
+use super::param::{Module, Parameter};
+use super::stats::Fp8TensorStats;
+use super::tensor::{Tensor, no_forward};
+use crate::amp::Precision;
+use crate::error::{Error, Result};
+use crate::scaling::DelayedSlot;
+
+/// The QKV projection, with or without its input norm.
+enum QkvProjection {
+    Plain(Box<Linear>),
+    Normed(Box<LayerNormLinear>),
+}
+
+/// What attention keeps for backward: q, k, v and the output (compute dtype) and the
+/// f32 log-sum-exp per row, so backward never stores the `seq x seq` probabilities.
+struct AttentionSaved {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    out: Vec<f32>,
+    lse: Vec<f32>,
+    shape: AttentionShape,
+}
+
+/// `Y = proj(attention(split(qkv(X))))` over `[batch * seq, hidden]` tokens, causal
+/// within each sequence. The QKV and output projections are [`Linear`] layers
+/// (FP8 GEMMs under an FP8 policy, `name.qkv.*` and `name.proj.*`); attention itself
+/// runs in the compute dtype with an f32 softmax. `qkv` output columns are `[q | k | v]`,
+/// each `heads * head_dim` wide, head-major.
+pub struct MultiheadAttention {
+    name: String,
+    hidden: usize,
+    heads: usize,
+    dtype: Dtype,
+    qkv: QkvProjection,
+    proj: Linear,
+    recompute: bool,
+    saved: Option<AttentionSaved>,
+    saved_input: Option<(Tensor, usize, usize)>,
+}
+
+impl MultiheadAttention {
+    /// `heads` heads over `hidden` features (`hidden % heads == 0`); with `input_norm` the QKV
+    /// projection is a [`LayerNormLinear`] (pre-norm). `recompute`: backward recomputes everything
+    /// from the saved input.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        name: &str,
+        hidden: usize,
+        heads: usize,
+        bias: bool,
+        input_norm: Option<NormConfig>,
+        recompute: bool,
+        precision: &Precision,
+        seed: u64,
+    ) -> Result<Self> {
+        if heads == 0 || !hidden.is_multiple_of(heads) {
+            return Err(Error::LayerShape {
+                layer: name.to_string(),
+                detail: format!("hidden {hidden} is not divisible into {heads} heads"),
+            });
+        }
+        let qkv_name = format!("{name}.qkv");
+        let qkv = match input_norm {
+            None => QkvProjection::Plain(Box::new(Linear::new(
+                &qkv_name,
+                hidden,
+                3 * hidden,
+                bias,
+                precision,
+                child_seed(seed, 1),
+            )?)),
+            Some(norm) => QkvProjection::Normed(Box::new(LayerNormLinear::new(
+                &qkv_name,
+                hidden,
+                3 * hidden,
+                bias,
+                norm,
+                false,
+                precision,
+                child_seed(seed, 1),
+            )?)),
+        };
+        Ok(MultiheadAttention {
+            name: name.to_string(),
+            hidden,
+            heads,
+            dtype: precision.compute_dtype(),
+            qkv,
+            proj: Linear::new(
+                &format!("{name}.proj"),
+                hidden,
+                hidden,
+                bias,
+                precision,
+                child_seed(seed, 2),
+            )?,
+            recompute,
+            saved: None,
+            saved_input: None,
+        })
+    }
+
+    /// Heads.
+    pub fn heads(&self) -> usize {
+        self.heads
+    }
+
+    /// `x` `[batch * seq, hidden]` -> `[batch * seq, hidden]`.
+    pub fn forward(&mut self, x: &Tensor, batch: usize, seq: usize) -> Result<Tensor> {
+        let y = self.run(x, batch, seq, false)?;
+        if self.recompute {
+            self.clear_saved();
+            self.saved_input = Some((x.clone(), batch, seq));
+        }
+        Ok(y)
+    }
+
+    pub(crate) fn run(&mut self, x: &Tensor, batch: usize, seq: usize, replay: bool) -> Result<Tensor> {
+        let tokens = batch.saturating_mul(seq);
+        if x.rows != tokens {
+            return Err(Error::LayerShape {
+                layer: self.name.clone(),
+                detail: format!(
+                    "input is {}x{}, batch {batch} x seq {seq} needs {tokens} rows",
+                    x.rows, x.cols
+                ),
+            });
+        }
+        x.expect(&self.name, "input", Some(tokens), self.hidden)?;
+        let qkv = match &mut self.qkv {
+            QkvProjection::Plain(linear) => linear.forward_pass(x, replay)?,
+            QkvProjection::Normed(fused) => fused.run(x, replay)?,
+        };
+        let [q, k, v] = split_qkv(&qkv.data, tokens, self.hidden);
+        let shape = AttentionShape {
+            batch,
+            seq,
+            heads: self.heads,
+            head_dim: self.hidden / self.heads,
+        };
+        let mut out = vec![0.0; tokens * self.hidden];
+        let mut lse = vec![0.0; batch * self.heads * seq];
+        let scale = 1.0 / (shape.head_dim as f32).sqrt();
+        kernels::attention_forward(&q, &k, &v, shape, scale, self.dtype, &mut out, &mut lse)?;
+        self.dtype.round_slice(&mut out);
+        let y = self
+            .proj
+            .forward_pass(&Tensor::new(out.clone(), tokens, self.hidden)?, replay)?;
+        self.saved = Some(AttentionSaved {
+            q,
+            k,
+            v,
+            out,
+            lse,
+            shape,
+        });
+        Ok(y)
+    }
+
+    /// dX; accumulates the parameter gradients.
+    pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
+        if self.recompute {
+            let (x, batch, seq) = self.saved_input.take().ok_or_else(|| no_forward(&self.name))?;
+            self.run(&x, batch, seq, true)?;
+        }
+        let dout = self.proj.backward(dy)?;
+        let s = self.saved.take().ok_or_else(|| no_forward(&self.name))?;
+        let n = s.q.len();
+        let (mut dq, mut dk, mut dv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+        let scale = 1.0 / (s.shape.head_dim as f32).sqrt();
+        kernels::attention_backward(
+            &dout.data, &s.q, &s.k, &s.v, &s.out, &s.lse, s.shape, scale, self.dtype, &mut dq, &mut dk, &mut dv,
+        )?;
+        let tokens = dout.rows;
+        let mut dqkv = join_qkv([&dq, &dk, &dv], tokens, self.hidden);
+        self.dtype.round_slice(&mut dqkv);
+        let dqkv = Tensor::new(dqkv, tokens, 3 * self.hidden)?;
+        match &mut self.qkv {
+            QkvProjection::Plain(linear) => linear.backward(&dqkv),
+            QkvProjection::Normed(fused) => fused.backward(&dqkv),
+        }
+    }
+
+    pub(crate) fn clear_saved(&mut self) {
+        match &mut self.qkv {
+            QkvProjection::Plain(linear) => linear.clear_saved(),
+            QkvProjection::Normed(fused) => fused.clear_saved(),
+        }
+        self.proj.clear_saved();
+        self.saved = None;
+        self.saved_input = None;
+    }
+
+    fn qkv_module(&mut self) -> &mut dyn Module {
+        match &mut self.qkv {
+            QkvProjection::Plain(linear) => linear.as_mut(),
+            QkvProjection::Normed(fused) => fused.as_mut(),
+        }
+    }
+
+    fn qkv_ref(&self) -> &dyn Module {
+        match &self.qkv {
+            QkvProjection::Plain(linear) => linear.as_ref(),
+            QkvProjection::Normed(fused) => fused.as_ref(),
+        }
+    }
+}
+
+/// `[tokens, 3h]` -> q, k, v each `[tokens, h]`.
+fn split_qkv(qkv: &[f32], tokens: usize, h: usize) -> [Vec<f32>; 3] {
+    std::array::from_fn(|part| {
+        let mut out = Vec::with_capacity(tokens * h);
+        for row in qkv.chunks(3 * h) {
+            out.extend_from_slice(&row[part * h..(part + 1) * h]);
+        }
+        out
+    })
+}
+
+/// The inverse of [`split_qkv`].
+fn join_qkv(parts: [&[f32]; 3], tokens: usize, h: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(tokens * 3 * h);
+    for t in 0..tokens {
+        for part in parts {
+            out.extend_from_slice(&part[t * h..(t + 1) * h]);
+        }
+    }
+    out
+}
+
+impl Module for MultiheadAttention {
+    fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
+        self.qkv_module().visit_parameters(f);
+        self.proj.visit_parameters(f);
+    }
+
+    fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {
+        self.qkv_module().visit_fp8_slots(f);
+        self.proj.visit_fp8_slots(f);
+    }
+
+    fn saved_activation_bytes(&self) -> usize {
+        let attention = self.saved.as_ref().map_or(0, |s| {
+            (s.q.len() + s.k.len() + s.v.len() + s.out.len()) * self.dtype.bytes() + 4 * s.lse.len()
+        });
+        let input = self
+            .saved_input
+            .as_ref()
+            .map_or(0, |(x, _, _)| x.len() * self.dtype.bytes());
+        input + attention + self.qkv_ref().saved_activation_bytes() + self.proj.saved_activation_bytes()
+    }
+
+    fn weight_cache_bytes(&self) -> usize {
+        self.qkv_ref().weight_cache_bytes() + self.proj.weight_cache_bytes()
+    }
+
+    fn collect_fp8_stats(&self, out: &mut Vec<Fp8TensorStats>) {
+        self.qkv_ref().collect_fp8_stats(out);
+        self.proj.collect_fp8_stats(out);
+    }
+}

@@ -1,0 +1,41 @@
+//! Deterministic parameter initialization from a seed (SplitMix64 + Box-Muller):
+//! the same seed gives the same model on every machine, with no dependency.
+
+/// SplitMix64: a tiny, well-mixed 64-bit generator.
+pub(crate) struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub(crate) fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in (0, 1]: 53 random bits, never 0 (Box-Muller takes its log).
+    fn uniform(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
+    }
+
+    /// A standard normal sample.
+    pub(crate) fn normal(&mut self) -> f64 {
+        let (u, v) = (self.uniform(), self.uniform());
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+    }
+}
+
+/// The seed of sub-module `index` of a module seeded with `seed`.
+pub(crate) fn child_seed(seed: u64, index: u64) -> u64 {
+    SplitMix64::new(seed ^ index.wrapping_mul(0xD1B5_4A32_D192_ED03)).next_u64()
+}
+
+/// `n` samples of a normal distribution with standard deviation `std`.
+pub(crate) fn normal(seed: u64, n: usize, std: f64) -> Vec<f32> {
+    let mut rng = SplitMix64::new(seed);
+    (0..n).map(|_| (rng.normal() * std) as f32).collect()
+}

@@ -1,0 +1,155 @@
+//! `Linear`: `Y = X W^T (+ b)` with its backward, under any precision.
+
+use super::init;
+use super::linear_gemms::LinearGemms;
+use super::param::{Module, Parameter};
+use super::stats::Fp8TensorStats;
+use super::tensor::Tensor;
+use crate::amp::Precision;
+use crate::error::Result;
+use crate::scaling::DelayedSlot;
+
+/// A fully connected layer: weight `[out, in]` (f32 master), optional bias `[out]`.
+///
+/// Under FP8 it runs the three GEMMs of spec 5 (E4M3 forward, E5M2 x E4M3 dgrad and
+/// wgrad from fused cast + transpose copies) and keeps five delayed-scaling slots
+/// (delayed recipe); under bf16/fp16 its GEMM inputs and outputs are rounded to the
+/// dtype with f32 accumulation.
+pub struct Linear {
+    name: String,
+    in_features: usize,
+    out_features: usize,
+    weight: Parameter,
+    bias: Option<Parameter>,
+    gemms: LinearGemms,
+}
+
+impl Linear {
+    /// A layer named `name` (parameters `name.weight`, `name.bias`), weights drawn from
+    /// N(0, 1/in) with `seed`, bias zero. FP8 needs `in` and `out` multiples of 16.
+    pub fn new(
+        name: &str,
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+        precision: &Precision,
+        seed: u64,
+    ) -> Result<Self> {
+        let std = 1.0 / (in_features.max(1) as f64).sqrt();
+        let weight = Parameter::new(
+            format!("{name}.weight"),
+            &[out_features, in_features],
+            init::normal(seed, out_features * in_features, std),
+        )?;
+        let bias = bias
+            .then(|| Parameter::new(format!("{name}.bias"), &[out_features], vec![0.0; out_features]))
+            .transpose()?;
+        Ok(Linear {
+            gemms: LinearGemms::new(name, in_features, out_features, precision)?,
+            name: name.to_string(),
+            in_features,
+            out_features,
+            weight,
+            bias,
+        })
+    }
+
+    /// The same layer kept in high precision whatever the policy (FP8 becomes bf16): for an LM head
+    /// or any layer whose dims FP8 cannot take.
+    pub fn new_high_precision(
+        name: &str,
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+        precision: &Precision,
+        seed: u64,
+    ) -> Result<Self> {
+        Linear::new(name, in_features, out_features, bias, &precision.without_fp8(), seed)
+    }
+
+    /// The layer's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The precision its GEMMs run in.
+    pub fn precision(&self) -> &Precision {
+        self.gemms.precision()
+    }
+
+    /// Input features.
+    pub fn in_features(&self) -> usize {
+        self.in_features
+    }
+
+    /// Output features.
+    pub fn out_features(&self) -> usize {
+        self.out_features
+    }
+
+    /// The weight `[out, in]`.
+    pub fn weight(&self) -> &Parameter {
+        &self.weight
+    }
+
+    /// The weight, mutable (e.g. to load values; call [`Parameter::mark_updated`] after).
+    pub fn weight_mut(&mut self) -> &mut Parameter {
+        &mut self.weight
+    }
+
+    /// The bias, if the layer has one.
+    pub fn bias(&self) -> Option<&Parameter> {
+        self.bias.as_ref()
+    }
+
+    /// `Y = X W^T + b` for `x` `[tokens, in]`; saves what backward needs.
+    pub fn forward(&mut self, x: &Tensor) -> Result<Tensor> {
+        self.forward_pass(x, false)
+    }
+
+    /// The forward; `replay` recomputes it in backward without touching the FP8 state.
+    pub(crate) fn forward_pass(&mut self, x: &Tensor, replay: bool) -> Result<Tensor> {
+        x.expect(&self.name, "input", None, self.in_features)?;
+        let bias = self.bias.as_ref().map(|b| b.value.as_slice());
+        let y = self.gemms.forward(&x.data, x.rows, &self.weight, bias, replay)?;
+        Tensor::new(y, x.rows, self.out_features)
+    }
+
+    /// dX for `dy` `[tokens, out]`; accumulates dW and db into the parameters' grads.
+    pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
+        dy.expect(&self.name, "output gradient", None, self.out_features)?;
+        let bias_grad = self.bias.as_mut().map(|b| b.grad.as_mut_slice());
+        let dx = self.gemms.backward(&dy.data, &mut self.weight, bias_grad)?;
+        Tensor::new(dx, dy.rows, self.in_features)
+    }
+
+    /// Drops the saved input (a recomputing parent makes it again).
+    pub(crate) fn clear_saved(&mut self) {
+        self.gemms.clear_saved();
+    }
+}
+
+impl Module for Linear {
+    fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
+        f(&mut self.weight);
+        if let Some(bias) = &mut self.bias {
+            f(bias);
+        }
+    }
+
+    fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {
+        self.gemms.visit_slots(f);
+    }
+
+    fn saved_activation_bytes(&self) -> usize {
+        self.gemms.saved_bytes()
+    }
+
+    fn weight_cache_bytes(&self) -> usize {
+        self.gemms.weight_cache_bytes()
+    }
+
+    fn collect_fp8_stats(&self, out: &mut Vec<Fp8TensorStats>) {
+        self.gemms.collect_stats(out);
+    }
+}

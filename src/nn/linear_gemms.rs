@@ -1,0 +1,457 @@
+//! The three GEMMs of a linear layer (forward, dgrad, wgrad) under a precision,
+//! with the weight's compute copies and the FP8 bookkeeping. Every backend call
+//! a linear layer makes goes through here, so a CUDA backend plugs in at one place.
+//!
+//! | precision | forward `Y = X W^T` | dgrad `dX = dY W` | wgrad `dW += dY^T X` |
+//! |---|---|---|---|
+//! | fp32/bf16/fp16 | X x W (dtype) | dY x W^T copy | dY^T x X^T |
+//! | FP8 | E4M3 X x E4M3 W | E5M2 dY x E4M3 W^T copy | E5M2 dY^T x E4M3 X^T |
+//!
+//! (E4M3 for gradients too under the block and MXFP8 defaults.) The transposed copies come
+//! from the same cast as the row-wise ones (fused cast + transpose or column-wise block
+//! quantizers). Weight copies are made once per parameter version: once per optimizer step,
+//! reused by every micro-batch.
+
+use half::{bf16, f16};
+
+use super::fp8_cast::{self, Cast};
+use super::ops::Dtype;
+use super::param::Parameter;
+use super::stats::Fp8TensorStats;
+use crate::amp::{Fp8Recipe, Precision};
+use crate::error::{Error, Result};
+use crate::format::Fp8Format;
+use crate::gemm::{GemmParams, Mat, Operand, Output, cpu::gemm};
+use crate::scaling::{DelayedSlot, ModuleScaling, TensorRole, current_scale};
+use crate::tensor::QuantizedMatrix;
+
+/// FP8 GEMMs need every K (in, out features and the token count) to be a multiple of this.
+pub const FP8_DIM_MULTIPLE: usize = 16; // the GEMM's K multiple for FP8 (tensor cores read 16 bytes of K)
+
+/// A plain matrix in a compute dtype.
+#[derive(Clone, Debug)]
+pub(crate) enum PlainMat {
+    F32(Vec<f32>),
+    Bf16(Vec<bf16>),
+    F16(Vec<f16>),
+}
+
+impl PlainMat {
+    /// `src` converted to `dtype` (round to nearest even).
+    pub(crate) fn new(dtype: Dtype, src: &[f32]) -> Self {
+        match dtype {
+            Dtype::F32 => PlainMat::F32(src.to_vec()),
+            Dtype::Bf16 => PlainMat::Bf16(src.iter().map(|&x| bf16::from_f32(x)).collect()),
+            Dtype::F16 => PlainMat::F16(src.iter().map(|&x| f16::from_f32(x)).collect()),
+        }
+    }
+
+    /// The transpose of `[rows, cols]` `src`, in `dtype`.
+    pub(crate) fn transposed(dtype: Dtype, src: &[f32], rows: usize, cols: usize) -> Self {
+        PlainMat::new(dtype, &transpose(src, rows, cols))
+    }
+
+    pub(crate) fn operand(&self, rows: usize, cols: usize) -> Result<Operand<'_>> {
+        Ok(match self {
+            PlainMat::F32(d) => Operand::F32(Mat::new(d, rows, cols)?),
+            PlainMat::Bf16(d) => Operand::Bf16(Mat::new(d, rows, cols)?),
+            PlainMat::F16(d) => Operand::F16(Mat::new(d, rows, cols)?),
+        })
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        match self {
+            PlainMat::F32(d) => 4 * d.len(),
+            PlainMat::Bf16(d) => 2 * d.len(),
+            PlainMat::F16(d) => 2 * d.len(),
+        }
+    }
+}
+
+/// `[cols, rows]` transpose of a row-major `[rows, cols]` matrix.
+pub(crate) fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; src.len()];
+    for (r, row) in src.chunks(cols.max(1)).enumerate().take(rows) {
+        for (c, &v) in row.iter().enumerate() {
+            out[c * rows + r] = v;
+        }
+    }
+    out
+}
+
+/// The weight's compute copies, made at one parameter version.
+enum WeightCopy {
+    /// Row-wise `[out, in]` for forward, column-wise `[in, out]` for dgrad.
+    Fp8(Cast),
+    Plain {
+        w: PlainMat,
+        wt: PlainMat,
+    },
+}
+
+/// What the forward keeps for wgrad: `X^T`, K-major over tokens.
+enum SavedInput {
+    Fp8(Fp8Format, QuantizedMatrix),
+    Plain(PlainMat),
+}
+
+fn internal(layer: &str, what: &str) -> Error {
+    Error::LayerShape {
+        layer: layer.to_string(),
+        detail: format!("internal: {what}"),
+    }
+}
+
+/// Stat slots in [`TensorRole`] order.
+const ROLES: [(TensorRole, &str); 5] = [
+    (TensorRole::Input, "input"),
+    (TensorRole::Weight, "weight"),
+    (TensorRole::Output, "output"),
+    (TensorRole::OutputGrad, "output_grad"),
+    (TensorRole::InputGrad, "input_grad"),
+];
+
+fn role_index(role: TensorRole) -> usize {
+    ROLES.iter().position(|(r, _)| *r == role).unwrap_or(0)
+}
+
+/// Forward, dgrad and wgrad of one linear layer.
+pub(crate) struct LinearGemms {
+    layer: String,
+    precision: Precision,
+    in_features: usize,
+    out_features: usize,
+    /// Delayed scaling only: the five slots of spec 4.1.
+    slots: Option<ModuleScaling>,
+    weight: Option<(u64, WeightCopy)>,
+    saved: Option<(usize, SavedInput)>,
+    /// The input scale of the last training forward, so a recompute casts the same codes.
+    forward_input_scale: f32,
+    stats: [Option<Fp8TensorStats>; 5],
+}
+
+impl LinearGemms {
+    /// GEMMs for a `[out, in]` weight under `precision`; FP8 needs both dims multiples of 16.
+    pub(crate) fn new(layer: &str, in_features: usize, out_features: usize, precision: &Precision) -> Result<Self> {
+        precision.validate()?;
+        if precision.is_fp8()
+            && (!in_features.is_multiple_of(FP8_DIM_MULTIPLE) || !out_features.is_multiple_of(FP8_DIM_MULTIPLE))
+        {
+            return Err(Error::LayerShape {
+                layer: layer.to_string(),
+                detail: format!(
+                    "weight {out_features}x{in_features}: {} needs in and out features that are multiples of \
+                     {FP8_DIM_MULTIPLE}",
+                    precision.name()
+                ),
+            });
+        }
+        let slots = match precision {
+            Precision::Fp8(Fp8Recipe::Delayed(r)) => Some(ModuleScaling::new(r.amax_history_len)),
+            _ => None,
+        };
+        Ok(LinearGemms {
+            layer: layer.to_string(),
+            precision: precision.clone(),
+            in_features,
+            out_features,
+            slots,
+            weight: None,
+            saved: None,
+            forward_input_scale: 1.0,
+            stats: Default::default(),
+        })
+    }
+
+    pub(crate) fn precision(&self) -> &Precision {
+        &self.precision
+    }
+
+    fn dtype(&self) -> Dtype {
+        self.precision.compute_dtype()
+    }
+
+    fn slot_scale(&self, role: TensorRole) -> f32 {
+        self.slots.as_ref().map_or(1.0, |s| s.slot(role).scale)
+    }
+
+    fn record(&mut self, role: TensorRole, amax: f32) {
+        if let Some(slots) = &mut self.slots {
+            slots.slot_mut(role).record_cast(amax);
+        }
+    }
+
+    /// The spec 4.1 update of the forward or backward slots.
+    fn update(&mut self, roles: &[TensorRole]) {
+        if let (Some(slots), Precision::Fp8(Fp8Recipe::Delayed(recipe))) = (&mut self.slots, &self.precision) {
+            for &role in roles {
+                slots.slot_mut(role).update(recipe, recipe.format.for_role(role));
+            }
+        }
+    }
+
+    fn stat_name(&self, role: TensorRole) -> String {
+        format!("{}.{}", self.layer, ROLES[role_index(role)].1)
+    }
+
+    /// Stats of a GEMM output kept in high precision: as if cast per tensor with the slot's scale
+    /// (delayed) or the just-in-time scale of its amax (other recipes).
+    fn output_stats(&mut self, role: TensorRole, values: &[f32], amax: f32) {
+        let Precision::Fp8(recipe) = &self.precision else {
+            return;
+        };
+        let format = recipe.format_for(role);
+        let scale = match recipe {
+            Fp8Recipe::Delayed(_) => self.slot_scale(role),
+            _ => current_scale(amax, format.max_finite(), false, 0.0),
+        };
+        self.stats[role_index(role)] = Some(fp8_cast::uncast_stats(
+            self.stat_name(role),
+            values,
+            format,
+            amax,
+            scale,
+        ));
+    }
+
+    fn check_tokens(&self, rows: usize) -> Result<()> {
+        if self.precision.is_fp8() && !rows.is_multiple_of(FP8_DIM_MULTIPLE) {
+            return Err(Error::LayerShape {
+                layer: self.layer.clone(),
+                detail: format!(
+                    "input {rows}x{}: {} needs a token count (rows) that is a multiple of {FP8_DIM_MULTIPLE}",
+                    self.in_features,
+                    self.precision.name()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Makes the weight copies if the parameter changed since the last ones.
+    fn refresh_weight(&mut self, weight: &Parameter, replay: bool) -> Result<()> {
+        if self.weight.as_ref().is_some_and(|(v, _)| *v == weight.version()) {
+            return Ok(());
+        }
+        let (out, inp) = (self.out_features, self.in_features);
+        let copy = match &self.precision {
+            Precision::Fp8(recipe) => {
+                let scale = self.slot_scale(TensorRole::Weight);
+                let cast = fp8_cast::cast(recipe, TensorRole::Weight, &weight.value, out, inp, scale)?;
+                if !replay {
+                    self.record(TensorRole::Weight, cast.amax);
+                    let name = self.stat_name(TensorRole::Weight);
+                    self.stats[1] = Some(fp8_cast::cast_stats(name, &weight.value, &cast));
+                }
+                WeightCopy::Fp8(cast)
+            }
+            _ => WeightCopy::Plain {
+                w: PlainMat::new(self.dtype(), &weight.value),
+                wt: PlainMat::transposed(self.dtype(), &weight.value, out, inp),
+            },
+        };
+        self.weight = Some((weight.version(), copy));
+        Ok(())
+    }
+
+    /// `Y = X W^T (+ bias)`, rounded to the compute dtype. `replay`: a recompute in backward, which
+    /// casts with the scales of the original forward and records nothing.
+    pub(crate) fn forward(
+        &mut self,
+        x: &[f32],
+        rows: usize,
+        weight: &Parameter,
+        bias: Option<&[f32]>,
+        replay: bool,
+    ) -> Result<Vec<f32>> {
+        self.check_tokens(rows)?;
+        self.refresh_weight(weight, replay)?;
+        let (inp, out) = (self.in_features, self.out_features);
+        let mut y = vec![0.0f32; rows * out];
+        let Some((_, copy)) = &self.weight else {
+            return Err(internal(&self.layer, "no weight copy after refresh"));
+        };
+        let input_scale = if replay {
+            self.forward_input_scale
+        } else {
+            self.slot_scale(TensorRole::Input)
+        };
+        let (saved, report, input_cast) = match (&self.precision, copy) {
+            (Precision::Fp8(recipe), WeightCopy::Fp8(w)) => {
+                let xq = fp8_cast::cast(recipe, TensorRole::Input, x, rows, inp, input_scale)?;
+                let params = GemmParams {
+                    bias,
+                    split_accumulator: false, // forward: fast accumulation allowed (spec 5)
+                    ..GemmParams::default()
+                };
+                let a = Operand::Fp8(xq.tensor.format(), xq.tensor.rowwise());
+                let b = Operand::Fp8(w.tensor.format(), w.tensor.rowwise());
+                let report = gemm(&a, &b, Output::F32(&mut y), &params)?;
+                let stats = (!replay).then(|| fp8_cast::cast_stats(self.stat_name(TensorRole::Input), x, &xq));
+                let amax = xq.amax;
+                let (format, _, columnwise) = xq.tensor.into_parts();
+                let columnwise =
+                    columnwise.ok_or_else(|| internal(&self.layer, "the input cast made no column-wise copy"))?;
+                (SavedInput::Fp8(format, columnwise), report, Some((amax, stats)))
+            }
+            (_, WeightCopy::Plain { w, .. }) => {
+                let dtype = self.dtype();
+                let xm = PlainMat::new(dtype, x);
+                let params = GemmParams {
+                    bias,
+                    ..GemmParams::default()
+                };
+                let report = gemm(
+                    &xm.operand(rows, inp)?,
+                    &w.operand(out, inp)?,
+                    Output::F32(&mut y),
+                    &params,
+                )?;
+                (
+                    SavedInput::Plain(PlainMat::transposed(dtype, x, rows, inp)),
+                    report,
+                    None,
+                )
+            }
+            _ => return Err(internal(&self.layer, "the weight copy does not follow the precision")),
+        };
+        if let (false, Some((amax, stats))) = (replay, input_cast) {
+            self.forward_input_scale = input_scale;
+            self.record(TensorRole::Input, amax);
+            self.stats[0] = stats;
+        }
+        if !replay {
+            self.record(TensorRole::Output, report.amax);
+            self.output_stats(TensorRole::Output, &y, report.amax);
+            self.update(&TensorRole::FORWARD);
+        }
+        self.dtype().round_slice(&mut y);
+        self.saved = Some((rows, saved));
+        Ok(y)
+    }
+
+    /// dX (rounded to the compute dtype); accumulates `dW` into `weight.grad` and `db` into `bias_grad`.
+    pub(crate) fn backward(
+        &mut self,
+        dy: &[f32],
+        weight: &mut Parameter,
+        bias_grad: Option<&mut [f32]>,
+    ) -> Result<Vec<f32>> {
+        let (inp, out) = (self.in_features, self.out_features);
+        let Some((rows, saved)) = self.saved.take() else {
+            return Err(Error::LayerShape {
+                layer: self.layer.clone(),
+                detail: "backward called without a forward before it".into(),
+            });
+        };
+        if dy.len() != rows * out {
+            return Err(Error::LayerShape {
+                layer: self.layer.clone(),
+                detail: format!(
+                    "output gradient has {} values, the forward output was {rows}x{out}",
+                    dy.len()
+                ),
+            });
+        }
+        if let Some(db) = bias_grad {
+            for row in dy.chunks(out) {
+                db.iter_mut().zip(row).for_each(|(g, &d)| *g += d);
+            }
+        }
+        let Some((_, copy)) = &self.weight else {
+            return Err(internal(&self.layer, "no weight copy in backward"));
+        };
+        let mut dx = vec![0.0f32; rows * inp];
+        let accumulate = GemmParams {
+            beta: 1.0,
+            ..GemmParams::default()
+        };
+        let (dgrad_amax, output_grad_cast) = match (&self.precision, copy, &saved) {
+            (Precision::Fp8(recipe), WeightCopy::Fp8(w), SavedInput::Fp8(x_format, xt)) => {
+                let scale = self.slots.as_ref().map_or(1.0, |s| s.output_grad.scale);
+                let dyq = fp8_cast::cast(recipe, TensorRole::OutputGrad, dy, rows, out, scale)?;
+                let dy_format = dyq.tensor.format();
+                let dgrad = gemm(
+                    &Operand::Fp8(dy_format, dyq.tensor.rowwise()),
+                    &Operand::Fp8(w.tensor.format(), fp8_cast::columnwise(&w.tensor)),
+                    Output::F32(&mut dx),
+                    &GemmParams::default(),
+                )?;
+                gemm(
+                    &Operand::Fp8(dy_format, fp8_cast::columnwise(&dyq.tensor)),
+                    &Operand::Fp8(*x_format, xt),
+                    Output::F32(&mut weight.grad),
+                    &accumulate,
+                )?;
+                let stats = fp8_cast::cast_stats(self.stat_name(TensorRole::OutputGrad), dy, &dyq);
+                (dgrad.amax, Some((dyq.amax, stats)))
+            }
+            (_, WeightCopy::Plain { wt, .. }, SavedInput::Plain(xt)) => {
+                let dtype = self.dtype();
+                let dym = PlainMat::new(dtype, dy);
+                let dgrad = gemm(
+                    &dym.operand(rows, out)?,
+                    &wt.operand(inp, out)?,
+                    Output::F32(&mut dx),
+                    &GemmParams::default(),
+                )?;
+                let dyt = PlainMat::transposed(dtype, dy, rows, out);
+                gemm(
+                    &dyt.operand(out, rows)?,
+                    &xt.operand(inp, rows)?,
+                    Output::F32(&mut weight.grad),
+                    &accumulate,
+                )?;
+                (dgrad.amax, None)
+            }
+            _ => {
+                return Err(internal(
+                    &self.layer,
+                    "saved input and weight copy do not follow the precision",
+                ));
+            }
+        };
+        if let Some((amax, stats)) = output_grad_cast {
+            self.record(TensorRole::OutputGrad, amax);
+            self.stats[3] = Some(stats);
+        }
+        self.record(TensorRole::InputGrad, dgrad_amax);
+        self.output_stats(TensorRole::InputGrad, &dx, dgrad_amax);
+        self.update(&TensorRole::BACKWARD);
+        self.dtype().round_slice(&mut dx);
+        Ok(dx)
+    }
+
+    /// Drops what the forward saved (recompute makes it again).
+    pub(crate) fn clear_saved(&mut self) {
+        self.saved = None;
+    }
+
+    pub(crate) fn saved_bytes(&self) -> usize {
+        match &self.saved {
+            None => 0,
+            Some((_, SavedInput::Plain(m))) => m.bytes(),
+            Some((_, SavedInput::Fp8(_, q))) => fp8_cast::matrix_bytes(q),
+        }
+    }
+
+    pub(crate) fn weight_cache_bytes(&self) -> usize {
+        match &self.weight {
+            None => 0,
+            Some((_, WeightCopy::Fp8(cast))) => fp8_cast::tensor_bytes(&cast.tensor),
+            Some((_, WeightCopy::Plain { w, wt })) => w.bytes() + wt.bytes(),
+        }
+    }
+
+    /// Calls `f` on the five delayed-scaling slots as `<layer>.<role>` (nothing under other precisions).
+    pub(crate) fn visit_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {
+        let Some(slots) = &mut self.slots else { return };
+        for (role, name) in ROLES {
+            f(&format!("{}.{name}", self.layer), slots.slot_mut(role));
+        }
+    }
+
+    pub(crate) fn collect_stats(&self, out: &mut Vec<Fp8TensorStats>) {
+        out.extend(self.stats.iter().flatten().cloned());
+    }
+}

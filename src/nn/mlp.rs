@@ -1,0 +1,174 @@
+//! `LayerNormMLP`: norm, up projection, activation, down projection.
+
+use super::init::child_seed;
+use super::linear::Linear;
+use super::norm::{Norm, NormConfig};
+use super::ops::Dtype;
+use super::ops::activation as act;
+use super::param::{Module, Parameter};
+use super::stats::Fp8TensorStats;
+use super::tensor::{Tensor, no_forward};
+use crate::amp::Precision;
+use crate::error::Result;
+use crate::scaling::DelayedSlot;
+
+/// The MLP's activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Activation {
+    /// GELU (tanh form): `fc1` is `[ffn, hidden]`.
+    #[default]
+    Gelu,
+    /// SwiGLU `silu(a) * b`: `fc1` is `[2 ffn, hidden]` (gate `a` first, then `b`).
+    SwiGlu,
+}
+
+/// `Y = fc2(act(fc1(Norm(X))))` with `fc1: hidden -> ffn` (`2 ffn` for SwiGLU) and
+/// `fc2: ffn -> hidden`. The norm output feeds fc1's cast directly under FP8; the
+/// activation runs in f32 on the dtype-rounded fc1 output and is rounded again.
+/// Parameters: `name.norm.*`, `name.fc1.*`, `name.fc2.*`.
+pub struct LayerNormMLP {
+    name: String,
+    norm: Norm,
+    fc1: Linear,
+    fc2: Linear,
+    activation: Activation,
+    ffn: usize,
+    dtype: Dtype,
+    fused_cast: bool,
+    recompute: bool,
+    /// fc1's output (the activation's input), for the activation's backward.
+    pre_activation: Option<Tensor>,
+    saved_input: Option<Tensor>,
+}
+
+impl LayerNormMLP {
+    /// An MLP block over `hidden` features with `ffn` hidden units.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        name: &str,
+        hidden: usize,
+        ffn: usize,
+        activation: Activation,
+        bias: bool,
+        norm: NormConfig,
+        recompute: bool,
+        precision: &Precision,
+        seed: u64,
+    ) -> Result<Self> {
+        let fc1_out = match activation {
+            Activation::Gelu => ffn,
+            Activation::SwiGlu => 2 * ffn,
+        };
+        Ok(LayerNormMLP {
+            name: name.to_string(),
+            norm: Norm::new(&format!("{name}.norm"), hidden, norm, precision)?,
+            fc1: Linear::new(
+                &format!("{name}.fc1"),
+                hidden,
+                fc1_out,
+                bias,
+                precision,
+                child_seed(seed, 1),
+            )?,
+            fc2: Linear::new(
+                &format!("{name}.fc2"),
+                ffn,
+                hidden,
+                bias,
+                precision,
+                child_seed(seed, 2),
+            )?,
+            activation,
+            ffn,
+            dtype: precision.compute_dtype(),
+            fused_cast: precision.is_fp8(),
+            recompute,
+            pre_activation: None,
+            saved_input: None,
+        })
+    }
+
+    /// `x` `[tokens, hidden]` -> `[tokens, hidden]`.
+    pub fn forward(&mut self, x: &Tensor) -> Result<Tensor> {
+        let y = self.run(x, false)?;
+        if self.recompute {
+            self.clear_saved();
+            self.saved_input = Some(x.clone());
+        }
+        Ok(y)
+    }
+
+    pub(crate) fn run(&mut self, x: &Tensor, replay: bool) -> Result<Tensor> {
+        let normed = if self.fused_cast {
+            self.norm.forward_f32(x)?
+        } else {
+            self.norm.forward(x)?
+        };
+        let a = self.fc1.forward_pass(&normed, replay)?;
+        let mut g = vec![0.0; a.rows * self.ffn];
+        match self.activation {
+            Activation::Gelu => act::gelu_forward(&a.data, &mut g)?,
+            Activation::SwiGlu => act::swiglu_forward(&a.data, a.rows, self.ffn, &mut g)?,
+        }
+        self.dtype.round_slice(&mut g);
+        let g = Tensor::new(g, a.rows, self.ffn)?;
+        self.pre_activation = Some(a);
+        self.fc2.forward_pass(&g, replay)
+    }
+
+    /// dX; accumulates the parameter gradients.
+    pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
+        if self.recompute {
+            let x = self.saved_input.take().ok_or_else(|| no_forward(&self.name))?;
+            self.run(&x, true)?;
+        }
+        let dg = self.fc2.backward(dy)?;
+        let a = self.pre_activation.take().ok_or_else(|| no_forward(&self.name))?;
+        let mut da = vec![0.0; a.len()];
+        match self.activation {
+            Activation::Gelu => act::gelu_backward(&dg.data, &a.data, &mut da)?,
+            Activation::SwiGlu => act::swiglu_backward(&dg.data, &a.data, a.rows, self.ffn, &mut da)?,
+        }
+        self.dtype.round_slice(&mut da);
+        let dn = self.fc1.backward(&Tensor::new(da, a.rows, a.cols)?)?;
+        self.norm.backward(&dn)
+    }
+
+    pub(crate) fn clear_saved(&mut self) {
+        self.norm.clear_saved();
+        self.fc1.clear_saved();
+        self.fc2.clear_saved();
+        self.pre_activation = None;
+        self.saved_input = None;
+    }
+}
+
+impl Module for LayerNormMLP {
+    fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
+        self.norm.visit(f);
+        self.fc1.visit_parameters(f);
+        self.fc2.visit_parameters(f);
+    }
+
+    fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {
+        self.fc1.visit_fp8_slots(f);
+        self.fc2.visit_fp8_slots(f);
+    }
+
+    fn saved_activation_bytes(&self) -> usize {
+        let tensors = self.saved_input.iter().chain(&self.pre_activation);
+        tensors.map(|t| t.len() * self.dtype.bytes()).sum::<usize>()
+            + self.norm.saved_bytes()
+            + self.fc1.saved_activation_bytes()
+            + self.fc2.saved_activation_bytes()
+    }
+
+    fn weight_cache_bytes(&self) -> usize {
+        self.fc1.weight_cache_bytes() + self.fc2.weight_cache_bytes()
+    }
+
+    fn collect_fp8_stats(&self, out: &mut Vec<Fp8TensorStats>) {
+        self.fc1.collect_fp8_stats(out);
+        self.fc2.collect_fp8_stats(out);
+    }
+}

@@ -1,0 +1,273 @@
+//! `LayerNorm` and `RMSNorm` over the features of each token, in f32 under every
+//! precision (spec 6); the output is rounded to the compute dtype unless a fused
+//! FP8 cast consumes it directly.
+
+use super::ops::Dtype;
+use super::ops::norm::{self as kernels, NormShape};
+use super::param::{Module, Parameter};
+use super::tensor::Tensor;
+use crate::amp::Precision;
+use crate::error::Result;
+
+/// Which normalization.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum NormKind {
+    /// `(x - mean) / sqrt(var + eps) * gamma + beta`.
+    #[default]
+    LayerNorm,
+    /// `x / sqrt(mean(x^2) + eps) * gamma`.
+    RmsNorm,
+}
+
+/// Settings of a norm.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NormConfig {
+    /// LayerNorm or RMSNorm.
+    pub kind: NormKind,
+    /// Added to the variance.
+    pub eps: f32,
+    /// Store `gamma - 1` (initialized to zero) so weight decay pulls gamma towards 1.
+    pub zero_centered_gamma: bool,
+}
+
+impl Default for NormConfig {
+    fn default() -> Self {
+        NormConfig {
+            kind: NormKind::LayerNorm,
+            eps: 1e-5,
+            zero_centered_gamma: false,
+        }
+    }
+}
+
+/// What a norm's forward keeps for backward.
+struct NormSaved {
+    x: Vec<f32>,
+    rows: usize,
+    mean: Vec<f32>,
+    rstd: Vec<f32>,
+}
+
+/// The shared core of LayerNorm and RMSNorm.
+struct NormCore {
+    name: String,
+    hidden: usize,
+    config: NormConfig,
+    dtype: Dtype,
+    gamma: Parameter,
+    beta: Option<Parameter>,
+    saved: Option<NormSaved>,
+}
+
+impl NormCore {
+    fn new(name: &str, hidden: usize, config: NormConfig, precision: &Precision) -> Result<Self> {
+        let gamma0 = if config.zero_centered_gamma { 0.0 } else { 1.0 };
+        let gamma = Parameter::new(format!("{name}.weight"), &[hidden], vec![gamma0; hidden])?;
+        let beta = (config.kind == NormKind::LayerNorm)
+            .then(|| Parameter::new(format!("{name}.bias"), &[hidden], vec![0.0; hidden]))
+            .transpose()?;
+        Ok(NormCore {
+            name: name.to_string(),
+            hidden,
+            config,
+            dtype: precision.compute_dtype(),
+            gamma,
+            beta,
+            saved: None,
+        })
+    }
+
+    /// The f32 output (not rounded).
+    fn forward_f32(&mut self, x: &Tensor) -> Result<Tensor> {
+        x.expect(&self.name, "input", None, self.hidden)?;
+        let shape = NormShape {
+            rows: x.rows,
+            cols: self.hidden,
+        };
+        let mut y = vec![0.0; x.len()];
+        let mut rstd = vec![0.0; x.rows];
+        let mut mean = Vec::new();
+        match &self.beta {
+            Some(beta) => {
+                mean = vec![0.0; x.rows];
+                kernels::layernorm_forward(
+                    &x.data,
+                    &self.gamma.value,
+                    &beta.value,
+                    shape,
+                    self.config.eps,
+                    self.config.zero_centered_gamma,
+                    &mut y,
+                    &mut mean,
+                    &mut rstd,
+                )?;
+            }
+            None => kernels::rmsnorm_forward(
+                &x.data,
+                &self.gamma.value,
+                shape,
+                self.config.eps,
+                self.config.zero_centered_gamma,
+                &mut y,
+                &mut rstd,
+            )?,
+        }
+        self.saved = Some(NormSaved {
+            x: x.data.clone(),
+            rows: x.rows,
+            mean,
+            rstd,
+        });
+        Tensor::new(y, x.rows, self.hidden)
+    }
+
+    fn forward(&mut self, x: &Tensor) -> Result<Tensor> {
+        let mut y = self.forward_f32(x)?;
+        self.dtype.round_slice(&mut y.data);
+        Ok(y)
+    }
+
+    fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
+        let Some(saved) = self.saved.take() else {
+            return Err(crate::Error::LayerShape {
+                layer: self.name.clone(),
+                detail: "backward called without a forward before it".into(),
+            });
+        };
+        if let Err(err) = dy.expect(&self.name, "output gradient", Some(saved.rows), self.hidden) {
+            self.saved = Some(saved);
+            return Err(err);
+        }
+        let shape = NormShape {
+            rows: saved.rows,
+            cols: self.hidden,
+        };
+        let mut dx = vec![0.0; dy.len()];
+        let zc = self.config.zero_centered_gamma;
+        match &mut self.beta {
+            Some(beta) => kernels::layernorm_backward(
+                &dy.data,
+                &saved.x,
+                &self.gamma.value,
+                &saved.mean,
+                &saved.rstd,
+                shape,
+                zc,
+                &mut dx,
+                &mut self.gamma.grad,
+                &mut beta.grad,
+            )?,
+            None => kernels::rmsnorm_backward(
+                &dy.data,
+                &saved.x,
+                &self.gamma.value,
+                &saved.rstd,
+                shape,
+                zc,
+                &mut dx,
+                &mut self.gamma.grad,
+            )?,
+        }
+        self.dtype.round_slice(&mut dx);
+        Tensor::new(dx, saved.rows, self.hidden)
+    }
+
+    fn visit(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
+        f(&mut self.gamma);
+        if let Some(beta) = &mut self.beta {
+            f(beta);
+        }
+    }
+
+    fn saved_bytes(&self) -> usize {
+        self.saved.as_ref().map_or(0, |s| {
+            s.x.len() * self.dtype.bytes() + 4 * (s.mean.len() + s.rstd.len())
+        })
+    }
+}
+
+macro_rules! norm_layer {
+    ($(#[$doc:meta])* $ty:ident, $kind:expr) => {
+        $(#[$doc])*
+        pub struct $ty(NormCore);
+
+        impl $ty {
+            /// A norm over `hidden` features; gamma starts at 1 (0 when zero-centred), beta at 0.
+            /// `config.kind` is ignored: the type decides it.
+            pub fn new(name: &str, hidden: usize, config: NormConfig, precision: &Precision) -> Result<Self> {
+                let config = NormConfig { kind: $kind, ..config };
+                NormCore::new(name, hidden, config, precision).map($ty)
+            }
+
+            /// Normalizes each row of `x` `[tokens, hidden]`; the result is rounded to the compute dtype.
+            pub fn forward(&mut self, x: &Tensor) -> Result<Tensor> {
+                self.0.forward(x)
+            }
+
+            /// dX; accumulates the gamma (and beta) gradients.
+            pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
+                self.0.backward(dy)
+            }
+
+            /// The scale `gamma` (`gamma - 1` when zero-centred).
+            pub fn gamma(&self) -> &Parameter {
+                &self.0.gamma
+            }
+        }
+
+        impl Module for $ty {
+            fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
+                self.0.visit(f);
+            }
+
+            fn saved_activation_bytes(&self) -> usize {
+                self.0.saved_bytes()
+            }
+        }
+    };
+}
+
+norm_layer!(
+    /// Layer normalization with learnable `gamma` and `beta` (`name.weight`, `name.bias`).
+    LayerNorm,
+    NormKind::LayerNorm
+);
+norm_layer!(
+    /// Root-mean-square normalization with a learnable `gamma` (`name.weight`).
+    RMSNorm,
+    NormKind::RmsNorm
+);
+
+/// A norm of either kind, as composite layers hold it.
+pub(crate) struct Norm(NormCore);
+
+impl Norm {
+    pub(crate) fn new(name: &str, hidden: usize, config: NormConfig, precision: &Precision) -> Result<Self> {
+        NormCore::new(name, hidden, config, precision).map(Norm)
+    }
+
+    /// The f32 output, for a fused FP8 cast.
+    pub(crate) fn forward_f32(&mut self, x: &Tensor) -> Result<Tensor> {
+        self.0.forward_f32(x)
+    }
+
+    pub(crate) fn forward(&mut self, x: &Tensor) -> Result<Tensor> {
+        self.0.forward(x)
+    }
+
+    pub(crate) fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
+        self.0.backward(dy)
+    }
+
+    pub(crate) fn clear_saved(&mut self) {
+        self.0.saved = None;
+    }
+
+    pub(crate) fn visit(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
+        self.0.visit(f);
+    }
+
+    pub(crate) fn saved_bytes(&self) -> usize {
+        self.0.saved_bytes()
+    }
+}

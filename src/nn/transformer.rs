@@ -1,0 +1,183 @@
+//! `TransformerLayer`: pre-norm attention and MLP blocks with residuals.
+
+use super::attention::MultiheadAttention;
+use super::init::child_seed;
+use super::mlp::{Activation, LayerNormMLP};
+use super::norm::{NormConfig, NormKind};
+use super::ops::Dtype;
+use super::param::{Module, Parameter};
+use super::stats::Fp8TensorStats;
+use super::tensor::Tensor;
+use crate::amp::Precision;
+use crate::error::{Error, Result};
+use crate::scaling::DelayedSlot;
+
+/// Shape and options of a [`TransformerLayer`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct TransformerConfig {
+    /// Model width.
+    pub hidden: usize,
+    /// Attention heads (`hidden % heads == 0`).
+    pub heads: usize,
+    /// MLP hidden units.
+    pub ffn_hidden: usize,
+    /// MLP activation.
+    pub activation: Activation,
+    /// Norm before attention and before the MLP.
+    pub norm: NormKind,
+    /// Norm epsilon.
+    pub eps: f32,
+    /// Zero-centred gamma in both norms.
+    pub zero_centered_gamma: bool,
+    /// Biases in every linear layer.
+    pub bias: bool,
+    /// Activation recompute: forward keeps only the layer input, backward recomputes the rest.
+    pub recompute: bool,
+}
+
+impl Default for TransformerConfig {
+    fn default() -> Self {
+        TransformerConfig {
+            hidden: 256,
+            heads: 4,
+            ffn_hidden: 1024,
+            activation: Activation::Gelu,
+            norm: NormKind::LayerNorm,
+            eps: 1e-5,
+            zero_centered_gamma: false,
+            bias: true,
+            recompute: false,
+        }
+    }
+}
+
+impl TransformerConfig {
+    fn norm_config(&self) -> NormConfig {
+        NormConfig {
+            kind: self.norm,
+            eps: self.eps,
+            zero_centered_gamma: self.zero_centered_gamma,
+        }
+    }
+}
+
+/// `h = x + attn(norm1(x)); y = h + mlp(norm2(h))` over `[batch * seq, hidden]`.
+/// Parameters: `name.attn.qkv.norm.*`, `name.attn.qkv.linear.*`, `name.attn.proj.*`,
+/// `name.mlp.norm.*`, `name.mlp.fc1.*`, `name.mlp.fc2.*`. Residual sums in f32, stored
+/// in the compute dtype.
+pub struct TransformerLayer {
+    name: String,
+    config: TransformerConfig,
+    dtype: Dtype,
+    attn: MultiheadAttention,
+    mlp: LayerNormMLP,
+    saved_input: Option<(Tensor, usize, usize)>,
+}
+
+impl TransformerLayer {
+    /// A layer with parameters drawn from `seed`.
+    pub fn new(name: &str, config: &TransformerConfig, precision: &Precision, seed: u64) -> Result<Self> {
+        let norm = config.norm_config();
+        Ok(TransformerLayer {
+            name: name.to_string(),
+            config: config.clone(),
+            dtype: precision.compute_dtype(),
+            attn: MultiheadAttention::new(
+                &format!("{name}.attn"),
+                config.hidden,
+                config.heads,
+                config.bias,
+                Some(norm),
+                false,
+                precision,
+                child_seed(seed, 1),
+            )?,
+            mlp: LayerNormMLP::new(
+                &format!("{name}.mlp"),
+                config.hidden,
+                config.ffn_hidden,
+                config.activation,
+                config.bias,
+                norm,
+                false,
+                precision,
+                child_seed(seed, 2),
+            )?,
+            saved_input: None,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TransformerConfig {
+        &self.config
+    }
+
+    /// `x` `[batch * seq, hidden]` -> `[batch * seq, hidden]`.
+    pub fn forward(&mut self, x: &Tensor, batch: usize, seq: usize) -> Result<Tensor> {
+        let y = self.run(x, batch, seq, false)?;
+        if self.config.recompute {
+            self.attn.clear_saved();
+            self.mlp.clear_saved();
+            self.saved_input = Some((x.clone(), batch, seq));
+        }
+        Ok(y)
+    }
+
+    fn run(&mut self, x: &Tensor, batch: usize, seq: usize, replay: bool) -> Result<Tensor> {
+        let a = self.attn.run(x, batch, seq, replay)?;
+        let h = self.residual(x, &a)?;
+        let m = self.mlp.run(&h, replay)?;
+        self.residual(&h, &m)
+    }
+
+    fn residual(&self, x: &Tensor, f: &Tensor) -> Result<Tensor> {
+        let mut sum: Vec<f32> = x.data.iter().zip(&f.data).map(|(a, b)| a + b).collect();
+        self.dtype.round_slice(&mut sum);
+        Tensor::new(sum, x.rows, x.cols)
+    }
+
+    /// dX; accumulates every parameter gradient.
+    pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
+        if self.config.recompute {
+            let (x, batch, seq) = self.saved_input.take().ok_or_else(|| Error::LayerShape {
+                layer: self.name.clone(),
+                detail: "backward called without a forward before it".into(),
+            })?;
+            self.run(&x, batch, seq, true)?;
+        }
+        dy.expect(&self.name, "output gradient", None, self.config.hidden)?;
+        let dm = self.mlp.backward(dy)?;
+        let dh = self.residual(dy, &dm)?;
+        let da = self.attn.backward(&dh)?;
+        self.residual(&dh, &da)
+    }
+}
+
+impl Module for TransformerLayer {
+    fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
+        self.attn.visit_parameters(f);
+        self.mlp.visit_parameters(f);
+    }
+
+    fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {
+        self.attn.visit_fp8_slots(f);
+        self.mlp.visit_fp8_slots(f);
+    }
+
+    fn saved_activation_bytes(&self) -> usize {
+        let input = self
+            .saved_input
+            .as_ref()
+            .map_or(0, |(x, _, _)| x.len() * self.dtype.bytes());
+        input + self.attn.saved_activation_bytes() + self.mlp.saved_activation_bytes()
+    }
+
+    fn weight_cache_bytes(&self) -> usize {
+        self.attn.weight_cache_bytes() + self.mlp.weight_cache_bytes()
+    }
+
+    fn collect_fp8_stats(&self, out: &mut Vec<Fp8TensorStats>) {
+        self.attn.collect_fp8_stats(out);
+        self.mlp.collect_fp8_stats(out);
+    }
+}
