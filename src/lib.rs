@@ -10,8 +10,10 @@
 //! assert_eq!(Fp8Format::E4M3.decode(code), 448.0); // saturated to max finite
 //! ```
 
+pub mod amp;
 pub mod backend;
 pub mod convert;
+pub mod data;
 pub mod device;
 pub mod error;
 pub mod format;
@@ -21,6 +23,7 @@ pub mod quantize;
 pub mod scaling;
 pub mod tensor;
 pub mod tools;
+pub mod train;
 
 pub use error::{Error, Result};
 

@@ -1,0 +1,3 @@
+//! Automatic mixed precision: the dynamic loss scaler.
+
+pub mod loss_scaler;

@@ -1,0 +1,1 @@
+//! Data (in progress).
