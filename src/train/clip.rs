@@ -72,11 +72,12 @@ mod tests {
 
     #[test]
     fn norm_of_many_small_values_is_accurate() {
-        // 1e6 values of 1e-3 and one of 1: an f32 sum would drift; f64 gives sqrt(1 + 1e6 * 1e-6) = sqrt(2).
+        // 1e6 values of 1e-3 and one of 1: a running f32 sum drifts by ~1e-3 (each 1e-6 added to ~1.5 is
+        // rounded to a multiple of 2^-23 ~ 1.2e-7); f64 stays within ~1e-10 of sqrt(1 + 1e6 * 1e-6).
         let mut m = module(vec![1e-3; 1_000_000], vec![1.0]);
         let norm = grad_norm(&mut m);
         let expected = (1.0f64 + 1e6 * (1e-3f32 as f64).powi(2)).sqrt();
-        assert!((norm - expected).abs() < 1e-12, "{norm} vs {expected}");
+        assert!((norm - expected).abs() < 1e-9, "{norm} vs {expected}");
     }
 
     #[test]
