@@ -83,8 +83,8 @@ impl Bigram {
             let max = logits.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
             let sum: f32 = logits.iter().map(|l| (l - max).exp()).sum();
             loss += (sum.ln() + max - logits[t as usize]) as f64;
-            for v in 0..VOCAB_SIZE {
-                let prob = (logits[v] - max).exp() / sum;
+            for (v, logit) in logits.iter().enumerate() {
+                let prob = (logit - max).exp() / sum;
                 let d = (prob - (v == t as usize) as u32 as f32) / counted * seed;
                 self.emb.grad[x as usize * VOCAB_SIZE + v] += d;
                 self.pos.grad[p * VOCAB_SIZE + v] += d;
@@ -190,13 +190,24 @@ fn resuming_from_a_checkpoint_continues_the_same_trajectory_bit_for_bit() {
         f32::from_bits(full.last().unwrap().0) < f32::from_bits(full[0].0),
         "the model learns"
     );
-    assert_eq!(full[5].1, full[4].1 / 2.0, "the scale backs off after the overflow at step 4");
+    assert_eq!(
+        full[5].1,
+        full[4].1 / 2.0,
+        "the scale backs off after the overflow at step 4"
+    );
 
     let dir = temp_dir("resume");
     let path = dir.join("step6.safetensors");
     let mut first = new_run(&task, 1);
     let head = train(&mut first, &task, 6);
-    save_checkpoint(&path, &mut first.model, &first.optimizer, &first.scaler, &first.progress).unwrap();
+    save_checkpoint(
+        &path,
+        &mut first.model,
+        &first.optimizer,
+        &first.scaler,
+        &first.progress,
+    )
+    .unwrap();
 
     // A different initialization and a fresh optimizer, scaler and data stream: all of it is replaced.
     let mut resumed = new_run(&task, 999);
@@ -218,7 +229,8 @@ fn resuming_from_a_checkpoint_continues_the_same_trajectory_bit_for_bit() {
 /// Everything a failed load must leave untouched.
 fn snapshot(run: &mut Run) -> String {
     let mut params = Vec::new();
-    run.model.visit_parameters(&mut |p| params.push((p.name().to_string(), bits(&p.value), p.version())));
+    run.model
+        .visit_parameters(&mut |p| params.push((p.name().to_string(), bits(&p.value), p.version())));
     format!(
         "{params:?} {:?} {:?} {:?}",
         run.model.slot,
@@ -248,7 +260,10 @@ fn load_fails(dir: &Path, name: &str, bytes: &[u8], run: &mut Run) -> Error {
     let before = snapshot(run);
     let err = load_checkpoint(&path, &mut run.model, &mut run.optimizer, &mut run.scaler).unwrap_err();
     assert_eq!(snapshot(run), before, "{name}: a failed load changed the live state");
-    assert!(err.to_string().contains(name), "{name}: the error does not name the file: {err}");
+    assert!(
+        err.to_string().contains(name),
+        "{name}: the error does not name the file: {err}"
+    );
     err
 }
 
@@ -283,7 +298,10 @@ fn corrupt_files_are_refused_without_a_partial_load() {
     let last = flipped.len() - 3;
     flipped[last] ^= 0x10;
     let err = load_fails(&dir, "flipped.safetensors", &flipped, &mut run);
-    assert!(matches!(err, Error::InvalidFile { .. }) && err.to_string().contains("checksum"), "{err}");
+    assert!(
+        matches!(err, Error::InvalidFile { .. }) && err.to_string().contains("checksum"),
+        "{err}"
+    );
 
     let err = load_fails(&dir, "empty.safetensors", &[], &mut run);
     assert!(matches!(err, Error::InvalidFile { .. }), "{err}");

@@ -53,7 +53,11 @@ impl LossScalerConfig {
             return invalid("init_scale", self.init_scale.to_string(), "must be finite and > 0");
         }
         if !(self.growth_factor.is_finite() && self.growth_factor > 1.0) {
-            return invalid("growth_factor", self.growth_factor.to_string(), "must be finite and > 1");
+            return invalid(
+                "growth_factor",
+                self.growth_factor.to_string(),
+                "must be finite and > 1",
+            );
         }
         if !(self.backoff_factor > 0.0 && self.backoff_factor < 1.0) {
             return invalid("backoff_factor", self.backoff_factor.to_string(), "must be in (0, 1)");
@@ -235,7 +239,11 @@ mod tests {
         assert_eq!(s.state().growth_tracker, 0);
         s.update(false);
         s.update(false);
-        assert_eq!(s.scale(), 32768.0, "two finite steps after a backoff are not an interval");
+        assert_eq!(
+            s.scale(),
+            32768.0,
+            "two finite steps after a backoff are not an interval"
+        );
         s.update(false);
         assert_eq!(s.scale(), 65536.0);
     }
@@ -264,7 +272,10 @@ mod tests {
         let true_grad = [3.0f32, -0.5, 1e-3];
         let mut skipped = 0;
         loop {
-            let scaled: Vec<f32> = true_grad.iter().map(|g| f16::from_f32(g * s.scale()).to_f32()).collect();
+            let scaled: Vec<f32> = true_grad
+                .iter()
+                .map(|g| f16::from_f32(g * s.scale()).to_f32())
+                .collect();
             let mut m = module(&scaled);
             let finite = s.unscale_and_check(&mut m);
             s.update(!finite);

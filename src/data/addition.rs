@@ -235,10 +235,12 @@ impl AdditionTask {
     pub fn train_batch(&self, stream: &mut DataStream, batch: usize) -> Batch {
         let limit = self.operand_limit();
         let problems: Vec<(u64, u64)> = (0..batch)
-            .map(|_| loop {
-                let (a, b) = (stream.rng.below(limit), stream.rng.below(limit));
-                if !self.is_heldout(a, b) {
-                    break (a, b);
+            .map(|_| {
+                loop {
+                    let (a, b) = (stream.rng.below(limit), stream.rng.below(limit));
+                    if !self.is_heldout(a, b) {
+                        break (a, b);
+                    }
                 }
             })
             .collect();
@@ -261,7 +263,11 @@ mod tests {
     fn parse(text: &str, reversed: bool) -> (u64, u64, u64) {
         let (lhs, answer) = text.split_once('=').unwrap();
         let (a, b) = lhs.split_once('+').unwrap();
-        let answer: String = if reversed { answer.chars().rev().collect() } else { answer.to_string() };
+        let answer: String = if reversed {
+            answer.chars().rev().collect()
+        } else {
+            answer.to_string()
+        };
         (a.parse().unwrap(), b.parse().unwrap(), answer.parse().unwrap())
     }
 
@@ -328,7 +334,10 @@ mod tests {
         assert_eq!(problems.iter().collect::<HashSet<_>>().len(), 512);
         assert!(problems.iter().all(|&(a, b)| task.is_heldout(a, b)));
         let share = (0..1000u64).filter(|&i| task.is_heldout(i, (i * 7919) % 1000)).count();
-        assert!((60..=140).contains(&share), "{share} of 1000 held out, expected about 100");
+        assert!(
+            (60..=140).contains(&share),
+            "{share} of 1000 held out, expected about 100"
+        );
         let batches = task.heldout_batches(100);
         assert_eq!(batches.len(), 6);
         assert_eq!(batches[5].batch, 12);
@@ -407,7 +416,10 @@ mod tests {
                 ..AdditionConfig::default()
             },
         ] {
-            assert!(matches!(AdditionTask::new(config, 0), Err(Error::InvalidSetting { .. })));
+            assert!(matches!(
+                AdditionTask::new(config, 0),
+                Err(Error::InvalidSetting { .. })
+            ));
         }
     }
 }

@@ -71,7 +71,17 @@ mod tests {
     fn exact_match_needs_every_counted_position() {
         let batch = Batch {
             inputs: vec![0; 9],
-            targets: vec![IGNORE_INDEX, 1, 2, IGNORE_INDEX, 3, 4, IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX],
+            targets: vec![
+                IGNORE_INDEX,
+                1,
+                2,
+                IGNORE_INDEX,
+                3,
+                4,
+                IGNORE_INDEX,
+                IGNORE_INDEX,
+                IGNORE_INDEX,
+            ],
             batch: 3,
             seq: 3,
         };

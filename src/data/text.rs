@@ -158,7 +158,10 @@ impl TextDataset {
     pub fn heldout_batches(&self, batch: usize) -> Vec<Batch> {
         let windows = (self.heldout.len() - 1) / self.seq;
         let starts: Vec<usize> = (0..windows).map(|w| w * self.seq).collect();
-        starts.chunks(batch.max(1)).map(|c| self.batch_of(&self.heldout, c)).collect()
+        starts
+            .chunks(batch.max(1))
+            .map(|c| self.batch_of(&self.heldout, c))
+            .collect()
     }
 }
 
@@ -194,8 +197,14 @@ mod tests {
                 let inputs = data.decode(&batch.inputs[row * 8..row * 8 + 8]);
                 let targets = data.decode(&batch.targets[row * 8..row * 8 + 8]);
                 let window = format!("{inputs}{}", targets.chars().last().unwrap());
-                assert!(train_text.contains(&window), "{window:?} is not a window of the training part");
-                assert_eq!(inputs.chars().skip(1).collect::<String>(), targets.chars().take(7).collect::<String>());
+                assert!(
+                    train_text.contains(&window),
+                    "{window:?} is not a window of the training part"
+                );
+                assert_eq!(
+                    inputs.chars().skip(1).collect::<String>(),
+                    targets.chars().take(7).collect::<String>()
+                );
             }
         }
         assert_eq!(stream.batches, 50);
@@ -230,7 +239,10 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let good = dir.join("good.txt");
         std::fs::write(&good, TEXT).unwrap();
-        assert_eq!(TextDataset::from_file(&good, 8, 0.2).unwrap().vocab_size(), TextDataset::from_text(TEXT, 8, 0.2).unwrap().vocab_size());
+        assert_eq!(
+            TextDataset::from_file(&good, 8, 0.2).unwrap().vocab_size(),
+            TextDataset::from_text(TEXT, 8, 0.2).unwrap().vocab_size()
+        );
         let bad = dir.join("bad.txt");
         std::fs::write(&bad, [b'a', 0xff, b'b']).unwrap();
         let err = TextDataset::from_file(&bad, 1, 0.5).unwrap_err().to_string();

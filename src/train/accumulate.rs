@@ -162,18 +162,23 @@ mod tests {
         })
         .unwrap();
         assert_eq!(out.micro.len(), 4);
-        assert!((out.mean as f64 - loss).abs() < 1e-6 * loss.max(1.0), "{} vs {loss}", out.mean);
-        for j in 0..3 {
+        assert!(
+            (out.mean as f64 - loss).abs() < 1e-6 * loss.max(1.0),
+            "{} vs {loss}",
+            out.mean
+        );
+        for (got, want) in model.w.grad.iter().zip(grad) {
             assert!(
-                (model.w.grad[j] as f64 - grad[j]).abs() < 1e-5 * grad[j].abs().max(scale),
-                "{j}: {} vs {}",
-                model.w.grad[j],
-                grad[j]
+                (*got as f64 - want).abs() < 1e-5 * want.abs().max(scale),
+                "{got} vs {want}"
             );
         }
         assert_eq!(model.cache_refreshes, 1, "the weight copy is made once per step");
         model.w.mark_updated();
-        accumulate_gradients(&mut model, 2, 1.0, |m, micro| Ok(m.forward_backward(&rows[micro.index..], 1.0))).unwrap();
+        accumulate_gradients(&mut model, 2, 1.0, |m, micro| {
+            Ok(m.forward_backward(&rows[micro.index..], 1.0))
+        })
+        .unwrap();
         assert_eq!(model.cache_refreshes, 2, "a new version makes one new copy");
     }
 

@@ -67,8 +67,18 @@ impl AdamWConfig {
             }
         };
         check("lr", self.lr, self.lr >= 0.0, "must be finite and >= 0")?;
-        check("beta1", self.beta1, (0.0..1.0).contains(&self.beta1), "must be in [0, 1)")?;
-        check("beta2", self.beta2, (0.0..1.0).contains(&self.beta2), "must be in [0, 1)")?;
+        check(
+            "beta1",
+            self.beta1,
+            (0.0..1.0).contains(&self.beta1),
+            "must be in [0, 1)",
+        )?;
+        check(
+            "beta2",
+            self.beta2,
+            (0.0..1.0).contains(&self.beta2),
+            "must be in [0, 1)",
+        )?;
         check("eps", self.eps, self.eps > 0.0, "must be finite and > 0")?;
         check(
             "weight_decay",
@@ -187,7 +197,10 @@ impl AdamW {
     fn check_or_init_moments(&mut self, module: &mut dyn Module) -> Result<()> {
         let mut live = Vec::new();
         module.visit_parameters(&mut |p| live.push((p.name().to_string(), p.shape().to_vec(), p.grad.len())));
-        if let Some((name, _, len)) = live.iter().find(|(_, shape, len)| shape.iter().product::<usize>() != *len) {
+        if let Some((name, _, len)) = live
+            .iter()
+            .find(|(_, shape, len)| shape.iter().product::<usize>() != *len)
+        {
             return Err(Error::InvalidTensor {
                 name: name.clone(),
                 reason: format!("gradient has {len} values, which does not fit the parameter's shape"),
@@ -258,7 +271,7 @@ mod tests {
             eps: 1e-6,
             weight_decay: 0.1,
         };
-        let init = vec![0.5f32, -1.25, 3.0, 0.0, 1e-3, -7.5];
+        let init = [0.5f32, -1.25, 3.0, 0.0, 1e-3, -7.5];
         let mut module = ParamList::new(&[("w", &[2, 2], init[..4].to_vec()), ("b", &[2], init[4..].to_vec())]);
         let mut opt = AdamW::new(config).unwrap();
         let mut p64: Vec<f64> = init.iter().map(|&x| x as f64).collect();
@@ -266,7 +279,9 @@ mod tests {
         let lrs = [0.01f32, 0.02, 0.005, 0.01, 0.03];
         for (step, &lr) in lrs.iter().enumerate() {
             // Gradients that change sign and size from step to step, one of them zero.
-            let grads: Vec<f32> = (0..6).map(|i| ((i as f32 + 1.0) * (step as f32 - 1.5)).sin() * 0.3).collect();
+            let grads: Vec<f32> = (0..6)
+                .map(|i| ((i as f32 + 1.0) * (step as f32 - 1.5)).sin() * 0.3)
+                .collect();
             module.params[0].grad.copy_from_slice(&grads[..4]);
             module.params[1].grad.copy_from_slice(&grads[4..]);
             module.params[1].grad[1] = 0.0;
@@ -286,7 +301,12 @@ mod tests {
             let got: Vec<f32> = module.params.iter().flat_map(|p| p.value.clone()).collect();
             for i in 0..6 {
                 let tol = 1e-5 * p64[i].abs().max(1.0);
-                assert!((got[i] as f64 - p64[i]).abs() < tol, "step {step} value {i}: {} vs {}", got[i], p64[i]);
+                assert!(
+                    (got[i] as f64 - p64[i]).abs() < tol,
+                    "step {step} value {i}: {} vs {}",
+                    got[i],
+                    p64[i]
+                );
             }
         }
         assert_eq!(opt.steps_taken(), 5);

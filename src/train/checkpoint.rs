@@ -18,8 +18,8 @@
 //! Loading parses and checks everything against the live model (names,
 //! shapes, counts, dtypes, checksum, metadata) before it changes anything.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 
 use safetensors::Dtype;
@@ -177,7 +177,10 @@ pub fn save_checkpoint(
     let has_moments = !moments.is_empty();
     if has_moments {
         let fits = moments.len() == inv.params.len()
-            && moments.iter().zip(&inv.params).all(|(m, p)| m.name == p.name && m.shape == p.shape);
+            && moments
+                .iter()
+                .zip(&inv.params)
+                .all(|(m, p)| m.name == p.name && m.shape == p.shape);
         if !fits {
             return Err(Error::InvalidTensor {
                 name: "adamw".to_string(),
@@ -210,7 +213,11 @@ pub fn save_checkpoint(
         add(history, vec![slot.history.len()], &slot.history);
     });
 
-    let sum = checksum(tensors.iter().map(|(n, t)| (n.as_str(), t.shape.as_slice(), t.data.as_ref())));
+    let sum = checksum(
+        tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.shape.as_slice(), t.data.as_ref())),
+    );
     let adamw = AdamWMeta {
         config: *optimizer.config(),
         step: optimizer.steps_taken(),
@@ -337,10 +344,14 @@ fn stage(path: &Path, bytes: &[u8], model: &mut dyn Module, scaler: &DynamicLoss
     let saved_names: BTreeSet<&str> = saved_params.iter().map(|p| p.name.as_str()).collect();
     let live_names: BTreeSet<&str> = live.params.iter().map(|p| p.name.as_str()).collect();
     if let Some(name) = live_names.difference(&saved_names).next() {
-        return Err(mismatch(format!("parameter '{name}' of the model is missing from the checkpoint")));
+        return Err(mismatch(format!(
+            "parameter '{name}' of the model is missing from the checkpoint"
+        )));
     }
     if let Some(name) = saved_names.difference(&live_names).next() {
-        return Err(mismatch(format!("the checkpoint has parameter '{name}', which the model does not")));
+        return Err(mismatch(format!(
+            "the checkpoint has parameter '{name}', which the model does not"
+        )));
     }
     if saved_params.len() != live.params.len() {
         return Err(mismatch(format!(
@@ -352,10 +363,14 @@ fn stage(path: &Path, bytes: &[u8], model: &mut dyn Module, scaler: &DynamicLoss
     let saved_slot_names: BTreeSet<&str> = saved_slots.iter().map(|s| s.as_str()).collect();
     let live_slot_names: BTreeSet<&str> = live.slots.iter().map(|s| s.0.as_str()).collect();
     if let Some(name) = live_slot_names.difference(&saved_slot_names).next() {
-        return Err(mismatch(format!("FP8 slot '{name}' of the model is missing from the checkpoint")));
+        return Err(mismatch(format!(
+            "FP8 slot '{name}' of the model is missing from the checkpoint"
+        )));
     }
     if let Some(name) = saved_slot_names.difference(&live_slot_names).next() {
-        return Err(mismatch(format!("the checkpoint has FP8 slot '{name}', which the model does not")));
+        return Err(mismatch(format!(
+            "the checkpoint has FP8 slot '{name}', which the model does not"
+        )));
     }
     if saved_slots.len() != live.slots.len() {
         return Err(mismatch(format!(
@@ -373,7 +388,10 @@ fn stage(path: &Path, bytes: &[u8], model: &mut dyn Module, scaler: &DynamicLoss
         )));
     }
     if !(scaler_meta.state.scale.is_finite() && scaler_meta.state.scale > 0.0) {
-        return Err(corrupt(format!("loss scale {} is not finite and positive", scaler_meta.state.scale)));
+        return Err(corrupt(format!(
+            "loss scale {} is not finite and positive",
+            scaler_meta.state.scale
+        )));
     }
     if adamw.has_moments != (adamw.step > 0) {
         return Err(corrupt(format!(
@@ -386,7 +404,10 @@ fn stage(path: &Path, bytes: &[u8], model: &mut dyn Module, scaler: &DynamicLoss
     let read = |key: &str, shape: &[usize], what: &str| -> Result<Vec<f32>> {
         let view = &views[key];
         if view.dtype() != Dtype::F32 {
-            return Err(corrupt(format!("tensor '{key}' is {:?}, checkpoints hold F32", view.dtype())));
+            return Err(corrupt(format!(
+                "tensor '{key}' is {:?}, checkpoints hold F32",
+                view.dtype()
+            )));
         }
         if view.shape() != shape {
             return Err(mismatch(format!(
@@ -463,7 +484,12 @@ mod tests {
         let mut opt = AdamW::new(AdamWConfig::default()).unwrap();
         let mut scaler = DynamicLossScaler::new(LossScalerConfig::default()).unwrap();
         for s in 0..3 {
-            m.visit_parameters(&mut |p| p.grad.iter_mut().enumerate().for_each(|(i, g)| *g = (i + s) as f32 * 0.1));
+            m.visit_parameters(&mut |p| {
+                p.grad
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, g)| *g = (i + s) as f32 * 0.1)
+            });
             opt.step(m, 0.01).unwrap();
             scaler.update(s == 1);
         }

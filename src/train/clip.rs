@@ -57,7 +57,10 @@ mod tests {
     use crate::train::test_util::ParamList;
 
     fn module(a: Vec<f32>, b: Vec<f32>) -> ParamList {
-        let mut m = ParamList::new(&[("a", &[a.len()], vec![0.0; a.len()]), ("b", &[b.len()], vec![0.0; b.len()])]);
+        let mut m = ParamList::new(&[
+            ("a", &[a.len()], vec![0.0; a.len()]),
+            ("b", &[b.len()], vec![0.0; b.len()]),
+        ]);
         m.params[0].grad = a;
         m.params[1].grad = b;
         m

@@ -104,19 +104,32 @@ mod tests {
         let text = memory_summary(&ledger);
         for category in MemoryCategory::ALL {
             assert_eq!(
-                text.lines().filter(|l| l.starts_with(&format!("| {:<24}|", category.name()))).count(),
+                text.lines()
+                    .filter(|l| l.starts_with(&format!("| {:<24}|", category.name())))
+                    .count(),
                 1,
                 "{}",
                 category.name()
             );
         }
-        let line = |name: &str| text.lines().find(|l| l.starts_with(&format!("| {name:<24}|"))).unwrap().to_string();
+        let line = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(&format!("| {name:<24}|")))
+                .unwrap()
+                .to_string()
+        };
         assert!(line("master weights").contains("4.00 KiB (4096)"));
         let activations = line("activations");
-        assert!(activations.contains("0 B (0)") && activations.contains("3.00 MiB (3145728)"), "{activations}");
+        assert!(
+            activations.contains("0 B (0)") && activations.contains("3.00 MiB (3145728)"),
+            "{activations}"
+        );
         // Total: current 12288, peak 12288 + 3 MiB (activations peaked while the rest was live).
         let total = line("total");
-        assert!(total.contains("(12288)") && total.contains(&format!("({})", 12288 + (3 << 20))), "{total}");
+        assert!(
+            total.contains("(12288)") && total.contains(&format!("({})", 12288 + (3 << 20))),
+            "{total}"
+        );
         assert!(text.lines().all(|l| l.chars().count() == 80), "{text}");
     }
 }

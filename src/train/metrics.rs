@@ -21,7 +21,11 @@ mod nullable {
 
     pub fn serialize<T: Serialize + Copy + Into<f64>, S: Serializer>(value: &T, s: S) -> Result<S::Ok, S::Error> {
         let wide: f64 = (*value).into();
-        if wide.is_finite() { value.serialize(s) } else { s.serialize_none() }
+        if wide.is_finite() {
+            value.serialize(s)
+        } else {
+            s.serialize_none()
+        }
     }
 
     pub fn deserialize<'de, T: Deserialize<'de> + From<f32>, D: Deserializer<'de>>(d: D) -> Result<T, D::Error> {
@@ -211,10 +215,21 @@ mod tests {
         let value = serde_json::to_value(line(3, 2.0)).unwrap();
         let mut keys: Vec<&str> = value.as_object().unwrap().keys().map(|k| k.as_str()).collect();
         keys.sort();
-        assert_eq!(keys, ["fp8", "grad_norm", "loss", "loss_scale", "lr", "step", "tokens_per_s"]);
-        let mut fp8_keys: Vec<&str> = value["fp8"][0].as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["fp8", "grad_norm", "loss", "loss_scale", "lr", "step", "tokens_per_s"]
+        );
+        let mut fp8_keys: Vec<&str> = value["fp8"][0]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str())
+            .collect();
         fp8_keys.sort();
-        assert_eq!(fp8_keys, ["amax", "format", "name", "nonfinite", "saturated", "scale", "underflow"]);
+        assert_eq!(
+            fp8_keys,
+            ["amax", "format", "name", "nonfinite", "saturated", "scale", "underflow"]
+        );
         let summary = serde_json::to_value(PrecisionSummary {
             final_train_loss: 1.0,
             heldout_loss: 1.1,
@@ -227,7 +242,13 @@ mod tests {
         keys.sort();
         assert_eq!(
             keys,
-            ["final_train_loss", "heldout_accuracy", "heldout_loss", "peak_bytes", "tokens_per_s"]
+            [
+                "final_train_loss",
+                "heldout_accuracy",
+                "heldout_loss",
+                "peak_bytes",
+                "tokens_per_s"
+            ]
         );
     }
 
@@ -246,7 +267,14 @@ mod tests {
         assert_eq!(back.len(), 4);
         assert_eq!(back[1], line(1, 2.5));
         assert!(back[2].loss.is_nan() && back[2].grad_norm.is_nan());
-        assert!(fs::read_to_string(&path).unwrap().lines().nth(2).unwrap().contains("\"loss\":null"));
+        assert!(
+            fs::read_to_string(&path)
+                .unwrap()
+                .lines()
+                .nth(2)
+                .unwrap()
+                .contains("\"loss\":null")
+        );
         drop(writer);
         let mut resumed = MetricsWriter::resume(&path, 2).unwrap();
         resumed.append(&line(2, 2.25)).unwrap();

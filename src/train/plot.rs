@@ -23,8 +23,10 @@ pub type LossCurve = (String, Vec<(u64, f32)>);
 /// Registers the embedded font once per process; plotters looks fonts up by family name.
 fn ensure_font() -> Result<()> {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
-    let ok = *REGISTERED.get_or_init(|| register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular()).is_ok());
-    ok.then_some(()).ok_or_else(|| plot_error(Path::new("loss.png"), "the embedded font does not load"))
+    let ok =
+        *REGISTERED.get_or_init(|| register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular()).is_ok());
+    ok.then_some(())
+        .ok_or_else(|| plot_error(Path::new("loss.png"), "the embedded font does not load"))
 }
 
 fn plot_error(path: &Path, reason: impl std::fmt::Display) -> Error {
@@ -127,7 +129,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("fp8-plot-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("loss.png");
-        let curve = |offset: f32| (0..200u64).map(|s| (s, 3.0 * (-(s as f32) / 50.0).exp() + offset)).collect();
+        let curve = |offset: f32| {
+            (0..200u64)
+                .map(|s| (s, 3.0 * (-(s as f32) / 50.0).exp() + offset))
+                .collect()
+        };
         let mut with_nan: Vec<(u64, f32)> = curve(0.2);
         with_nan[10].1 = f32::NAN;
         plot_losses(&path, &[("fp32".into(), curve(0.0)), ("fp8-delayed".into(), with_nan)]).unwrap();
@@ -136,7 +142,10 @@ mod tests {
         assert_eq!(info.color_type, png::ColorType::Rgb);
         // Not a blank image: many non-white pixels, and some that are neither grey nor white (the curves).
         let px: Vec<&[u8]> = pixels.chunks(3).collect();
-        let coloured = px.iter().filter(|p| p[0].abs_diff(p[1]) > 40 || p[1].abs_diff(p[2]) > 40).count();
+        let coloured = px
+            .iter()
+            .filter(|p| p[0].abs_diff(p[1]) > 40 || p[1].abs_diff(p[2]) > 40)
+            .count();
         let dark = px.iter().filter(|p| p.iter().all(|&c| c < 100)).count();
         assert!(coloured > 500, "only {coloured} coloured pixels");
         assert!(dark > 500, "only {dark} dark pixels (axes, text)");

@@ -120,8 +120,14 @@ mod tests {
     fn parses_names() {
         assert_eq!("cosine".parse::<ScheduleKind>().unwrap(), ScheduleKind::Cosine);
         assert_eq!("Constant".parse::<ScheduleKind>().unwrap(), ScheduleKind::Constant);
-        assert!(matches!("linear".parse::<ScheduleKind>(), Err(Error::InvalidSetting { .. })));
-        assert_eq!(ScheduleKind::Cosine.to_string().parse::<ScheduleKind>().unwrap(), ScheduleKind::Cosine);
+        assert!(matches!(
+            "linear".parse::<ScheduleKind>(),
+            Err(Error::InvalidSetting { .. })
+        ));
+        assert_eq!(
+            ScheduleKind::Cosine.to_string().parse::<ScheduleKind>().unwrap(),
+            ScheduleKind::Cosine
+        );
     }
 
     #[test]
