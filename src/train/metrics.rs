@@ -5,7 +5,7 @@
 //! JSON has no inf/NaN: such values are written as `null` and read back as NaN.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
@@ -121,14 +121,29 @@ impl MetricsWriter {
     /// went past its last checkpoint before stopping wrote lines that will be written again),
     /// drops the rest, and appends after them. A missing file starts empty.
     pub fn resume(path: &Path, next_step: u64) -> Result<Self> {
-        let kept: Vec<StepMetrics> = match path.exists() {
-            true => read_metrics(path)?.into_iter().filter(|m| m.step < next_step).collect(),
-            false => Vec::new(),
-        };
+        // Lines are kept verbatim and only their `step` is read: a line whose FP8 stats hold a
+        // `null` (a NaN amax) does not parse as `Fp8TensorStats` but is still a valid record.
+        let mut kept = Vec::new();
+        if path.exists() {
+            let text = fs::read_to_string(path).map_err(|err| io_error(path, "cannot read", err))?;
+            for (index, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+                let step = serde_json::from_str::<serde_json::Value>(line)
+                    .ok()
+                    .and_then(|v| v.get("step").and_then(|s| s.as_u64()))
+                    .ok_or_else(|| Error::InvalidFile {
+                        path: path.display().to_string(),
+                        reason: format!("line {}: not a metrics record with a step", index + 1),
+                    })?;
+                if step < next_step {
+                    kept.push(line.to_string());
+                }
+            }
+        }
         let mut writer = Self::create(path)?;
         for line in &kept {
-            writer.append(line)?;
+            writeln!(writer.out, "{line}").map_err(|err| io_error(path, "cannot write", err))?;
         }
+        writer.out.flush().map_err(|err| io_error(path, "cannot write", err))?;
         Ok(writer)
     }
 
@@ -159,18 +174,6 @@ pub fn read_metrics(path: &Path) -> Result<Vec<StepMetrics>> {
         })?);
     }
     Ok(out)
-}
-
-/// Appends to an existing file without rewriting it (for tools that add lines by hand).
-pub fn open_append(path: &Path) -> Result<MetricsWriter> {
-    let file = OpenOptions::new()
-        .append(true)
-        .open(path)
-        .map_err(|err| io_error(path, "cannot open for appending", err))?;
-    Ok(MetricsWriter {
-        path: path.to_path_buf(),
-        out: BufWriter::new(file),
-    })
 }
 
 fn io_error(path: &Path, what: &str, err: std::io::Error) -> Error {
@@ -280,12 +283,33 @@ mod tests {
         resumed.append(&line(2, 2.25)).unwrap();
         let steps: Vec<(u64, f32)> = read_metrics(&path).unwrap().iter().map(|m| (m.step, m.loss)).collect();
         assert_eq!(steps, vec![(0, 3.0), (1, 2.5), (2, 2.25)]);
-        let mut appender = open_append(&path).unwrap();
-        appender.append(&line(3, 2.0)).unwrap();
-        assert_eq!(read_metrics(&path).unwrap().len(), 4);
         fs::write(&path, "{\"step\": 1}\n").unwrap();
         let err = read_metrics(&path).unwrap_err().to_string();
         assert!(err.contains("line 1"), "{err}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn resume_keeps_earlier_lines_verbatim_even_with_a_nan_amax() {
+        let dir = temp_dir("nan-amax");
+        let path = dir.join("metrics.jsonl");
+        let mut nan_amax = line(0, 3.0);
+        nan_amax.fp8[0].amax = f32::NAN;
+        let mut writer = MetricsWriter::create(&path).unwrap();
+        writer.append(&nan_amax).unwrap();
+        writer.append(&line(1, 2.0)).unwrap();
+        drop(writer);
+        let first = fs::read_to_string(&path).unwrap().lines().next().unwrap().to_string();
+        assert!(first.contains("\"amax\":null"), "{first}");
+        let mut resumed = MetricsWriter::resume(&path, 1).unwrap();
+        resumed.append(&line(1, 1.5)).unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0], first);
+        assert!(lines[1].contains("\"loss\":1.5"), "{}", lines[1]);
+        fs::write(&path, "not json\n").unwrap();
+        assert!(MetricsWriter::resume(&path, 1).is_err());
         fs::remove_dir_all(&dir).unwrap();
     }
 
