@@ -17,6 +17,18 @@ use crate::tools::safetensors_io::write_atomic;
 /// Width and height of `loss.png` in pixels.
 pub const PLOT_SIZE: (u32, u32) = (1024, 640);
 
+/// Distinct, readable on white (Tableau 10's first eight).
+const CURVE_COLORS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(255, 127, 14),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(23, 190, 207),
+];
+
 /// One curve: its label (the precision) and `(step, loss)` points.
 pub type LossCurve = (String, Vec<(u64, f32)>);
 
@@ -71,11 +83,12 @@ pub fn plot_losses(path: &Path, curves: &[LossCurve]) -> Result<()> {
             .configure_mesh()
             .x_desc("step")
             .y_desc("loss")
+            .x_label_formatter(&|x| format!("{x:.0}"))
             .label_style(("sans-serif", 16))
             .draw()
             .map_err(|e| err(&e))?;
         for (index, (label, curve)) in curves.iter().enumerate() {
-            let color = Palette99::pick(index).to_rgba();
+            let color = CURVE_COLORS[index % CURVE_COLORS.len()].to_rgba();
             let series = curve
                 .iter()
                 .filter(|(_, l)| l.is_finite())
