@@ -25,6 +25,8 @@
 #include "wgmma_sync.cuh"
 #include "wgmma_tma.cuh"
 
+// The kernel bodies exist for sm_90a only (other targets would not even use them).
+#if WGMMA_SM90A
 namespace {
 
 constexpr int THREADS = (int)FP8_WGMMA_THREADS;
@@ -333,6 +335,14 @@ template <int BLOCK_N, bool A_E5M2, bool SPLIT> __device__ __forceinline__ void 
     const uint32_t tiles = m_blocks * n_blocks;
     const int wg = threadIdx.x / WG_THREADS;
 
+    // The launcher computes the ring's size on the host; refuse to run on a short allocation.
+    uint32_t dynamic_smem;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_smem));
+    if (dynamic_smem < (uint32_t)G::DYNAMIC_SMEM) {
+        if (threadIdx.x == 0 && p.error_flag != 0) *reinterpret_cast<uint32_t*>(p.error_flag) = FP8_WGMMA_ERROR_SMEM;
+        return;
+    }
+
     if (threadIdx.x == 0) {
         wgmma::prefetch_tensormap(&p.map_a);
         wgmma::prefetch_tensormap(&p.map_b);
@@ -369,6 +379,7 @@ template <int BLOCK_N, bool A_E5M2, bool SPLIT> __device__ __forceinline__ void 
 }
 
 }  // namespace
+#endif  // WGMMA_SM90A
 
 #if WGMMA_SM90A
 #define FP8_WGMMA_BODY(BLOCK_N, A_E5M2, SPLIT) gemm<BLOCK_N, A_E5M2, SPLIT>(p)

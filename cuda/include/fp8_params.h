@@ -110,6 +110,7 @@ typedef struct Fp8AmaxParams {
 #define FP8_WGMMA_STAGES_N128 6u  /* ring depth with BLOCK_N = 128 (32 KiB per stage) */
 #define FP8_WGMMA_STAGES_N256 4u  /* ring depth with BLOCK_N = 256 (48 KiB per stage) */
 #define FP8_WGMMA_SMEM_ALIGN 1024u /* 128-byte swizzle atoms are 8 rows = 1024 bytes */
+#define FP8_WGMMA_ERROR_SMEM 2u    /* error_flag: launched with less dynamic shared memory than the ring needs */
 
 /* An opaque CUtensorMap (cuTensorMapEncodeTiled output): 128 bytes, aligned
  * as CUDA 13 declares it (the hardware needs 64). */

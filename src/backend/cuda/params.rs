@@ -28,6 +28,7 @@ pub const FP8_WGMMA_BLOCK_K: u32 = 128;
 pub const FP8_WGMMA_STAGES_N128: u32 = 6;
 pub const FP8_WGMMA_STAGES_N256: u32 = 4;
 pub const FP8_WGMMA_SMEM_ALIGN: u32 = 1024;
+pub const FP8_WGMMA_ERROR_SMEM: u32 = 2;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct Fp8CastParams {
