@@ -28,10 +28,12 @@ enum Mode {
 
 fn codes(rng: &mut StdRng, format: Fp8Format, len: usize) -> Vec<u8> {
     (0..len)
-        .map(|_| loop {
-            let c: u8 = rng.random();
-            if format.decode(c).is_finite() {
-                break c;
+        .map(|_| {
+            loop {
+                let c: u8 = rng.random();
+                if format.decode(c).is_finite() {
+                    break c;
+                }
             }
         })
         .collect()
@@ -165,7 +167,9 @@ fn check(
         "bf16" => reference.iter().map(|&x| bf16::from_f32(x).to_f32()).collect(),
         _ => reference
             .iter()
-            .map(|&x| Fp8Format::E4M3.decode(Fp8Format::E4M3.encode(x * 2.0, fp8_engine::format::Overflow::Saturate)) / 2.0)
+            .map(|&x| {
+                Fp8Format::E4M3.decode(Fp8Format::E4M3.encode(x * 2.0, fp8_engine::format::Overflow::Saturate)) / 2.0
+            })
             .collect(),
     };
     // Rounding to bf16 / E4M3 can land one step apart: allow one unit of the format.
@@ -187,7 +191,13 @@ fn hopper_gemm_matches_cpu_reference() {
         Err(err) => return println!("hopper_host: skipped: {err}"),
     };
     let mut rng = StdRng::seed_from_u64(0x4077_E55E);
-    let shapes = [(200, 300, 272), (128, 256, 128), (1, 1, 16), (257, 513, 400), (130, 520, 1040)];
+    let shapes = [
+        (200, 300, 272),
+        (128, 256, 128),
+        (1, 1, 16),
+        (257, 513, 400),
+        (130, 520, 1040),
+    ];
     let mut failures = Vec::new();
     for &shape in &shapes {
         for a_format in [Fp8Format::E4M3, Fp8Format::E5M2] {
@@ -209,6 +219,14 @@ fn hopper_gemm_matches_cpu_reference() {
         }
     }
     // Both tile widths: a wide problem picks 256, the small ones 128.
-    assert_eq!(hopper::choose(4096, 4096, gpu.info().multiprocessors).unwrap().block_n, 256);
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert_eq!(
+        hopper::choose(4096, 4096, gpu.info().multiprocessors).unwrap().block_n,
+        256
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

@@ -74,7 +74,11 @@ impl TileConfig {
 
 /// Ring depth compiled for `block_n` (`FP8_WGMMA_STAGES_N*` of the header).
 pub fn stages_for(block_n: u32) -> u32 {
-    if block_n == 128 { FP8_WGMMA_STAGES_N128 } else { FP8_WGMMA_STAGES_N256 }
+    if block_n == 128 {
+        FP8_WGMMA_STAGES_N128
+    } else {
+        FP8_WGMMA_STAGES_N256
+    }
 }
 
 /// The configuration for tile width `block_n` on an `m x n` output with `sms` SMs.
@@ -83,7 +87,9 @@ pub fn config_for(m: usize, n: usize, block_n: u32, sms: u32) -> Result<TileConf
     let probe = TileGrid::new(m, n, FP8_WGMMA_BLOCK_M as usize, block_n as usize, 1)?;
     let tiles = probe.tiles();
     let ctas = tiles.min(sms.max(1)).max(1);
-    let ideal = ((ctas as f64) * (block_n as f64) / FP8_WGMMA_BLOCK_M as f64).sqrt().round() as usize;
+    let ideal = ((ctas as f64) * (block_n as f64) / FP8_WGMMA_BLOCK_M as f64)
+        .sqrt()
+        .round() as usize;
     let group_m = ideal.clamp(1, m_blocks.max(1));
     // Re-validate with the chosen group (its span group_m * n_blocks must fit u32).
     TileGrid::new(m, n, FP8_WGMMA_BLOCK_M as usize, block_n as usize, group_m)?;

@@ -207,7 +207,7 @@ pub fn plan(s: &LaunchShape, sms: u32) -> Result<LaunchPlan> {
             s.b_format.name()
         )));
     }
-    if k == 0 || k % K_MULTIPLE != 0 {
+    if k == 0 || !k.is_multiple_of(K_MULTIPLE) {
         return Err(args(format!(
             "{m}x{n}x{k}: K must be a positive multiple of {K_MULTIPLE}"
         )));
@@ -247,7 +247,10 @@ pub fn plan(s: &LaunchShape, sms: u32) -> Result<LaunchPlan> {
         return Err(args(format!("output dtype {} is unknown", s.out_dtype)));
     }
     if s.beta != 0.0 && s.out_dtype != FP8_GEMM_OUT_F32 {
-        return Err(args(format!("beta = {} needs an f32 output to accumulate into", s.beta)));
+        return Err(args(format!(
+            "beta = {} needs an f32 output to accumulate into",
+            s.beta
+        )));
     }
     let [bias, d_scale, amax, error_flag] = s.optional_lens;
     if let Some(len) = bias {
@@ -435,8 +438,14 @@ mod tests {
     #[test]
     fn shared_memory_fits_and_matches_the_ring() {
         // 6 x 32 KiB and 4 x 48 KiB of tiles, plus scales, barriers and alignment slack.
-        assert_eq!(dynamic_smem_bytes(128), 6 * (16384 + 16384 + 512 + 512 + 16) + 32 + 1024);
-        assert_eq!(dynamic_smem_bytes(256), 4 * (16384 + 32768 + 512 + 1024 + 16) + 32 + 1024);
+        assert_eq!(
+            dynamic_smem_bytes(128),
+            6 * (16384 + 16384 + 512 + 512 + 16) + 32 + 1024
+        );
+        assert_eq!(
+            dynamic_smem_bytes(256),
+            4 * (16384 + 32768 + 512 + 1024 + 16) + 32 + 1024
+        );
         for block_n in heuristic::BLOCK_NS {
             assert!(dynamic_smem_bytes(block_n) <= MAX_DYNAMIC_SMEM);
         }

@@ -120,7 +120,10 @@ mod tests {
                     let mut seen = HashSet::new();
                     for t in 0..grid.tiles() {
                         let (i, j) = grid.coords(t);
-                        assert!(i < mb && j < nb, "{m}x{n} g{group_m}: tile {t} -> ({i},{j}) outside {mb}x{nb}");
+                        assert!(
+                            i < mb && j < nb,
+                            "{m}x{n} g{group_m}: tile {t} -> ({i},{j}) outside {mb}x{nb}"
+                        );
                         assert!(seen.insert((i, j)), "{m}x{n} g{group_m}: ({i},{j}) twice");
                     }
                 }

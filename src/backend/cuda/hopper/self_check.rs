@@ -330,7 +330,10 @@ mod tests {
     #[test]
     fn parse_preferences() {
         assert_eq!("auto".parse::<PathPreference>().unwrap(), PathPreference::Auto);
-        assert_eq!(" Portable ".parse::<PathPreference>().unwrap(), PathPreference::Portable);
+        assert_eq!(
+            " Portable ".parse::<PathPreference>().unwrap(),
+            PathPreference::Portable
+        );
         assert_eq!("HOPPER".parse::<PathPreference>().unwrap(), PathPreference::Hopper);
         assert_eq!("".parse::<PathPreference>().unwrap(), PathPreference::Auto);
         let e = "fast".parse::<PathPreference>().unwrap_err();
@@ -379,7 +382,10 @@ mod tests {
         assert_eq!(path, GemmPath::Portable);
         let warnings = s.warnings();
         assert_eq!(warnings.len(), 1, "{warnings:?}");
-        assert!(warnings[0].contains("self-check") && warnings[0].contains("element 2"), "{warnings:?}");
+        assert!(
+            warnings[0].contains("self-check") && warnings[0].contains("element 2"),
+            "{warnings:?}"
+        );
     }
 
     #[test]
@@ -406,7 +412,9 @@ mod tests {
     #[test]
     fn forced_portable_never_checks() {
         let s = PathSelector::new(Some("portable".into()), true);
-        let path = s.select(0, true, || panic!("no check when portable is forced")).unwrap();
+        let path = s
+            .select(0, true, || panic!("no check when portable is forced"))
+            .unwrap();
         assert_eq!(path, GemmPath::Portable);
     }
 
@@ -471,9 +479,18 @@ mod tests {
             let p = SelfCheckProblem::new(format);
             assert_eq!(p.a.len(), p.m * p.k);
             assert_eq!(p.b.len(), p.n * p.k);
-            assert!(p.m > 128 && p.m % 128 != 0, "two m-blocks, the second partial");
-            assert!(p.n % 128 != 0 && p.n % 256 != 0 && p.n > 256, "ragged for both tile widths");
-            assert!(p.k % 16 == 0 && p.k % 128 != 0 && p.k > 256, "a partial third K-block");
+            assert!(
+                p.m > 128 && !p.m.is_multiple_of(128),
+                "two m-blocks, the second partial"
+            );
+            assert!(
+                !p.n.is_multiple_of(128) && !p.n.is_multiple_of(256) && p.n > 256,
+                "ragged for both tile widths"
+            );
+            assert!(
+                p.k.is_multiple_of(16) && !p.k.is_multiple_of(128) && p.k > 256,
+                "a partial third K-block"
+            );
             assert!(p.a.iter().all(|&c| format.decode(c).is_finite()));
             assert!(p.b.iter().all(|&c| Fp8Format::E4M3.decode(c).is_finite()));
             // Not degenerate: many distinct codes, and deterministic.

@@ -73,7 +73,7 @@ impl TensorMapSpec {
                 "tensor map dims {inner} x {outer}: each must be in 1..=2^32"
             )));
         }
-        if self.row_stride % TMA_ALIGN != 0 || self.row_stride >= MAX_STRIDE {
+        if !self.row_stride.is_multiple_of(TMA_ALIGN) || self.row_stride >= MAX_STRIDE {
             return Err(args(format!(
                 "tensor map row stride {} bytes: must be a multiple of {TMA_ALIGN} and below 2^40 \
                  (K must be a multiple of 16)",
@@ -113,7 +113,7 @@ impl TensorMapSpec {
 
     /// Checks the global address (16-byte aligned, non-null).
     pub fn validate_address(&self, address: u64) -> Result<()> {
-        if address == 0 || address % TMA_ALIGN != 0 {
+        if address == 0 || !address.is_multiple_of(TMA_ALIGN) {
             return Err(args(format!(
                 "tensor map global address {address:#x}: must be non-null and {TMA_ALIGN}-byte aligned"
             )));
