@@ -164,8 +164,9 @@ impl DeviceOutput<'_> {
     }
 }
 
-/// Scalars and switches of a device GEMM (the device twin of [`GemmParams`]).
-#[derive(Debug, Default)]
+/// Scalars and switches of a device GEMM (the device twin of [`GemmParams`]); the default is
+/// alpha = 1, beta = 0, no bias, split accumulation, no amax, the dispatch's kernel.
+#[derive(Debug)]
 pub struct DeviceGemmParams<'a> {
     /// Multiplies the product after the input scale_invs.
     pub alpha: f32,
@@ -180,6 +181,19 @@ pub struct DeviceGemmParams<'a> {
     pub amax: Option<&'a mut DeviceBuffer<f32>>,
     /// Overrides the dispatch (tests: the sm_75 kernel on a newer GPU); checked by [`check_override`].
     pub kernel: Option<GemmKernel>,
+}
+
+impl Default for DeviceGemmParams<'_> {
+    fn default() -> Self {
+        DeviceGemmParams {
+            alpha: 1.0,
+            beta: 0.0,
+            bias: None,
+            split_accumulator: true,
+            amax: None,
+            kernel: None,
+        }
+    }
 }
 
 impl CudaDevice {
