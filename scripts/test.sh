@@ -34,7 +34,15 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --release --all-targets -- -D warnings
 
+step "SASS: the Hopper FP8 GEMM has QGMMA, no kernel spills (scripts/check-sass.sh)"
+cargo build --release --quiet
+bash scripts/check-sass.sh
+
 step "cargo test --release (unit, integration, doc tests; exhaustive format tests included)"
 cargo test --release
+
+step "fp8 train smoke run (fp32 vs fp8-delayed, 20 steps)"
+cargo run --release --quiet -- train --steps 20 --quiet --out target/ci-train
+test -s target/ci-train/summary.json && test -s target/ci-train/loss.png
 
 step "all checks passed"
