@@ -101,6 +101,16 @@ pub enum Error {
         text: String,
         reason: &'static str,
     },
+    /// A training or data setting outside its valid range (learning rate, schedule, dataset shape).
+    #[error("invalid setting {setting} = {value}: {reason}")]
+    InvalidSetting {
+        setting: &'static str,
+        value: String,
+        reason: String,
+    },
+    /// A well-formed checkpoint that does not fit the live model or optimizer; nothing was loaded.
+    #[error("{path}: checkpoint does not match the model: {reason}")]
+    CheckpointMismatch { path: String, reason: String },
 }
 
 /// Shorthand used throughout the crate.

@@ -13,6 +13,7 @@
 pub mod amp;
 pub mod backend;
 pub mod convert;
+pub mod data;
 pub mod device;
 pub mod error;
 pub mod format;
@@ -24,6 +25,7 @@ pub mod quantize;
 pub mod scaling;
 pub mod tensor;
 pub mod tools;
+pub mod train;
 
 pub use error::{Error, Result};
 

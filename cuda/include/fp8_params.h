@@ -85,4 +85,63 @@ typedef struct Fp8AmaxParams {
     uint64_t amax;
 } Fp8AmaxParams;
 
+/* Fp8GemmScales: how the GEMM applies its inputs' scale_inv (spec 5).
+ * (Same names and values as the portable GEMM's header section.) */
+#define FP8_GEMM_SCALES_NONE 0u             /* plain bf16/f16 inputs */
+#define FP8_GEMM_SCALES_PER_TENSOR 1u       /* one f32 each at a_scale_inv, b_scale_inv */
+#define FP8_GEMM_SCALES_1X128_BY_128X128 2u /* A [m, k_blocks], B [ceil(n/128), k_blocks] */
+#define FP8_GEMM_SCALES_1X128_BY_1X128 3u   /* A [m, k_blocks], B [n, k_blocks] */
+
+/* Fp8GemmOut: the dtype of the GEMM's output D. */
+#define FP8_GEMM_OUT_F32 0u
+#define FP8_GEMM_OUT_BF16 1u
+#define FP8_GEMM_OUT_F16 2u
+#define FP8_GEMM_OUT_E4M3 3u
+#define FP8_GEMM_OUT_E5M2 4u
+
+/* Fp8GemmError: what a GEMM kernel writes to error_flag when it cannot run. */
+#define FP8_GEMM_ERROR_ARCH 1u /* the variant does not exist on this GPU's architecture */
+
+/* Hopper (sm_90a) warp-specialized wgmma GEMM: geometry shared by the kernel
+ * and the launcher (the dynamic shared memory size is computed from these). */
+#define FP8_WGMMA_THREADS 384u    /* 1 producer + 2 consumer warpgroups */
+#define FP8_WGMMA_BLOCK_M 128u    /* 64 rows per consumer warpgroup */
+#define FP8_WGMMA_BLOCK_K 128u    /* FP8 elements = bytes: one 128-byte swizzle row */
+#define FP8_WGMMA_STAGES_N128 6u  /* ring depth with BLOCK_N = 128 (32 KiB per stage) */
+#define FP8_WGMMA_STAGES_N256 4u  /* ring depth with BLOCK_N = 256 (48 KiB per stage) */
+#define FP8_WGMMA_SMEM_ALIGN 1024u /* 128-byte swizzle atoms are 8 rows = 1024 bytes */
+#define FP8_WGMMA_ERROR_SMEM 2u    /* error_flag: launched with less dynamic shared memory than the ring needs */
+
+/* An opaque CUtensorMap (cuTensorMapEncodeTiled output): 128 bytes, aligned
+ * as CUDA 13 declares it (the hardware needs 64). */
+typedef struct __attribute__((aligned(128))) Fp8TensorMap {
+    uint64_t opaque[16];
+} Fp8TensorMap;
+
+/* D = alpha * (A . B^T) * sA * sB (+ bias) (+ beta * D) on sm_90a with FP8
+ * inputs. Passed as one __grid_constant__ parameter so the kernel can give
+ * TMA the address of its tensor maps. The kernel name carries BLOCK_N, the
+ * A format (B is E4M3) and whether the sum is promoted every 128 of K. */
+typedef struct Fp8WgmmaGemmParams {
+    Fp8TensorMap map_a;  /* A [m, k] codes: box 128 x 128 bytes, 128-byte swizzle, zero fill */
+    Fp8TensorMap map_b;  /* B [n, k] codes: box BLOCK_N x 128 bytes, likewise */
+    uint64_t a_scale_inv; /* f32, see scale_mode */
+    uint64_t b_scale_inv; /* f32, see scale_mode */
+    uint64_t bias;        /* f32 [n], added after alpha; 0 for none */
+    uint64_t d;           /* [m, n] of out_dtype, row-major; read too when beta != 0 (f32 only) */
+    uint64_t d_scale;     /* device f32 output scale for an FP8 output, else 0 */
+    uint64_t amax;        /* device f32 max-ed with max|D| before the output cast (NaN sticks); 0 for none */
+    uint64_t error_flag;  /* device u32 receiving FP8_GEMM_ERROR_*; 0 for none */
+    uint32_t m;
+    uint32_t n;
+    uint32_t k;
+    uint32_t k_blocks; /* ceil(k / 128): the row length of the block-scale grids */
+    float alpha;
+    float beta;          /* 0 ignores the old D entirely (even NaN) */
+    uint32_t scale_mode; /* FP8_GEMM_SCALES_PER_TENSOR or a block mode (block modes need the split variant) */
+    uint32_t out_dtype;  /* FP8_GEMM_OUT_* */
+    uint32_t group_m;    /* tile rasterization: m-blocks per group (>= 1), see hopper/scheduler.rs */
+    uint32_t pad0;
+} Fp8WgmmaGemmParams;
+
 #endif /* FP8_PARAMS_H */

@@ -7,8 +7,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// What an allocation holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MemoryCategory {
-    /// Model parameters (master weights).
+    /// Model parameters in their compute dtype (the bf16/fp16 copies the GEMMs read;
+    /// with an f32 policy, the master weights themselves are counted under [`Self::MasterWeights`]).
     Parameters,
+    /// f32 master weights the optimizer updates.
+    MasterWeights,
     /// Gradients of the parameters.
     Gradients,
     /// Optimizer state (AdamW moments).
@@ -22,9 +25,13 @@ pub enum MemoryCategory {
 }
 
 impl MemoryCategory {
+    /// Number of categories.
+    pub const COUNT: usize = 7;
+
     /// Every category, in report order.
-    pub const ALL: [MemoryCategory; 6] = [
+    pub const ALL: [MemoryCategory; Self::COUNT] = [
         MemoryCategory::Parameters,
+        MemoryCategory::MasterWeights,
         MemoryCategory::Gradients,
         MemoryCategory::OptimizerState,
         MemoryCategory::Activations,
@@ -36,6 +43,7 @@ impl MemoryCategory {
     pub fn name(self) -> &'static str {
         match self {
             MemoryCategory::Parameters => "parameters",
+            MemoryCategory::MasterWeights => "master weights",
             MemoryCategory::Gradients => "gradients",
             MemoryCategory::OptimizerState => "optimizer state",
             MemoryCategory::Activations => "activations",
@@ -61,8 +69,8 @@ pub struct MemoryUsage {
 /// Thread-safe counters: one current/peak pair per category, plus the total's peak.
 #[derive(Debug, Default)]
 pub struct MemoryLedger {
-    current: [AtomicU64; 6],
-    peak: [AtomicU64; 6],
+    current: [AtomicU64; MemoryCategory::COUNT],
+    peak: [AtomicU64; MemoryCategory::COUNT],
     total_current: AtomicU64,
     total_peak: AtomicU64,
 }
@@ -118,7 +126,7 @@ impl MemoryLedger {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemoryReport {
     /// Each category's usage.
-    pub categories: [(MemoryCategory, MemoryUsage); 6],
+    pub categories: [(MemoryCategory, MemoryUsage); MemoryCategory::COUNT],
     /// All categories together.
     pub total: MemoryUsage,
 }

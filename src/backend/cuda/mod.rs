@@ -6,6 +6,7 @@
 mod buffer;
 mod context;
 mod error;
+pub mod hopper;
 mod launch;
 pub mod params;
 pub mod quantize;

@@ -12,6 +12,23 @@ pub const FP8_SCALES_F32_GRID: u32 = 1;
 pub const FP8_SCALES_E8M0_GRID: u32 = 2;
 pub const FP8_AMAX_ALGO_MAX: u32 = 0;
 pub const FP8_AMAX_ALGO_MOST_RECENT: u32 = 1;
+pub const FP8_GEMM_SCALES_NONE: u32 = 0;
+pub const FP8_GEMM_SCALES_PER_TENSOR: u32 = 1;
+pub const FP8_GEMM_SCALES_1X128_BY_128X128: u32 = 2;
+pub const FP8_GEMM_SCALES_1X128_BY_1X128: u32 = 3;
+pub const FP8_GEMM_OUT_F32: u32 = 0;
+pub const FP8_GEMM_OUT_BF16: u32 = 1;
+pub const FP8_GEMM_OUT_F16: u32 = 2;
+pub const FP8_GEMM_OUT_E4M3: u32 = 3;
+pub const FP8_GEMM_OUT_E5M2: u32 = 4;
+pub const FP8_GEMM_ERROR_ARCH: u32 = 1;
+pub const FP8_WGMMA_THREADS: u32 = 384;
+pub const FP8_WGMMA_BLOCK_M: u32 = 128;
+pub const FP8_WGMMA_BLOCK_K: u32 = 128;
+pub const FP8_WGMMA_STAGES_N128: u32 = 6;
+pub const FP8_WGMMA_STAGES_N256: u32 = 4;
+pub const FP8_WGMMA_SMEM_ALIGN: u32 = 1024;
+pub const FP8_WGMMA_ERROR_SMEM: u32 = 2;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct Fp8CastParams {
@@ -146,3 +163,86 @@ const _: () = {
     ["Offset of field: Fp8AmaxParams::len"][::core::mem::offset_of!(Fp8AmaxParams, len) - 8usize];
     ["Offset of field: Fp8AmaxParams::amax"][::core::mem::offset_of!(Fp8AmaxParams, amax) - 16usize];
 };
+#[repr(C)]
+#[repr(align(128))]
+#[derive(Debug, Copy, Clone)]
+pub struct Fp8TensorMap {
+    pub opaque: [u64; 16usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Fp8TensorMap"][::core::mem::size_of::<Fp8TensorMap>() - 128usize];
+    ["Alignment of Fp8TensorMap"][::core::mem::align_of::<Fp8TensorMap>() - 128usize];
+    ["Offset of field: Fp8TensorMap::opaque"][::core::mem::offset_of!(Fp8TensorMap, opaque) - 0usize];
+};
+impl Default for Fp8TensorMap {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[repr(align(128))]
+#[derive(Debug, Copy, Clone)]
+pub struct Fp8WgmmaGemmParams {
+    pub map_a: Fp8TensorMap,
+    pub map_b: Fp8TensorMap,
+    pub a_scale_inv: u64,
+    pub b_scale_inv: u64,
+    pub bias: u64,
+    pub d: u64,
+    pub d_scale: u64,
+    pub amax: u64,
+    pub error_flag: u64,
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub k_blocks: u32,
+    pub alpha: f32,
+    pub beta: f32,
+    pub scale_mode: u32,
+    pub out_dtype: u32,
+    pub group_m: u32,
+    pub pad0: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Fp8WgmmaGemmParams"][::core::mem::size_of::<Fp8WgmmaGemmParams>() - 384usize];
+    ["Alignment of Fp8WgmmaGemmParams"][::core::mem::align_of::<Fp8WgmmaGemmParams>() - 128usize];
+    ["Offset of field: Fp8WgmmaGemmParams::map_a"][::core::mem::offset_of!(Fp8WgmmaGemmParams, map_a) - 0usize];
+    ["Offset of field: Fp8WgmmaGemmParams::map_b"][::core::mem::offset_of!(Fp8WgmmaGemmParams, map_b) - 128usize];
+    ["Offset of field: Fp8WgmmaGemmParams::a_scale_inv"]
+        [::core::mem::offset_of!(Fp8WgmmaGemmParams, a_scale_inv) - 256usize];
+    ["Offset of field: Fp8WgmmaGemmParams::b_scale_inv"]
+        [::core::mem::offset_of!(Fp8WgmmaGemmParams, b_scale_inv) - 264usize];
+    ["Offset of field: Fp8WgmmaGemmParams::bias"][::core::mem::offset_of!(Fp8WgmmaGemmParams, bias) - 272usize];
+    ["Offset of field: Fp8WgmmaGemmParams::d"][::core::mem::offset_of!(Fp8WgmmaGemmParams, d) - 280usize];
+    ["Offset of field: Fp8WgmmaGemmParams::d_scale"][::core::mem::offset_of!(Fp8WgmmaGemmParams, d_scale) - 288usize];
+    ["Offset of field: Fp8WgmmaGemmParams::amax"][::core::mem::offset_of!(Fp8WgmmaGemmParams, amax) - 296usize];
+    ["Offset of field: Fp8WgmmaGemmParams::error_flag"]
+        [::core::mem::offset_of!(Fp8WgmmaGemmParams, error_flag) - 304usize];
+    ["Offset of field: Fp8WgmmaGemmParams::m"][::core::mem::offset_of!(Fp8WgmmaGemmParams, m) - 312usize];
+    ["Offset of field: Fp8WgmmaGemmParams::n"][::core::mem::offset_of!(Fp8WgmmaGemmParams, n) - 316usize];
+    ["Offset of field: Fp8WgmmaGemmParams::k"][::core::mem::offset_of!(Fp8WgmmaGemmParams, k) - 320usize];
+    ["Offset of field: Fp8WgmmaGemmParams::k_blocks"][::core::mem::offset_of!(Fp8WgmmaGemmParams, k_blocks) - 324usize];
+    ["Offset of field: Fp8WgmmaGemmParams::alpha"][::core::mem::offset_of!(Fp8WgmmaGemmParams, alpha) - 328usize];
+    ["Offset of field: Fp8WgmmaGemmParams::beta"][::core::mem::offset_of!(Fp8WgmmaGemmParams, beta) - 332usize];
+    ["Offset of field: Fp8WgmmaGemmParams::scale_mode"]
+        [::core::mem::offset_of!(Fp8WgmmaGemmParams, scale_mode) - 336usize];
+    ["Offset of field: Fp8WgmmaGemmParams::out_dtype"]
+        [::core::mem::offset_of!(Fp8WgmmaGemmParams, out_dtype) - 340usize];
+    ["Offset of field: Fp8WgmmaGemmParams::group_m"][::core::mem::offset_of!(Fp8WgmmaGemmParams, group_m) - 344usize];
+    ["Offset of field: Fp8WgmmaGemmParams::pad0"][::core::mem::offset_of!(Fp8WgmmaGemmParams, pad0) - 348usize];
+};
+impl Default for Fp8WgmmaGemmParams {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Compile-time check of the Hopper FP8 GEMM: the sm_90a SASS of the wgmma
+# fatbin must contain QGMMA (FP8 wgmma), and no kernel of any file may spill.
+# Installs cuobjdump + nvdisasm 13.x from PyPI into .cache/cuobjdump (once).
+# Reads the newest build: target/{release,debug}/build/fp8-engine-*/out/.
+# Usage: scripts/check-sass.sh [OUT_DIR]      (quiet on success: one summary line per kernel)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+prefix="$PWD/.cache/cuobjdump"
+bin="$prefix/nvidia/cu13/bin"
+if [[ ! -x "$bin/cuobjdump" || ! -x "$bin/nvdisasm" ]]; then
+    PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check --target "$prefix" \
+        "nvidia-cuda-cuobjdump==13.*" "nvidia-cuda-nvdisasm==13.*" >&2
+fi
+[[ -x "$bin/cuobjdump" && -x "$bin/nvdisasm" ]] || { echo "check-sass: no cuobjdump/nvdisasm in $bin" >&2; exit 1; }
+export PATH="$bin:$PATH"
+
+out="${1:-}"
+if [[ -z "$out" ]]; then
+    fatbin=$(ls -t target/*/build/fp8-engine-*/out/gemm_wgmma_sm90.fatbin 2>/dev/null | head -1 || true)
+    [[ -n "$fatbin" ]] || { echo "check-sass: no gemm_wgmma_sm90.fatbin under target/*/build: build with nvcc first (NVCC=... cargo build --release)" >&2; exit 1; }
+    out=$(dirname "$fatbin")
+fi
+fatbin="$out/gemm_wgmma_sm90.fatbin"
+[[ -f "$fatbin" ]] || { echo "check-sass: $fatbin missing" >&2; exit 1; }
+
+fail=0
+# 1. No spills anywhere (the ptxas -v reports build.rs saved next to each fatbin).
+spills=$(grep -H "spill" "$out"/*.ptxas.txt | grep -Ev " 0 bytes spill stores, 0 bytes spill loads" || true)
+if [[ -n "$spills" ]]; then
+    echo "check-sass: register spills:" >&2
+    echo "$spills" >&2
+    fail=1
+fi
+
+# 2. ptxas did not serialize the wgmma (it says so when accumulator registers are touched in flight).
+if grep -qi "wgmma.*serialized" "$out/gemm_wgmma_sm90.ptxas.txt"; then
+    echo "check-sass: ptxas serialized wgmma:" >&2
+    grep -i "serialized" "$out/gemm_wgmma_sm90.ptxas.txt" >&2
+    fail=1
+fi
+
+# 3. QGMMA in every sm_90a kernel of the wgmma fatbin.
+sass=$(cuobjdump -sass -arch sm_90a "$fatbin")
+kernels=$(grep -oE "Function : [A-Za-z0-9_]+" <<<"$sass" | awk '{print $3}')
+[[ -n "$kernels" ]] || { echo "check-sass: no sm_90a kernels in $fatbin" >&2; exit 1; }
+usage=$(cuobjdump --dump-resource-usage -arch sm_90a "$fatbin")
+for k in $kernels; do
+    body=$(awk -v k="$k" '/Function : /{on = ($3 == k)} on' <<<"$sass")
+    q=$(grep -c "QGMMA" <<<"$body" || true)
+    regs=$(grep -A1 "Function $k:" <<<"$usage" | grep -oE "REG:[0-9]+" | cut -d: -f2)
+    local_mem=$(grep -A1 "Function $k:" <<<"$usage" | grep -oE "LOCAL:[0-9]+" | cut -d: -f2)
+    printf 'check-sass: %-34s regs %-4s local %-3s QGMMA %s\n' "$k" "$regs" "$local_mem" "$q"
+    if [[ "$q" -eq 0 ]]; then
+        echo "check-sass: $k has no QGMMA in its sm_90a SASS (FP8 wgmma missing: slow path)" >&2
+        fail=1
+    fi
+    if [[ "${local_mem:-0}" -ne 0 ]]; then
+        echo "check-sass: $k uses $local_mem bytes of local memory" >&2
+        fail=1
+    fi
+done
+[[ "$fail" -eq 0 ]] || exit 1
+echo "check-sass: ok: $(wc -w <<<"$kernels") sm_90a kernels with QGMMA, wgmma not serialized, no spills or local memory"

@@ -1,0 +1,206 @@
+//! Gradient accumulation over micro-batches: the contract between the step and
+//! the model's forward/backward.
+//!
+//! A step of `count` micro-batches of equal size must give the gradient of the
+//! mean loss over the whole batch, times the loss scale:
+//!
+//! ```text
+//! grad = sum_i  d(loss_i * backward_seed) / dw,   backward_seed = loss_scale / count
+//! ```
+//!
+//! so the caller's closure seeds its backward pass with
+//! [`MicroBatch::backward_seed`] instead of 1, and its layers *add* into
+//! `Parameter::grad` (they are zeroed once, here, before the first micro-batch).
+//! Weights do not change between micro-batches (no `mark_updated` until the
+//! optimizer step), so every layer's compute copy of its weights (bf16/fp16,
+//! FP8 codes and transposes, keyed by `Parameter::version`) is made in the
+//! first micro-batch and reused by the others.
+
+use crate::error::{Error, Result};
+use crate::nn::Module;
+
+/// What the closure needs to know about the micro-batch it runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MicroBatch {
+    /// 0-based index within the step.
+    pub index: usize,
+    /// Micro-batches in the step.
+    pub count: usize,
+    /// What backward starts from: `loss_scale / count` (the loss divided by the count, then scaled).
+    pub backward_seed: f32,
+}
+
+/// The losses of one step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AccumulatedLoss {
+    /// Mean of the micro-batch losses (unscaled), summed in f64.
+    pub mean: f32,
+    /// Each micro-batch's unscaled mean loss, in order.
+    pub micro: Vec<f32>,
+}
+
+/// Zeroes the gradients of `model`, then runs `forward_backward(model, micro)` for each of
+/// `count` micro-batches; the closure returns its micro-batch's unscaled mean loss. The first
+/// error stops the step and is returned (gradients are then partial: do not step on them).
+pub fn accumulate_gradients<M, F>(
+    model: &mut M,
+    count: usize,
+    loss_scale: f32,
+    mut forward_backward: F,
+) -> Result<AccumulatedLoss>
+where
+    M: Module + ?Sized,
+    F: FnMut(&mut M, MicroBatch) -> Result<f32>,
+{
+    if count == 0 {
+        return Err(Error::InvalidSetting {
+            setting: "micro_batches",
+            value: "0".to_string(),
+            reason: "a step needs at least one micro-batch".to_string(),
+        });
+    }
+    if !(loss_scale.is_finite() && loss_scale > 0.0) {
+        return Err(Error::InvalidScale { value: loss_scale });
+    }
+    model.zero_grad();
+    // Rounded once in f64: exact for power-of-two counts and scales.
+    let backward_seed = (loss_scale as f64 / count as f64) as f32;
+    let mut micro = Vec::with_capacity(count);
+    for index in 0..count {
+        let batch = MicroBatch {
+            index,
+            count,
+            backward_seed,
+        };
+        micro.push(forward_backward(model, batch)?);
+    }
+    let mean = (micro.iter().map(|&l| l as f64).sum::<f64>() / count as f64) as f32;
+    Ok(AccumulatedLoss { mean, micro })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::Parameter;
+
+    /// y = w . x with a mean squared error, and a "compute copy" of w rebuilt when its version changes.
+    struct Linear {
+        w: Parameter,
+        cache_version: Option<u64>,
+        cache_refreshes: usize,
+        cache: Vec<f32>,
+    }
+
+    impl Module for Linear {
+        fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
+            f(&mut self.w)
+        }
+    }
+
+    impl Linear {
+        fn new(w: Vec<f32>) -> Self {
+            Linear {
+                w: Parameter::new("w", &[w.len()], w).unwrap(),
+                cache_version: None,
+                cache_refreshes: 0,
+                cache: Vec::new(),
+            }
+        }
+
+        /// Mean loss over `rows` and adds `seed * dloss/dw` into the gradient.
+        fn forward_backward(&mut self, rows: &[(Vec<f32>, f32)], seed: f32) -> f32 {
+            if self.cache_version != Some(self.w.version()) {
+                self.cache = self.w.value.clone();
+                self.cache_version = Some(self.w.version());
+                self.cache_refreshes += 1;
+            }
+            let n = rows.len() as f32;
+            let mut loss = 0.0;
+            for (x, y) in rows {
+                let pred: f32 = self.cache.iter().zip(x).map(|(w, x)| w * x).sum();
+                let err = pred - y;
+                loss += err * err / n;
+                for (g, xi) in self.w.grad.iter_mut().zip(x) {
+                    *g += seed * 2.0 * err * xi / n;
+                }
+            }
+            loss
+        }
+    }
+
+    fn data() -> Vec<(Vec<f32>, f32)> {
+        (0..8)
+            .map(|i| {
+                let x = vec![(i as f32 * 0.7).sin(), (i as f32 * 1.3).cos(), 1.0];
+                (x, i as f32 * 0.25 - 1.0)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn four_micro_batches_give_the_full_batch_gradient_and_mean_loss() {
+        let rows = data();
+        let w = vec![0.3f32, -0.2, 0.1];
+        // f64 reference gradient and loss of the whole batch, times the loss scale.
+        let scale = 1024.0f64;
+        let mut grad = [0.0f64; 3];
+        let mut loss = 0.0f64;
+        for (x, y) in &rows {
+            let err: f64 = w.iter().zip(x).map(|(&w, &x)| w as f64 * x as f64).sum::<f64>() - *y as f64;
+            loss += err * err / 8.0;
+            for j in 0..3 {
+                grad[j] += scale * 2.0 * err * x[j] as f64 / 8.0;
+            }
+        }
+        let mut model = Linear::new(w);
+        model.w.grad = vec![99.0; 3]; // stale gradient from a previous step: must be cleared
+        let out = accumulate_gradients(&mut model, 4, scale as f32, |m, micro| {
+            assert_eq!(micro.count, 4);
+            assert_eq!(micro.backward_seed, 256.0);
+            let rows = &rows[micro.index * 2..micro.index * 2 + 2];
+            Ok(m.forward_backward(rows, micro.backward_seed))
+        })
+        .unwrap();
+        assert_eq!(out.micro.len(), 4);
+        assert!(
+            (out.mean as f64 - loss).abs() < 1e-6 * loss.max(1.0),
+            "{} vs {loss}",
+            out.mean
+        );
+        for (got, want) in model.w.grad.iter().zip(grad) {
+            assert!(
+                (*got as f64 - want).abs() < 1e-5 * want.abs().max(scale),
+                "{got} vs {want}"
+            );
+        }
+        assert_eq!(model.cache_refreshes, 1, "the weight copy is made once per step");
+        model.w.mark_updated();
+        accumulate_gradients(&mut model, 2, 1.0, |m, micro| {
+            Ok(m.forward_backward(&rows[micro.index..], 1.0))
+        })
+        .unwrap();
+        assert_eq!(model.cache_refreshes, 2, "a new version makes one new copy");
+    }
+
+    #[test]
+    fn errors_stop_the_step() {
+        let mut model = Linear::new(vec![1.0]);
+        let mut calls = 0;
+        let result = accumulate_gradients(&mut model, 3, 1.0, |_, micro| {
+            calls += 1;
+            if micro.index == 1 {
+                Err(Error::InvalidSetting {
+                    setting: "test",
+                    value: "1".into(),
+                    reason: "fails".into(),
+                })
+            } else {
+                Ok(1.0)
+            }
+        });
+        assert!(result.is_err());
+        assert_eq!(calls, 2);
+        assert!(accumulate_gradients(&mut model, 0, 1.0, |_, _| Ok(0.0)).is_err());
+        assert!(accumulate_gradients(&mut model, 1, 0.0, |_, _| Ok(0.0)).is_err());
+    }
+}

@@ -1,0 +1,393 @@
+//! AdamW (Loshchilov & Hutter): Adam moments with decoupled weight decay and
+//! bias correction, on f32 master weights with f32 moments (spec 6).
+//!
+//! One step `t` (1-based) for a parameter `p` with gradient `g`; the per-step
+//! scalars are computed in f64 and rounded to f32 once, every per-element
+//! operation is one correctly rounded f32 operation in exactly this order (no
+//! fused multiply-add), so a GPU kernel using `__fmul_rn`/`__fadd_rn`/`__fdiv_rn`/
+//! `__fsqrt_rn` gives the same bits:
+//!
+//! ```text
+//! decay     = f32(1 - lr * weight_decay)          step_size = f32(lr / (1 - beta1^t))
+//! c1 = f32(1 - beta1)   c2 = f32(1 - beta2)       bc2_sqrt  = f32(sqrt(1 - beta2^t))
+//! p = p * decay
+//! m = m * beta1 + g * c1
+//! v = v * beta2 + (g * g) * c2
+//! p = p - step_size * (m / (sqrt(v) / bc2_sqrt + eps))
+//! ```
+//!
+//! Weight decay applies to every parameter. The optimizer never skips a step
+//! itself: the loss scaler decides that before calling [`AdamW::step`].
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::nn::Module;
+
+/// AdamW hyperparameters.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AdamWConfig {
+    /// Default learning rate (a schedule usually passes its own to [`AdamW::step`]).
+    pub lr: f32,
+    /// Decay of the first moment.
+    pub beta1: f32,
+    /// Decay of the second moment.
+    pub beta2: f32,
+    /// Added to `sqrt(v_hat)` so a zero second moment does not divide by zero.
+    pub eps: f32,
+    /// Decoupled weight decay: each step multiplies the weights by `1 - lr * weight_decay`.
+    pub weight_decay: f32,
+}
+
+impl Default for AdamWConfig {
+    /// PyTorch's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
+    fn default() -> Self {
+        AdamWConfig {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
+impl AdamWConfig {
+    /// Checks every value's range: betas in [0, 1), eps > 0, lr and weight decay >= 0, all finite.
+    pub fn validate(&self) -> Result<()> {
+        let check = |setting: &'static str, value: f32, ok: bool, reason: &str| {
+            if ok && value.is_finite() {
+                Ok(())
+            } else {
+                Err(Error::InvalidSetting {
+                    setting,
+                    value: value.to_string(),
+                    reason: reason.to_string(),
+                })
+            }
+        };
+        check("lr", self.lr, self.lr >= 0.0, "must be finite and >= 0")?;
+        check(
+            "beta1",
+            self.beta1,
+            (0.0..1.0).contains(&self.beta1),
+            "must be in [0, 1)",
+        )?;
+        check(
+            "beta2",
+            self.beta2,
+            (0.0..1.0).contains(&self.beta2),
+            "must be in [0, 1)",
+        )?;
+        check("eps", self.eps, self.eps > 0.0, "must be finite and > 0")?;
+        check(
+            "weight_decay",
+            self.weight_decay,
+            self.weight_decay >= 0.0,
+            "must be finite and >= 0",
+        )
+    }
+}
+
+/// First and second moments of one parameter.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Moments {
+    /// The parameter's name.
+    pub name: String,
+    /// The parameter's shape.
+    pub shape: Vec<usize>,
+    /// First moment (mean of gradients).
+    pub m: Vec<f32>,
+    /// Second moment (mean of squared gradients).
+    pub v: Vec<f32>,
+}
+
+/// Everything a checkpoint needs to continue the optimizer exactly.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AdamWState {
+    /// Steps taken (the `t` of the bias correction).
+    pub step: u64,
+    /// One entry per parameter, in the module's visiting order; empty before the first step.
+    pub moments: Vec<Moments>,
+}
+
+/// The optimizer: hyperparameters and state.
+#[derive(Clone, Debug)]
+pub struct AdamW {
+    config: AdamWConfig,
+    state: AdamWState,
+}
+
+impl AdamW {
+    /// An optimizer with no state yet (moments are made at the first step, as zeros).
+    pub fn new(config: AdamWConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(AdamW {
+            config,
+            state: AdamWState::default(),
+        })
+    }
+
+    /// The hyperparameters.
+    pub fn config(&self) -> &AdamWConfig {
+        &self.config
+    }
+
+    /// Steps taken so far.
+    pub fn steps_taken(&self) -> u64 {
+        self.state.step
+    }
+
+    /// The state, for checkpoints.
+    pub fn state(&self) -> &AdamWState {
+        &self.state
+    }
+
+    /// Replaces the state (from a checkpoint). The moments are checked against the module
+    /// at the next [`AdamW::step`].
+    pub fn set_state(&mut self, state: AdamWState) {
+        self.state = state;
+    }
+
+    /// Bytes of optimizer state (two f32 moments per value once the first step has run).
+    pub fn state_bytes(&self) -> usize {
+        self.state.moments.iter().map(|m| 4 * (m.m.len() + m.v.len())).sum()
+    }
+
+    /// One update of every parameter of `module` with learning rate `lr`, from its gradient;
+    /// bumps each parameter's version so compute copies are refreshed. Fails, changing
+    /// nothing, if the module's parameters are not the ones the state was made for.
+    pub fn step(&mut self, module: &mut dyn Module, lr: f32) -> Result<()> {
+        if !(lr.is_finite() && lr >= 0.0) {
+            return Err(Error::InvalidSetting {
+                setting: "lr",
+                value: lr.to_string(),
+                reason: "must be finite and >= 0".to_string(),
+            });
+        }
+        self.check_or_init_moments(module)?;
+        let t = self.state.step + 1;
+        let c = &self.config;
+        let (lr64, b1, b2) = (lr as f64, c.beta1 as f64, c.beta2 as f64);
+        let decay = (1.0 - lr64 * c.weight_decay as f64) as f32;
+        let step_size = (lr64 / (1.0 - b1.powf(t as f64))) as f32;
+        let bc2_sqrt = (1.0 - b2.powf(t as f64)).sqrt() as f32;
+        let (beta1, beta2, eps) = (c.beta1, c.beta2, c.eps);
+        let (c1, c2) = ((1.0 - b1) as f32, (1.0 - b2) as f32);
+        let mut moments = self.state.moments.iter_mut();
+        module.visit_parameters(&mut |p| {
+            let state = moments.next().expect("moments checked against the module");
+            let (m, v) = (&mut state.m, &mut state.v);
+            for i in 0..p.value.len() {
+                let g = p.grad[i];
+                let w = p.value[i] * decay;
+                m[i] = m[i] * beta1 + g * c1;
+                v[i] = v[i] * beta2 + (g * g) * c2;
+                let denom = v[i].sqrt() / bc2_sqrt + eps;
+                p.value[i] = w - step_size * (m[i] / denom);
+            }
+            p.mark_updated();
+        });
+        self.state.step = t;
+        Ok(())
+    }
+
+    /// Makes zero moments at the first step; afterwards checks that the module still has the
+    /// same parameters (names, shapes, order).
+    fn check_or_init_moments(&mut self, module: &mut dyn Module) -> Result<()> {
+        let mut live = Vec::new();
+        module.visit_parameters(&mut |p| live.push((p.name().to_string(), p.shape().to_vec(), p.grad.len())));
+        if let Some((name, _, len)) = live
+            .iter()
+            .find(|(_, shape, len)| shape.iter().product::<usize>() != *len)
+        {
+            return Err(Error::InvalidTensor {
+                name: name.clone(),
+                reason: format!("gradient has {len} values, which does not fit the parameter's shape"),
+            });
+        }
+        if self.state.moments.is_empty() {
+            self.state.moments = live
+                .into_iter()
+                .map(|(name, shape, len)| Moments {
+                    name,
+                    shape,
+                    m: vec![0.0; len],
+                    v: vec![0.0; len],
+                })
+                .collect();
+            return Ok(());
+        }
+        if live.len() != self.state.moments.len() {
+            return Err(Error::InvalidTensor {
+                name: "adamw".to_string(),
+                reason: format!(
+                    "optimizer state has {} parameters, the module has {}",
+                    self.state.moments.len(),
+                    live.len()
+                ),
+            });
+        }
+        for ((name, shape, _), state) in live.iter().zip(&self.state.moments) {
+            let lengths_ok = state.m.len() == state.v.len() && state.m.len() == shape.iter().product::<usize>();
+            if *name != state.name || *shape != state.shape || !lengths_ok {
+                return Err(Error::InvalidTensor {
+                    name: name.clone(),
+                    reason: format!(
+                        "optimizer state is for '{}' of shape {:?} ({} values), the module has '{name}' of shape {shape:?}",
+                        state.name,
+                        state.shape,
+                        state.m.len()
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::test_util::ParamList;
+
+    /// Textbook AdamW in f64, one value at a time.
+    fn reference_step(p: &mut f64, m: &mut f64, v: &mut f64, g: f64, t: i32, lr: f64, c: &AdamWConfig) {
+        let (b1, b2) = (c.beta1 as f64, c.beta2 as f64);
+        *p -= lr * c.weight_decay as f64 * *p;
+        *m = b1 * *m + (1.0 - b1) * g;
+        *v = b2 * *v + (1.0 - b2) * g * g;
+        let m_hat = *m / (1.0 - b1.powi(t));
+        let v_hat = *v / (1.0 - b2.powi(t));
+        *p -= lr * m_hat / (v_hat.sqrt() + c.eps as f64);
+    }
+
+    #[test]
+    fn several_steps_follow_an_f64_hand_computation() {
+        let config = AdamWConfig {
+            lr: 0.0,
+            beta1: 0.9,
+            beta2: 0.99,
+            eps: 1e-6,
+            weight_decay: 0.1,
+        };
+        let init = [0.5f32, -1.25, 3.0, 0.0, 1e-3, -7.5];
+        let mut module = ParamList::new(&[("w", &[2, 2], init[..4].to_vec()), ("b", &[2], init[4..].to_vec())]);
+        let mut opt = AdamW::new(config).unwrap();
+        let mut p64: Vec<f64> = init.iter().map(|&x| x as f64).collect();
+        let (mut m64, mut v64) = (vec![0.0f64; 6], vec![0.0f64; 6]);
+        let lrs = [0.01f32, 0.02, 0.005, 0.01, 0.03];
+        for (step, &lr) in lrs.iter().enumerate() {
+            // Gradients that change sign and size from step to step, one of them zero.
+            let grads: Vec<f32> = (0..6)
+                .map(|i| ((i as f32 + 1.0) * (step as f32 - 1.5)).sin() * 0.3)
+                .collect();
+            module.params[0].grad.copy_from_slice(&grads[..4]);
+            module.params[1].grad.copy_from_slice(&grads[4..]);
+            module.params[1].grad[1] = 0.0;
+            let g_used: Vec<f32> = module.params.iter().flat_map(|p| p.grad.clone()).collect();
+            opt.step(&mut module, lr).unwrap();
+            for i in 0..6 {
+                reference_step(
+                    &mut p64[i],
+                    &mut m64[i],
+                    &mut v64[i],
+                    g_used[i] as f64,
+                    step as i32 + 1,
+                    lr as f64,
+                    &config,
+                );
+            }
+            let got: Vec<f32> = module.params.iter().flat_map(|p| p.value.clone()).collect();
+            for i in 0..6 {
+                let tol = 1e-5 * p64[i].abs().max(1.0);
+                assert!(
+                    (got[i] as f64 - p64[i]).abs() < tol,
+                    "step {step} value {i}: {} vs {}",
+                    got[i],
+                    p64[i]
+                );
+            }
+        }
+        assert_eq!(opt.steps_taken(), 5);
+        assert_eq!(module.params[0].version(), 5);
+        assert_eq!(opt.state_bytes(), 6 * 8);
+    }
+
+    #[test]
+    fn first_step_moves_each_value_by_about_lr_against_its_gradient_sign() {
+        // With bias correction the first update is lr * g/|g| (plus decay), whatever the gradient's size.
+        let mut module = ParamList::new(&[("w", &[3], vec![1.0, 1.0, 1.0])]);
+        module.params[0].grad = vec![1e-4, -50.0, 3.0];
+        let config = AdamWConfig {
+            weight_decay: 0.0,
+            eps: 1e-12,
+            ..AdamWConfig::default()
+        };
+        AdamW::new(config).unwrap().step(&mut module, 0.1).unwrap();
+        let expected = [0.9f32, 1.1, 0.9];
+        for (got, want) in module.params[0].value.iter().zip(expected) {
+            assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn a_changed_parameter_set_is_an_error_and_changes_nothing() {
+        let mut module = ParamList::new(&[("w", &[2], vec![1.0, 2.0])]);
+        let mut opt = AdamW::new(AdamWConfig::default()).unwrap();
+        opt.step(&mut module, 0.1).unwrap();
+        let mut other = ParamList::new(&[("w", &[3], vec![1.0, 2.0, 3.0])]);
+        let before = other.params[0].clone();
+        assert!(matches!(opt.step(&mut other, 0.1), Err(Error::InvalidTensor { .. })));
+        assert_eq!(other.params[0], before);
+        let mut renamed = ParamList::new(&[("v", &[2], vec![1.0, 2.0])]);
+        assert!(opt.step(&mut renamed, 0.1).is_err());
+        assert_eq!(opt.steps_taken(), 1);
+    }
+
+    #[test]
+    fn bad_hyperparameters_and_learning_rates_are_errors() {
+        for config in [
+            AdamWConfig {
+                beta1: 1.0,
+                ..Default::default()
+            },
+            AdamWConfig {
+                beta2: -0.1,
+                ..Default::default()
+            },
+            AdamWConfig {
+                eps: 0.0,
+                ..Default::default()
+            },
+            AdamWConfig {
+                lr: f32::NAN,
+                ..Default::default()
+            },
+        ] {
+            assert!(matches!(AdamW::new(config), Err(Error::InvalidSetting { .. })));
+        }
+        let mut module = ParamList::new(&[("w", &[1], vec![1.0])]);
+        let mut opt = AdamW::new(AdamWConfig::default()).unwrap();
+        assert!(opt.step(&mut module, f32::INFINITY).is_err());
+        assert!(opt.step(&mut module, -1.0).is_err());
+    }
+
+    #[test]
+    fn state_round_trips_and_continues_identically() {
+        let mut a = ParamList::new(&[("w", &[2], vec![0.3, -0.7])]);
+        let mut opt = AdamW::new(AdamWConfig::default()).unwrap();
+        for s in 0..3 {
+            a.params[0].grad = vec![0.1 * s as f32 + 0.05, -0.2];
+            opt.step(&mut a, 0.01).unwrap();
+        }
+        let mut b = a.clone();
+        let mut copy = AdamW::new(AdamWConfig::default()).unwrap();
+        copy.set_state(opt.state().clone());
+        a.params[0].grad = vec![0.4, 0.4];
+        b.params[0].grad = vec![0.4, 0.4];
+        opt.step(&mut a, 0.01).unwrap();
+        copy.step(&mut b, 0.01).unwrap();
+        assert_eq!(a.params[0].value, b.params[0].value);
+    }
+}

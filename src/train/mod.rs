@@ -1,0 +1,24 @@
+//! The training loop's pieces that do not depend on the layers: they work on
+//! [`nn::Module`](crate::nn::Module) / [`nn::Parameter`](crate::nn::Parameter) and plain f32 slices.
+//!
+//! One step, in order (`docs/training.md`):
+//! 1. [`accumulate::accumulate_gradients`]: zero the gradients, run every micro-batch's forward and
+//!    backward with the loss divided by the micro-batch count (and multiplied by the loss scale).
+//! 2. [`step::apply_gradients`]: unscale and check for inf/NaN ([`crate::amp::loss_scaler`]),
+//!    clip by global norm ([`clip`]), update with [`adamw::AdamW`] at the [`schedule`]'s learning
+//!    rate, or skip the update on an inf/NaN gradient; then let the scaler grow or back off.
+//! 3. Log a [`metrics::StepMetrics`] line; save a [`checkpoint`] now and then; [`memory`] accounting
+//!    and [`plot`] of the loss curves at the end.
+
+pub mod accumulate;
+pub mod adamw;
+pub mod checkpoint;
+pub mod clip;
+pub mod memory;
+pub mod metrics;
+pub mod plot;
+pub mod schedule;
+pub mod step;
+
+#[cfg(test)]
+pub(crate) mod test_util;

@@ -1,0 +1,102 @@
+//! The optimizer half of a training step, in the spec's order (spec 6):
+//! unscale the gradients and check them for inf/NaN, clip by global norm, then
+//! update with AdamW, or skip the update if a gradient was not finite; last,
+//! let the loss scaler grow or back off.
+
+use crate::amp::loss_scaler::DynamicLossScaler;
+use crate::error::Result;
+use crate::nn::Module;
+
+use super::adamw::AdamW;
+use super::clip::{clip_grad_norm, grad_norm};
+
+/// What happened to one step's gradients.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepOutcome {
+    /// Global L2 norm of the unscaled gradients before clipping (inf/NaN on a skipped step).
+    pub grad_norm: f64,
+    /// Whether the update was skipped because a gradient was inf or NaN.
+    pub skipped: bool,
+    /// The loss scale this step's backward ran with.
+    pub loss_scale: f32,
+    /// The learning rate the update used.
+    pub lr: f32,
+}
+
+/// Unscales, checks, clips (if `max_grad_norm` is set) and applies the gradients of `model`.
+/// With a disabled scaler nothing is ever skipped: a NaN gradient reaches the weights, and
+/// the returned norm says so.
+pub fn apply_gradients(
+    model: &mut dyn Module,
+    scaler: &mut DynamicLossScaler,
+    optimizer: &mut AdamW,
+    lr: f32,
+    max_grad_norm: Option<f32>,
+) -> Result<StepOutcome> {
+    let loss_scale = scaler.scale();
+    let finite = scaler.unscale_and_check(model);
+    let grad_norm = if finite {
+        let norm = match max_grad_norm {
+            Some(max) => clip_grad_norm(model, max)?,
+            None => grad_norm(model),
+        };
+        optimizer.step(model, lr)?;
+        norm
+    } else {
+        grad_norm(model)
+    };
+    scaler.update(!finite);
+    Ok(StepOutcome {
+        grad_norm,
+        skipped: !finite,
+        loss_scale,
+        lr,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::amp::loss_scaler::LossScalerConfig;
+    use crate::train::adamw::AdamWConfig;
+    use crate::train::test_util::ParamList;
+
+    fn setup() -> (ParamList, DynamicLossScaler, AdamW) {
+        let model = ParamList::new(&[("w", &[2], vec![1.0, -1.0])]);
+        let scaler = DynamicLossScaler::new(LossScalerConfig {
+            init_scale: 1024.0,
+            ..LossScalerConfig::default()
+        })
+        .unwrap();
+        (model, scaler, AdamW::new(AdamWConfig::default()).unwrap())
+    }
+
+    #[test]
+    fn a_finite_step_unscales_before_clipping_and_updates() {
+        let (mut model, mut scaler, mut opt) = setup();
+        // Unscaled gradient (3, 4): norm 5. Clipping a scaled norm of 5120 would give another answer.
+        model.params[0].grad = vec![3.0 * 1024.0, 4.0 * 1024.0];
+        let out = apply_gradients(&mut model, &mut scaler, &mut opt, 0.1, Some(1.0)).unwrap();
+        assert_eq!(out.grad_norm, 5.0);
+        assert!(!out.skipped);
+        assert_eq!(out.loss_scale, 1024.0);
+        let g = &model.params[0].grad;
+        assert!(((g[0] as f64).hypot(g[1] as f64) - 1.0).abs() < 1e-6);
+        assert_eq!(opt.steps_taken(), 1);
+        assert_eq!(model.params[0].version(), 1);
+        assert_eq!(scaler.state().growth_tracker, 1);
+    }
+
+    #[test]
+    fn an_inf_gradient_skips_the_update_and_backs_off() {
+        let (mut model, mut scaler, mut opt) = setup();
+        model.params[0].grad = vec![f32::INFINITY, 1.0];
+        let out = apply_gradients(&mut model, &mut scaler, &mut opt, 0.1, Some(1.0)).unwrap();
+        assert!(out.skipped);
+        assert_eq!(out.grad_norm, f64::INFINITY);
+        assert_eq!(model.params[0].value, vec![1.0, -1.0]);
+        assert_eq!(model.params[0].version(), 0);
+        assert_eq!(opt.steps_taken(), 0);
+        assert_eq!(scaler.scale(), 512.0);
+    }
+}
