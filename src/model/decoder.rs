@@ -8,10 +8,9 @@ use crate::nn::{
     Fp8TensorStats, LayerNorm, Linear, Module, NormConfig, Parameter, RMSNorm, Tensor, TransformerLayer,
 };
 use crate::ops::{Dtype, embedding, loss};
+use crate::data::IGNORE_INDEX as IGNORE;
 use crate::scaling::DelayedSlot;
 
-/// Targets equal to this are not scored (prompt positions of a task).
-pub const IGNORE: u32 = u32::MAX;
 
 /// Seed streams of the model's parts, so adding a part never changes another's init.
 const SEED_TOKENS: u64 = 1;

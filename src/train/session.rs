@@ -53,6 +53,8 @@ pub struct RunConfig {
     pub seed: u64,
     /// Initial loss scale; `None`: 2^16 for fp16, off for the others.
     pub loss_scale: Option<f32>,
+    /// Also write the checkpoint every this many steps (the final one is always written).
+    pub checkpoint_every: Option<u64>,
 }
 
 impl Default for RunConfig {
@@ -69,6 +71,7 @@ impl Default for RunConfig {
             max_grad_norm: Some(1.0),
             seed: 1,
             loss_scale: None,
+            checkpoint_every: None,
         }
     }
 }
@@ -92,6 +95,15 @@ pub struct RunOutput {
 
 /// Called after every step with its metrics.
 pub type StepCallback<'a> = &'a mut dyn FnMut(&StepMetrics);
+
+/// How one call of [`run`] starts and stops.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunControl<'a> {
+    /// Continue from this checkpoint (written by a run with the same precision and config).
+    pub resume: Option<&'a Path>,
+    /// Stop after this step count (a checkpoint is written), as if the run were interrupted.
+    pub stop_after: Option<u64>,
+}
 
 fn invalid(setting: &'static str, value: impl ToString, reason: impl Into<String>) -> Error {
     Error::InvalidSetting {
@@ -124,13 +136,13 @@ impl RunConfig {
 }
 
 /// Trains one model under `precision` on `data`, writing `dir/metrics.jsonl` and
-/// `dir/checkpoint.safetensors`; resumes from `resume` if given.
+/// `dir/checkpoint.safetensors`; resumes and stops as `control` says.
 pub fn run(
     precision: &Precision,
     config: &RunConfig,
     data: &Dataset,
     dir: &Path,
-    resume: Option<&Path>,
+    control: RunControl,
     on_step: StepCallback,
 ) -> Result<RunOutput> {
     let micro_size = config.micro_batch_size()?;
@@ -160,7 +172,7 @@ pub fn run(
         config: config_json.clone(),
     };
     let metrics_path = dir.join("metrics.jsonl");
-    let mut metrics = match resume {
+    let mut metrics = match control.resume {
         Some(path) => {
             let loaded = load_checkpoint(path, &mut model, &mut optimizer, &mut scaler)?;
             if loaded.config != config_json {
@@ -180,7 +192,9 @@ pub fn run(
     let mut curve = Vec::new();
     let (mut skipped, mut tokens, mut seconds, mut peak_activations) = (0u64, 0u64, 0f64, 0u64);
     let mut last_loss = f32::NAN;
-    while progress.step < config.steps {
+    let checkpoint = dir.join("checkpoint.safetensors");
+    let last_step = control.stop_after.map_or(config.steps, |s| s.min(config.steps));
+    while progress.step < last_step {
         let started = Instant::now();
         let batches: Vec<_> = (0..config.micro_batches)
             .map(|_| data.train_batch(&mut progress.data, micro_size))
@@ -219,10 +233,12 @@ pub fn run(
         on_step(&record);
         curve.push((progress.step, losses.mean));
         progress.step += 1;
+        if config.checkpoint_every.is_some_and(|n| n > 0 && progress.step % n == 0) && progress.step < last_step {
+            save_checkpoint(&checkpoint, &mut model, &optimizer, &scaler, &progress)?;
+        }
     }
 
     let (heldout_loss, heldout_accuracy) = evaluate(&mut model, data, micro_size)?;
-    let checkpoint = dir.join("checkpoint.safetensors");
     save_checkpoint(&checkpoint, &mut model, &optimizer, &scaler, &progress)?;
     let report = ledger.report();
     Ok(RunOutput {

@@ -15,7 +15,7 @@ use fp8_engine::device::{Device, DeviceChoice};
 use fp8_engine::model::{ModelConfig, Recompute};
 use fp8_engine::train::metrics::{Summary, write_summary};
 use fp8_engine::train::plot::plot_losses;
-use fp8_engine::train::session::{RunConfig, RunOutput, run};
+use fp8_engine::train::session::{RunConfig, RunControl, RunOutput, run};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::error::CliError;
@@ -99,6 +99,12 @@ pub struct TrainArgs {
     /// Continue from this checkpoint (one precision only).
     #[arg(long)]
     resume: Option<PathBuf>,
+    /// Write the checkpoint every N steps too (the final one is always written).
+    #[arg(long)]
+    checkpoint_every: Option<u64>,
+    /// Stop after this many steps (checkpoint written), to --resume later.
+    #[arg(long)]
+    stop_after: Option<u64>,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -170,6 +176,7 @@ fn run_config(args: &TrainArgs) -> Result<RunConfig, CliError> {
         max_grad_norm: (args.clip > 0.0).then_some(args.clip),
         seed: args.seed,
         loss_scale: args.loss_scale,
+        checkpoint_every: args.checkpoint_every,
     })
 }
 
@@ -227,7 +234,11 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
             bar.set_position(m.step + 1);
             bar.set_message(format!("loss {:.4}", m.loss));
         };
-        let output = run(precision, &config, &data, &dir, args.resume.as_deref(), &mut on_step)?;
+        let control = RunControl {
+            resume: args.resume.as_deref(),
+            stop_after: args.stop_after,
+        };
+        let output = run(precision, &config, &data, &dir, control, &mut on_step)?;
         bar.finish_and_clear();
         outputs.push((precision.clone(), output));
     }
