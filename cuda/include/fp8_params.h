@@ -85,12 +85,11 @@ typedef struct Fp8AmaxParams {
     uint64_t amax;
 } Fp8AmaxParams;
 
-/* Fp8GemmScales: how the GEMM applies its inputs' scale_inv (spec 5).
- * (Same names and values as the portable GEMM's header section.) */
-#define FP8_GEMM_SCALES_NONE 0u             /* plain bf16/f16 inputs */
-#define FP8_GEMM_SCALES_PER_TENSOR 1u       /* one f32 each at a_scale_inv, b_scale_inv */
-#define FP8_GEMM_SCALES_1X128_BY_128X128 2u /* A [m, k_blocks], B [ceil(n/128), k_blocks] */
-#define FP8_GEMM_SCALES_1X128_BY_1X128 3u   /* A [m, k_blocks], B [n, k_blocks] */
+/* Fp8GemmScales: how the GEMM applies its inputs' scale_inv (spec 5). */
+#define FP8_GEMM_SCALES_NONE 0u                 /* plain bf16/f16 inputs */
+#define FP8_GEMM_SCALES_PER_TENSOR 1u           /* one f32 each at a_scale_inv, b_scale_inv */
+#define FP8_GEMM_SCALES_1X128_BY_128X128 2u     /* A [m, k_blocks], B [ceil(n/128), k_blocks] */
+#define FP8_GEMM_SCALES_1X128_BY_1X128 3u       /* A [m, k_blocks], B [n, k_blocks] */
 
 /* Fp8GemmOut: the dtype of the GEMM's output D. */
 #define FP8_GEMM_OUT_F32 0u
@@ -101,6 +100,30 @@ typedef struct Fp8AmaxParams {
 
 /* Fp8GemmError: what a GEMM kernel writes to error_flag when it cannot run. */
 #define FP8_GEMM_ERROR_ARCH 1u /* the variant does not exist on this GPU's architecture */
+
+/* D = alpha * (A . B^T) * sA * sB (+ bias) (+ beta * D), A [m, k] and B [n, k]
+ * K-major, D [m, n] row-major; the kernel name carries the input dtypes. */
+typedef struct Fp8GemmParams {
+    uint64_t a;           /* [m, k] FP8 codes or bf16/f16, rows 16-byte aligned */
+    uint64_t b;           /* [n, k] likewise */
+    uint64_t a_scale_inv; /* f32, see scale_mode (0 for FP8_GEMM_SCALES_NONE) */
+    uint64_t b_scale_inv; /* f32, see scale_mode */
+    uint64_t bias;        /* f32 [n], added after alpha; 0 for none */
+    uint64_t d;           /* [m, n] of out_dtype; read too when beta != 0 (f32 only) */
+    uint64_t d_scale;     /* device f32 output scale for an FP8 output, else 0 */
+    uint64_t amax;        /* device f32 max-ed with max|D| before the output cast (NaN sticks); 0 for none */
+    uint64_t error_flag;  /* device u32 receiving FP8_GEMM_ERROR_*; 0 for none */
+    uint32_t m;
+    uint32_t n;
+    uint32_t k;
+    uint32_t k_blocks;   /* ceil(k / 128): the row length of the block-scale grids */
+    float alpha;
+    float beta;          /* 0 ignores the old D entirely (even NaN) */
+    uint32_t scale_mode; /* FP8_GEMM_SCALES_* */
+    uint32_t out_dtype;  /* FP8_GEMM_OUT_* */
+    uint32_t split_accumulator; /* 1: promote the tensor-core sum to f32 every 128 of K */
+    uint32_t pad0;
+} Fp8GemmParams;
 
 /* Hopper (sm_90a) warp-specialized wgmma GEMM: geometry shared by the kernel
  * and the launcher (the dynamic shared memory size is computed from these). */

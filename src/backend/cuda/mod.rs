@@ -5,7 +5,11 @@
 
 mod buffer;
 mod context;
+pub mod cublaslt;
 mod error;
+pub mod gemm;
+pub mod gemm_bench;
+pub mod gemm_dispatch;
 pub mod hopper;
 mod launch;
 pub mod params;

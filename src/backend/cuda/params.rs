@@ -164,6 +164,54 @@ const _: () = {
     ["Offset of field: Fp8AmaxParams::amax"][::core::mem::offset_of!(Fp8AmaxParams, amax) - 16usize];
 };
 #[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct Fp8GemmParams {
+    pub a: u64,
+    pub b: u64,
+    pub a_scale_inv: u64,
+    pub b_scale_inv: u64,
+    pub bias: u64,
+    pub d: u64,
+    pub d_scale: u64,
+    pub amax: u64,
+    pub error_flag: u64,
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub k_blocks: u32,
+    pub alpha: f32,
+    pub beta: f32,
+    pub scale_mode: u32,
+    pub out_dtype: u32,
+    pub split_accumulator: u32,
+    pub pad0: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Fp8GemmParams"][::core::mem::size_of::<Fp8GemmParams>() - 112usize];
+    ["Alignment of Fp8GemmParams"][::core::mem::align_of::<Fp8GemmParams>() - 8usize];
+    ["Offset of field: Fp8GemmParams::a"][::core::mem::offset_of!(Fp8GemmParams, a) - 0usize];
+    ["Offset of field: Fp8GemmParams::b"][::core::mem::offset_of!(Fp8GemmParams, b) - 8usize];
+    ["Offset of field: Fp8GemmParams::a_scale_inv"][::core::mem::offset_of!(Fp8GemmParams, a_scale_inv) - 16usize];
+    ["Offset of field: Fp8GemmParams::b_scale_inv"][::core::mem::offset_of!(Fp8GemmParams, b_scale_inv) - 24usize];
+    ["Offset of field: Fp8GemmParams::bias"][::core::mem::offset_of!(Fp8GemmParams, bias) - 32usize];
+    ["Offset of field: Fp8GemmParams::d"][::core::mem::offset_of!(Fp8GemmParams, d) - 40usize];
+    ["Offset of field: Fp8GemmParams::d_scale"][::core::mem::offset_of!(Fp8GemmParams, d_scale) - 48usize];
+    ["Offset of field: Fp8GemmParams::amax"][::core::mem::offset_of!(Fp8GemmParams, amax) - 56usize];
+    ["Offset of field: Fp8GemmParams::error_flag"][::core::mem::offset_of!(Fp8GemmParams, error_flag) - 64usize];
+    ["Offset of field: Fp8GemmParams::m"][::core::mem::offset_of!(Fp8GemmParams, m) - 72usize];
+    ["Offset of field: Fp8GemmParams::n"][::core::mem::offset_of!(Fp8GemmParams, n) - 76usize];
+    ["Offset of field: Fp8GemmParams::k"][::core::mem::offset_of!(Fp8GemmParams, k) - 80usize];
+    ["Offset of field: Fp8GemmParams::k_blocks"][::core::mem::offset_of!(Fp8GemmParams, k_blocks) - 84usize];
+    ["Offset of field: Fp8GemmParams::alpha"][::core::mem::offset_of!(Fp8GemmParams, alpha) - 88usize];
+    ["Offset of field: Fp8GemmParams::beta"][::core::mem::offset_of!(Fp8GemmParams, beta) - 92usize];
+    ["Offset of field: Fp8GemmParams::scale_mode"][::core::mem::offset_of!(Fp8GemmParams, scale_mode) - 96usize];
+    ["Offset of field: Fp8GemmParams::out_dtype"][::core::mem::offset_of!(Fp8GemmParams, out_dtype) - 100usize];
+    ["Offset of field: Fp8GemmParams::split_accumulator"]
+        [::core::mem::offset_of!(Fp8GemmParams, split_accumulator) - 104usize];
+    ["Offset of field: Fp8GemmParams::pad0"][::core::mem::offset_of!(Fp8GemmParams, pad0) - 108usize];
+};
+#[repr(C)]
 #[repr(align(128))]
 #[derive(Debug, Copy, Clone)]
 pub struct Fp8TensorMap {
