@@ -77,7 +77,11 @@ fn resume_continues_the_same_trajectory_bit_for_bit() {
         ..RunControl::default()
     };
     let second = train(&p, &config, &resumed, control);
-    assert_eq!(second.curve.first().map(|c| c.0), Some(3), "the resumed run starts at step 3");
+    assert_eq!(
+        second.curve.first().map(|c| c.0),
+        Some(3),
+        "the resumed run starts at step 3"
+    );
 
     let a = read_metrics(&straight.join("metrics.jsonl")).expect("metrics");
     let b = read_metrics(&resumed.join("metrics.jsonl")).expect("metrics");
@@ -86,7 +90,12 @@ fn resume_continues_the_same_trajectory_bit_for_bit() {
     for (x, y) in a.iter().zip(&b) {
         assert_eq!(x.step, y.step);
         assert_eq!(x.loss.to_bits(), y.loss.to_bits(), "step {} loss", x.step);
-        assert_eq!(x.grad_norm.to_bits(), y.grad_norm.to_bits(), "step {} grad norm", x.step);
+        assert_eq!(
+            x.grad_norm.to_bits(),
+            y.grad_norm.to_bits(),
+            "step {} grad norm",
+            x.step
+        );
         assert_eq!(x.fp8, y.fp8, "step {} FP8 statistics", x.step);
     }
     let final_a = fs::read(straight.join("checkpoint.safetensors")).expect("checkpoint");
@@ -110,20 +119,33 @@ fn resume_refuses_a_checkpoint_of_another_run() {
         resume: Some(&ckpt),
         ..RunControl::default()
     };
-    let err = run(&p, &other, &data(), &dir, control, &mut |_| {}).err().expect("must refuse");
+    let err = run(&p, &other, &data(), &dir, control, &mut |_| {}).expect_err("must refuse");
     assert!(err.to_string().contains("another run"), "{err}");
 }
 
 #[test]
 fn recompute_halves_activation_memory_with_identical_losses() {
     let p = precision("fp8-delayed");
-    let plain = train(&p, &small(4, Recompute::None), &scratch("norecompute"), RunControl::default());
-    let recomputed = train(&p, &small(4, Recompute::Every), &scratch("recompute"), RunControl::default());
+    let plain = train(
+        &p,
+        &small(4, Recompute::None),
+        &scratch("norecompute"),
+        RunControl::default(),
+    );
+    let recomputed = train(
+        &p,
+        &small(4, Recompute::Every),
+        &scratch("recompute"),
+        RunControl::default(),
+    );
     for ((s1, l1), (s2, l2)) in plain.curve.iter().zip(&recomputed.curve) {
         assert_eq!(s1, s2);
         assert_eq!(l1.to_bits(), l2.to_bits(), "step {s1}: {l1} vs {l2}");
     }
-    assert_eq!(plain.summary.heldout_loss.to_bits(), recomputed.summary.heldout_loss.to_bits());
+    assert_eq!(
+        plain.summary.heldout_loss.to_bits(),
+        recomputed.summary.heldout_loss.to_bits()
+    );
     let ratio = plain.peak_activation_bytes as f64 / recomputed.peak_activation_bytes as f64;
     assert!(ratio >= 2.0, "activation memory only {ratio:.2}x lower with recompute");
 }
@@ -143,7 +165,12 @@ fn fp16_loss_scaler_skips_steps_from_a_huge_scale_and_recovers() {
     let last = metrics.last().expect("steps");
     assert!(last.loss_scale < 2f32.powi(40), "the scale never backed off");
     assert!(last.grad_norm.is_finite(), "the last step still overflows");
-    assert!(last.loss.is_finite() && last.loss < metrics[0].loss, "no recovery: {} -> {}", metrics[0].loss, last.loss);
+    assert!(
+        last.loss.is_finite() && last.loss < metrics[0].loss,
+        "no recovery: {} -> {}",
+        metrics[0].loss,
+        last.loss
+    );
 }
 
 #[test]

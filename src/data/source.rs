@@ -73,7 +73,12 @@ impl Dataset {
                 t.seq_len(),
                 t.vocab_size()
             ),
-            Dataset::Text(t) => format!("text, seq {}, vocab {}, {} training chars", t.seq_len(), t.vocab_size(), t.train_len()),
+            Dataset::Text(t) => format!(
+                "text, seq {}, vocab {}, {} training chars",
+                t.seq_len(),
+                t.vocab_size(),
+                t.train_len()
+            ),
         }
     }
 }

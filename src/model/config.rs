@@ -25,7 +25,7 @@ impl Recompute {
         match self {
             Recompute::None => false,
             Recompute::Every => true,
-            Recompute::EveryNth(n) => n > 0 && index % n == 0,
+            Recompute::EveryNth(n) => n > 0 && index.is_multiple_of(n),
         }
     }
 }
@@ -109,8 +109,12 @@ impl ModelConfig {
         if self.max_seq == 0 {
             return bad("max_seq", self.max_seq, "must be at least 1");
         }
-        if self.hidden == 0 || self.heads == 0 || self.hidden % self.heads != 0 {
-            return bad("hidden", self.hidden, &format!("must be a positive multiple of heads ({})", self.heads));
+        if self.hidden == 0 || self.heads == 0 || !self.hidden.is_multiple_of(self.heads) {
+            return bad(
+                "hidden",
+                self.hidden,
+                &format!("must be a positive multiple of heads ({})", self.heads),
+            );
         }
         if self.ffn_hidden == 0 {
             return bad("ffn_hidden", self.ffn_hidden, "must be at least 1");
@@ -124,8 +128,16 @@ impl ModelConfig {
             hidden: self.hidden,
             heads: self.heads,
             ffn_hidden: self.ffn_hidden,
-            activation: if self.swiglu { Activation::SwiGlu } else { Activation::Gelu },
-            norm: if self.rmsnorm { NormKind::RmsNorm } else { NormKind::LayerNorm },
+            activation: if self.swiglu {
+                Activation::SwiGlu
+            } else {
+                Activation::Gelu
+            },
+            norm: if self.rmsnorm {
+                NormKind::RmsNorm
+            } else {
+                NormKind::LayerNorm
+            },
             recompute: self.recompute.applies_to(index),
             ..TransformerConfig::default()
         }

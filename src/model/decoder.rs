@@ -3,14 +3,11 @@
 use super::config::ModelConfig;
 use super::head;
 use crate::amp::Precision;
-use crate::error::{Error, Result};
-use crate::nn::{
-    Fp8TensorStats, LayerNorm, Linear, Module, NormConfig, Parameter, RMSNorm, Tensor, TransformerLayer,
-};
-use crate::ops::{Dtype, embedding, loss};
 use crate::data::IGNORE_INDEX as IGNORE;
+use crate::error::{Error, Result};
+use crate::nn::{Fp8TensorStats, LayerNorm, Linear, Module, NormConfig, Parameter, RMSNorm, Tensor, TransformerLayer};
+use crate::ops::{Dtype, embedding, loss};
 use crate::scaling::DelayedSlot;
-
 
 /// Seed streams of the model's parts, so adding a part never changes another's init.
 const SEED_TOKENS: u64 = 1;
@@ -97,7 +94,11 @@ impl DecoderModel {
         let positions = Parameter::new(
             "embed.positions",
             &[config.max_seq, h],
-            crate::nn::init_normal(crate::nn::child_seed(seed, SEED_POSITIONS), config.max_seq * h, 0.1 * std),
+            crate::nn::init_normal(
+                crate::nn::child_seed(seed, SEED_POSITIONS),
+                config.max_seq * h,
+                0.1 * std,
+            ),
         )?;
         let layers = (0..config.layers)
             .map(|i| {
@@ -191,7 +192,13 @@ impl DecoderModel {
         let normed = self.final_norm.forward(&x)?;
         let logits = match &mut self.head {
             Some(head) => head.forward(&normed)?.data,
-            None => head::forward(&normed.data, &self.tokens.value, normed.rows, self.config.hidden, self.dtype)?,
+            None => head::forward(
+                &normed.data,
+                &self.tokens.value,
+                normed.rows,
+                self.config.hidden,
+                self.dtype,
+            )?,
         };
         Ok((normed, logits))
     }
@@ -226,7 +233,15 @@ impl DecoderModel {
         })?;
         let (rows, h, vocab) = (saved.batch * saved.seq, self.config.hidden, self.config.vocab);
         let mut dlogits = vec![0.0f32; rows * vocab];
-        loss::cross_entropy_backward(&saved.logits, &saved.targets, vocab, IGNORE, &saved.lse, dloss, &mut dlogits)?;
+        loss::cross_entropy_backward(
+            &saved.logits,
+            &saved.targets,
+            vocab,
+            IGNORE,
+            &saved.lse,
+            dloss,
+            &mut dlogits,
+        )?;
         let dnormed = match &mut self.head {
             Some(head) => head.backward(&Tensor::new(dlogits, rows, vocab)?)?,
             None => {
@@ -269,7 +284,13 @@ impl DecoderModel {
 
     /// Mean loss on `inputs`/`targets` without keeping anything for backward and without touching
     /// the FP8 scaling state (held-out evaluation).
-    pub fn evaluate_loss(&mut self, inputs: &[u32], targets: &[u32], batch: usize, seq: usize) -> Result<(f32, Vec<u32>)> {
+    pub fn evaluate_loss(
+        &mut self,
+        inputs: &[u32],
+        targets: &[u32],
+        batch: usize,
+        seq: usize,
+    ) -> Result<(f32, Vec<u32>)> {
         let slots = self.snapshot_fp8_slots();
         let result = self.forward_loss(inputs, targets, batch, seq);
         let predictions = self.saved.as_ref().map(|s| argmax_rows(&s.logits, self.config.vocab));

@@ -124,11 +124,14 @@ impl RunConfig {
     }
 
     fn micro_batch_size(&self) -> Result<usize> {
-        if self.micro_batches == 0 || self.batch == 0 || self.batch % self.micro_batches != 0 {
+        if self.micro_batches == 0 || self.batch == 0 || !self.batch.is_multiple_of(self.micro_batches) {
             return Err(invalid(
                 "batch",
                 self.batch,
-                format!("must be a positive multiple of the micro-batch count {}", self.micro_batches),
+                format!(
+                    "must be a positive multiple of the micro-batch count {}",
+                    self.micro_batches
+                ),
             ));
         }
         Ok(self.batch / self.micro_batches)
@@ -178,7 +181,10 @@ pub fn run(
             if loaded.config != config_json {
                 return Err(Error::CheckpointMismatch {
                     path: path.display().to_string(),
-                    reason: format!("it was written by another run: {} (this run: {})", loaded.config, config_json),
+                    reason: format!(
+                        "it was written by another run: {} (this run: {})",
+                        loaded.config, config_json
+                    ),
                 });
             }
             progress = loaded;
@@ -233,7 +239,11 @@ pub fn run(
         on_step(&record);
         curve.push((progress.step, losses.mean));
         progress.step += 1;
-        if config.checkpoint_every.is_some_and(|n| n > 0 && progress.step % n == 0) && progress.step < last_step {
+        if config
+            .checkpoint_every
+            .is_some_and(|n| n > 0 && progress.step.is_multiple_of(n))
+            && progress.step < last_step
+        {
             save_checkpoint(&checkpoint, &mut model, &optimizer, &scaler, &progress)?;
         }
     }
@@ -261,7 +271,11 @@ pub fn run(
 fn account_static(ledger: &MemoryLedger, model: &mut DecoderModel, precision: &Precision, optimizer: &AdamW) {
     let values = model.parameter_count() as u64;
     let dtype = precision.compute_dtype();
-    let compute_copies = if dtype == Dtype::F32 { 0 } else { values * dtype.bytes() as u64 };
+    let compute_copies = if dtype == Dtype::F32 {
+        0
+    } else {
+        values * dtype.bytes() as u64
+    };
     let cache = model.weight_cache_bytes() as u64;
     set_usage(ledger, MemoryCategory::MasterWeights, values * 4);
     set_usage(ledger, MemoryCategory::Gradients, values * 4);
@@ -288,7 +302,15 @@ fn evaluate(model: &mut DecoderModel, data: &Dataset, batch: usize) -> Result<(f
             scored += b.batch;
         }
     }
-    let loss = if counted == 0 { f32::NAN } else { (loss_sum / counted as f64) as f32 };
-    let accuracy = if data.has_accuracy() && scored > 0 { correct / scored as f64 } else { f64::NAN };
+    let loss = if counted == 0 {
+        f32::NAN
+    } else {
+        (loss_sum / counted as f64) as f32
+    };
+    let accuracy = if data.has_accuracy() && scored > 0 {
+        correct / scored as f64
+    } else {
+        f64::NAN
+    };
     Ok((loss, accuracy))
 }

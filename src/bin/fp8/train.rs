@@ -113,7 +113,11 @@ pub struct TrainArgs {
 fn precisions(args: &TrainArgs, device: &Device) -> Result<Vec<Precision>, CliError> {
     let names = match (&args.precision, &args.compare) {
         (Some(p), _) => vec![p.clone()],
-        (None, Some(list)) => list.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+        (None, Some(list)) => list
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect(),
         (None, None) => vec!["fp32".to_string(), "fp8-delayed".to_string()],
     };
     let mut out = Vec::new();
@@ -138,8 +142,7 @@ fn select_device(name: &str) -> Result<Device, CliError> {
     let choice: DeviceChoice = name.parse()?;
     match choice {
         DeviceChoice::Cuda(_) => Err(CliError(
-            "training on CUDA is not available yet: the layers run on the CPU backend only (use --device cpu)"
-                .into(),
+            "training on CUDA is not available yet: the layers run on the CPU backend only (use --device cpu)".into(),
         )),
         DeviceChoice::Auto => {
             let device = Device::select(DeviceChoice::Cpu)?;
@@ -194,7 +197,11 @@ fn progress_bar(args: &TrainArgs, label: &str) -> ProgressBar {
 }
 
 fn fmt_or_dash(value: f64, decimals: usize) -> String {
-    if value.is_finite() { format!("{value:.decimals$}") } else { "-".into() }
+    if value.is_finite() {
+        format!("{value:.decimals$}")
+    } else {
+        "-".into()
+    }
 }
 
 pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
