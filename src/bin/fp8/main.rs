@@ -44,7 +44,7 @@ enum Command {
     Quantize(quantize::QuantizeArgs),
     Dequantize(quantize::DequantizeArgs),
     Inspect(inspect::InspectArgs),
-    Train(train::TrainArgs),
+    Train(Box<train::TrainArgs>),
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
@@ -59,7 +59,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Quantize(args) => quantize::run(args),
         Command::Dequantize(args) => quantize::run_dequantize(args),
         Command::Inspect(args) => inspect::run(args),
-        Command::Train(args) => train::run_train(args),
+        Command::Train(args) => train::run_train(*args),
     }
 }
 
