@@ -45,9 +45,9 @@ pub struct TrainArgs {
     /// Learning-rate schedule after warmup: constant or cosine.
     #[arg(long, default_value = "cosine")]
     schedule: String,
-    /// Linear warmup steps.
-    #[arg(long, default_value_t = 30)]
-    warmup: u64,
+    /// Linear warmup steps (default: a tenth of the steps).
+    #[arg(long)]
+    warmup: Option<u64>,
     /// Clip the global gradient norm to this (0: no clipping).
     #[arg(long, default_value_t = 1.0)]
     clip: f32,
@@ -174,7 +174,7 @@ fn run_config(args: &TrainArgs) -> Result<RunConfig, CliError> {
         micro_batches: args.micro_batches,
         lr: args.lr,
         schedule: args.schedule.clone(),
-        warmup: args.warmup,
+        warmup: args.warmup.unwrap_or(args.steps / 10),
         weight_decay: 0.01,
         max_grad_norm: (args.clip > 0.0).then_some(args.clip),
         seed: args.seed,
