@@ -8,9 +8,11 @@
 
 pub mod addition;
 pub mod rng;
+mod source;
 pub mod text;
 
 pub use rng::{DataStream, SplitMix64};
+pub use source::Dataset;
 
 /// Target of a position that takes no loss (prompt tokens of the addition task).
 pub const IGNORE_INDEX: u32 = u32::MAX;

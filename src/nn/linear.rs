@@ -123,8 +123,8 @@ impl Linear {
         Tensor::new(dx, dy.rows, self.in_features)
     }
 
-    /// Drops the saved input (a recomputing parent makes it again).
-    pub(crate) fn clear_saved(&mut self) {
+    /// Drops the saved input (a recomputing parent makes it again, an evaluation-only forward needs none).
+    pub fn clear_saved(&mut self) {
         self.gemms.clear_saved();
     }
 }

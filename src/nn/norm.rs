@@ -213,6 +213,11 @@ macro_rules! norm_layer {
             pub fn gamma(&self) -> &Parameter {
                 &self.0.gamma
             }
+
+            /// Drops what the last forward kept for backward (after an evaluation-only forward).
+            pub fn clear_saved(&mut self) {
+                self.0.saved = None;
+            }
         }
 
         impl Module for $ty {

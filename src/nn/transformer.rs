@@ -136,6 +136,13 @@ impl TransformerLayer {
         Tensor::new(sum, x.rows, x.cols)
     }
 
+    /// Drops what the last forward kept for backward (after an evaluation-only forward).
+    pub fn clear_saved(&mut self) {
+        self.attn.clear_saved();
+        self.mlp.clear_saved();
+        self.saved_input = None;
+    }
+
     /// dX; accumulates every parameter gradient.
     pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
         if self.config.recompute {

@@ -9,6 +9,8 @@
 //!    rate, or skip the update on an inf/NaN gradient; then let the scaler grow or back off.
 //! 3. Log a [`metrics::StepMetrics`] line; save a [`checkpoint`] now and then; [`memory`] accounting
 //!    and [`plot`] of the loss curves at the end.
+//!
+//! [`session::run`] puts them together around the [`crate::model::DecoderModel`]: it is `fp8 train`'s loop.
 
 pub mod accumulate;
 pub mod adamw;
@@ -18,6 +20,7 @@ pub mod memory;
 pub mod metrics;
 pub mod plot;
 pub mod schedule;
+pub mod session;
 pub mod step;
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ mod raw_io;
 mod recipe;
 mod show;
 mod table;
+mod train;
 
 use error::CliError;
 
@@ -43,6 +44,7 @@ enum Command {
     Quantize(quantize::QuantizeArgs),
     Dequantize(quantize::DequantizeArgs),
     Inspect(inspect::InspectArgs),
+    Train(Box<train::TrainArgs>),
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
@@ -57,6 +59,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Quantize(args) => quantize::run(args),
         Command::Dequantize(args) => quantize::run_dequantize(args),
         Command::Inspect(args) => inspect::run(args),
+        Command::Train(args) => train::run_train(*args),
     }
 }
 

@@ -1,0 +1,296 @@
+//! `fp8 train`: trains the small decoder model on the built-in addition task
+//! (or `--text FILE`) under one or several precisions with the same seed and
+//! data, then prints a comparison table and writes `summary.json`,
+//! `PRECISION/metrics.jsonl`, `PRECISION/checkpoint.safetensors` and `loss.png`.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::PathBuf;
+
+use clap::Args;
+use fp8_engine::amp::{Precision, PrecisionChoice, resolve};
+use fp8_engine::data::Dataset;
+use fp8_engine::data::addition::AdditionConfig;
+use fp8_engine::device::{Device, DeviceChoice};
+use fp8_engine::model::{ModelConfig, Recompute};
+use fp8_engine::train::metrics::{Summary, write_summary};
+use fp8_engine::train::plot::plot_losses;
+use fp8_engine::train::session::{RunConfig, RunControl, RunOutput, run};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::error::CliError;
+use crate::table::Table;
+
+/// Train the small decoder model and compare precisions.
+#[derive(Args)]
+pub struct TrainArgs {
+    /// One precision: auto, fp32, bf16, fp16, fp8-delayed, fp8-current, fp8-block, mxfp8.
+    #[arg(long, conflicts_with = "compare")]
+    precision: Option<String>,
+    /// Comma-separated precisions run with the same seed and data (default: fp32,fp8-delayed).
+    #[arg(long)]
+    compare: Option<String>,
+    /// Optimizer steps.
+    #[arg(long, default_value_t = 300)]
+    steps: u64,
+    /// Sequences per step (over all micro-batches).
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Micro-batches per step (gradient accumulation).
+    #[arg(long, default_value_t = 1)]
+    micro_batches: usize,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 3e-3)]
+    lr: f32,
+    /// Learning-rate schedule after warmup: constant or cosine.
+    #[arg(long, default_value = "cosine")]
+    schedule: String,
+    /// Linear warmup steps (default: a tenth of the steps).
+    #[arg(long)]
+    warmup: Option<u64>,
+    /// Clip the global gradient norm to this (0: no clipping).
+    #[arg(long, default_value_t = 1.0)]
+    clip: f32,
+    /// Transformer layers.
+    #[arg(long, default_value_t = 2)]
+    layers: usize,
+    /// Model width (a multiple of 16 for FP8).
+    #[arg(long, default_value_t = 64)]
+    hidden: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    /// MLP width (default 4 x hidden).
+    #[arg(long)]
+    ffn: Option<usize>,
+    /// SwiGLU MLP instead of GELU.
+    #[arg(long)]
+    swiglu: bool,
+    /// RMSNorm instead of LayerNorm.
+    #[arg(long)]
+    rmsnorm: bool,
+    /// Tie the output head to the token embedding.
+    #[arg(long)]
+    tied_head: bool,
+    /// Activation recompute: none, every, or every-N.
+    #[arg(long, default_value = "none")]
+    recompute: String,
+    /// Initial loss scale (default: 2^16 for fp16, off otherwise).
+    #[arg(long)]
+    loss_scale: Option<f32>,
+    /// Seed of the model, the data and the task's held-out split.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Digits per operand of the addition task.
+    #[arg(long, default_value_t = 3)]
+    digits: usize,
+    /// Train a character-level model on this text file instead of the addition task.
+    #[arg(long)]
+    text: Option<PathBuf>,
+    /// Characters per sequence with --text.
+    #[arg(long, default_value_t = 64)]
+    seq: usize,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Output directory.
+    #[arg(long, default_value = "runs/train")]
+    out: PathBuf,
+    /// Continue from this checkpoint (one precision only).
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Write the checkpoint every N steps too (the final one is always written).
+    #[arg(long)]
+    checkpoint_every: Option<u64>,
+    /// Stop after this many steps (checkpoint written), to --resume later.
+    #[arg(long)]
+    stop_after: Option<u64>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn precisions(args: &TrainArgs, device: &Device) -> Result<Vec<Precision>, CliError> {
+    let names = match (&args.precision, &args.compare) {
+        (Some(p), _) => vec![p.clone()],
+        (None, Some(list)) => list
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect(),
+        (None, None) => vec!["fp32".to_string(), "fp8-delayed".to_string()],
+    };
+    let mut out = Vec::new();
+    for name in names {
+        let choice: PrecisionChoice = name.parse()?;
+        let (precision, why) = resolve(&choice, device)?;
+        if matches!(choice, PrecisionChoice::Auto) {
+            eprintln!("fp8 train: precision auto -> {}: {why}", precision.name());
+        }
+        if out.contains(&precision) {
+            return Err(CliError(format!("precision {} is listed twice", precision.name())));
+        }
+        out.push(precision);
+    }
+    if out.is_empty() {
+        return Err(CliError("no precision to train".into()));
+    }
+    Ok(out)
+}
+
+fn select_device(name: &str) -> Result<Device, CliError> {
+    let choice: DeviceChoice = name.parse()?;
+    match choice {
+        DeviceChoice::Cuda(_) => Err(CliError(
+            "training on CUDA is not available yet: the layers run on the CPU backend only (use --device cpu)".into(),
+        )),
+        DeviceChoice::Auto => {
+            let device = Device::select(DeviceChoice::Cpu)?;
+            if fp8_engine::backend::cuda::driver_present() {
+                eprintln!("fp8 train: a CUDA driver is present, but the layers run on the CPU backend in this version");
+            }
+            Ok(device)
+        }
+        DeviceChoice::Cpu => Ok(Device::select(DeviceChoice::Cpu)?),
+    }
+}
+
+fn run_config(args: &TrainArgs) -> Result<RunConfig, CliError> {
+    let recompute: Recompute = args.recompute.parse()?;
+    Ok(RunConfig {
+        model: ModelConfig {
+            hidden: args.hidden,
+            heads: args.heads,
+            layers: args.layers,
+            ffn_hidden: args.ffn.unwrap_or(4 * args.hidden),
+            swiglu: args.swiglu,
+            rmsnorm: args.rmsnorm,
+            tied_head: args.tied_head,
+            recompute,
+            ..ModelConfig::default()
+        },
+        steps: args.steps,
+        batch: args.batch,
+        micro_batches: args.micro_batches,
+        lr: args.lr,
+        schedule: args.schedule.clone(),
+        warmup: args.warmup.unwrap_or(args.steps / 10),
+        weight_decay: 0.01,
+        max_grad_norm: (args.clip > 0.0).then_some(args.clip),
+        seed: args.seed,
+        loss_scale: args.loss_scale,
+        checkpoint_every: args.checkpoint_every,
+    })
+}
+
+fn progress_bar(args: &TrainArgs, label: &str) -> ProgressBar {
+    if args.quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(args.steps);
+    let style = ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {msg} ({elapsed}, eta {eta})")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix(label.to_string());
+    bar
+}
+
+fn fmt_or_dash(value: f64, decimals: usize) -> String {
+    if value.is_finite() {
+        format!("{value:.decimals$}")
+    } else {
+        "-".into()
+    }
+}
+
+pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
+    let device = select_device(&args.device)?;
+    let precisions = precisions(&args, &device)?;
+    if args.resume.is_some() && precisions.len() != 1 {
+        return Err(CliError("--resume continues one run: give a single --precision".into()));
+    }
+    let config = run_config(&args)?;
+    let data = match &args.text {
+        Some(path) => Dataset::text(path, args.seq)?,
+        None => Dataset::addition(
+            AdditionConfig {
+                digits: args.digits,
+                ..AdditionConfig::default()
+            },
+            args.seed,
+        )?,
+    };
+    fs::create_dir_all(&args.out).map_err(|e| CliError(format!("{}: cannot create: {e}", args.out.display())))?;
+    eprintln!(
+        "fp8 train: {} on {}; model {} layers x {} wide, {} steps x {} sequences; output in {}",
+        data.describe(),
+        device.describe(),
+        config.model.layers,
+        config.model.hidden,
+        config.steps,
+        config.batch,
+        args.out.display()
+    );
+
+    let mut outputs: Vec<(Precision, RunOutput)> = Vec::new();
+    for precision in &precisions {
+        let dir = args.out.join(precision.name());
+        let bar = progress_bar(&args, precision.name());
+        let mut on_step = |m: &fp8_engine::train::metrics::StepMetrics| {
+            bar.set_position(m.step + 1);
+            bar.set_message(format!("loss {:.4}", m.loss));
+        };
+        let control = RunControl {
+            resume: args.resume.as_deref(),
+            stop_after: args.stop_after,
+        };
+        let output = run(precision, &config, &data, &dir, control, &mut on_step)?;
+        bar.finish_and_clear();
+        outputs.push((precision.clone(), output));
+    }
+
+    let mut table = Table::new(&[
+        "precision",
+        "train loss",
+        "held-out loss",
+        "vs first",
+        "accuracy",
+        "tokens/s",
+        "skipped",
+        "peak memory",
+    ]);
+    let reference = outputs.first().map(|(_, o)| o.summary.heldout_loss).unwrap_or(f32::NAN);
+    let mut summary: Summary = BTreeMap::new();
+    for (precision, out) in &outputs {
+        let s = &out.summary;
+        let delta = 100.0 * (f64::from(s.heldout_loss) / f64::from(reference) - 1.0);
+        table.push(vec![
+            precision.name().to_string(),
+            fmt_or_dash(f64::from(s.final_train_loss), 4),
+            fmt_or_dash(f64::from(s.heldout_loss), 4),
+            format!("{delta:+.2}%"),
+            fmt_or_dash(100.0 * s.heldout_accuracy, 1) + if s.heldout_accuracy.is_finite() { "%" } else { "" },
+            format!("{:.0}", s.tokens_per_s),
+            out.skipped_steps.to_string(),
+            fp8_engine::train::memory::human_bytes(s.peak_bytes),
+        ]);
+        summary.insert(precision.name().to_string(), s.clone());
+    }
+    println!("{}", table.render());
+    for (precision, out) in &outputs {
+        println!("{} peak memory by category:\n{}", precision.name(), out.memory_summary);
+    }
+    write_summary(&args.out.join("summary.json"), &summary)?;
+    let curves: Vec<_> = outputs
+        .iter()
+        .map(|(p, o)| (p.name().to_string(), o.curve.clone()))
+        .collect();
+    plot_losses(&args.out.join("loss.png"), &curves)?;
+    println!(
+        "wrote {}/summary.json, {}/loss.png and per precision metrics.jsonl + checkpoint.safetensors",
+        args.out.display(),
+        args.out.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,394 @@
+//! The decoder-only model: forward to logits, f32 cross-entropy, backward.
+
+use super::config::ModelConfig;
+use super::head;
+use crate::amp::Precision;
+use crate::data::IGNORE_INDEX as IGNORE;
+use crate::error::{Error, Result};
+use crate::nn::{Fp8TensorStats, LayerNorm, Linear, Module, NormConfig, Parameter, RMSNorm, Tensor, TransformerLayer};
+use crate::ops::{Dtype, embedding, loss};
+use crate::scaling::DelayedSlot;
+
+/// Seed streams of the model's parts, so adding a part never changes another's init.
+const SEED_TOKENS: u64 = 1;
+const SEED_POSITIONS: u64 = 2;
+const SEED_HEAD: u64 = 3;
+const SEED_LAYERS: u64 = 100;
+
+enum FinalNorm {
+    Layer(LayerNorm),
+    Rms(RMSNorm),
+}
+
+impl FinalNorm {
+    fn forward(&mut self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            FinalNorm::Layer(n) => n.forward(x),
+            FinalNorm::Rms(n) => n.forward(x),
+        }
+    }
+
+    fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
+        match self {
+            FinalNorm::Layer(n) => n.backward(dy),
+            FinalNorm::Rms(n) => n.backward(dy),
+        }
+    }
+
+    fn module(&mut self) -> &mut dyn Module {
+        match self {
+            FinalNorm::Layer(n) => n,
+            FinalNorm::Rms(n) => n,
+        }
+    }
+
+    fn module_ref(&self) -> &dyn Module {
+        match self {
+            FinalNorm::Layer(n) => n,
+            FinalNorm::Rms(n) => n,
+        }
+    }
+}
+
+/// What backward needs from the last forward.
+struct Saved {
+    ids: Vec<u32>,
+    targets: Vec<u32>,
+    batch: usize,
+    seq: usize,
+    /// Final-norm output (the tied head's input).
+    normed: Tensor,
+    logits: Vec<f32>,
+    lse: Vec<f32>,
+}
+
+/// Token + position embeddings, `layers` transformer layers, final norm, head, cross-entropy.
+///
+/// Parameters: `embed.tokens [vocab, hidden]`, `embed.positions [max_seq, hidden]`,
+/// `layers.N.*`, `final_norm.*`, `head.weight [vocab, hidden]` (absent when tied).
+/// The head runs in the policy's high-precision dtype (bf16 under FP8), as is usual for LM heads.
+pub struct DecoderModel {
+    config: ModelConfig,
+    precision: Precision,
+    dtype: Dtype,
+    tokens: Parameter,
+    positions: Parameter,
+    layers: Vec<TransformerLayer>,
+    final_norm: FinalNorm,
+    head: Option<Linear>,
+    saved: Option<Saved>,
+}
+
+impl DecoderModel {
+    /// A model with every parameter drawn deterministically from `seed`.
+    pub fn new(config: &ModelConfig, precision: &Precision, seed: u64) -> Result<Self> {
+        config.validate()?;
+        precision.validate()?;
+        let h = config.hidden;
+        let std = 1.0 / (h as f64).sqrt();
+        let tokens = Parameter::new(
+            "embed.tokens",
+            &[config.vocab, h],
+            crate::nn::init_normal(crate::nn::child_seed(seed, SEED_TOKENS), config.vocab * h, std),
+        )?;
+        let positions = Parameter::new(
+            "embed.positions",
+            &[config.max_seq, h],
+            crate::nn::init_normal(
+                crate::nn::child_seed(seed, SEED_POSITIONS),
+                config.max_seq * h,
+                0.1 * std,
+            ),
+        )?;
+        let layers = (0..config.layers)
+            .map(|i| {
+                TransformerLayer::new(
+                    &format!("layers.{i}"),
+                    &config.layer_config(i),
+                    precision,
+                    crate::nn::child_seed(seed, SEED_LAYERS + i as u64),
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let norm = NormConfig::default();
+        let final_norm = if config.rmsnorm {
+            FinalNorm::Rms(RMSNorm::new("final_norm", h, norm, precision)?)
+        } else {
+            FinalNorm::Layer(LayerNorm::new("final_norm", h, norm, precision)?)
+        };
+        let head = (!config.tied_head)
+            .then(|| {
+                Linear::new_high_precision(
+                    "head",
+                    h,
+                    config.vocab,
+                    false,
+                    precision,
+                    crate::nn::child_seed(seed, SEED_HEAD),
+                )
+            })
+            .transpose()?;
+        Ok(DecoderModel {
+            config: config.clone(),
+            precision: precision.clone(),
+            dtype: precision.compute_dtype(),
+            tokens,
+            positions,
+            layers,
+            final_norm,
+            head,
+            saved: None,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The precision policy every layer runs under.
+    pub fn precision(&self) -> &Precision {
+        &self.precision
+    }
+
+    fn check_batch(&self, ids: &[u32], batch: usize, seq: usize, what: &'static str) -> Result<()> {
+        if seq == 0 || seq > self.config.max_seq || ids.len() != batch * seq {
+            return Err(Error::ShapeMismatch {
+                what,
+                rows: batch,
+                cols: seq,
+                expected: batch * seq,
+                got: ids.len(),
+            });
+        }
+        if seq > self.config.max_seq {
+            return Err(Error::InvalidSetting {
+                setting: "seq",
+                value: seq.to_string(),
+                reason: format!("the model has {} positions", self.config.max_seq),
+            });
+        }
+        Ok(())
+    }
+
+    fn embed(&self, ids: &[u32], seq: usize) -> Result<Tensor> {
+        let h = self.config.hidden;
+        let mut x = vec![0.0f32; ids.len() * h];
+        embedding::embedding_forward(ids, &self.tokens.value, h, &mut x)?;
+        for (r, row) in x.chunks_exact_mut(h).enumerate() {
+            let pos = &self.positions.value[(r % seq) * h..(r % seq + 1) * h];
+            row.iter_mut().zip(pos).for_each(|(v, p)| *v += p);
+        }
+        self.dtype.round_slice(&mut x);
+        Tensor::new(x, ids.len(), h)
+    }
+
+    /// Runs the layers, final norm and head; returns (final-norm output, f32 logits).
+    fn logits(&mut self, ids: &[u32], batch: usize, seq: usize) -> Result<(Tensor, Vec<f32>)> {
+        let mut x = self.embed(ids, seq)?;
+        for layer in &mut self.layers {
+            x = layer.forward(&x, batch, seq)?;
+        }
+        let normed = self.final_norm.forward(&x)?;
+        let logits = match &mut self.head {
+            Some(head) => head.forward(&normed)?.data,
+            None => head::forward(
+                &normed.data,
+                &self.tokens.value,
+                normed.rows,
+                self.config.hidden,
+                self.dtype,
+            )?,
+        };
+        Ok((normed, logits))
+    }
+
+    /// Forward on `inputs` `[batch, seq]` and the mean cross-entropy against `targets`
+    /// (positions whose target is [`IGNORE`] are not scored). Keeps what [`backward`](Self::backward) needs.
+    pub fn forward_loss(&mut self, inputs: &[u32], targets: &[u32], batch: usize, seq: usize) -> Result<f32> {
+        self.check_batch(inputs, batch, seq, "model inputs [batch, seq]")?;
+        self.check_batch(targets, batch, seq, "model targets [batch, seq]")?;
+        let (normed, logits) = self.logits(inputs, batch, seq)?;
+        let mut lse = vec![0.0f32; batch * seq];
+        let loss = loss::cross_entropy_forward(&logits, targets, self.config.vocab, IGNORE, &mut lse)?;
+        self.saved = Some(Saved {
+            ids: inputs.to_vec(),
+            targets: targets.to_vec(),
+            batch,
+            seq,
+            normed,
+            logits,
+            lse,
+        });
+        Ok(loss)
+    }
+
+    /// Backward from the last `forward_loss` with `d loss = dloss` (the loss scale divided by the
+    /// micro-batch count); accumulates every parameter gradient.
+    pub fn backward(&mut self, dloss: f32) -> Result<()> {
+        let saved = self.saved.take().ok_or_else(|| Error::InvalidSetting {
+            setting: "backward",
+            value: "called".into(),
+            reason: "no forward_loss before it".into(),
+        })?;
+        let (rows, h, vocab) = (saved.batch * saved.seq, self.config.hidden, self.config.vocab);
+        let mut dlogits = vec![0.0f32; rows * vocab];
+        loss::cross_entropy_backward(
+            &saved.logits,
+            &saved.targets,
+            vocab,
+            IGNORE,
+            &saved.lse,
+            dloss,
+            &mut dlogits,
+        )?;
+        let dnormed = match &mut self.head {
+            Some(head) => head.backward(&Tensor::new(dlogits, rows, vocab)?)?,
+            None => {
+                let dh = head::backward(
+                    &dlogits,
+                    &saved.normed.data,
+                    &self.tokens.value,
+                    rows,
+                    h,
+                    self.dtype,
+                    &mut self.tokens.grad,
+                )?;
+                Tensor::new(dh, rows, h)?
+            }
+        };
+        let mut dx = self.final_norm.backward(&dnormed)?;
+        for layer in self.layers.iter_mut().rev() {
+            dx = layer.backward(&dx)?;
+        }
+        embedding::embedding_backward(&saved.ids, &dx.data, h, &mut self.tokens.grad)?;
+        for (r, row) in dx.data.chunks_exact(h).enumerate() {
+            let p = r % saved.seq;
+            let grad = &mut self.positions.grad[p * h..(p + 1) * h];
+            grad.iter_mut().zip(row).for_each(|(g, d)| *g += d);
+        }
+        Ok(())
+    }
+
+    /// The most likely next token at every position of `inputs` `[batch, seq]` (forward only;
+    /// nothing is kept for backward). FP8 scaling state is left as it was.
+    pub fn predict(&mut self, inputs: &[u32], batch: usize, seq: usize) -> Result<Vec<u32>> {
+        self.check_batch(inputs, batch, seq, "model inputs [batch, seq]")?;
+        let slots = self.snapshot_fp8_slots();
+        let result = self.logits(inputs, batch, seq);
+        self.restore_fp8_slots(slots);
+        self.drop_saved_activations()?;
+        let (_, logits) = result?;
+        Ok(argmax_rows(&logits, self.config.vocab))
+    }
+
+    /// Mean loss on `inputs`/`targets` without keeping anything for backward and without touching
+    /// the FP8 scaling state (held-out evaluation).
+    pub fn evaluate_loss(
+        &mut self,
+        inputs: &[u32],
+        targets: &[u32],
+        batch: usize,
+        seq: usize,
+    ) -> Result<(f32, Vec<u32>)> {
+        let slots = self.snapshot_fp8_slots();
+        let result = self.forward_loss(inputs, targets, batch, seq);
+        let predictions = self.saved.as_ref().map(|s| argmax_rows(&s.logits, self.config.vocab));
+        self.restore_fp8_slots(slots);
+        self.saved = None;
+        self.drop_saved_activations()?;
+        Ok((result?, predictions.unwrap_or_default()))
+    }
+
+    fn snapshot_fp8_slots(&mut self) -> Vec<DelayedSlot> {
+        let mut slots = Vec::new();
+        self.visit_fp8_slots(&mut |_, slot| slots.push(slot.clone()));
+        slots
+    }
+
+    fn restore_fp8_slots(&mut self, slots: Vec<DelayedSlot>) {
+        let mut it = slots.into_iter();
+        self.visit_fp8_slots(&mut |_, slot| {
+            if let Some(saved) = it.next() {
+                *slot = saved;
+            }
+        });
+    }
+
+    /// Runs a backward-free cleanup: layers drop what a forward saved.
+    fn drop_saved_activations(&mut self) -> Result<()> {
+        for layer in &mut self.layers {
+            layer.clear_saved();
+        }
+        if let Some(head) = &mut self.head {
+            head.clear_saved();
+        }
+        self.final_norm_clear();
+        Ok(())
+    }
+
+    fn final_norm_clear(&mut self) {
+        match &mut self.final_norm {
+            FinalNorm::Layer(n) => n.clear_saved(),
+            FinalNorm::Rms(n) => n.clear_saved(),
+        }
+    }
+}
+
+fn argmax_rows(logits: &[f32], vocab: usize) -> Vec<u32> {
+    logits
+        .chunks_exact(vocab.max(1))
+        .map(|row| {
+            let mut best = 0;
+            for (i, &v) in row.iter().enumerate() {
+                if v > row[best] {
+                    best = i;
+                }
+            }
+            best as u32
+        })
+        .collect()
+}
+
+impl Module for DecoderModel {
+    fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
+        f(&mut self.tokens);
+        f(&mut self.positions);
+        for layer in &mut self.layers {
+            layer.visit_parameters(f);
+        }
+        self.final_norm.module().visit_parameters(f);
+        if let Some(head) = &mut self.head {
+            head.visit_parameters(f);
+        }
+    }
+
+    fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {
+        for layer in &mut self.layers {
+            layer.visit_fp8_slots(f);
+        }
+        if let Some(head) = &mut self.head {
+            head.visit_fp8_slots(f);
+        }
+    }
+
+    fn saved_activation_bytes(&self) -> usize {
+        let own = self.saved.as_ref().map_or(0, |s| {
+            s.ids.len() * 8 + (s.logits.len() + s.lse.len()) * 4 + s.normed.len() * self.dtype.bytes()
+        });
+        own + self.layers.iter().map(|l| l.saved_activation_bytes()).sum::<usize>()
+            + self.final_norm.module_ref().saved_activation_bytes()
+            + self.head.as_ref().map_or(0, |h| h.saved_activation_bytes())
+    }
+
+    fn weight_cache_bytes(&self) -> usize {
+        self.layers.iter().map(|l| l.weight_cache_bytes()).sum::<usize>()
+            + self.head.as_ref().map_or(0, |h| h.weight_cache_bytes())
+    }
+
+    fn collect_fp8_stats(&self, out: &mut Vec<Fp8TensorStats>) {
+        for layer in &self.layers {
+            layer.collect_fp8_stats(out);
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! One training run of the decoder model under one precision: the loop that
+//! `fp8 train` drives, and that a Rust program can drive the same way.
+//!
+//! Per step: draw `micro_batches` batches, forward + backward each with the loss
+//! divided by the count and multiplied by the loss scale (gradients add up in
+//! f32), then unscale, check for inf/NaN, clip, AdamW (or skip), update the
+//! scaler; record the step's metrics and FP8 statistics. At the end: held-out
+//! loss and accuracy (FP8 scaling state untouched), a checkpoint, the summary.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::accumulate::accumulate_gradients;
+use super::adamw::{AdamW, AdamWConfig};
+use super::checkpoint::{TrainProgress, load_checkpoint, save_checkpoint};
+use super::memory::{memory_summary, set_usage};
+use super::metrics::{MetricsWriter, PrecisionSummary, StepMetrics};
+use super::schedule::{LrSchedule, ScheduleKind};
+use super::step::apply_gradients;
+use crate::amp::Precision;
+use crate::amp::loss_scaler::{DynamicLossScaler, LossScalerConfig};
+use crate::data::{DataStream, Dataset, SplitMix64, exact_match_accuracy};
+use crate::device::{MemoryCategory, MemoryLedger};
+use crate::error::{Error, Result};
+use crate::model::{DecoderModel, ModelConfig};
+use crate::nn::{Fp8TensorStats, Module};
+use crate::ops::Dtype;
+
+/// Everything that fixes a run besides its precision.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunConfig {
+    /// Model shape (`vocab` and `max_seq` are taken from the data).
+    pub model: ModelConfig,
+    /// Optimizer steps.
+    pub steps: u64,
+    /// Sequences per step, over all micro-batches.
+    pub batch: usize,
+    /// Micro-batches per step (`batch` must be a multiple).
+    pub micro_batches: usize,
+    /// Peak learning rate.
+    pub lr: f32,
+    /// `constant` or `cosine` after warmup.
+    pub schedule: String,
+    /// Linear warmup steps.
+    pub warmup: u64,
+    /// AdamW decoupled weight decay.
+    pub weight_decay: f32,
+    /// Clip the global gradient norm to this (none if absent).
+    pub max_grad_norm: Option<f32>,
+    /// Seeds the model, the data stream and the task's split.
+    pub seed: u64,
+    /// Initial loss scale; `None`: 2^16 for fp16, off for the others.
+    pub loss_scale: Option<f32>,
+    /// Also write the checkpoint every this many steps (the final one is always written).
+    pub checkpoint_every: Option<u64>,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig {
+            model: ModelConfig::default(),
+            steps: 300,
+            batch: 32,
+            micro_batches: 1,
+            lr: 3e-3,
+            schedule: "cosine".into(),
+            warmup: 30,
+            weight_decay: 0.01,
+            max_grad_norm: Some(1.0),
+            seed: 1,
+            loss_scale: None,
+            checkpoint_every: None,
+        }
+    }
+}
+
+/// What a run produced.
+#[derive(Clone, Debug)]
+pub struct RunOutput {
+    /// The numbers `summary.json` keeps.
+    pub summary: PrecisionSummary,
+    /// `(step, train loss)` for the loss plot.
+    pub curve: Vec<(u64, f32)>,
+    /// Steps whose update was skipped (inf/NaN gradients).
+    pub skipped_steps: u64,
+    /// Peak bytes of saved activations.
+    pub peak_activation_bytes: u64,
+    /// The memory table (current and peak by category).
+    pub memory_summary: String,
+    /// Where the final checkpoint was written.
+    pub checkpoint: PathBuf,
+}
+
+/// Called after every step with its metrics.
+pub type StepCallback<'a> = &'a mut dyn FnMut(&StepMetrics);
+
+/// How one call of [`run`] starts and stops.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunControl<'a> {
+    /// Continue from this checkpoint (written by a run with the same precision and config).
+    pub resume: Option<&'a Path>,
+    /// Stop after this step count (a checkpoint is written), as if the run were interrupted.
+    pub stop_after: Option<u64>,
+}
+
+fn invalid(setting: &'static str, value: impl ToString, reason: impl Into<String>) -> Error {
+    Error::InvalidSetting {
+        setting,
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
+
+impl RunConfig {
+    /// The model config with the data's vocabulary and sequence length.
+    pub fn model_for(&self, data: &Dataset) -> ModelConfig {
+        ModelConfig {
+            vocab: data.vocab_size(),
+            max_seq: data.seq_len(),
+            ..self.model.clone()
+        }
+    }
+
+    fn micro_batch_size(&self) -> Result<usize> {
+        if self.micro_batches == 0 || self.batch == 0 || !self.batch.is_multiple_of(self.micro_batches) {
+            return Err(invalid(
+                "batch",
+                self.batch,
+                format!(
+                    "must be a positive multiple of the micro-batch count {}",
+                    self.micro_batches
+                ),
+            ));
+        }
+        Ok(self.batch / self.micro_batches)
+    }
+}
+
+/// Trains one model under `precision` on `data`, writing `dir/metrics.jsonl` and
+/// `dir/checkpoint.safetensors`; resumes and stops as `control` says.
+pub fn run(
+    precision: &Precision,
+    config: &RunConfig,
+    data: &Dataset,
+    dir: &Path,
+    control: RunControl,
+    on_step: StepCallback,
+) -> Result<RunOutput> {
+    let micro_size = config.micro_batch_size()?;
+    let model_config = config.model_for(data);
+    let mut model = DecoderModel::new(&model_config, precision, config.seed)?;
+    let mut optimizer = AdamW::new(AdamWConfig {
+        lr: config.lr,
+        weight_decay: config.weight_decay,
+        ..AdamWConfig::default()
+    })?;
+    let mut scaler = match (config.loss_scale, precision.needs_loss_scaling()) {
+        (Some(init_scale), _) => DynamicLossScaler::new(LossScalerConfig {
+            init_scale,
+            ..LossScalerConfig::default()
+        })?,
+        (None, true) => DynamicLossScaler::new(LossScalerConfig::default())?,
+        (None, false) => DynamicLossScaler::disabled(),
+    };
+    let kind: ScheduleKind = config.schedule.parse()?;
+    let schedule = LrSchedule::new(kind, config.lr, config.warmup, config.steps, config.lr * 0.1)?;
+    let config_json = serde_json::json!({ "precision": precision.name(), "run": config });
+
+    let mut progress = TrainProgress {
+        step: 0,
+        data: DataStream::new(config.seed ^ 0x5EED_DA7A),
+        rng: SplitMix64::new(config.seed),
+        config: config_json.clone(),
+    };
+    let metrics_path = dir.join("metrics.jsonl");
+    let mut metrics = match control.resume {
+        Some(path) => {
+            let loaded = load_checkpoint(path, &mut model, &mut optimizer, &mut scaler)?;
+            if loaded.config != config_json {
+                return Err(Error::CheckpointMismatch {
+                    path: path.display().to_string(),
+                    reason: format!(
+                        "it was written by another run: {} (this run: {})",
+                        loaded.config, config_json
+                    ),
+                });
+            }
+            progress = loaded;
+            MetricsWriter::resume(&metrics_path, progress.step)?
+        }
+        None => MetricsWriter::create(&metrics_path)?,
+    };
+
+    let ledger = MemoryLedger::new();
+    account_static(&ledger, &mut model, precision, &optimizer);
+    let mut curve = Vec::new();
+    let (mut skipped, mut tokens, mut seconds, mut peak_activations) = (0u64, 0u64, 0f64, 0u64);
+    let mut last_loss = f32::NAN;
+    let checkpoint = dir.join("checkpoint.safetensors");
+    let last_step = control.stop_after.map_or(config.steps, |s| s.min(config.steps));
+    while progress.step < last_step {
+        let started = Instant::now();
+        let batches: Vec<_> = (0..config.micro_batches)
+            .map(|_| data.train_batch(&mut progress.data, micro_size))
+            .collect();
+        let step_tokens: usize = batches.iter().map(|b| b.batch * b.seq).sum();
+        let losses = accumulate_gradients(&mut model, config.micro_batches, scaler.scale(), |m, micro| {
+            let b = &batches[micro.index];
+            let loss = m.forward_loss(&b.inputs, &b.targets, b.batch, b.seq)?;
+            let saved = m.saved_activation_bytes() as u64;
+            peak_activations = peak_activations.max(saved);
+            set_usage(&ledger, MemoryCategory::Activations, saved);
+            m.backward(micro.backward_seed)?;
+            set_usage(&ledger, MemoryCategory::Activations, m.saved_activation_bytes() as u64);
+            Ok(loss)
+        })?;
+        let lr = schedule.lr_at(progress.step);
+        let outcome = apply_gradients(&mut model, &mut scaler, &mut optimizer, lr, config.max_grad_norm)?;
+        account_static(&ledger, &mut model, precision, &optimizer);
+        let elapsed = started.elapsed().as_secs_f64();
+        skipped += u64::from(outcome.skipped);
+        tokens += step_tokens as u64;
+        seconds += elapsed;
+        last_loss = losses.mean;
+        let mut fp8: Vec<Fp8TensorStats> = Vec::new();
+        model.collect_fp8_stats(&mut fp8);
+        let record = StepMetrics {
+            step: progress.step,
+            loss: losses.mean,
+            lr,
+            grad_norm: outcome.grad_norm,
+            loss_scale: outcome.loss_scale,
+            tokens_per_s: step_tokens as f64 / elapsed.max(1e-9),
+            fp8,
+        };
+        metrics.append(&record)?;
+        on_step(&record);
+        curve.push((progress.step, losses.mean));
+        progress.step += 1;
+        if config
+            .checkpoint_every
+            .is_some_and(|n| n > 0 && progress.step.is_multiple_of(n))
+            && progress.step < last_step
+        {
+            save_checkpoint(&checkpoint, &mut model, &optimizer, &scaler, &progress)?;
+        }
+    }
+
+    let (heldout_loss, heldout_accuracy) = evaluate(&mut model, data, micro_size)?;
+    save_checkpoint(&checkpoint, &mut model, &optimizer, &scaler, &progress)?;
+    let report = ledger.report();
+    Ok(RunOutput {
+        summary: PrecisionSummary {
+            final_train_loss: last_loss,
+            heldout_loss,
+            heldout_accuracy,
+            tokens_per_s: tokens as f64 / seconds.max(1e-9),
+            peak_bytes: report.total.peak,
+        },
+        curve,
+        skipped_steps: skipped,
+        peak_activation_bytes: peak_activations,
+        memory_summary: memory_summary(&ledger),
+        checkpoint,
+    })
+}
+
+/// Bytes that change only at optimizer steps: parameters, masters, gradients, moments, weight caches.
+fn account_static(ledger: &MemoryLedger, model: &mut DecoderModel, precision: &Precision, optimizer: &AdamW) {
+    let values = model.parameter_count() as u64;
+    let dtype = precision.compute_dtype();
+    let compute_copies = if dtype == Dtype::F32 {
+        0
+    } else {
+        values * dtype.bytes() as u64
+    };
+    let cache = model.weight_cache_bytes() as u64;
+    set_usage(ledger, MemoryCategory::MasterWeights, values * 4);
+    set_usage(ledger, MemoryCategory::Gradients, values * 4);
+    set_usage(ledger, MemoryCategory::OptimizerState, optimizer.state_bytes() as u64);
+    if precision.is_fp8() {
+        set_usage(ledger, MemoryCategory::Parameters, compute_copies);
+        set_usage(ledger, MemoryCategory::Fp8Copies, cache);
+    } else {
+        set_usage(ledger, MemoryCategory::Parameters, compute_copies.max(cache));
+    }
+}
+
+/// Mean loss over every counted held-out target, and exact-match accuracy (NaN for text).
+fn evaluate(model: &mut DecoderModel, data: &Dataset, batch: usize) -> Result<(f32, f64)> {
+    let (mut loss_sum, mut counted) = (0f64, 0usize);
+    let (mut correct, mut scored) = (0f64, 0usize);
+    for b in data.heldout_batches(batch) {
+        let (loss, predicted) = model.evaluate_loss(&b.inputs, &b.targets, b.batch, b.seq)?;
+        let n = b.counted_targets();
+        loss_sum += f64::from(loss) * n as f64;
+        counted += n;
+        if let Some(acc) = exact_match_accuracy(&predicted, &b) {
+            correct += acc * b.batch as f64;
+            scored += b.batch;
+        }
+    }
+    let loss = if counted == 0 {
+        f32::NAN
+    } else {
+        (loss_sum / counted as f64) as f32
+    };
+    let accuracy = if data.has_accuracy() && scored > 0 {
+        correct / scored as f64
+    } else {
+        f64::NAN
+    };
+    Ok((loss, accuracy))
+}

@@ -1,0 +1,102 @@
+//! `fp8 train` end to end: the files it promises (summary.json with its keys,
+//! metrics.jsonl per precision with one line per step, loss.png, a checkpoint),
+//! and a one-line error with exit code 1 for impossible requests.
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn fp8(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fp8"))
+        .args(args)
+        .output()
+        .expect("run fp8")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("fp8-cli-train-{}-{name}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    dir
+}
+
+const SMALL: &[&str] = &[
+    "train", "--steps", "3", "--hidden", "32", "--heads", "2", "--layers", "1", "--batch", "16", "--digits", "2",
+    "--quiet",
+];
+
+#[test]
+fn train_writes_summary_metrics_plot_and_checkpoints() {
+    let out_dir = scratch("files");
+    let out_arg = out_dir.to_str().expect("utf-8 path");
+    let mut args = SMALL.to_vec();
+    args.extend(["--compare", "fp32,fp8-delayed", "--out", out_arg]);
+    let out = fp8(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("fp8-delayed") && stdout.contains("held-out loss"),
+        "{stdout}"
+    );
+
+    let summary: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(out_dir.join("summary.json")).expect("summary")).expect("json");
+    for precision in ["fp32", "fp8-delayed"] {
+        let entry = &summary[precision];
+        for key in [
+            "final_train_loss",
+            "heldout_loss",
+            "heldout_accuracy",
+            "tokens_per_s",
+            "peak_bytes",
+        ] {
+            assert!(entry.get(key).is_some(), "{precision} lacks {key}: {entry}");
+        }
+        let metrics = fs::read_to_string(out_dir.join(precision).join("metrics.jsonl")).expect("metrics");
+        let lines: Vec<serde_json::Value> = metrics
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("line"))
+            .collect();
+        assert_eq!(lines.len(), 3);
+        for (step, line) in lines.iter().enumerate() {
+            assert_eq!(line["step"], step as u64);
+            for key in ["loss", "lr", "grad_norm", "loss_scale", "tokens_per_s", "fp8"] {
+                assert!(line.get(key).is_some(), "step {step} lacks {key}");
+            }
+        }
+        let fp8_slots = lines[0]["fp8"].as_array().expect("fp8 list").len();
+        assert_eq!(
+            fp8_slots > 0,
+            precision.starts_with("fp8"),
+            "{precision}: {fp8_slots} FP8 slots"
+        );
+        assert!(out_dir.join(precision).join("checkpoint.safetensors").is_file());
+    }
+    let png = fs::read(out_dir.join("loss.png")).expect("loss.png");
+    assert_eq!(&png[1..4], b"PNG");
+}
+
+#[test]
+fn impossible_requests_fail_with_one_line() {
+    let dir = scratch("errors");
+    let out_arg = dir.to_str().expect("utf-8 path");
+    for extra in [
+        vec!["--compare", "fp32,fp32"],
+        vec!["--precision", "fp9"],
+        vec!["--device", "cuda"],
+        vec!["--compare", "fp32,bf16", "--resume", "nowhere.safetensors"],
+        vec!["--precision", "fp32", "--resume", "nowhere.safetensors"],
+        vec!["--precision", "fp8-delayed", "--ffn", "40"],
+        vec!["--micro-batches", "3"],
+    ] {
+        let mut args = SMALL.to_vec();
+        args.extend(["--out", out_arg]);
+        args.extend(extra.iter().copied());
+        let out = fp8(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {stderr}");
+        // Progress notes may come first; the failure itself is the last line, and the only error line.
+        let last = stderr.trim().lines().last().unwrap_or_default();
+        assert!(last.starts_with("fp8: error: "), "{extra:?}: {stderr}");
+        assert_eq!(stderr.matches("fp8: error").count(), 1, "{extra:?}: {stderr}");
+    }
+}
