@@ -78,10 +78,12 @@ fn quantized(rng: &mut StdRng, kind: ScaleKind, format: Fp8Format, rows: usize, 
 /// with random scale_invs in [2^-6, 2^6) of any mantissa.
 fn random_codes(rng: &mut StdRng, kind: ScaleKind, format: Fp8Format, rows: usize, k: usize) -> QuantizedMatrix {
     let codes: Vec<u8> = (0..rows * k)
-        .map(|_| loop {
-            let c: u8 = rng.random();
-            if decode(format, c).is_finite() {
-                break c;
+        .map(|_| {
+            loop {
+                let c: u8 = rng.random();
+                if decode(format, c).is_finite() {
+                    break c;
+                }
             }
         })
         .collect();
@@ -239,7 +241,13 @@ const FORMAT_PAIRS: [(Fp8Format, Fp8Format); 3] = [
 
 /// Ragged shapes: M and N multiples of nothing, K a multiple of 16 but not of
 /// 128 (and of 32 in one case), several output tiles, one row, one column.
-const SHAPES: [(usize, usize, usize); 5] = [(37, 300, 272), (300, 45, 400), (1, 1, 16), (130, 129, 128), (3, 517, 48)];
+const SHAPES: [(usize, usize, usize); 5] = [
+    (37, 300, 272),
+    (300, 45, 400),
+    (1, 1, 16),
+    (130, 129, 128),
+    (3, 517, 48),
+];
 
 #[test]
 fn every_scale_pair_and_format_pair_matches_f64() {
@@ -301,20 +309,39 @@ fn every_output_type_matches_f64() {
             bias: Some(&bias),
             ..GemmParams::default()
         };
-        let reference = reference(&fp8_ref(Fp8Format::E4M3, &qa), &fp8_ref(Fp8Format::E4M3, &qb), &params, None);
+        let reference = reference(
+            &fp8_ref(Fp8Format::E4M3, &qa),
+            &fp8_ref(Fp8Format::E4M3, &qb),
+            &params,
+            None,
+        );
         let what = |out: &str| format!("{ka:?}x{kb:?} -> {out}");
 
         let mut d = vec![bf16::ZERO; m * n];
         let report = gemm::cpu::gemm(&a, &b, Output::Bf16(&mut d), &params).unwrap();
         let got: Vec<f64> = d.iter().map(|x| x.to_f64()).collect();
         // bf16: 8 significant bits, same exponent range as f32.
-        check(&what("bf16"), &got, &reference, k, (2f64.powi(-8), 2f64.powi(-134)), report);
+        check(
+            &what("bf16"),
+            &got,
+            &reference,
+            k,
+            (2f64.powi(-8), 2f64.powi(-134)),
+            report,
+        );
 
         let mut d = vec![f16::ZERO; m * n];
         let report = gemm::cpu::gemm(&a, &b, Output::F16(&mut d), &params).unwrap();
         let got: Vec<f64> = d.iter().map(|x| x.to_f64()).collect();
         // f16: 11 significant bits, subnormal step 2^-24.
-        check(&what("f16"), &got, &reference, k, (2f64.powi(-11), 2f64.powi(-25)), report);
+        check(
+            &what("f16"),
+            &got,
+            &reference,
+            k,
+            (2f64.powi(-11), 2f64.powi(-25)),
+            report,
+        );
 
         let max_ref = reference.0.iter().fold(0.0f64, |m, x| m.max(x.abs()));
         for (format, u_out, sub_half, fp8_max) in [
@@ -354,7 +381,13 @@ fn plain_inputs_match_f64() {
             };
             let f64s = |x: &[f32]| RefOperand::plain(x.iter().map(|&v| v as f64), k);
             let (a, b) = (Mat::new(&xa, m, k).unwrap(), Mat::new(&xb, n, k).unwrap());
-            check_f32("f32", &Operand::F32(a), &Operand::F32(b), (&f64s(&xa), &f64s(&xb)), &params);
+            check_f32(
+                "f32",
+                &Operand::F32(a),
+                &Operand::F32(b),
+                (&f64s(&xa), &f64s(&xb)),
+                &params,
+            );
 
             let (ha, hb): (Vec<bf16>, Vec<bf16>) = (
                 xa.iter().map(|&v| bf16::from_f32(v)).collect(),
@@ -408,8 +441,18 @@ fn beta_one_accumulates_micro_batches() {
     gemm::cpu::gemm(&op(&a2), &opb(&b2), Output::F32(&mut d), &accumulate).unwrap();
     let report = gemm::cpu::gemm(&op(&a2), &opb(&b2), Output::F32(&mut d), &accumulate).unwrap();
 
-    let (d1, s1) = reference(&fp8_ref(Fp8Format::E5M2, &a1), &fp8_ref(Fp8Format::E4M3, &b1), &first, None);
-    let (d2, s2) = reference(&fp8_ref(Fp8Format::E5M2, &a2), &fp8_ref(Fp8Format::E4M3, &b2), &first, None);
+    let (d1, s1) = reference(
+        &fp8_ref(Fp8Format::E5M2, &a1),
+        &fp8_ref(Fp8Format::E4M3, &b1),
+        &first,
+        None,
+    );
+    let (d2, s2) = reference(
+        &fp8_ref(Fp8Format::E5M2, &a2),
+        &fp8_ref(Fp8Format::E4M3, &b2),
+        &first,
+        None,
+    );
     // Each later GEMM's S includes |old| <= the earlier magnitudes: doubling covers all three bounds.
     let expected: Vec<f64> = d1.iter().zip(&d2).map(|(x, y)| x + 2.0 * y).collect();
     let magnitude: Vec<f64> = s1.iter().zip(&s2).map(|(x, y)| 2.0 * (x + 2.0 * y)).collect();
@@ -445,7 +488,12 @@ fn split_and_fast_accumulation_at_long_k() {
             let report = gemm::cpu::gemm(&a, &b, Output::F32(&mut d), &params).unwrap();
             let got: Vec<f64> = d.iter().map(|&x| x as f64).collect();
             check(&format!("K={k} split={split}"), &got, &reference, k, (0.0, 0.0), report);
-            let err = got.iter().zip(&reference.0).map(|(g, r)| (g - r).powi(2)).sum::<f64>().sqrt();
+            let err = got
+                .iter()
+                .zip(&reference.0)
+                .map(|(g, r)| (g - r).powi(2))
+                .sum::<f64>()
+                .sqrt();
             errors.push(err / ref_norm);
         }
         println!(
@@ -504,10 +552,7 @@ fn unsupported_inputs_are_typed_errors() {
     }
 
     let bias = [0.0f32; 4];
-    let with_bias = GemmParams {
-        bias: Some(&bias),
-        ..p
-    };
+    let with_bias = GemmParams { bias: Some(&bias), ..p };
     expect_args(
         gemm::cpu::gemm(&fa, &fb, Output::F32(&mut d), &with_bias),
         "bias has 4 elements, N is 5",

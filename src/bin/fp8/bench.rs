@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use clap::{Args, ValueEnum};
+use clap::{Args, Subcommand};
 use fp8_engine::backend::cuda::{CudaDevice, DequantScales, DeviceBuffer};
 use fp8_engine::convert;
 use fp8_engine::device::{Device, DeviceChoice, MemoryCategory};
@@ -20,19 +20,27 @@ use crate::error::CliError;
 #[derive(Args)]
 pub struct BenchArgs {
     /// What to bench.
+    #[command(subcommand)]
     what: BenchWhat,
+}
+
+#[derive(Subcommand)]
+enum BenchWhat {
+    /// The memory-bound casts, quantizers and dequantize.
+    Cast(CastBenchArgs),
+    /// GEMM throughput and accuracy next to a baseline GEMM.
+    Gemm(crate::bench_gemm::GemmBenchArgs),
+}
+
+/// Options of `fp8 bench cast`.
+#[derive(Args)]
+struct CastBenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
     /// auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
     device: String,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum BenchWhat {
-    /// The memory-bound casts, quantizers and dequantize.
-    Cast,
 }
 
 /// Edge lengths of the square bf16 inputs.
@@ -47,7 +55,7 @@ struct Row {
     seconds: f64,
 }
 
-fn median(mut times: Vec<f64>) -> f64 {
+pub(crate) fn median(mut times: Vec<f64>) -> f64 {
     times.sort_by(f64::total_cmp);
     times[times.len() / 2]
 }
@@ -231,7 +239,13 @@ fn bench_gpu(gpu: &CudaDevice, size: usize, rows: &mut Vec<Row>) -> Result<(), C
 
 /// Runs `fp8 bench`.
 pub fn run(args: BenchArgs) -> Result<(), CliError> {
-    let BenchWhat::Cast = args.what;
+    match args.what {
+        BenchWhat::Cast(args) => run_cast(args),
+        BenchWhat::Gemm(args) => crate::bench_gemm::run(args),
+    }
+}
+
+fn run_cast(args: CastBenchArgs) -> Result<(), CliError> {
     let device = Device::select(args.device.parse::<DeviceChoice>()?)?;
     let mut rows = Vec::new();
     for size in SIZES {

@@ -60,7 +60,11 @@ pub(super) fn out_tiles(out: Output<'_>, n: usize, tm: usize, tn: usize) -> Vec<
 /// quantizers' fmaxf amax which ignores NaN inputs).
 #[inline]
 pub(super) fn nan_max(m: f32, x: f32) -> f32 {
-    if x.is_nan() || m.is_nan() { f32::NAN } else { m.max(x.abs()) }
+    if x.is_nan() || m.is_nan() {
+        f32::NAN
+    } else {
+        m.max(x.abs())
+    }
 }
 
 impl Epilogue<'_> {
@@ -74,11 +78,16 @@ impl Epilogue<'_> {
             OutTile::Fp8(t, format, scale) => {
                 let mut result = Ok(());
                 // `plan` allows beta != 0 for f32 outputs only: old codes are never read.
-                let amax = self.finish_rows(acc, t, |_| 0.0, |v, d| {
-                    if result.is_ok() {
-                        result = crate::convert::quantize(v, d, format, scale, Overflow::Saturate).map(|_| ());
-                    }
-                })?;
+                let amax = self.finish_rows(
+                    acc,
+                    t,
+                    |_| 0.0,
+                    |v, d| {
+                        if result.is_ok() {
+                            result = crate::convert::quantize(v, d, format, scale, Overflow::Saturate).map(|_| ());
+                        }
+                    },
+                )?;
                 result.map(|()| amax)
             }
         }
@@ -100,9 +109,7 @@ impl Epilogue<'_> {
                 v.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
             }
             if self.beta != 0.0 {
-                v.iter_mut()
-                    .zip(out.iter())
-                    .for_each(|(x, o)| *x += self.beta * old(o));
+                v.iter_mut().zip(out.iter()).for_each(|(x, o)| *x += self.beta * old(o));
             }
             amax = v.iter().fold(amax, |m, &x| nan_max(m, x));
             write(v, out);
