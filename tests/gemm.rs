@@ -224,6 +224,17 @@ fn fp8_ref(format: Fp8Format, q: &QuantizedMatrix) -> RefOperand {
     RefOperand::fp8(format, q)
 }
 
+/// Scales of the right length for an empty or tiny matrix (values 1).
+fn scales_for(kind: ScaleKind, rows: usize, k: usize) -> Scales {
+    let (r, c) = kind.scale_shape(rows, k);
+    match kind {
+        ScaleKind::PerTensor => Scales::PerTensor(1.0),
+        ScaleKind::Block1x128 => Scales::Block1x128(vec![1.0; r * c]),
+        ScaleKind::Block128x128 => Scales::Block128x128(vec![1.0; r * c]),
+        ScaleKind::Mxfp8 => Scales::Mxfp8(vec![127; r * c]),
+    }
+}
+
 // ---------------------------------------------------------------- tests
 
 const SCALE_PAIRS: [(ScaleKind, ScaleKind); 4] = [
@@ -629,6 +640,23 @@ fn empty_and_nan_edges() {
     let report = gemm::cpu::gemm(&Operand::F32(a), &Operand::F32(b), Output::F32(&mut d), &p).unwrap();
     assert_eq!(d, [1.0, -2.0, 3.0, 1.0, -2.0, 3.0]);
     assert_eq!(report.amax, 3.0);
+
+    // FP8 with K = 0 after a GEMM that left other values in the engine's scratch tiles.
+    let mut rng = StdRng::seed_from_u64(8);
+    let (qa, qb) = (
+        quantized(&mut rng, ScaleKind::Block1x128, Fp8Format::E4M3, 2, 128),
+        quantized(&mut rng, ScaleKind::Block128x128, Fp8Format::E4M3, 3, 128),
+    );
+    let (a, b) = (Operand::Fp8(Fp8Format::E4M3, &qa), Operand::Fp8(Fp8Format::E4M3, &qb));
+    gemm::cpu::gemm(&a, &b, Output::F32(&mut d), &GemmParams::default()).unwrap();
+    for kind in [ScaleKind::PerTensor, ScaleKind::Block1x128] {
+        let q0 = |rows| QuantizedMatrix::new(Vec::new(), rows, 0, scales_for(kind, rows, 0)).unwrap();
+        let (qa, qb) = (q0(2), q0(3));
+        let (a, b) = (Operand::Fp8(Fp8Format::E4M3, &qa), Operand::Fp8(Fp8Format::E4M3, &qb));
+        let mut d = vec![f32::NAN; 6];
+        gemm::cpu::gemm(&a, &b, Output::F32(&mut d), &p).unwrap();
+        assert_eq!(d, [1.0, -2.0, 3.0, 1.0, -2.0, 3.0], "{kind:?}");
+    }
 
     let mut empty: Vec<f32> = Vec::new();
     let (a, b) = (Mat::new(&none, 0, 0).unwrap(), Mat::new(&none, 3, 0).unwrap());

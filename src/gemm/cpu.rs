@@ -31,6 +31,8 @@ mod kernel;
 mod scales;
 mod tiles;
 
+use std::cell::Cell;
+
 use rayon::prelude::*;
 
 use super::operand::{GemmParams, GemmPlan, GemmReport, Mat, Operand, Output, ScalePair, plan};
@@ -80,9 +82,12 @@ pub fn gemm(a: &Operand, b: &Operand, out: Output, params: &GemmParams) -> Resul
                 data: &bv,
                 ..a_panel
             };
-            let mut acc = vec![0.0f32; rows * cols];
-            accumulate(&mut acc, a_panel, b_panel, steps, (sa, sb), threads_per_tile);
-            epilogue.finish(&mut acc, tile)
+            let mut scratch = Scratch::take();
+            let (acc, partial) = scratch.tiles(rows * cols);
+            accumulate(acc, partial, a_panel, b_panel, steps, (sa, sb), threads_per_tile);
+            let amax = epilogue.finish(acc, tile);
+            scratch.give_back();
+            amax
         })
         .try_reduce(|| 0.0, |x, y| Ok(nan_max(x, y)))?;
     Ok(GemmReport { amax })
@@ -112,7 +117,15 @@ impl Steps {
 }
 
 /// `acc = sum over K` of the tile's products, per `steps` (the epilogue comes after).
-fn accumulate(acc: &mut [f32], a: Panel, b: Panel, steps: Steps, scales: (RowScales, RowScales), threads: bool) {
+fn accumulate(
+    acc: &mut [f32],
+    partial: &mut [f32],
+    a: Panel,
+    b: Panel,
+    steps: Steps,
+    scales: (RowScales, RowScales),
+    threads: bool,
+) {
     let k = a.k;
     let block = |kb: usize, k_block: usize| {
         let k0 = kb * k_block;
@@ -122,6 +135,9 @@ fn accumulate(acc: &mut [f32], a: Panel, b: Panel, steps: Steps, scales: (RowSca
     match steps {
         Steps::Whole => matmul_nt(acc, false, a, b, threads),
         Steps::Split { k_block } => {
+            if k == 0 {
+                acc.fill(0.0);
+            }
             // The crate sums each block in registers, then adds it to `acc`
             // once: exactly `acc += partial`.
             for kb in 0..k.div_ceil(k_block) {
@@ -131,13 +147,13 @@ fn accumulate(acc: &mut [f32], a: Panel, b: Panel, steps: Steps, scales: (RowSca
         }
         Steps::Scaled { k_block } => {
             let k_blocks = k.div_ceil(k_block);
-            let mut partial = vec![0.0f32; acc.len()];
             let mut sa = vec![0.0f32; a.rows];
             let mut sb = vec![0.0f32; b.rows];
             let cols = b.rows.max(1);
+            acc.fill(0.0);
             for kb in 0..k_blocks {
                 let (ab, bb) = block(kb, k_block);
-                matmul_nt(&mut partial, false, ab, bb, threads);
+                matmul_nt(partial, false, ab, bb, threads);
                 scales.0.fill(a.first, kb, k_blocks, &mut sa);
                 scales.1.fill(b.first, kb, k_blocks, &mut sb);
                 for ((acc, p), &sa) in acc.chunks_mut(cols).zip(partial.chunks(cols)).zip(&sa) {
@@ -148,6 +164,36 @@ fn accumulate(acc: &mut [f32], a: Panel, b: Panel, steps: Steps, scales: (RowSca
                 }
             }
         }
+    }
+}
+
+/// The two f32 tiles (accumulator, block partial) of a task, kept per thread
+/// across tiles and calls: fresh megabyte buffers cost a page fault per 4 KiB
+/// on every use (~2 ms per 4 MiB measured), reused ones cost nothing.
+struct Scratch(Vec<f32>);
+
+thread_local! {
+    static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+impl Scratch {
+    /// Takes this thread's buffer (a task nested on the same thread, e.g. one
+    /// stolen while the crate waits, finds it empty and allocates its own).
+    fn take() -> Self {
+        Scratch(SCRATCH.with(Cell::take))
+    }
+
+    /// Two slices of `len` (contents unspecified: both are written before read).
+    fn tiles(&mut self, len: usize) -> (&mut [f32], &mut [f32]) {
+        if self.0.len() < 2 * len {
+            self.0.resize(2 * len, 0.0);
+        }
+        let (acc, rest) = self.0.split_at_mut(len);
+        (acc, &mut rest[..len])
+    }
+
+    fn give_back(self) {
+        SCRATCH.with(|cell| cell.set(self.0));
     }
 }
 

@@ -63,7 +63,7 @@ pub struct GemmBenchArgs {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Timed runs per GEMM after one warm-up; the median is reported.
+    /// Timed runs per GEMM after one warm-up, ours and the baseline alternating; the medians are reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
     /// One JSON object per case and line instead of a table.

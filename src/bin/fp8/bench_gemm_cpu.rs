@@ -13,16 +13,26 @@ use crate::error::CliError;
 /// Runs cases on the CPU with rayon's threads.
 pub struct CpuRunner;
 
-/// Runs `f` once to warm up, then `repeat` times; returns the median seconds.
-fn time(repeat: usize, mut f: impl FnMut() -> Result<(), CliError>) -> Result<f64, CliError> {
-    f()?;
-    let mut times = Vec::with_capacity(repeat);
+/// Runs `ours` and `baseline` once each to warm up, then `repeat` times
+/// alternately, so a load change on the machine hits both alike; returns the
+/// median seconds of each.
+fn time_pair(
+    repeat: usize,
+    mut ours: impl FnMut() -> Result<(), CliError>,
+    mut baseline: impl FnMut() -> Result<(), CliError>,
+) -> Result<(f64, f64), CliError> {
+    ours()?;
+    baseline()?;
+    let (mut t_ours, mut t_base) = (Vec::with_capacity(repeat), Vec::with_capacity(repeat));
     for _ in 0..repeat {
         let start = Instant::now();
-        f()?;
-        times.push(start.elapsed().as_secs_f64());
+        ours()?;
+        t_ours.push(start.elapsed().as_secs_f64());
+        let start = Instant::now();
+        baseline()?;
+        t_base.push(start.elapsed().as_secs_f64());
     }
-    Ok(median(times))
+    Ok((median(t_ours), median(t_base)))
 }
 
 impl GemmRunner for CpuRunner {
@@ -63,12 +73,14 @@ impl GemmRunner for CpuRunner {
             Ok(())
         };
         let mut out = OutBuffers::new(inputs.out, m * n);
-        let seconds = time(repeat, || run_into(inputs.out, &mut out))?;
-        let output = out.to_f32(inputs.out, out_scale_for(inputs.out, amax));
-
         let (ad, bd) = (inputs.a.dequantized(), inputs.b.dequantized());
         let (am, bm) = (Mat::new(&ad, m, k)?, Mat::new(&bd, n, k)?);
-        let baseline_seconds = time(repeat, || Ok(gemm::cpu::f32_crate_gemm(am, bm, &mut d)?))?;
+        let (seconds, baseline_seconds) = time_pair(
+            repeat,
+            || run_into(inputs.out, &mut out),
+            || Ok(gemm::cpu::f32_crate_gemm(am, bm, &mut d)?),
+        )?;
+        let output = out.to_f32(inputs.out, out_scale_for(inputs.out, amax));
         Ok(Measurement {
             seconds,
             baseline_seconds,

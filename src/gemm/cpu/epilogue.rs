@@ -1,13 +1,14 @@
 //! The epilogue of one tile: `v = acc * factor (+ bias[j]) (+ beta * old)`,
 //! the amax of `v` before the output cast, then the cast into the output.
 
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use super::super::operand::Output;
 use super::tiles::{Tile, split};
-use crate::convert::HighPrecision;
 use crate::error::Result;
 use crate::format::{Fp8Format, Overflow};
+use crate::quantize::amax_serial;
 
 /// Scalars applied after accumulation, in this order.
 #[derive(Clone, Copy)]
@@ -111,13 +112,26 @@ impl Epilogue<'_> {
             if self.beta != 0.0 {
                 v.iter_mut().zip(out.iter()).for_each(|(x, o)| *x += self.beta * old(o));
             }
-            amax = v.iter().fold(amax, |m, &x| nan_max(m, x));
+            amax = nan_max(amax, row_amax(v));
             write(v, out);
         }
         Ok(amax)
     }
 }
 
-fn narrow<T: HighPrecision>(v: &[f32], d: &mut [T]) {
-    d.iter_mut().zip(v).for_each(|(d, &x)| *d = T::from_f32(x));
+/// RNE narrowing with `half`'s slice conversion (F16C for f16 where the CPU
+/// has it: ~10x the scalar `f16::from_f32`).
+fn narrow<T: HalfFloatSliceExt + ?Sized>(v: &[f32], d: &mut T) {
+    d.convert_from_f32_slice(v);
+}
+
+/// max |x| of a row, NaN if any element is NaN: a vectorisable NaN scan,
+/// then the quantizers' lane-parallel fmaxf amax (a plain NaN-propagating
+/// fold is a serial dependency chain, ~2 ns per element).
+fn row_amax(v: &[f32]) -> f32 {
+    if v.iter().fold(false, |nan, x| nan | x.is_nan()) {
+        f32::NAN
+    } else {
+        amax_serial(v)
+    }
 }
