@@ -144,6 +144,7 @@ fn error_figures_follow_the_formats() {
         "1",
     ]);
     assert_eq!(plain["scaling"], "none");
+    assert_eq!(plain["split_accumulator"], false, "split accumulation is an FP8 switch");
     assert!(num(&plain, "rel_err") < 1e-5);
     assert!(num(&plain, "quant_err") < 2f64.powi(-8), "{plain}");
 

@@ -54,7 +54,7 @@ pub struct GemmBenchArgs {
     /// Output type (FP8 outputs get the scale fp8_max / amax of an untimed run).
     #[arg(long, value_enum, default_value = "bf16")]
     out: OutFormat,
-    /// Split accumulation (promote every 128 of K); forced on for block scales.
+    /// Split accumulation (promote every 128 of K) for FP8 inputs; forced on for block scales.
     #[arg(long, value_enum, default_value = "on")]
     split: OnOff,
     /// Distribution of the unquantized inputs.
@@ -219,8 +219,9 @@ fn run_case(
     let xb = random(n * k, args.dist, args.seed.wrapping_mul(2).wrapping_add(2));
     let a = Input::new(&xa, m, k, args.a_format, args.scaling, Side::A)?;
     let b = Input::new(&xb, n, k, args.b_format, args.scaling, Side::B)?;
-    let blocked = args.a_format.fp8().is_some() && args.scaling != Scaling::Tensor;
-    let split = args.split == OnOff::On || blocked;
+    // Split accumulation concerns FP8 inputs only, and block scales force it.
+    let fp8 = args.a_format.fp8().is_some();
+    let split = fp8 && (args.split == OnOff::On || args.scaling != Scaling::Tensor);
     let inputs = CaseInputs {
         a,
         b,
