@@ -10,8 +10,10 @@
 const TILE: usize = 512;
 /// Smallest edge a tile is shrunk to for more parallel tasks.
 const MIN_TILE: usize = 64;
-/// Tasks per thread wanted before tiles stop shrinking (load balance).
-const TASKS_PER_THREAD: usize = 4;
+/// Tasks per thread wanted before tiles stop shrinking: enough for load
+/// balance, few enough that tiles stay big (2 measured ~15% faster than 4 at
+/// 512^3 on 2 threads).
+const TASKS_PER_THREAD: usize = 2;
 
 /// Tile height and width for an `m x n` output on `threads` threads.
 pub(super) fn tile_shape(m: usize, n: usize, threads: usize) -> (usize, usize) {
@@ -88,7 +90,7 @@ mod tests {
     fn small_outputs_get_several_tiles() {
         assert_eq!(tile_shape(2048, 2048, 2), (512, 512));
         let (tm, tn) = tile_shape(256, 256, 2);
-        assert!(256usize.div_ceil(tm) * 256usize.div_ceil(tn) >= 8);
+        assert!(256usize.div_ceil(tm) * 256usize.div_ceil(tn) >= 4);
         assert_eq!(tile_shape(1, 1, 2), (1, 1));
     }
 }
