@@ -1,117 +1,234 @@
-//! The CPU reference GEMM: exact products (FP8 x FP8, bf16 x bf16 and f16 x f16
-//! products are exact in f32), f32 accumulation, block scales applied per
+//! The CPU reference GEMM: exact products (FP8 x FP8, bf16 x bf16 and f16 x
+//! f16 products are exact in f32), f32 accumulation, block scales applied per
 //! block of K at promotion.
 //!
-//! This first version is a plain row-parallel dot-product loop: correct, not fast.
+//! How it runs: both operands are decoded to f32 without their scales (exact),
+//! the output is cut into tiles (rayon tasks), and each task multiplies its
+//! panels with the f32 GEMM crate (`gemm`, one thread per tile):
+//!
+//! * plain inputs, or per-tensor scales without split accumulation: one
+//!   product over the whole K, then `* alpha * sA * sB`;
+//! * per-tensor scales with `split_accumulator`: the crate's 128-wide partial
+//!   sums are added to the tile's f32 accumulator one K block at a time (the
+//!   GPU's promotion), then `* alpha * sA * sB`;
+//! * block scales (1x128 x 128x128, 1x128 x 1x128; MXFP8 in blocks of 32):
+//!   per K block, `acc += partial * (sA[i, kb] * sB[j, kb])`, then `* alpha`.
+//!
+//! Then the epilogue: `+ bias[j]`, `+ beta * D_old` (f32 output only; beta = 0
+//! never reads it), the amax of that f32 result, and the cast to the output.
+//!
+//! On the CPU both accumulation modes are f32 (the crate keeps its partial
+//! sums in f32 registers with FMA); split accumulation only changes where the
+//! partial sums meet the accumulator, so the two differ by f32 rounding, not
+//! by the GPU's ~13-bit fast accumulator.
+//!
+//! Memory: the decoded operands (`4 (M + N) K` bytes) plus two f32 tiles per
+//! running task; nothing of size `M x N x K/128`.
+
+mod decode;
+mod epilogue;
+mod kernel;
+mod scales;
+mod tiles;
+
+use std::cell::Cell;
 
 use rayon::prelude::*;
 
-use super::operand::{GemmParams, GemmPlan, GemmReport, Operand, Output, ScalePair, plan};
-use crate::error::Result;
-use crate::format::decode_e8m0;
-use crate::tensor::Scales;
+use super::operand::{GemmParams, GemmPlan, GemmReport, Mat, Operand, Output, ScalePair, plan};
+use crate::error::{Error, Result};
+use epilogue::{Epilogue, OutTile, nan_max, out_tiles};
+use kernel::{Panel, matmul_nt};
+use scales::{RowScales, tensor_scale};
+
+/// K elements per promotion of per-tensor FP8 GEMMs with `split_accumulator` (spec 5).
+pub const SPLIT_K: usize = 128;
 
 /// `D = alpha * A B^T * sA * sB (+ bias) (+ beta D)`; see the module docs of [`crate::gemm`].
 pub fn gemm(a: &Operand, b: &Operand, out: Output, params: &GemmParams) -> Result<GemmReport> {
     let plan = plan(a, b, &out, params)?;
-    let av = unscaled_values(a);
-    let bv = unscaled_values(b);
-    let mut d = vec![0.0f32; plan.m * plan.n];
-    if let Output::F32(old) = &out
-        && params.beta != 0.0
-    {
-        d.copy_from_slice(old);
-    }
-    accumulate(&plan, a, b, &av, &bv, params, &mut d);
-    let amax = d.iter().fold(0.0f32, |m, &x| {
-        if x.is_nan() || m.is_nan() {
-            f32::NAN
-        } else {
-            m.max(x.abs())
-        }
-    });
-    write_output(&d, out)?;
+    let av = decode::unscaled(a)?;
+    let bv = decode::unscaled(b)?;
+    let steps = Steps::of(&plan, params);
+    let epilogue = Epilogue {
+        factor: match plan.scales {
+            // alpha first, then A's and B's scale_inv (the reference's order).
+            ScalePair::PerTensor => params.alpha * tensor_scale(a) * tensor_scale(b),
+            _ => params.alpha,
+        },
+        bias: params.bias,
+        beta: params.beta,
+    };
+    let (tm, tn) = tiles::tile_shape(plan.m, plan.n, rayon::current_num_threads());
+    let tiles = out_tiles(out, plan.n, tm, tn);
+    // One tile: let the crate spread it over the threads instead.
+    let threads_per_tile = tiles.len() == 1;
+    let (sa, sb) = (RowScales::of(a), RowScales::of(b));
+    let amax = tiles
+        .into_par_iter()
+        .map(|tile: OutTile| {
+            let (i0, j0, rows, cols) = tile.shape();
+            let a_panel = Panel {
+                data: &av,
+                stride: plan.k,
+                first: i0,
+                rows,
+                k0: 0,
+                k: plan.k,
+            };
+            let b_panel = Panel {
+                first: j0,
+                rows: cols,
+                data: &bv,
+                ..a_panel
+            };
+            let mut scratch = Scratch::take();
+            let (acc, partial) = scratch.tiles(rows * cols);
+            accumulate(acc, partial, a_panel, b_panel, steps, (sa, sb), threads_per_tile);
+            let amax = epilogue.finish(acc, tile);
+            scratch.give_back();
+            amax
+        })
+        .try_reduce(|| 0.0, |x, y| Ok(nan_max(x, y)))?;
     Ok(GemmReport { amax })
 }
 
-/// Every element as f32 without its scale (codes decode exactly).
-fn unscaled_values(op: &Operand) -> Vec<f32> {
-    match op {
-        Operand::Fp8(format, q) => {
-            let table = format.decode_table();
-            q.data().iter().map(|&c| table[c as usize]).collect()
+/// How K is walked.
+#[derive(Clone, Copy)]
+enum Steps {
+    /// One product over the whole K.
+    Whole,
+    /// Unscaled partial sums of `k_block` added to the accumulator.
+    Split { k_block: usize },
+    /// Partial sums of `k_block` scaled by their block scales at promotion.
+    Scaled { k_block: usize },
+}
+
+impl Steps {
+    fn of(plan: &GemmPlan, params: &GemmParams) -> Self {
+        match plan.scales.k_block() {
+            Some(k_block) => Steps::Scaled { k_block },
+            None if params.split_accumulator && plan.scales == ScalePair::PerTensor => {
+                Steps::Split { k_block: SPLIT_K }
+            }
+            None => Steps::Whole,
         }
-        Operand::F32(m) => m.data.to_vec(),
-        Operand::Bf16(m) => m.data.iter().map(|x| x.to_f32()).collect(),
-        Operand::F16(m) => m.data.iter().map(|x| x.to_f32()).collect(),
     }
 }
 
-/// scale_inv of `row` of an operand at K-block `kb` (1.0 for plain inputs).
-fn block_scale(op: &Operand, row: usize, kb: usize, k_blocks: usize) -> f32 {
-    let Operand::Fp8(_, q) = op else { return 1.0 };
-    match q.scales() {
-        Scales::PerTensor(s) => *s,
-        Scales::Block1x128(s) => s[row * k_blocks + kb],
-        Scales::Block128x128(s) => s[(row / 128) * k_blocks + kb],
-        Scales::Mxfp8(e) => decode_e8m0(e[row * k_blocks + kb]),
-    }
-}
-
-fn accumulate(plan: &GemmPlan, a: &Operand, b: &Operand, av: &[f32], bv: &[f32], params: &GemmParams, d: &mut [f32]) {
-    let (n, k) = (plan.n, plan.k);
-    if n == 0 {
-        return;
-    }
-    let k_block = match plan.scales.k_block() {
-        Some(kb) => kb,
-        None if params.split_accumulator && plan.scales == ScalePair::PerTensor => 128,
-        None => k.max(1),
+/// `acc = sum over K` of the tile's products, per `steps` (the epilogue comes after).
+fn accumulate(
+    acc: &mut [f32],
+    partial: &mut [f32],
+    a: Panel,
+    b: Panel,
+    steps: Steps,
+    scales: (RowScales, RowScales),
+    threads: bool,
+) {
+    let k = a.k;
+    let block = |kb: usize, k_block: usize| {
+        let k0 = kb * k_block;
+        let len = k_block.min(k - k0);
+        (Panel { k0, k: len, ..a }, Panel { k0, k: len, ..b })
     };
-    let k_blocks = k.div_ceil(k_block);
-    let tensor_factor = match plan.scales {
-        ScalePair::None => params.alpha,
-        ScalePair::PerTensor => params.alpha * block_scale(a, 0, 0, 1) * block_scale(b, 0, 0, 1),
-        _ => params.alpha,
-    };
-    let blocked = plan.scales.k_block().is_some();
-    d.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
-        let arow = &av[i * k..(i + 1) * k];
-        for (j, dij) in row.iter_mut().enumerate() {
-            let brow = &bv[j * k..(j + 1) * k];
-            let mut acc = 0.0f32;
+    match steps {
+        Steps::Whole => matmul_nt(acc, false, a, b, threads),
+        Steps::Split { k_block } => {
+            if k == 0 {
+                acc.fill(0.0);
+            }
+            // The crate sums each block in registers, then adds it to `acc`
+            // once: exactly `acc += partial`.
+            for kb in 0..k.div_ceil(k_block) {
+                let (ab, bb) = block(kb, k_block);
+                matmul_nt(acc, kb > 0, ab, bb, threads);
+            }
+        }
+        Steps::Scaled { k_block } => {
+            let k_blocks = k.div_ceil(k_block);
+            let mut sa = vec![0.0f32; a.rows];
+            let mut sb = vec![0.0f32; b.rows];
+            let cols = b.rows.max(1);
+            acc.fill(0.0);
             for kb in 0..k_blocks {
-                let range = kb * k_block..((kb + 1) * k_block).min(k);
-                let partial = arow[range.clone()]
-                    .iter()
-                    .zip(&brow[range])
-                    .fold(0.0f32, |s, (x, y)| x.mul_add(*y, s));
-                acc += if blocked {
-                    partial * (block_scale(a, i, kb, k_blocks) * block_scale(b, j, kb, k_blocks))
-                } else {
-                    partial
-                };
+                let (ab, bb) = block(kb, k_block);
+                matmul_nt(partial, false, ab, bb, threads);
+                scales.0.fill(a.first, kb, k_blocks, &mut sa);
+                scales.1.fill(b.first, kb, k_blocks, &mut sb);
+                for ((acc, p), &sa) in acc.chunks_mut(cols).zip(partial.chunks(cols)).zip(&sa) {
+                    // Not fused: the product of scales, then partial * scales, then the add.
+                    for ((x, &p), &sb) in acc.iter_mut().zip(p).zip(&sb) {
+                        *x += p * (sa * sb);
+                    }
+                }
             }
-            let mut v = acc * tensor_factor;
-            if let Some(bias) = params.bias {
-                v += bias[j];
-            }
-            if params.beta != 0.0 {
-                v += params.beta * *dij;
-            }
-            *dij = v;
-        }
-    });
-}
-
-fn write_output(d: &[f32], out: Output) -> Result<()> {
-    match out {
-        Output::F32(o) => o.copy_from_slice(d),
-        Output::Bf16(o) => o.iter_mut().zip(d).for_each(|(o, &x)| *o = half::bf16::from_f32(x)),
-        Output::F16(o) => o.iter_mut().zip(d).for_each(|(o, &x)| *o = half::f16::from_f32(x)),
-        Output::Fp8 { codes, format, scale } => {
-            crate::convert::quantize(d, codes, format, scale, crate::format::Overflow::Saturate)?;
         }
     }
+}
+
+/// The two f32 tiles (accumulator, block partial) of a task, kept per thread
+/// across tiles and calls: fresh megabyte buffers cost a page fault per 4 KiB
+/// on every use (~2 ms per 4 MiB measured), reused ones cost nothing.
+struct Scratch(Vec<f32>);
+
+thread_local! {
+    static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+impl Scratch {
+    /// Takes this thread's buffer (a task nested on the same thread, e.g. one
+    /// stolen while the crate waits, finds it empty and allocates its own).
+    fn take() -> Self {
+        Scratch(SCRATCH.with(Cell::take))
+    }
+
+    /// Two slices of `len` (contents unspecified: both are written before read).
+    fn tiles(&mut self, len: usize) -> (&mut [f32], &mut [f32]) {
+        if self.0.len() < 2 * len {
+            self.0.resize(2 * len, 0.0);
+        }
+        let (acc, rest) = self.0.split_at_mut(len);
+        (acc, &mut rest[..len])
+    }
+
+    fn give_back(self) {
+        SCRATCH.with(|cell| cell.set(self.0));
+    }
+}
+
+/// `D = A B^T` for plain f32 operands with the f32 GEMM crate on all threads,
+/// overwriting `d` (`M x N`): the baseline the benchmarks compare against.
+pub fn f32_crate_gemm(a: Mat<f32>, b: Mat<f32>, d: &mut [f32]) -> Result<()> {
+    let (m, n, k) = (a.rows, b.rows, a.cols);
+    if b.cols != k || a.data.len() != m * k || b.data.len() != n * k {
+        return Err(Error::KernelArgs {
+            kernel: "f32 crate gemm",
+            detail: format!(
+                "A is {m}x{k} ({} values), B is {n}x{} ({} values): need K-major operands with the same K",
+                a.data.len(),
+                b.cols,
+                b.data.len()
+            ),
+        });
+    }
+    if d.len() != m * n {
+        return Err(Error::ShapeMismatch {
+            what: "f32 crate GEMM output",
+            rows: m,
+            cols: n,
+            expected: m * n,
+            got: d.len(),
+        });
+    }
+    let panel = |data, rows| Panel {
+        data,
+        stride: k,
+        first: 0,
+        rows,
+        k0: 0,
+        k,
+    };
+    matmul_nt(d, false, panel(a.data, m), panel(b.data, n), true);
     Ok(())
 }

@@ -58,6 +58,26 @@ impl Operand<'_> {
         }
     }
 
+    /// A plain matrix built field by field must still hold `rows * cols` values.
+    fn check_len(&self, what: &'static str) -> Result<()> {
+        let (rows, cols, got) = match self {
+            Operand::Fp8(..) => return Ok(()), // QuantizedMatrix::new checked it
+            Operand::F32(m) => (m.rows, m.cols, m.data.len()),
+            Operand::Bf16(m) => (m.rows, m.cols, m.data.len()),
+            Operand::F16(m) => (m.rows, m.cols, m.data.len()),
+        };
+        match rows.checked_mul(cols) {
+            Some(expected) if expected == got => Ok(()),
+            expected => Err(Error::ShapeMismatch {
+                what,
+                rows,
+                cols,
+                expected: expected.unwrap_or(usize::MAX),
+                got,
+            }),
+        }
+    }
+
     /// Short dtype name for messages: e4m3, e5m2, f32, bf16, f16.
     pub fn dtype(&self) -> &'static str {
         match self {
@@ -204,6 +224,8 @@ fn args(detail: String) -> Error {
 
 /// Checks that `a`, `b`, `out` and `params` make a GEMM every backend can run, and returns its plan.
 pub fn plan(a: &Operand, b: &Operand, out: &Output, params: &GemmParams) -> Result<GemmPlan> {
+    a.check_len("GEMM operand A")?;
+    b.check_len("GEMM operand B")?;
     let (m, k) = a.shape();
     let (n, kb) = b.shape();
     if k != kb {

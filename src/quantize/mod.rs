@@ -28,6 +28,7 @@ mod mxfp8;
 mod transpose;
 
 pub use amax::amax;
+pub(crate) use amax::amax_serial;
 pub use block_1x128::{quantize_1x128, quantize_1x128_columnwise, quantize_1x128_rowwise};
 pub use block_128x128::{quantize_128x128, quantize_block_128x128};
 pub use cast_amax::{cast_amax, quantize_current, quantize_per_tensor};

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use clap::{Args, ValueEnum};
+use clap::{Args, Subcommand};
 use fp8_engine::backend::cuda::{CudaDevice, DequantScales, DeviceBuffer};
 use fp8_engine::convert;
 use fp8_engine::device::{Device, DeviceChoice, MemoryCategory};
@@ -20,23 +20,39 @@ use crate::error::CliError;
 #[derive(Args)]
 pub struct BenchArgs {
     /// What to bench.
+    #[command(subcommand)]
     what: BenchWhat,
+}
+
+#[derive(Subcommand)]
+enum BenchWhat {
+    /// The memory-bound casts, quantizers and dequantize.
+    Cast(CastBenchArgs),
+    /// GEMM throughput and accuracy next to a baseline GEMM.
+    Gemm(crate::bench_gemm::GemmBenchArgs),
+    /// Forward + backward of one TransformerLayer per precision (CPU backend).
+    Layer(LayerBenchArgs),
+}
+
+/// Options of `fp8 bench layer`.
+#[derive(Args)]
+struct LayerBenchArgs {
+    /// Print one JSON object per precision instead of a table.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    layer: crate::bench_layer::LayerArgs,
+}
+
+/// Options of `fp8 bench cast`.
+#[derive(Args)]
+struct CastBenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
     /// auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
     device: String,
-    #[command(flatten)]
-    layer: crate::bench_layer::LayerArgs,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum BenchWhat {
-    /// The memory-bound casts, quantizers and dequantize.
-    Cast,
-    /// Forward + backward of one TransformerLayer per precision (CPU backend).
-    Layer,
 }
 
 /// Edge lengths of the square bf16 inputs.
@@ -51,7 +67,7 @@ struct Row {
     seconds: f64,
 }
 
-fn median(mut times: Vec<f64>) -> f64 {
+pub(crate) fn median(mut times: Vec<f64>) -> f64 {
     times.sort_by(f64::total_cmp);
     times[times.len() / 2]
 }
@@ -235,9 +251,14 @@ fn bench_gpu(gpu: &CudaDevice, size: usize, rows: &mut Vec<Row>) -> Result<(), C
 
 /// Runs `fp8 bench`.
 pub fn run(args: BenchArgs) -> Result<(), CliError> {
-    if let BenchWhat::Layer = args.what {
-        return crate::bench_layer::run(&args.layer, args.json);
+    match args.what {
+        BenchWhat::Cast(args) => run_cast(args),
+        BenchWhat::Gemm(args) => crate::bench_gemm::run(args),
+        BenchWhat::Layer(args) => crate::bench_layer::run(&args.layer, args.json),
     }
+}
+
+fn run_cast(args: CastBenchArgs) -> Result<(), CliError> {
     let device = Device::select(args.device.parse::<DeviceChoice>()?)?;
     let mut rows = Vec::new();
     for size in SIZES {

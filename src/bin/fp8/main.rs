@@ -8,6 +8,9 @@ use clap::{Parser, Subcommand};
 
 mod args;
 mod bench;
+mod bench_gemm;
+mod bench_gemm_cpu;
+mod bench_gemm_inputs;
 mod bench_layer;
 mod cast;
 mod decode;

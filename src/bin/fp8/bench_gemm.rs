@@ -1,0 +1,366 @@
+//! `fp8 bench gemm`: throughput and accuracy of the GEMM per case, next to a
+//! baseline GEMM timed in the same run (the f32 GEMM crate on the CPU,
+//! cuBLASLt on a GPU once the CUDA launchers exist). A backend is a
+//! [`GemmRunner`]; inputs, references and reporting are shared.
+
+use std::io::Write;
+
+use clap::{Args, ValueEnum};
+use fp8_engine::format::Fp8Format;
+use fp8_engine::gemm::{self, GemmParams, Output};
+
+use crate::bench_gemm_cpu::CpuRunner;
+use crate::bench_gemm_inputs::{
+    Dist, Input, InputFormat, SAMPLE_ROWS, Scaling, Side, random, reference_rows, relative_error, sample_rows,
+};
+use crate::error::CliError;
+use crate::table::Table;
+
+/// Options of `fp8 bench gemm`.
+#[derive(Args)]
+#[command(after_help = "\
+Columns: our throughput (GFLOP/s on the CPU, TFLOPS on a GPU; JSON `tflops` is always TFLOPS), \
+the baseline's in the same run (the f32 GEMM crate on the dequantized inputs on the CPU), their ratio, \
+% of the device's dense peak (`-` / null on the CPU: no datasheet peak), \
+rel_err: relative Frobenius error against the f64 product of the same quantized (dequantized) inputs \
+(the GEMM's own arithmetic, output rounding included), \
+quant_err: the same against the f64 product of the unquantized inputs (format and recipe). \
+Both references are computed on a deterministic sample of 64 evenly spaced output rows (all rows when M <= 64).")]
+pub struct GemmBenchArgs {
+    /// cpu, or cuda (needs the CUDA GEMM launchers).
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: Backend,
+    /// Rows of A and D.
+    #[arg(long, default_value_t = 2048, conflicts_with = "suite")]
+    m: usize,
+    /// Rows of B, columns of D.
+    #[arg(long, default_value_t = 2048, conflicts_with = "suite")]
+    n: usize,
+    /// The reduction dimension (a multiple of 16 for FP8).
+    #[arg(long, default_value_t = 2048, conflicts_with = "suite")]
+    k: usize,
+    /// A list of shapes instead of one: llm (LLM training shapes, slow on a CPU) or small (seconds).
+    #[arg(long, value_enum)]
+    suite: Option<Suite>,
+    /// Format of A.
+    #[arg(long, value_enum, default_value = "e4m3")]
+    a_format: InputFormat,
+    /// Format of B.
+    #[arg(long, value_enum, default_value = "e4m3")]
+    b_format: InputFormat,
+    /// Scaling of FP8 inputs (ignored for plain ones).
+    #[arg(long, value_enum, default_value = "tensor")]
+    scaling: Scaling,
+    /// Output type (FP8 outputs get the scale fp8_max / amax of an untimed run).
+    #[arg(long, value_enum, default_value = "bf16")]
+    out: OutFormat,
+    /// Split accumulation (promote every 128 of K) for FP8 inputs; forced on for block scales.
+    #[arg(long, value_enum, default_value = "on")]
+    split: OnOff,
+    /// Distribution of the unquantized inputs.
+    #[arg(long, value_enum, default_value = "normal")]
+    dist: Dist,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Timed runs per GEMM after one warm-up, ours and the baseline alternating; the medians are reported.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
+    /// One JSON object per case and line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Suite {
+    /// 8192^3, 4096x7168x16384, 4096x4096x7168, 4096x2112x7168, 4096x24576x1536, 128x7168x16384, 64x2112x7168.
+    Llm,
+    /// 256^3, 512^3, 1024^3, 2048^3 and a ragged 1000x1500x784.
+    Small,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
+/// Output type of the benched GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OutFormat {
+    F32,
+    Bf16,
+    F16,
+    E4m3,
+    E5m2,
+}
+
+impl OutFormat {
+    fn name(self) -> &'static str {
+        match self {
+            OutFormat::F32 => "f32",
+            OutFormat::Bf16 => "bf16",
+            OutFormat::F16 => "f16",
+            OutFormat::E4m3 => "e4m3",
+            OutFormat::E5m2 => "e5m2",
+        }
+    }
+
+    /// The FP8 format of an FP8 output.
+    pub fn fp8(self) -> Option<Fp8Format> {
+        match self {
+            OutFormat::E4m3 => Some(Fp8Format::E4M3),
+            OutFormat::E5m2 => Some(Fp8Format::E5M2),
+            _ => None,
+        }
+    }
+}
+
+const LLM: [(usize, usize, usize); 7] = [
+    (8192, 8192, 8192),
+    (4096, 7168, 16384),
+    (4096, 4096, 7168),
+    (4096, 2112, 7168),
+    (4096, 24576, 1536),
+    (128, 7168, 16384),
+    (64, 2112, 7168),
+];
+
+const SMALL: [(usize, usize, usize); 5] = [
+    (256, 256, 256),
+    (512, 512, 512),
+    (1024, 1024, 1024),
+    (2048, 2048, 2048),
+    (1000, 1500, 784),
+];
+
+/// The inputs of one case, ready for any backend.
+pub struct CaseInputs {
+    pub a: Input,
+    pub b: Input,
+    pub out: OutFormat,
+    pub split: bool,
+}
+
+/// What a backend measured for one case.
+pub struct Measurement {
+    /// Median seconds of our GEMM.
+    pub seconds: f64,
+    /// Median seconds of the baseline GEMM on the same (dequantized) inputs.
+    pub baseline_seconds: f64,
+    /// Our `M x N` output as f32 (FP8 codes decoded and unscaled).
+    pub output: Vec<f32>,
+}
+
+/// A backend of the bench: times our GEMM and its baseline on one case.
+pub trait GemmRunner {
+    /// The device in words.
+    fn describe(&self) -> String;
+    /// The device's dense peak in TFLOPS, if known.
+    fn peak_tflops(&self) -> Option<f64>;
+    /// Times both GEMMs (`repeat` runs after a warm-up, median).
+    fn measure(&mut self, inputs: &CaseInputs, repeat: usize) -> Result<Measurement, CliError>;
+}
+
+fn runner(backend: Backend) -> Result<Box<dyn GemmRunner>, CliError> {
+    match backend {
+        Backend::Cpu => Ok(Box::new(CpuRunner)),
+        Backend::Cuda => Err(CliError(
+            "CUDA GEMM bench needs the CUDA GEMM launchers (not built in this version)".into(),
+        )),
+    }
+}
+
+/// One line of the report.
+struct Row {
+    m: usize,
+    n: usize,
+    k: usize,
+    split: bool,
+    tflops: f64,
+    baseline_tflops: f64,
+    peak_pct: Option<f64>,
+    rel_err: f64,
+    quant_err: f64,
+}
+
+/// Rejects format, scaling and output combinations before any big input is
+/// made: the library's own checks on a 16x16x16 stand-in.
+fn validate(args: &GemmBenchArgs) -> Result<(), CliError> {
+    let x = vec![0.5f32; 16 * 16];
+    let a = Input::new(&x, 16, 16, args.a_format, args.scaling, Side::A)?;
+    let b = Input::new(&x, 16, 16, args.b_format, args.scaling, Side::B)?;
+    let mut d = vec![0.0f32; 16 * 16];
+    gemm::plan(&a.view()?, &b.view()?, &Output::F32(&mut d), &GemmParams::default())?;
+    Ok(())
+}
+
+/// Shown in the table and JSON: "none" for plain inputs.
+fn scaling_name(args: &GemmBenchArgs) -> &'static str {
+    if args.a_format.fp8().is_some() {
+        args.scaling.name()
+    } else {
+        "none"
+    }
+}
+
+fn run_case(
+    runner: &mut dyn GemmRunner,
+    args: &GemmBenchArgs,
+    (m, n, k): (usize, usize, usize),
+) -> Result<Row, CliError> {
+    let xa = random(m * k, args.dist, args.seed.wrapping_mul(2).wrapping_add(1));
+    let xb = random(n * k, args.dist, args.seed.wrapping_mul(2).wrapping_add(2));
+    let a = Input::new(&xa, m, k, args.a_format, args.scaling, Side::A)?;
+    let b = Input::new(&xb, n, k, args.b_format, args.scaling, Side::B)?;
+    // Split accumulation concerns FP8 inputs only, and block scales force it.
+    let fp8 = args.a_format.fp8().is_some();
+    let split = fp8 && (args.split == OnOff::On || args.scaling != Scaling::Tensor);
+    let inputs = CaseInputs {
+        a,
+        b,
+        out: args.out,
+        split,
+    };
+    let measured = runner.measure(&inputs, args.repeat as usize)?;
+    let rows = sample_rows(m);
+    let exact = reference_rows(&rows, n, 1.0, |i| inputs.a.row_f64(i), |j| inputs.b.row_f64(j));
+    let widen = |x: &[f32], r: usize| x[r * k..(r + 1) * k].iter().map(|&v| v as f64).collect();
+    let unquantized = reference_rows(&rows, n, 1.0, |i| widen(&xa, i), |j| widen(&xb, j));
+    let flops = 2.0 * m as f64 * n as f64 * k as f64;
+    let tflops = flops / measured.seconds / 1e12;
+    Ok(Row {
+        m,
+        n,
+        k,
+        split,
+        tflops,
+        baseline_tflops: flops / measured.baseline_seconds / 1e12,
+        peak_pct: runner.peak_tflops().map(|p| 100.0 * tflops / p),
+        rel_err: relative_error(&measured.output, n, &rows, &exact),
+        quant_err: relative_error(&measured.output, n, &rows, &unquantized),
+    })
+}
+
+/// Rough seconds for a suite on this machine: time a 512^3 f32 GEMM, scale by
+/// the flops of every run (warm-up and repeats of ours and the baseline's,
+/// plus one untimed run) and add the two f64 references on the sampled rows.
+fn estimate_seconds(shapes: &[(usize, usize, usize)], repeat: usize) -> Result<f64, CliError> {
+    let s = 512;
+    let x = random(s * s, Dist::Uniform, 7);
+    let mut d = vec![0.0f32; s * s];
+    let mat = fp8_engine::gemm::Mat::new(&x, s, s)?;
+    gemm::cpu::f32_crate_gemm(mat, mat, &mut d)?;
+    let start = std::time::Instant::now();
+    gemm::cpu::f32_crate_gemm(mat, mat, &mut d)?;
+    let flops_per_s = 2.0 * (s * s * s) as f64 / start.elapsed().as_secs_f64();
+    // f64 references run scalar: about 1 GFLOP/s per thread.
+    let f64_per_s = 1e9 * rayon::current_num_threads() as f64;
+    Ok(shapes
+        .iter()
+        .map(|&(m, n, k)| {
+            let flops = 2.0 * (m * n * k) as f64;
+            let sampled = 2.0 * 2.0 * (m.min(SAMPLE_ROWS) * n * k) as f64;
+            flops * (2 * (repeat + 1) + 1) as f64 / flops_per_s + sampled / f64_per_s
+        })
+        .sum())
+}
+
+/// Runs `fp8 bench gemm`.
+pub fn run(args: GemmBenchArgs) -> Result<(), CliError> {
+    let mut runner = runner(args.backend)?;
+    validate(&args)?;
+    let shapes: Vec<(usize, usize, usize)> = match args.suite {
+        Some(Suite::Llm) => LLM.to_vec(),
+        Some(Suite::Small) => SMALL.to_vec(),
+        None => vec![(args.m, args.n, args.k)],
+    };
+    let on_cpu = args.backend == Backend::Cpu;
+    if on_cpu && args.suite == Some(Suite::Llm) {
+        let minutes = estimate_seconds(&shapes, args.repeat as usize)? / 60.0;
+        eprintln!(
+            "warning: --suite llm on the CPU is slow: about {minutes:.0} minutes on this machine (--suite small runs in seconds)"
+        );
+    }
+    let progress = shapes.len() > 1;
+    let mut rows = Vec::new();
+    for (i, &shape) in shapes.iter().enumerate() {
+        if progress {
+            eprintln!("case {}/{}: {}x{}x{}", i + 1, shapes.len(), shape.0, shape.1, shape.2);
+        }
+        let row = run_case(runner.as_mut(), &args, shape)?;
+        if args.json {
+            // One line per case as soon as it is measured.
+            println!("{}", json_line(&args, &row, on_cpu));
+            std::io::stdout().flush()?;
+        }
+        rows.push(row);
+    }
+    if !args.json {
+        print_table(&args, runner.describe(), &rows, on_cpu);
+    }
+    Ok(())
+}
+
+fn json_line(args: &GemmBenchArgs, row: &Row, on_cpu: bool) -> serde_json::Value {
+    serde_json::json!({
+        "backend": if on_cpu { "cpu" } else { "cuda" },
+        "m": row.m, "n": row.n, "k": row.k,
+        "a_format": args.a_format.name(), "b_format": args.b_format.name(),
+        "scaling": scaling_name(args), "out": args.out.name(),
+        "split_accumulator": row.split,
+        "tflops": row.tflops, "baseline_tflops": row.baseline_tflops,
+        "ratio": row.tflops / row.baseline_tflops,
+        "peak_pct": row.peak_pct,
+        "rel_err": row.rel_err, "quant_err": row.quant_err,
+    })
+}
+
+fn print_table(args: &GemmBenchArgs, device: String, rows: &[Row], on_cpu: bool) {
+    let (unit, per) = if on_cpu { ("GFLOP/s", 1e3) } else { ("TFLOPS", 1.0) };
+    let baseline = if on_cpu { "f32 crate" } else { "cuBLASLt" };
+    println!(
+        "device: {device}; A {} x B {}, scaling {}, out {}, {:?} inputs, median of {}",
+        args.a_format.name(),
+        args.b_format.name(),
+        scaling_name(args),
+        args.out.name(),
+        args.dist,
+        args.repeat
+    );
+    let ours = format!("ours {unit}");
+    let theirs = format!("{baseline} {unit}");
+    let mut table = Table::new(&[
+        "m",
+        "n",
+        "k",
+        "split",
+        &ours,
+        &theirs,
+        "ratio",
+        "% peak",
+        "rel_err",
+        "quant_err",
+    ]);
+    for r in rows {
+        table.push(vec![
+            r.m.to_string(),
+            r.n.to_string(),
+            r.k.to_string(),
+            if r.split { "on" } else { "off" }.to_string(),
+            format!("{:.1}", r.tflops * per),
+            format!("{:.1}", r.baseline_tflops * per),
+            format!("{:.2}", r.tflops / r.baseline_tflops),
+            r.peak_pct.map_or("-".to_string(), |p| format!("{p:.1}")),
+            format!("{:.2e}", r.rel_err),
+            format!("{:.2e}", r.quant_err),
+        ]);
+    }
+    print!("{}", table.render());
+}
