@@ -31,7 +31,7 @@ pub struct TrainArgs {
     #[arg(long)]
     compare: Option<String>,
     /// Optimizer steps.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 1500)]
     steps: u64,
     /// Sequences per step (over all micro-batches).
     #[arg(long, default_value_t = 32)]
@@ -40,7 +40,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 1)]
     micro_batches: usize,
     /// Peak learning rate.
-    #[arg(long, default_value_t = 3e-3)]
+    #[arg(long, default_value_t = 1e-3)]
     lr: f32,
     /// Learning-rate schedule after warmup: constant or cosine.
     #[arg(long, default_value = "cosine")]
@@ -82,7 +82,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Digits per operand of the addition task.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 2)]
     digits: usize,
     /// Train a character-level model on this text file instead of the addition task.
     #[arg(long)]
