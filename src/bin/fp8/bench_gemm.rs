@@ -402,7 +402,10 @@ fn print_table(args: &GemmBenchArgs, device: String, rows: &[Row], on_cpu: bool)
             sci(r.quant_err),
         ]);
         let shape = format!("{}x{}x{}", r.m, r.n, r.k);
-        for e in [&r.tflops, &r.baseline_tflops].into_iter().filter_map(|x| x.as_ref().err()) {
+        for e in [&r.tflops, &r.baseline_tflops]
+            .into_iter()
+            .filter_map(|x| x.as_ref().err())
+        {
             notes.push(format!("{shape}: {e}"));
         }
         // Per-path columns of the CUDA runner, one line per case.
@@ -410,12 +413,20 @@ fn print_table(args: &GemmBenchArgs, device: String, rows: &[Row], on_cpu: bool)
             .extra
             .iter()
             .filter(|(key, value)| key.ends_with("_tflops") && !value.is_null())
-            .map(|(key, value)| format!("{} {:.1}", key.trim_end_matches("_tflops"), value.as_f64().unwrap_or(f64::NAN)))
+            .map(|(key, value)| {
+                format!(
+                    "{} {:.1}",
+                    key.trim_end_matches("_tflops"),
+                    value.as_f64().unwrap_or(f64::NAN)
+                )
+            })
             .chain(
                 r.extra
                     .iter()
                     .filter(|(key, value)| key.ends_with("_error") && !value.is_null())
-                    .map(|(key, value)| format!("{}: {}", key.trim_end_matches("_error"), value.as_str().unwrap_or(""))),
+                    .map(|(key, value)| {
+                        format!("{}: {}", key.trim_end_matches("_error"), value.as_str().unwrap_or(""))
+                    }),
             )
             .collect();
         if !paths.is_empty() {

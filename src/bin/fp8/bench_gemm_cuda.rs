@@ -42,7 +42,8 @@ impl CudaRunner {
 /// name: FP8 1979, bf16/fp16 989. Other GPUs (PCIe and NVL parts included) are unknown.
 pub fn dense_peak_tflops(name: &str, fp8: bool) -> Option<f64> {
     let name = name.to_ascii_uppercase();
-    let hopper_sxm = (name.contains("H100") || name.contains("H200")) && !name.contains("PCIE") && !name.contains("NVL");
+    let hopper_sxm =
+        (name.contains("H100") || name.contains("H200")) && !name.contains("PCIE") && !name.contains("NVL");
     hopper_sxm.then_some(if fp8 { 1979.0 } else { 989.0 })
 }
 
@@ -91,7 +92,11 @@ impl DeviceOut {
             DeviceOut::F16(d) => device.download(d)?.iter().map(|x| x.to_f32()).collect(),
             DeviceOut::Fp8(codes, format, _, scale) => {
                 let table = format.decode_table();
-                device.download(codes)?.iter().map(|&c| table[c as usize] / scale).collect()
+                device
+                    .download(codes)?
+                    .iter()
+                    .map(|&c| table[c as usize] / scale)
+                    .collect()
             }
         })
     }
@@ -258,8 +263,10 @@ impl CudaRunner {
         let mut d = dev
             .alloc_zeros::<bf16>(mnk.0 * mnk.1, MemoryCategory::Activations)
             .map_err(|e| e.to_string())?;
-        let ms = median_ms(dev, 1, repeat, || lt.matmul(dev, mnk, inputs, LtOutput::Bf16(&mut d), 1.0))
-            .map_err(|e| e.to_string())?;
+        let ms = median_ms(dev, 1, repeat, || {
+            lt.matmul(dev, mnk, inputs, LtOutput::Bf16(&mut d), 1.0)
+        })
+        .map_err(|e| e.to_string())?;
         Ok(ms * 1e-3)
     }
 }
