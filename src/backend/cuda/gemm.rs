@@ -17,6 +17,8 @@ use super::gemm_dispatch::{
     GemmKernel, InputDtype, LaunchPlan, OperandDesc, OutputDtype, SMEM_BYTES, THREADS, cached_kernel, check_launch,
     check_override,
 };
+use super::gemm_path::{hopper_scales, path_for};
+use super::hopper::{self, GemmPath, HopperOutput, HopperScales};
 use super::params::Fp8GemmParams;
 use crate::device::MemoryCategory;
 use crate::error::{Error, Result};
@@ -198,8 +200,10 @@ impl Default for DeviceGemmParams<'_> {
 
 impl CudaDevice {
     /// `out = alpha * a . b^T * sA * sB (+ bias) (+ beta * out)` on the device's stream, by the
-    /// kernel [`cached_kernel`] picks for this GPU and the dtypes. Checks the arguments like
-    /// [`crate::gemm::plan`] plus the kernels' alignment needs; returns the plan it launched.
+    /// kernel [`cached_kernel`] picks for this GPU and the dtypes, or, for FP8 inputs without a
+    /// kernel override, on the Hopper fast path when [`path_for`] chooses it (`FP8_GEMM_PATH`).
+    /// Checks the arguments like [`crate::gemm::plan`] plus the kernels' alignment needs; returns
+    /// the checked plan (the portable kernels' view of the launch, whichever path ran).
     pub fn gemm(
         &self,
         a: &DeviceOperand,
@@ -216,6 +220,13 @@ impl CudaDevice {
             params.bias.map(|b| b.len()),
             params.beta,
         )?;
+        // FP8 without an override may take the Hopper fast path (FP8_GEMM_PATH, self-checked).
+        if params.kernel.is_none() && path_for(self, a, b)? == GemmPath::Hopper {
+            if let Some(scales) = hopper_scales(a, b) {
+                self.gemm_hopper(a, b, scales, out, params)?;
+                return Ok(plan);
+            }
+        }
         let cc = self.info().compute_capability;
         let kernel = match params.kernel {
             Some(k) => {
@@ -295,6 +306,65 @@ impl CudaDevice {
         // ordered on the device's one stream.
         unsafe { builder.launch(config) }.call(kernel.function)?;
         Ok(plan)
+    }
+}
+
+impl CudaDevice {
+    /// `a . b^T` on the Hopper fast path ([`hopper::launch`]), whatever `FP8_GEMM_PATH` says; both
+    /// operands FP8, `scales` from [`hopper_scales`]. Benches use it to time the path directly.
+    pub fn gemm_hopper(
+        &self,
+        a: &DeviceOperand,
+        b: &DeviceOperand,
+        scales: HopperScales,
+        out: DeviceOutput,
+        params: DeviceGemmParams,
+    ) -> Result<()> {
+        let (
+            DeviceOperand::Fp8 {
+                format: a_format,
+                codes: a_codes,
+                rows: m,
+                cols: k,
+                ..
+            },
+            DeviceOperand::Fp8 {
+                format: b_format,
+                codes: b_codes,
+                rows: n,
+                ..
+            },
+        ) = (a, b)
+        else {
+            return Err(Error::KernelArgs {
+                kernel: "gemm_wgmma",
+                detail: "the fast path takes FP8 x FP8 only".into(),
+            });
+        };
+        let gemm = hopper::HopperGemm {
+            m: *m,
+            n: *n,
+            k: *k,
+            a: a_codes,
+            a_format: *a_format,
+            b: b_codes,
+            b_format: *b_format,
+            scales,
+            bias: params.bias,
+            alpha: params.alpha,
+            beta: params.beta,
+            split_accumulator: params.split_accumulator,
+            amax: params.amax,
+            error_flag: None,
+        };
+        let out = match out {
+            DeviceOutput::F32(d) => HopperOutput::F32(d),
+            DeviceOutput::Bf16(d) => HopperOutput::Bf16(d),
+            DeviceOutput::F16(d) => HopperOutput::F16(d),
+            DeviceOutput::Fp8 { codes, format, scale } => HopperOutput::Fp8 { codes, format, scale },
+        };
+        hopper::launch(self, gemm, out)?;
+        Ok(())
     }
 }
 
@@ -381,22 +451,33 @@ pub fn gemm_host_with(
     })
 }
 
-/// A host operand's device copy.
-enum HostUpload {
+/// A host operand's device copy (FP8 codes with their scales, or 16-bit values).
+#[derive(Debug)]
+pub enum HostUpload {
+    /// FP8 codes.
     Fp8 {
+        /// Format of the codes.
         format: Fp8Format,
+        /// `rows * cols` codes.
         codes: DeviceBuffer<u8>,
+        /// scale_inv values in the layout of `kind`.
         scales: DeviceBuffer<f32>,
+        /// Scale layout.
         kind: ScaleKind,
+        /// Rows (M or N).
         rows: usize,
+        /// K.
         cols: usize,
     },
+    /// bf16 values, rows, K.
     Bf16(DeviceBuffer<bf16>, usize, usize),
+    /// fp16 values, rows, K.
     F16(DeviceBuffer<f16>, usize, usize),
 }
 
 impl HostUpload {
-    fn new(device: &CudaDevice, op: &Operand) -> Result<Self> {
+    /// Uploads `op`; MXFP8 scales and f32 inputs have no CUDA GEMM and are refused.
+    pub fn new(device: &CudaDevice, op: &Operand) -> Result<Self> {
         let category = MemoryCategory::Activations;
         Ok(match op {
             Operand::Fp8(format, q) => {
@@ -439,7 +520,8 @@ impl HostUpload {
         })
     }
 
-    fn operand(&self) -> DeviceOperand<'_> {
+    /// The copy as a GEMM operand.
+    pub fn operand(&self) -> DeviceOperand<'_> {
         match self {
             HostUpload::Fp8 {
                 format,

@@ -10,6 +10,7 @@ mod error;
 pub mod gemm;
 pub mod gemm_bench;
 pub mod gemm_dispatch;
+pub mod gemm_path;
 pub mod hopper;
 mod launch;
 pub mod params;

@@ -1,6 +1,6 @@
 //! `fp8 bench gemm`: throughput and accuracy of the GEMM per case, next to a
 //! baseline GEMM timed in the same run (the f32 GEMM crate on the CPU,
-//! cuBLASLt on a GPU once the CUDA launchers exist). A backend is a
+//! cuBLASLt on a GPU). A backend is a
 //! [`GemmRunner`]; inputs, references and reporting are shared.
 
 use std::io::Write;
@@ -10,6 +10,7 @@ use fp8_engine::format::Fp8Format;
 use fp8_engine::gemm::{self, GemmParams, Output};
 
 use crate::bench_gemm_cpu::CpuRunner;
+use crate::bench_gemm_cuda::CudaRunner;
 use crate::bench_gemm_inputs::{
     Dist, Input, InputFormat, SAMPLE_ROWS, Scaling, Side, random, reference_rows, relative_error, sample_rows,
 };
@@ -20,14 +21,17 @@ use crate::table::Table;
 #[derive(Args)]
 #[command(after_help = "\
 Columns: our throughput (GFLOP/s on the CPU, TFLOPS on a GPU; JSON `tflops` is always TFLOPS), \
-the baseline's in the same run (the f32 GEMM crate on the dequantized inputs on the CPU), their ratio, \
+the baseline's in the same run (the f32 GEMM crate on the dequantized inputs on the CPU; cuBLASLt on the same \
+FP8 codes or bf16 values on a GPU), their ratio, \
 % of the device's dense peak (`-` / null on the CPU: no datasheet peak), \
 rel_err: relative Frobenius error against the f64 product of the same quantized (dequantized) inputs \
 (the GEMM's own arithmetic, output rounding included), \
 quant_err: the same against the f64 product of the unquantized inputs (format and recipe). \
-Both references are computed on a deterministic sample of 64 evenly spaced output rows (all rows when M <= 64).")]
+Both references are computed on a deterministic sample of 64 evenly spaced output rows (all rows when M <= 64). \
+With --backend cuda, `tflops` is the path the engine chooses (FP8_GEMM_PATH) and the JSON adds \
+portable_tflops / hopper_tflops (null with *_error when a path cannot run) and path.")]
 pub struct GemmBenchArgs {
-    /// cpu, or cuda (needs the CUDA GEMM launchers).
+    /// cpu, or cuda (GPU 0: the portable kernel, the Hopper path on sm_90, and cuBLASLt as the baseline).
     #[arg(long, value_enum, default_value = "cpu")]
     backend: Backend,
     /// Rows of A and D.
@@ -148,22 +152,24 @@ pub struct CaseInputs {
     pub split: bool,
 }
 
-/// What a backend measured for one case.
+/// What a backend measured for one case; a GEMM that failed gives its error instead.
 pub struct Measurement {
-    /// Median seconds of our GEMM.
-    pub seconds: f64,
-    /// Median seconds of the baseline GEMM on the same (dequantized) inputs.
-    pub baseline_seconds: f64,
-    /// Our `M x N` output as f32 (FP8 codes decoded and unscaled).
-    pub output: Vec<f32>,
+    /// Median seconds of our GEMM (the engine's chosen path).
+    pub seconds: Result<f64, String>,
+    /// Median seconds of the baseline GEMM on the same inputs.
+    pub baseline_seconds: Result<f64, String>,
+    /// Our `M x N` output as f32 (FP8 codes decoded and unscaled), if our GEMM ran.
+    pub output: Option<Vec<f32>>,
+    /// Backend-specific JSON keys (e.g. the CUDA runner's per-path throughput).
+    pub extra: Vec<(&'static str, serde_json::Value)>,
 }
 
 /// A backend of the bench: times our GEMM and its baseline on one case.
 pub trait GemmRunner {
     /// The device in words.
     fn describe(&self) -> String;
-    /// The device's dense peak in TFLOPS, if known.
-    fn peak_tflops(&self) -> Option<f64>;
+    /// The device's dense peak in TFLOPS for FP8 (or else 16-bit) inputs, if known.
+    fn peak_tflops(&self, fp8_inputs: bool) -> Option<f64>;
     /// Times both GEMMs (`repeat` runs after a warm-up, median).
     fn measure(&mut self, inputs: &CaseInputs, repeat: usize) -> Result<Measurement, CliError>;
 }
@@ -171,9 +177,7 @@ pub trait GemmRunner {
 fn runner(backend: Backend) -> Result<Box<dyn GemmRunner>, CliError> {
     match backend {
         Backend::Cpu => Ok(Box::new(CpuRunner)),
-        Backend::Cuda => Err(CliError(
-            "CUDA GEMM bench needs the CUDA GEMM launchers (not built in this version)".into(),
-        )),
+        Backend::Cuda => Ok(Box::new(CudaRunner::open()?)),
     }
 }
 
@@ -183,11 +187,12 @@ struct Row {
     n: usize,
     k: usize,
     split: bool,
-    tflops: f64,
-    baseline_tflops: f64,
+    tflops: Result<f64, String>,
+    baseline_tflops: Result<f64, String>,
     peak_pct: Option<f64>,
-    rel_err: f64,
-    quant_err: f64,
+    rel_err: Option<f64>,
+    quant_err: Option<f64>,
+    extra: Vec<(&'static str, serde_json::Value)>,
 }
 
 /// Rejects format, scaling and output combinations before any big input is
@@ -229,22 +234,35 @@ fn run_case(
         split,
     };
     let measured = runner.measure(&inputs, args.repeat as usize)?;
-    let rows = sample_rows(m);
-    let exact = reference_rows(&rows, n, 1.0, |i| inputs.a.row_f64(i), |j| inputs.b.row_f64(j));
-    let widen = |x: &[f32], r: usize| x[r * k..(r + 1) * k].iter().map(|&v| v as f64).collect();
-    let unquantized = reference_rows(&rows, n, 1.0, |i| widen(&xa, i), |j| widen(&xb, j));
     let flops = 2.0 * m as f64 * n as f64 * k as f64;
-    let tflops = flops / measured.seconds / 1e12;
+    let tflops = measured.seconds.map(|s| flops / s / 1e12);
+    let (rel_err, quant_err) = match &measured.output {
+        Some(output) => {
+            let rows = sample_rows(m);
+            let exact = reference_rows(&rows, n, 1.0, |i| inputs.a.row_f64(i), |j| inputs.b.row_f64(j));
+            let widen = |x: &[f32], r: usize| x[r * k..(r + 1) * k].iter().map(|&v| v as f64).collect();
+            let unquantized = reference_rows(&rows, n, 1.0, |i| widen(&xa, i), |j| widen(&xb, j));
+            (
+                Some(relative_error(output, n, &rows, &exact)),
+                Some(relative_error(output, n, &rows, &unquantized)),
+            )
+        }
+        None => (None, None),
+    };
     Ok(Row {
         m,
         n,
         k,
         split,
+        peak_pct: match (&tflops, runner.peak_tflops(fp8)) {
+            (Ok(t), Some(p)) => Some(100.0 * t / p),
+            _ => None,
+        },
         tflops,
-        baseline_tflops: flops / measured.baseline_seconds / 1e12,
-        peak_pct: runner.peak_tflops().map(|p| 100.0 * tflops / p),
-        rel_err: relative_error(&measured.output, n, &rows, &exact),
-        quant_err: relative_error(&measured.output, n, &rows, &unquantized),
+        baseline_tflops: measured.baseline_seconds.map(|s| flops / s / 1e12),
+        rel_err,
+        quant_err,
+        extra: measured.extra,
     })
 }
 
@@ -309,17 +327,33 @@ pub fn run(args: GemmBenchArgs) -> Result<(), CliError> {
 }
 
 fn json_line(args: &GemmBenchArgs, row: &Row, on_cpu: bool) -> serde_json::Value {
-    serde_json::json!({
+    let ok = |r: &Result<f64, String>| r.as_ref().ok().copied();
+    let ratio = match (&row.tflops, &row.baseline_tflops) {
+        (Ok(t), Ok(b)) => Some(t / b),
+        _ => None,
+    };
+    let mut line = serde_json::json!({
         "backend": if on_cpu { "cpu" } else { "cuda" },
         "m": row.m, "n": row.n, "k": row.k,
         "a_format": args.a_format.name(), "b_format": args.b_format.name(),
         "scaling": scaling_name(args), "out": args.out.name(),
         "split_accumulator": row.split,
-        "tflops": row.tflops, "baseline_tflops": row.baseline_tflops,
-        "ratio": row.tflops / row.baseline_tflops,
+        "tflops": ok(&row.tflops), "baseline_tflops": ok(&row.baseline_tflops),
+        "ratio": ratio,
         "peak_pct": row.peak_pct,
         "rel_err": row.rel_err, "quant_err": row.quant_err,
-    })
+    });
+    let object = line.as_object_mut().expect("a JSON object");
+    if let Err(e) = &row.tflops {
+        object.insert("error".into(), e.clone().into());
+    }
+    if let Err(e) = &row.baseline_tflops {
+        object.insert("baseline_error".into(), e.clone().into());
+    }
+    for (key, value) in &row.extra {
+        object.insert((*key).into(), value.clone());
+    }
+    line
 }
 
 fn print_table(args: &GemmBenchArgs, device: String, rows: &[Row], on_cpu: bool) {
@@ -348,19 +382,59 @@ fn print_table(args: &GemmBenchArgs, device: String, rows: &[Row], on_cpu: bool)
         "rel_err",
         "quant_err",
     ]);
+    let cell = |r: &Result<f64, String>| r.as_ref().map_or("error".to_string(), |t| format!("{:.1}", t * per));
+    let sci = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2e}"));
+    let mut notes = Vec::new();
     for r in rows {
         table.push(vec![
             r.m.to_string(),
             r.n.to_string(),
             r.k.to_string(),
             if r.split { "on" } else { "off" }.to_string(),
-            format!("{:.1}", r.tflops * per),
-            format!("{:.1}", r.baseline_tflops * per),
-            format!("{:.2}", r.tflops / r.baseline_tflops),
+            cell(&r.tflops),
+            cell(&r.baseline_tflops),
+            match (&r.tflops, &r.baseline_tflops) {
+                (Ok(t), Ok(b)) => format!("{:.2}", t / b),
+                _ => "-".to_string(),
+            },
             r.peak_pct.map_or("-".to_string(), |p| format!("{p:.1}")),
-            format!("{:.2e}", r.rel_err),
-            format!("{:.2e}", r.quant_err),
+            sci(r.rel_err),
+            sci(r.quant_err),
         ]);
+        let shape = format!("{}x{}x{}", r.m, r.n, r.k);
+        for e in [&r.tflops, &r.baseline_tflops]
+            .into_iter()
+            .filter_map(|x| x.as_ref().err())
+        {
+            notes.push(format!("{shape}: {e}"));
+        }
+        // Per-path columns of the CUDA runner, one line per case.
+        let paths: Vec<String> = r
+            .extra
+            .iter()
+            .filter(|(key, value)| key.ends_with("_tflops") && !value.is_null())
+            .map(|(key, value)| {
+                format!(
+                    "{} {:.1}",
+                    key.trim_end_matches("_tflops"),
+                    value.as_f64().unwrap_or(f64::NAN)
+                )
+            })
+            .chain(
+                r.extra
+                    .iter()
+                    .filter(|(key, value)| key.ends_with("_error") && !value.is_null())
+                    .map(|(key, value)| {
+                        format!("{}: {}", key.trim_end_matches("_error"), value.as_str().unwrap_or(""))
+                    }),
+            )
+            .collect();
+        if !paths.is_empty() {
+            notes.push(format!("{shape}: {}", paths.join("; ")));
+        }
     }
     print!("{}", table.render());
+    for note in notes {
+        println!("  {note}");
+    }
 }

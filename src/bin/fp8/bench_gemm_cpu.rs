@@ -40,7 +40,7 @@ impl GemmRunner for CpuRunner {
         format!("cpu ({} threads)", rayon::current_num_threads())
     }
 
-    fn peak_tflops(&self) -> Option<f64> {
+    fn peak_tflops(&self, _fp8_inputs: bool) -> Option<f64> {
         None // no datasheet peak for an arbitrary CPU
     }
 
@@ -82,15 +82,16 @@ impl GemmRunner for CpuRunner {
         )?;
         let output = out.to_f32(inputs.out, out_scale_for(inputs.out, amax));
         Ok(Measurement {
-            seconds,
-            baseline_seconds,
-            output,
+            seconds: Ok(seconds),
+            baseline_seconds: Ok(baseline_seconds),
+            output: Some(output),
+            extra: Vec::new(),
         })
     }
 }
 
 /// `fp8_max / amax`, or 1 when the amax gives no usable scale.
-fn out_scale(fp8_max: f32, amax: f32) -> f32 {
+pub(crate) fn out_scale(fp8_max: f32, amax: f32) -> f32 {
     let s = fp8_max / amax;
     if s.is_finite() && s > 0.0 { s } else { 1.0 }
 }

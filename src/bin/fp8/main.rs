@@ -10,6 +10,7 @@ mod args;
 mod bench;
 mod bench_gemm;
 mod bench_gemm_cpu;
+mod bench_gemm_cuda;
 mod bench_gemm_inputs;
 mod bench_layer;
 mod cast;
