@@ -221,11 +221,12 @@ impl CudaDevice {
             params.beta,
         )?;
         // FP8 without an override may take the Hopper fast path (FP8_GEMM_PATH, self-checked).
-        if params.kernel.is_none() && path_for(self, a, b)? == GemmPath::Hopper {
-            if let Some(scales) = hopper_scales(a, b) {
-                self.gemm_hopper(a, b, scales, out, params)?;
-                return Ok(plan);
-            }
+        if params.kernel.is_none()
+            && path_for(self, a, b)? == GemmPath::Hopper
+            && let Some(scales) = hopper_scales(a, b)
+        {
+            self.gemm_hopper(a, b, scales, out, params)?;
+            return Ok(plan);
         }
         let cc = self.info().compute_capability;
         let kernel = match params.kernel {
