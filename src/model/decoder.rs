@@ -35,6 +35,13 @@ impl FinalNorm {
         }
     }
 
+    fn clear_saved(&mut self) {
+        match self {
+            FinalNorm::Layer(n) => n.clear_saved(),
+            FinalNorm::Rms(n) => n.clear_saved(),
+        }
+    }
+
     fn module(&mut self) -> &mut dyn Module {
         match self {
             FinalNorm::Layer(n) => n,
@@ -152,20 +159,20 @@ impl DecoderModel {
     }
 
     fn check_batch(&self, ids: &[u32], batch: usize, seq: usize, what: &'static str) -> Result<()> {
-        if seq == 0 || seq > self.config.max_seq || ids.len() != batch * seq {
+        if seq > self.config.max_seq {
+            return Err(Error::InvalidSetting {
+                setting: "seq",
+                value: seq.to_string(),
+                reason: format!("the model has {} positions", self.config.max_seq),
+            });
+        }
+        if seq == 0 || ids.len() != batch * seq {
             return Err(Error::ShapeMismatch {
                 what,
                 rows: batch,
                 cols: seq,
                 expected: batch * seq,
                 got: ids.len(),
-            });
-        }
-        if seq > self.config.max_seq {
-            return Err(Error::InvalidSetting {
-                setting: "seq",
-                value: seq.to_string(),
-                reason: format!("the model has {} positions", self.config.max_seq),
             });
         }
         Ok(())
@@ -274,16 +281,12 @@ impl DecoderModel {
     /// nothing is kept for backward). FP8 scaling state is left as it was.
     pub fn predict(&mut self, inputs: &[u32], batch: usize, seq: usize) -> Result<Vec<u32>> {
         self.check_batch(inputs, batch, seq, "model inputs [batch, seq]")?;
-        let slots = self.snapshot_fp8_slots();
-        let result = self.logits(inputs, batch, seq);
-        self.restore_fp8_slots(slots);
-        self.drop_saved_activations()?;
-        let (_, logits) = result?;
-        Ok(argmax_rows(&logits, self.config.vocab))
+        let vocab = self.config.vocab;
+        self.evaluation(|m| Ok(argmax_rows(&m.logits(inputs, batch, seq)?.1, vocab)))
     }
 
-    /// Mean loss on `inputs`/`targets` without keeping anything for backward and without touching
-    /// the FP8 scaling state (held-out evaluation).
+    /// Mean loss on `inputs`/`targets` and the most likely token at every position, without
+    /// keeping anything for backward and without touching the FP8 scaling state (held-out evaluation).
     pub fn evaluate_loss(
         &mut self,
         inputs: &[u32],
@@ -291,13 +294,22 @@ impl DecoderModel {
         batch: usize,
         seq: usize,
     ) -> Result<(f32, Vec<u32>)> {
+        let vocab = self.config.vocab;
+        self.evaluation(|m| {
+            let loss = m.forward_loss(inputs, targets, batch, seq)?;
+            let predictions = m.saved.as_ref().map(|s| argmax_rows(&s.logits, vocab));
+            Ok((loss, predictions.unwrap_or_default()))
+        })
+    }
+
+    /// Runs a forward-only `pass`, then puts the FP8 slots back as they were and drops
+    /// everything the forward saved for backward, whether or not `pass` failed.
+    fn evaluation<T>(&mut self, pass: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
         let slots = self.snapshot_fp8_slots();
-        let result = self.forward_loss(inputs, targets, batch, seq);
-        let predictions = self.saved.as_ref().map(|s| argmax_rows(&s.logits, self.config.vocab));
+        let result = pass(self);
         self.restore_fp8_slots(slots);
-        self.saved = None;
-        self.drop_saved_activations()?;
-        Ok((result?, predictions.unwrap_or_default()))
+        self.clear_saved();
+        result
     }
 
     fn snapshot_fp8_slots(&mut self) -> Vec<DelayedSlot> {
@@ -315,23 +327,16 @@ impl DecoderModel {
         });
     }
 
-    /// Runs a backward-free cleanup: layers drop what a forward saved.
-    fn drop_saved_activations(&mut self) -> Result<()> {
+    /// Drops what the last forward kept for backward, in every part of the model.
+    fn clear_saved(&mut self) {
+        self.saved = None;
         for layer in &mut self.layers {
             layer.clear_saved();
         }
         if let Some(head) = &mut self.head {
             head.clear_saved();
         }
-        self.final_norm_clear();
-        Ok(())
-    }
-
-    fn final_norm_clear(&mut self) {
-        match &mut self.final_norm {
-            FinalNorm::Layer(n) => n.clear_saved(),
-            FinalNorm::Rms(n) => n.clear_saved(),
-        }
+        self.final_norm.clear_saved();
     }
 }
 

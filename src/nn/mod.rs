@@ -30,6 +30,7 @@ mod transformer;
 /// The op kernels the layers call (norms, activations, attention, `Dtype`).
 pub(crate) use crate::ops;
 pub(crate) use init::{child_seed, normal as init_normal};
+pub(crate) use linear_gemms::PlainMat;
 
 pub use attention::MultiheadAttention;
 pub use layernorm_linear::LayerNormLinear;
