@@ -5,7 +5,8 @@
 //! "hopper_host: skipped: <why>" and passes: its host-side logic is unit-tested
 //! in `src/backend/cuda/hopper/`.
 
-use fp8_engine::backend::cuda::hopper::{self, HopperGemm, HopperOutput, HopperScales};
+use fp8_engine::backend::cuda::gemm::DeviceOutput;
+use fp8_engine::backend::cuda::hopper::{self, HopperGemm, HopperScales};
 use fp8_engine::backend::cuda::{CudaDevice, DeviceBuffer};
 use fp8_engine::device::MemoryCategory::{Activations, Workspace};
 use fp8_engine::format::Fp8Format;
@@ -137,18 +138,18 @@ fn check(
     let got: Vec<f32> = match out {
         "f32" => {
             let mut d = up_f32(&d_old)?;
-            hopper::launch(gpu, gemm, HopperOutput::F32(&mut d)).map_err(e)?;
+            hopper::launch(gpu, gemm, DeviceOutput::F32(&mut d)).map_err(e)?;
             gpu.download(&d).map_err(e)?
         }
         "bf16" => {
             let mut d = gpu.upload(&vec![bf16::NAN; m * n], Activations).map_err(e)?;
-            hopper::launch(gpu, gemm, HopperOutput::Bf16(&mut d)).map_err(e)?;
+            hopper::launch(gpu, gemm, DeviceOutput::Bf16(&mut d)).map_err(e)?;
             gpu.download(&d).map_err(e)?.iter().map(|x| x.to_f32()).collect()
         }
         _ => {
             let mut d = up_u8(&vec![0x7Fu8; m * n])?;
             let scale = up_f32(&[2.0])?;
-            let fp8 = HopperOutput::Fp8 {
+            let fp8 = DeviceOutput::Fp8 {
                 codes: &mut d,
                 format: Fp8Format::E4M3,
                 scale: &scale,

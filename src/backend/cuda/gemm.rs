@@ -18,7 +18,7 @@ use super::gemm_dispatch::{
     check_override,
 };
 use super::gemm_path::{hopper_scales, path_for};
-use super::hopper::{self, GemmPath, HopperOutput, HopperScales};
+use super::hopper::{self, GemmPath, HopperScales};
 use super::params::Fp8GemmParams;
 use crate::device::MemoryCategory;
 use crate::error::{Error, Result};
@@ -357,12 +357,6 @@ impl CudaDevice {
             split_accumulator: params.split_accumulator,
             amax: params.amax,
             error_flag: None,
-        };
-        let out = match out {
-            DeviceOutput::F32(d) => HopperOutput::F32(d),
-            DeviceOutput::Bf16(d) => HopperOutput::Bf16(d),
-            DeviceOutput::F16(d) => HopperOutput::F16(d),
-            DeviceOutput::Fp8 { codes, format, scale } => HopperOutput::Fp8 { codes, format, scale },
         };
         hopper::launch(self, gemm, out)?;
         Ok(())

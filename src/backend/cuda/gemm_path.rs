@@ -8,7 +8,7 @@ use super::buffer::DeviceBuffer;
 use super::context::CudaDevice;
 use super::gemm::{DeviceGemmParams, DeviceOperand, DeviceOutput, DeviceScales};
 use super::gemm_dispatch::{GemmInputs, cached_kernel};
-use super::hopper::{self, GemmPath, HopperOutput, HopperScales, PathSelector, SelfCheckProblem, SelfCheckRun};
+use super::hopper::{self, GemmPath, HopperScales, PathSelector, SelfCheckProblem, SelfCheckRun};
 use crate::device::MemoryCategory;
 use crate::error::Result;
 use crate::format::Fp8Format;
@@ -120,7 +120,7 @@ pub fn self_check(device: &CudaDevice) -> Result<SelfCheckRun> {
             amax: None,
             error_flag: None,
         };
-        hopper::launch(device, gemm, HopperOutput::F32(&mut fast))?;
+        hopper::launch(device, gemm, DeviceOutput::F32(&mut fast))?;
         let mut portable: DeviceBuffer<f32> = device.alloc_zeros(p.m * p.n, cat)?;
         let operand = |codes, rows, format, scales| DeviceOperand::Fp8 {
             format,

@@ -8,11 +8,11 @@
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use half::{bf16, f16};
 
 use super::heuristic::{self, TileConfig};
 use super::tensor_map::TensorMapSpec;
 use crate::backend::cuda::error::CudaResultExt;
+use crate::backend::cuda::gemm::DeviceOutput;
 use crate::backend::cuda::params::{
     FP8_GEMM_OUT_BF16, FP8_GEMM_OUT_E4M3, FP8_GEMM_OUT_E5M2, FP8_GEMM_OUT_F16, FP8_GEMM_OUT_F32,
     FP8_GEMM_SCALES_1X128_BY_1X128, FP8_GEMM_SCALES_1X128_BY_128X128, FP8_GEMM_SCALES_PER_TENSOR, FP8_WGMMA_BLOCK_K,
@@ -65,26 +65,6 @@ pub enum HopperScales<'a> {
         a: &'a DeviceBuffer<f32>,
         /// B's grid.
         b: &'a DeviceBuffer<f32>,
-    },
-}
-
-/// Where D goes (`m * n` elements, row-major).
-#[derive(Debug)]
-pub enum HopperOutput<'a> {
-    /// f32 (the only output `beta != 0` reads).
-    F32(&'a mut DeviceBuffer<f32>),
-    /// bf16, round to nearest even.
-    Bf16(&'a mut DeviceBuffer<bf16>),
-    /// fp16, round to nearest even.
-    F16(&'a mut DeviceBuffer<f16>),
-    /// FP8 codes `cast_sat(D * scale)`.
-    Fp8 {
-        /// The codes.
-        codes: &'a mut DeviceBuffer<u8>,
-        /// Their format.
-        format: Fp8Format,
-        /// The output scale (1 element, device).
-        scale: &'a DeviceBuffer<f32>,
     },
 }
 
@@ -295,17 +275,17 @@ pub fn plan(s: &LaunchShape, sms: u32) -> Result<LaunchPlan> {
 
 impl HopperGemm<'_> {
     /// The launch's shape and buffer lengths for [`plan`].
-    pub fn shape(&self, out: &HopperOutput) -> LaunchShape {
+    pub fn shape(&self, out: &DeviceOutput) -> LaunchShape {
         let (scale_mode, sa, sb) = match self.scales {
             HopperScales::PerTensor { a, b } => (FP8_GEMM_SCALES_PER_TENSOR, a.len(), b.len()),
             HopperScales::Block1x128By128x128 { a, b } => (FP8_GEMM_SCALES_1X128_BY_128X128, a.len(), b.len()),
             HopperScales::Block1x128By1x128 { a, b } => (FP8_GEMM_SCALES_1X128_BY_1X128, a.len(), b.len()),
         };
         let (out_dtype, d_len, d_scale) = match out {
-            HopperOutput::F32(d) => (FP8_GEMM_OUT_F32, d.len(), None),
-            HopperOutput::Bf16(d) => (FP8_GEMM_OUT_BF16, d.len(), None),
-            HopperOutput::F16(d) => (FP8_GEMM_OUT_F16, d.len(), None),
-            HopperOutput::Fp8 { codes, format, scale } => (
+            DeviceOutput::F32(d) => (FP8_GEMM_OUT_F32, d.len(), None),
+            DeviceOutput::Bf16(d) => (FP8_GEMM_OUT_BF16, d.len(), None),
+            DeviceOutput::F16(d) => (FP8_GEMM_OUT_F16, d.len(), None),
+            DeviceOutput::Fp8 { codes, format, scale } => (
                 match format {
                     Fp8Format::E4M3 => FP8_GEMM_OUT_E4M3,
                     Fp8Format::E5M2 => FP8_GEMM_OUT_E5M2,
@@ -342,7 +322,7 @@ pub fn device_capable(device: &CudaDevice) -> bool {
 
 /// Checks, builds the tensor maps and launches the GEMM on the device's stream
 /// (asynchronously); returns the plan it ran. An empty output launches nothing.
-pub fn launch(device: &CudaDevice, mut gemm: HopperGemm, mut out: HopperOutput) -> Result<LaunchPlan> {
+pub fn launch(device: &CudaDevice, mut gemm: HopperGemm, mut out: DeviceOutput) -> Result<LaunchPlan> {
     let (major, minor) = device.info().compute_capability;
     if (major, minor) != (9, 0) {
         return Err(args(format!(
@@ -363,10 +343,10 @@ pub fn launch(device: &CudaDevice, mut gemm: HopperGemm, mut out: HopperOutput) 
     };
     let shape = gemm.shape(&out);
     let (d, d_scale) = match &mut out {
-        HopperOutput::F32(d) => (d.address_mut(device), 0),
-        HopperOutput::Bf16(d) => (d.address_mut(device), 0),
-        HopperOutput::F16(d) => (d.address_mut(device), 0),
-        HopperOutput::Fp8 { codes, scale, .. } => (codes.address_mut(device), scale.address(device)),
+        DeviceOutput::F32(d) => (d.address_mut(device), 0),
+        DeviceOutput::Bf16(d) => (d.address_mut(device), 0),
+        DeviceOutput::F16(d) => (d.address_mut(device), 0),
+        DeviceOutput::Fp8 { codes, scale, .. } => (codes.address_mut(device), scale.address(device)),
     };
     let params = Fp8WgmmaGemmParams {
         map_a,

@@ -17,7 +17,7 @@ pub mod self_check;
 pub mod tensor_map;
 
 pub use heuristic::{TileConfig, choose};
-pub use launch::{HopperGemm, HopperOutput, HopperScales, LaunchPlan, LaunchShape, device_capable, launch, plan};
+pub use launch::{HopperGemm, HopperScales, LaunchPlan, LaunchShape, device_capable, launch, plan};
 pub use scheduler::TileGrid;
 pub use self_check::{GemmPath, PathPreference, PathSelector, SelfCheckProblem, SelfCheckRun};
 pub use tensor_map::TensorMapSpec;
