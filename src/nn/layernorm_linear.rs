@@ -5,9 +5,9 @@ use super::linear::Linear;
 use super::norm::{Norm, NormConfig};
 use super::param::{Module, Parameter};
 use super::stats::Fp8TensorStats;
-use super::tensor::Tensor;
+use super::tensor::{Tensor, no_forward};
 use crate::amp::Precision;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::scaling::DelayedSlot;
 
 /// `Y = Linear(Norm(X))`. Under FP8 the f32 norm output is cast to E4M3 directly (the
@@ -80,10 +80,7 @@ impl LayerNormLinear {
     /// dX; accumulates the parameter gradients.
     pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
         if self.recompute {
-            let x = self.saved_input.take().ok_or_else(|| Error::LayerShape {
-                layer: self.name.clone(),
-                detail: "backward called without a forward before it".into(),
-            })?;
+            let x = self.saved_input.take().ok_or_else(|| no_forward(&self.name))?;
             self.run(&x, true)?;
         }
         let dn = self.linear.backward(dy)?;

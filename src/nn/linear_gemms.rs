@@ -18,6 +18,7 @@ use super::fp8_cast::{self, Cast};
 use super::ops::Dtype;
 use super::param::Parameter;
 use super::stats::Fp8TensorStats;
+use super::tensor::no_forward;
 use crate::amp::{Fp8Recipe, Precision};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
@@ -339,10 +340,7 @@ impl LinearGemms {
     ) -> Result<Vec<f32>> {
         let (inp, out) = (self.in_features, self.out_features);
         let Some((rows, saved)) = self.saved.take() else {
-            return Err(Error::LayerShape {
-                layer: self.layer.clone(),
-                detail: "backward called without a forward before it".into(),
-            });
+            return Err(no_forward(&self.layer));
         };
         if dy.len() != rows * out {
             return Err(Error::LayerShape {

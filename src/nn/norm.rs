@@ -5,7 +5,7 @@
 use super::ops::Dtype;
 use super::ops::norm::{self as kernels, NormShape};
 use super::param::{Module, Parameter};
-use super::tensor::Tensor;
+use super::tensor::{Tensor, no_forward};
 use crate::amp::Precision;
 use crate::error::Result;
 
@@ -129,10 +129,7 @@ impl NormCore {
 
     fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
         let Some(saved) = self.saved.take() else {
-            return Err(crate::Error::LayerShape {
-                layer: self.name.clone(),
-                detail: "backward called without a forward before it".into(),
-            });
+            return Err(no_forward(&self.name));
         };
         if let Err(err) = dy.expect(&self.name, "output gradient", Some(saved.rows), self.hidden) {
             self.saved = Some(saved);

@@ -7,9 +7,9 @@ use super::norm::{NormConfig, NormKind};
 use super::ops::Dtype;
 use super::param::{Module, Parameter};
 use super::stats::Fp8TensorStats;
-use super::tensor::Tensor;
+use super::tensor::{Tensor, no_forward};
 use crate::amp::Precision;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::scaling::DelayedSlot;
 
 /// Shape and options of a [`TransformerLayer`].
@@ -146,10 +146,7 @@ impl TransformerLayer {
     /// dX; accumulates every parameter gradient.
     pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
         if self.config.recompute {
-            let (x, batch, seq) = self.saved_input.take().ok_or_else(|| Error::LayerShape {
-                layer: self.name.clone(),
-                detail: "backward called without a forward before it".into(),
-            })?;
+            let (x, batch, seq) = self.saved_input.take().ok_or_else(|| no_forward(&self.name))?;
             self.run(&x, batch, seq, true)?;
         }
         dy.expect(&self.name, "output gradient", None, self.config.hidden)?;
