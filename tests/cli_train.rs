@@ -45,6 +45,7 @@ fn train_writes_summary_metrics_plot_and_checkpoints() {
         for key in [
             "final_train_loss",
             "heldout_loss",
+            "heldout_answer_loss",
             "heldout_accuracy",
             "tokens_per_s",
             "peak_bytes",
@@ -87,6 +88,9 @@ fn impossible_requests_fail_with_one_line() {
         vec!["--precision", "fp32", "--resume", "nowhere.safetensors"],
         vec!["--precision", "fp8-delayed", "--ffn", "40"],
         vec!["--micro-batches", "3"],
+        vec!["--precision", "fp32", "--history-len", "16"],
+        vec!["--precision", "fp8-delayed", "--history-len", "0"],
+        vec!["--precision", "fp8-delayed", "--margin", "-1"],
     ] {
         let mut args = SMALL.to_vec();
         args.extend(["--out", out_arg]);
@@ -99,4 +103,33 @@ fn impossible_requests_fail_with_one_line() {
         assert!(last.starts_with("fp8: error: "), "{extra:?}: {stderr}");
         assert_eq!(stderr.matches("fp8: error").count(), 1, "{extra:?}: {stderr}");
     }
+}
+
+#[test]
+fn delayed_recipe_options_reach_every_slot() {
+    let out_dir = scratch("history");
+    let out_arg = out_dir.to_str().expect("utf-8 path");
+    let mut args = SMALL.to_vec();
+    args.extend([
+        "--precision",
+        "fp8-delayed",
+        "--history-len",
+        "16",
+        "--algo",
+        "most-recent",
+        "--out",
+        out_arg,
+    ]);
+    let out = fp8(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let bytes = fs::read(out_dir.join("fp8-delayed").join("checkpoint.safetensors")).expect("checkpoint");
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let histories: Vec<Vec<usize>> = tensors
+        .tensors()
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("fp8.") && name.ends_with(".history"))
+        .map(|(_, view)| view.shape().to_vec())
+        .collect();
+    assert!(!histories.is_empty(), "no FP8 slot in the checkpoint");
+    assert!(histories.iter().all(|shape| shape == &[16]), "{histories:?}");
 }

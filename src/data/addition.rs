@@ -7,8 +7,13 @@
 //! each answer digit then depends only on digits already seen and one carry).
 //!
 //! The model reads the sequence minus its last token and predicts the next
-//! token at every position; only the answer digits take a loss (the other
-//! targets are [`IGNORE_INDEX`]).
+//! token at every position. By default every position takes a loss, as in any
+//! language model: the operand digits are random, so the loss cannot fall below
+//! [`AdditionTask::loss_floor`] (`(2 * digits - 1) * ln 10 / seq_len`), the way
+//! a text's entropy bounds a language model's loss. With `prompt_loss: false`
+//! only the answer digits take a loss (the other targets are [`IGNORE_INDEX`])
+//! and the floor is 0. Either way, [`Batch::answer_start`] marks the answer, so
+//! the answer loss and exact-match accuracy are reported on their own.
 //!
 //! The split is a property of the problem: a keyed hash of `(a, b)` puts a
 //! fixed share of all problems in the held-out set, and training draws
@@ -40,16 +45,19 @@ pub struct AdditionConfig {
     pub heldout_size: usize,
     /// Write the sum least significant digit first.
     pub reverse_answer: bool,
+    /// Take a loss on the prompt (operand digits, `+`, `=`) too, not only on the answer.
+    pub prompt_loss: bool,
 }
 
 impl Default for AdditionConfig {
-    /// 3-digit operands, 10% held out, 512 held-out problems, reversed answers.
+    /// 3-digit operands, 10% held out, 512 held-out problems, reversed answers, loss on every position.
     fn default() -> Self {
         AdditionConfig {
             digits: 3,
             heldout_fraction: 0.1,
             heldout_size: 512,
             reverse_answer: true,
+            prompt_loss: true,
         }
     }
 }
@@ -116,6 +124,23 @@ impl AdditionTask {
     /// Length of a model input (the full problem minus its last token).
     pub fn seq_len(&self) -> usize {
         3 * self.config.digits + 2
+    }
+
+    /// Position of the first answer target in a row: the one that reads `=`.
+    pub fn answer_start(&self) -> usize {
+        2 * self.config.digits + 1
+    }
+
+    /// The lowest mean loss any model can reach, in nats per target: the operand digits after the
+    /// first one are uniformly random (`ln 10` each), everything else follows from the inputs. 0
+    /// without `prompt_loss`. (Close to exact: held-out problems never appear in training, which
+    /// makes the operands' distribution slightly non-uniform.)
+    pub fn loss_floor(&self) -> f64 {
+        if !self.config.prompt_loss {
+            return 0.0;
+        }
+        let random_digits = 2 * self.config.digits - 1;
+        random_digits as f64 * 10f64.ln() / self.seq_len() as f64
     }
 
     /// Number of distinct problems, `(10^digits)^2`.
@@ -210,10 +235,16 @@ impl AdditionTask {
     /// One row of a batch: inputs and targets of problem `a + b`.
     fn push_row(&self, a: u64, b: u64, inputs: &mut Vec<u32>, targets: &mut Vec<u32>) {
         let tokens = self.encode(a, b);
-        let answer_start = 2 * self.config.digits + 2;
+        let answer_start = self.answer_start();
         let n = tokens.len();
         inputs.extend_from_slice(&tokens[..n - 1]);
-        targets.extend((1..n).map(|i| if i >= answer_start { tokens[i] } else { IGNORE_INDEX }));
+        targets.extend((0..n - 1).map(|position| {
+            if self.config.prompt_loss || position >= answer_start {
+                tokens[position + 1]
+            } else {
+                IGNORE_INDEX
+            }
+        }));
     }
 
     fn batch_of(&self, problems: &[(u64, u64)]) -> Batch {
@@ -228,6 +259,7 @@ impl AdditionTask {
             targets,
             batch: problems.len(),
             seq,
+            answer_start: self.answer_start(),
         }
     }
 
@@ -296,13 +328,14 @@ mod tests {
     }
 
     #[test]
-    fn train_batches_hold_correct_sums_loss_only_on_the_answer_and_no_heldout_problem() {
-        for reverse_answer in [false, true] {
+    fn train_batches_hold_correct_sums_targets_per_the_prompt_loss_and_no_heldout_problem() {
+        for (reverse_answer, prompt_loss) in [(false, false), (true, false), (false, true), (true, true)] {
             let config = AdditionConfig {
                 digits: 2,
                 heldout_fraction: 0.2,
                 heldout_size: 64,
                 reverse_answer,
+                prompt_loss,
             };
             let task = AdditionTask::new(config, 99).unwrap();
             let heldout: HashSet<(u64, u64)> = task.heldout_problems().iter().copied().collect();
@@ -310,19 +343,60 @@ mod tests {
             for _ in 0..20 {
                 let batch = task.train_batch(&mut stream, 16);
                 assert_eq!((batch.batch, batch.seq, batch.inputs.len()), (16, 8, 128));
+                // 2+1+2 prompt characters, then position 5 (reading `=`) predicts the first answer digit.
+                assert_eq!(batch.answer_start, 5);
                 for row in 0..16 {
                     let (a, b, sum) = row_problem(&task, &batch, row);
                     assert_eq!(a + b, sum);
                     assert!(!task.is_heldout(a, b) && !heldout.contains(&(a, b)));
+                    let inputs = &batch.inputs[row * 8..(row + 1) * 8];
                     let targets = &batch.targets[row * 8..(row + 1) * 8];
-                    // 2+1+2+1 prompt characters; the targets of positions 0..5 are prompt tokens.
-                    assert!(targets[..5].iter().all(|&t| t == IGNORE_INDEX));
+                    if prompt_loss {
+                        // Every target is the next input: the same sequence shifted by one.
+                        assert_eq!(&inputs[1..], &targets[..7]);
+                    } else {
+                        assert!(targets[..5].iter().all(|&t| t == IGNORE_INDEX));
+                        assert_eq!(&inputs[6..], &targets[5..7]);
+                    }
                     assert!(targets[5..].iter().all(|&t| t < 10));
-                    // Inputs and targets are the same sequence shifted by one.
-                    assert_eq!(&batch.inputs[row * 8 + 6..row * 8 + 8], &targets[5..7]);
                 }
+                let answer = batch.answer_targets();
+                assert_eq!(answer.iter().filter(|&&t| t != IGNORE_INDEX).count(), 16 * 3);
             }
             assert_eq!(stream.batches, 20);
+        }
+    }
+
+    #[test]
+    fn loss_floor_is_ln10_per_random_operand_target() {
+        for digits in 1..=4 {
+            let config = AdditionConfig {
+                digits,
+                heldout_size: 8,
+                ..AdditionConfig::default()
+            };
+            let task = AdditionTask::new(config, 4).unwrap();
+            let batch = task.train_batch(&mut DataStream::new(2), 4);
+            // The Bayes predictor pays ln 10 on a target exactly when it is an operand digit that
+            // the inputs cannot determine: any digit before `=` except the very first token.
+            let row = &batch.targets[..batch.seq];
+            let random = row
+                .iter()
+                .enumerate()
+                .filter(|&(position, &t)| position < task.answer_start() && t < 10)
+                .count();
+            assert_eq!(random, 2 * digits - 1);
+            let floor = random as f64 * 10f64.ln() / batch.seq as f64;
+            assert!((task.loss_floor() - floor).abs() < 1e-12);
+            let answer_only = AdditionTask::new(
+                AdditionConfig {
+                    prompt_loss: false,
+                    ..config
+                },
+                4,
+            )
+            .unwrap();
+            assert_eq!(answer_only.loss_floor(), 0.0);
         }
     }
 

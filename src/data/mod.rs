@@ -14,7 +14,7 @@ pub mod text;
 pub use rng::{DataStream, SplitMix64};
 pub use source::Dataset;
 
-/// Target of a position that takes no loss (prompt tokens of the addition task).
+/// Target of a position that takes no loss.
 pub const IGNORE_INDEX: u32 = u32::MAX;
 
 /// Token ids and next-token targets, both row-major `[batch, seq]`.
@@ -28,6 +28,9 @@ pub struct Batch {
     pub batch: usize,
     /// Tokens per sequence.
     pub seq: usize,
+    /// First position of each row whose target belongs to the answer: exact-match accuracy and
+    /// the answer loss look only at positions from here on (0 for text, where all positions count).
+    pub answer_start: usize,
 }
 
 impl Batch {
@@ -35,9 +38,21 @@ impl Batch {
     pub fn counted_targets(&self) -> usize {
         self.targets.iter().filter(|&&t| t != IGNORE_INDEX).count()
     }
+
+    /// The targets with every position before `answer_start` ignored: the answer loss's targets.
+    pub fn answer_targets(&self) -> Vec<u32> {
+        let mut targets = self.targets.clone();
+        if self.seq > 0 {
+            for row in targets.chunks_mut(self.seq) {
+                row[..self.answer_start.min(self.seq)].fill(IGNORE_INDEX);
+            }
+        }
+        targets
+    }
 }
 
-/// Share of sequences whose predicted token equals the target at every counted position.
+/// Share of sequences whose predicted token equals the target at every counted answer position
+/// (from `batch.answer_start` on).
 ///
 /// `predicted` is the argmax at each position of a forward pass over `batch.inputs`
 /// (teacher forcing). For the addition task this equals exact match under greedy decoding:
@@ -53,6 +68,7 @@ pub fn exact_match_accuracy(predicted: &[u32], batch: &Batch) -> Option<f64> {
         let counted: Vec<(u32, u32)> = pred
             .iter()
             .zip(target)
+            .skip(batch.answer_start)
             .filter(|(_, t)| **t != IGNORE_INDEX)
             .map(|(p, t)| (*p, *t))
             .collect();
@@ -86,6 +102,7 @@ mod tests {
             ],
             batch: 3,
             seq: 3,
+            answer_start: 0,
         };
         assert_eq!(batch.counted_targets(), 4);
         // Row 0 right (prompt position wrong, ignored), row 1 one digit wrong, row 2 not scored.
@@ -97,5 +114,29 @@ mod tests {
             ..batch
         };
         assert_eq!(exact_match_accuracy(&predicted, &unscored), None);
+    }
+
+    #[test]
+    fn positions_before_the_answer_count_for_the_loss_only() {
+        // Two rows of 4: the prompt (positions 0-1) has targets too, the answer is positions 2-3.
+        let batch = Batch {
+            inputs: vec![0; 8],
+            targets: vec![5, 6, 1, 2, 7, 8, 3, 4],
+            batch: 2,
+            seq: 4,
+            answer_start: 2,
+        };
+        assert_eq!(
+            batch.answer_targets(),
+            [IGNORE_INDEX, IGNORE_INDEX, 1, 2, IGNORE_INDEX, IGNORE_INDEX, 3, 4]
+        );
+        // Both rows have wrong prompt predictions; row 0's answer is right, row 1's is not.
+        let predicted = [0, 0, 1, 2, 0, 0, 3, 9];
+        assert_eq!(exact_match_accuracy(&predicted, &batch), Some(0.5));
+        let whole_row = Batch {
+            answer_start: 0,
+            ..batch
+        };
+        assert_eq!(exact_match_accuracy(&predicted, &whole_row), Some(0.0));
     }
 }

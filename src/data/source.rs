@@ -64,14 +64,28 @@ impl Dataset {
         matches!(self, Dataset::Addition(_))
     }
 
+    /// The lowest loss any model can reach on the data, where it is known (the addition task).
+    pub fn loss_floor(&self) -> Option<f64> {
+        match self {
+            Dataset::Addition(t) => Some(t.loss_floor()),
+            Dataset::Text(_) => None,
+        }
+    }
+
     /// Short description for logs.
     pub fn describe(&self) -> String {
         match self {
             Dataset::Addition(t) => format!(
-                "addition, {} digits, seq {}, vocab {}",
+                "addition, {} digits, seq {}, vocab {}, loss on {} (floor {:.4})",
                 t.config().digits,
                 t.seq_len(),
-                t.vocab_size()
+                t.vocab_size(),
+                if t.config().prompt_loss {
+                    "every position"
+                } else {
+                    "the answer"
+                },
+                t.loss_floor()
             ),
             Dataset::Text(t) => format!(
                 "text, seq {}, vocab {}, {} training chars",

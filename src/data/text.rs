@@ -143,6 +143,7 @@ impl TextDataset {
             targets,
             batch: starts.len(),
             seq: self.seq,
+            answer_start: 0,
         }
     }
 

@@ -16,7 +16,10 @@
 //! p = p - step_size * (m / (sqrt(v) / bc2_sqrt + eps))
 //! ```
 //!
-//! Weight decay applies to every parameter. The optimizer never skips a step
+//! Weight decay applies to matrices (parameters of two or more dimensions:
+//! weights and embeddings); vectors (biases, norm gains) keep `decay = 1` unless
+//! `decay_vectors` is set, as in GPT-2 and most LLM recipes: shrinking a norm's
+//! gain or a bias toward 0 regularises nothing useful. The optimizer never skips a step
 //! itself: the loss scaler decides that before calling [`AdamW::step`].
 
 use serde::{Deserialize, Serialize};
@@ -37,10 +40,13 @@ pub struct AdamWConfig {
     pub eps: f32,
     /// Decoupled weight decay: each step multiplies the weights by `1 - lr * weight_decay`.
     pub weight_decay: f32,
+    /// Decay 1-D parameters (biases, norm gains) too, not only matrices.
+    #[serde(default)]
+    pub decay_vectors: bool,
 }
 
 impl Default for AdamWConfig {
-    /// PyTorch's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
+    /// PyTorch's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01 (on matrices).
     fn default() -> Self {
         AdamWConfig {
             lr: 1e-3,
@@ -48,6 +54,7 @@ impl Default for AdamWConfig {
             beta2: 0.999,
             eps: 1e-8,
             weight_decay: 0.01,
+            decay_vectors: false,
         }
     }
 }
@@ -175,9 +182,16 @@ impl AdamW {
         let (beta1, beta2, eps) = (c.beta1, c.beta2, c.eps);
         let (c1, c2) = ((1.0 - b1) as f32, (1.0 - b2) as f32);
         let mut moments = self.state.moments.iter_mut();
+        let decay_vectors = c.decay_vectors;
         module.visit_parameters(&mut |p| {
             let state = moments.next().expect("moments checked against the module");
             let (m, v) = (&mut state.m, &mut state.v);
+            // Multiplying by 1 is exact, so an undecayed parameter takes the same path.
+            let decay = if decay_vectors || p.shape().len() >= 2 {
+                decay
+            } else {
+                1.0
+            };
             for i in 0..p.value.len() {
                 let g = p.grad[i];
                 let w = p.value[i] * decay;
@@ -252,9 +266,12 @@ mod tests {
     use crate::train::test_util::ParamList;
 
     /// Textbook AdamW in f64, one value at a time.
-    fn reference_step(p: &mut f64, m: &mut f64, v: &mut f64, g: f64, t: i32, lr: f64, c: &AdamWConfig) {
+    #[allow(clippy::too_many_arguments)]
+    fn reference_step(p: &mut f64, m: &mut f64, v: &mut f64, g: f64, t: i32, lr: f64, c: &AdamWConfig, decayed: bool) {
         let (b1, b2) = (c.beta1 as f64, c.beta2 as f64);
-        *p -= lr * c.weight_decay as f64 * *p;
+        if decayed {
+            *p -= lr * c.weight_decay as f64 * *p;
+        }
         *m = b1 * *m + (1.0 - b1) * g;
         *v = b2 * *v + (1.0 - b2) * g * g;
         let m_hat = *m / (1.0 - b1.powi(t));
@@ -264,13 +281,19 @@ mod tests {
 
     #[test]
     fn several_steps_follow_an_f64_hand_computation() {
-        let config = AdamWConfig {
-            lr: 0.0,
-            beta1: 0.9,
-            beta2: 0.99,
-            eps: 1e-6,
-            weight_decay: 0.1,
-        };
+        for decay_vectors in [false, true] {
+            several_steps_follow_f64(AdamWConfig {
+                lr: 0.0,
+                beta1: 0.9,
+                beta2: 0.99,
+                eps: 1e-6,
+                weight_decay: 0.1,
+                decay_vectors,
+            });
+        }
+    }
+
+    fn several_steps_follow_f64(config: AdamWConfig) {
         let init = [0.5f32, -1.25, 3.0, 0.0, 1e-3, -7.5];
         let mut module = ParamList::new(&[("w", &[2, 2], init[..4].to_vec()), ("b", &[2], init[4..].to_vec())]);
         let mut opt = AdamW::new(config).unwrap();
@@ -296,6 +319,8 @@ mod tests {
                     step as i32 + 1,
                     lr as f64,
                     &config,
+                    // Values 0-3 are the matrix "w", 4-5 the vector "b".
+                    i < 4 || config.decay_vectors,
                 );
             }
             let got: Vec<f32> = module.params.iter().flat_map(|p| p.value.clone()).collect();

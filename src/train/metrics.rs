@@ -66,6 +66,9 @@ pub struct PrecisionSummary {
     /// Mean loss over the held-out split.
     #[serde(with = "nullable")]
     pub heldout_loss: f32,
+    /// Mean loss over the held-out answers only (NaN/null where the task has none).
+    #[serde(with = "nullable")]
+    pub heldout_answer_loss: f32,
     /// Share of held-out sequences predicted exactly (NaN/null where the task has none).
     #[serde(with = "nullable")]
     pub heldout_accuracy: f64,
@@ -236,6 +239,7 @@ mod tests {
         let summary = serde_json::to_value(PrecisionSummary {
             final_train_loss: 1.0,
             heldout_loss: 1.1,
+            heldout_answer_loss: f32::NAN,
             heldout_accuracy: 0.5,
             tokens_per_s: 10.0,
             peak_bytes: 7,
@@ -248,6 +252,7 @@ mod tests {
             [
                 "final_train_loss",
                 "heldout_accuracy",
+                "heldout_answer_loss",
                 "heldout_loss",
                 "peak_bytes",
                 "tokens_per_s"
@@ -325,6 +330,7 @@ mod tests {
                 PrecisionSummary {
                     final_train_loss: loss,
                     heldout_loss: loss + 0.1,
+                    heldout_answer_loss: loss / 4.0,
                     heldout_accuracy: 0.9,
                     tokens_per_s: 5000.0,
                     peak_bytes: 1 << 20,

@@ -21,7 +21,7 @@ use super::schedule::{LrSchedule, ScheduleKind};
 use super::step::apply_gradients;
 use crate::amp::Precision;
 use crate::amp::loss_scaler::{DynamicLossScaler, LossScalerConfig};
-use crate::data::{DataStream, Dataset, SplitMix64, exact_match_accuracy};
+use crate::data::{DataStream, Dataset, IGNORE_INDEX, SplitMix64, exact_match_accuracy};
 use crate::device::{MemoryCategory, MemoryLedger};
 use crate::error::{Error, Result};
 use crate::model::{DecoderModel, ModelConfig};
@@ -248,14 +248,15 @@ pub fn run(
         }
     }
 
-    let (heldout_loss, heldout_accuracy) = evaluate(&mut model, data, micro_size)?;
+    let heldout = evaluate(&mut model, data, micro_size)?;
     save_checkpoint(&checkpoint, &mut model, &optimizer, &scaler, &progress)?;
     let report = ledger.report();
     Ok(RunOutput {
         summary: PrecisionSummary {
             final_train_loss: last_loss,
-            heldout_loss,
-            heldout_accuracy,
+            heldout_loss: heldout.loss,
+            heldout_answer_loss: heldout.answer_loss,
+            heldout_accuracy: heldout.accuracy,
             tokens_per_s: tokens as f64 / seconds.max(1e-9),
             peak_bytes: report.total.peak,
         },
@@ -288,29 +289,51 @@ fn account_static(ledger: &MemoryLedger, model: &mut DecoderModel, precision: &P
     }
 }
 
-/// Mean loss over every counted held-out target, and exact-match accuracy (NaN for text).
-fn evaluate(model: &mut DecoderModel, data: &Dataset, batch: usize) -> Result<(f32, f64)> {
+/// Held-out results of the trained model.
+struct Evaluation {
+    /// Mean loss over every counted target.
+    loss: f32,
+    /// Mean loss over the answer targets only (NaN for text, which has no answer).
+    answer_loss: f32,
+    /// Exact-match accuracy (NaN for text).
+    accuracy: f64,
+}
+
+/// Weighted mean of per-batch mean losses (NaN when nothing was counted).
+fn mean_loss(sum: f64, count: usize) -> f32 {
+    if count == 0 {
+        f32::NAN
+    } else {
+        (sum / count as f64) as f32
+    }
+}
+
+/// Runs the held-out split: loss over every counted target, the answer loss, exact-match accuracy.
+fn evaluate(model: &mut DecoderModel, data: &Dataset, batch: usize) -> Result<Evaluation> {
     let (mut loss_sum, mut counted) = (0f64, 0usize);
+    let (mut answer_sum, mut answer_counted) = (0f64, 0usize);
     let (mut correct, mut scored) = (0f64, 0usize);
     for b in data.heldout_batches(batch) {
         let (loss, predicted) = model.evaluate_loss(&b.inputs, &b.targets, b.batch, b.seq)?;
         let n = b.counted_targets();
         loss_sum += f64::from(loss) * n as f64;
         counted += n;
+        if !data.has_accuracy() {
+            continue;
+        }
+        let answer_targets = b.answer_targets();
+        let (answer_loss, _) = model.evaluate_loss(&b.inputs, &answer_targets, b.batch, b.seq)?;
+        let n = answer_targets.iter().filter(|&&t| t != IGNORE_INDEX).count();
+        answer_sum += f64::from(answer_loss) * n as f64;
+        answer_counted += n;
         if let Some(acc) = exact_match_accuracy(&predicted, &b) {
             correct += acc * b.batch as f64;
             scored += b.batch;
         }
     }
-    let loss = if counted == 0 {
-        f32::NAN
-    } else {
-        (loss_sum / counted as f64) as f32
-    };
-    let accuracy = if data.has_accuracy() && scored > 0 {
-        correct / scored as f64
-    } else {
-        f64::NAN
-    };
-    Ok((loss, accuracy))
+    Ok(Evaluation {
+        loss: mean_loss(loss_sum, counted),
+        answer_loss: mean_loss(answer_sum, answer_counted),
+        accuracy: if scored > 0 { correct / scored as f64 } else { f64::NAN },
+    })
 }

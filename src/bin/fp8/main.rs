@@ -15,6 +15,7 @@ mod bench_gemm_inputs;
 mod bench_layer;
 mod cast;
 mod decode;
+mod delayed_args;
 mod error;
 mod formats;
 mod info;

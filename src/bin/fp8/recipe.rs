@@ -3,11 +3,12 @@
 use std::io::Read;
 use std::path::PathBuf;
 
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use fp8_engine::format::Fp8Format;
-use fp8_engine::scaling::{AmaxComputeAlgo, DelayedScaling};
+use fp8_engine::scaling::DelayedScaling;
 use fp8_engine::tools::replay;
 
+use crate::delayed_args::DelayedArgs;
 use crate::error::CliError;
 use crate::{args, raw_io};
 
@@ -23,15 +24,6 @@ enum RecipeCommand {
     Replay(ReplayArgs),
 }
 
-/// How the delayed recipe reduces the amax history.
-#[derive(Clone, Copy, ValueEnum)]
-enum Algo {
-    /// The largest amax of the window.
-    Max,
-    /// The amax of the step that just ran.
-    MostRecent,
-}
-
 /// Replay delayed scaling over an amax trace, one amax per line (one training
 /// step each; `nan`, `inf` and `0` accepted, blank and `#` lines skipped).
 ///
@@ -41,15 +33,8 @@ enum Algo {
 #[derive(Args)]
 #[command(after_help = "Example: fp8 recipe replay --history-len 16 --algo max < amax.txt")]
 struct ReplayArgs {
-    /// Amax history length, current step included (1 to 1048576).
-    #[arg(long, value_name = "N", default_value_t = 1024)]
-    history_len: usize,
-    /// How the history becomes one amax.
-    #[arg(long, value_enum, default_value = "max")]
-    algo: Algo,
-    /// Headroom in binades: scale = fp8_max * 2^-M / amax (0 to 8).
-    #[arg(long, value_name = "M", default_value_t = 0, allow_hyphen_values = true)]
-    margin: i32,
+    #[command(flatten)]
+    delayed: DelayedArgs,
     /// FP8 format of the tensor: e4m3 (max 448) or e5m2 (max 57344).
     #[arg(long, value_name = "FORMAT", default_value = "e4m3", value_parser = args::fp8_format)]
     format: Fp8Format,
@@ -66,15 +51,7 @@ pub fn run(args: RecipeArgs) -> Result<(), CliError> {
 }
 
 fn run_replay(args: ReplayArgs) -> Result<(), CliError> {
-    let recipe = DelayedScaling {
-        margin: args.margin,
-        amax_history_len: args.history_len,
-        amax_compute_algo: match args.algo {
-            Algo::Max => AmaxComputeAlgo::Max,
-            Algo::MostRecent => AmaxComputeAlgo::MostRecent,
-        },
-        ..DelayedScaling::default()
-    };
+    let recipe = args.delayed.apply(&DelayedScaling::default());
     recipe.validate()?;
     let (text, label) = match args.input.as_deref() {
         Some(path) if path.as_os_str() != "-" => (
