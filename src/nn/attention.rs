@@ -8,6 +8,7 @@ use super::norm::NormConfig;
 use super::ops::Dtype;
 use super::ops::attention::{self as kernels, AttentionShape};
 use super::param::{Module, Parameter};
+use super::replay::Replay;
 use super::stats::Fp8TensorStats;
 use super::tensor::{Tensor, no_forward};
 use crate::amp::Precision;
@@ -43,9 +44,8 @@ pub struct MultiheadAttention {
     dtype: Dtype,
     qkv: QkvProjection,
     proj: Linear,
-    recompute: bool,
+    replay: Replay,
     saved: Option<AttentionSaved>,
-    saved_input: Option<(Tensor, usize, usize)>,
 }
 
 impl MultiheadAttention {
@@ -104,9 +104,8 @@ impl MultiheadAttention {
                 precision,
                 child_seed(seed, 2),
             )?,
-            recompute,
+            replay: Replay::new(recompute),
             saved: None,
-            saved_input: None,
         })
     }
 
@@ -118,9 +117,9 @@ impl MultiheadAttention {
     /// `x` `[batch * seq, hidden]` -> `[batch * seq, hidden]`.
     pub fn forward(&mut self, x: &Tensor, batch: usize, seq: usize) -> Result<Tensor> {
         let y = self.run(x, batch, seq, false)?;
-        if self.recompute {
+        if self.replay.enabled() {
             self.clear_saved();
-            self.saved_input = Some((x.clone(), batch, seq));
+            self.replay.keep(x, batch, seq);
         }
         Ok(y)
     }
@@ -169,9 +168,8 @@ impl MultiheadAttention {
 
     /// dX; accumulates the parameter gradients.
     pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
-        if self.recompute {
-            let (x, batch, seq) = self.saved_input.take().ok_or_else(|| no_forward(&self.name))?;
-            self.run(&x, batch, seq, true)?;
+        if let Some(kept) = self.replay.take(&self.name)? {
+            self.run(&kept.x, kept.batch, kept.seq, true)?;
         }
         let dout = self.proj.backward(dy)?;
         let s = self.saved.take().ok_or_else(|| no_forward(&self.name))?;
@@ -198,7 +196,7 @@ impl MultiheadAttention {
         }
         self.proj.clear_saved();
         self.saved = None;
-        self.saved_input = None;
+        self.replay.clear();
     }
 
     fn qkv_module(&mut self) -> &mut dyn Module {
@@ -253,11 +251,10 @@ impl Module for MultiheadAttention {
         let attention = self.saved.as_ref().map_or(0, |s| {
             (s.q.len() + s.k.len() + s.v.len() + s.out.len()) * self.dtype.bytes() + 4 * s.lse.len()
         });
-        let input = self
-            .saved_input
-            .as_ref()
-            .map_or(0, |(x, _, _)| x.len() * self.dtype.bytes());
-        input + attention + self.qkv_ref().saved_activation_bytes() + self.proj.saved_activation_bytes()
+        self.replay.bytes(self.dtype.bytes())
+            + attention
+            + self.qkv_ref().saved_activation_bytes()
+            + self.proj.saved_activation_bytes()
     }
 
     fn weight_cache_bytes(&self) -> usize {

@@ -4,8 +4,9 @@ use super::init::child_seed;
 use super::linear::Linear;
 use super::norm::{Norm, NormConfig};
 use super::param::{Module, Parameter};
+use super::replay::Replay;
 use super::stats::Fp8TensorStats;
-use super::tensor::{Tensor, no_forward};
+use super::tensor::Tensor;
 use crate::amp::Precision;
 use crate::error::Result;
 use crate::scaling::DelayedSlot;
@@ -18,8 +19,7 @@ pub struct LayerNormLinear {
     norm: Norm,
     linear: Linear,
     fused_cast: bool,
-    recompute: bool,
-    saved_input: Option<Tensor>,
+    replay: Replay,
 }
 
 impl LayerNormLinear {
@@ -48,8 +48,7 @@ impl LayerNormLinear {
                 child_seed(seed, 1),
             )?,
             fused_cast: precision.is_fp8(),
-            recompute,
-            saved_input: None,
+            replay: Replay::new(recompute),
         })
     }
 
@@ -61,9 +60,9 @@ impl LayerNormLinear {
     /// `x` `[tokens, in]` -> `[tokens, out]`.
     pub fn forward(&mut self, x: &Tensor) -> Result<Tensor> {
         let y = self.run(x, false)?;
-        if self.recompute {
+        if self.replay.enabled() {
             self.clear_saved();
-            self.saved_input = Some(x.clone());
+            self.replay.keep(x, x.rows, 1);
         }
         Ok(y)
     }
@@ -79,9 +78,8 @@ impl LayerNormLinear {
 
     /// dX; accumulates the parameter gradients.
     pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
-        if self.recompute {
-            let x = self.saved_input.take().ok_or_else(|| no_forward(&self.name))?;
-            self.run(&x, true)?;
+        if let Some(kept) = self.replay.take(&self.name)? {
+            self.run(&kept.x, true)?;
         }
         let dn = self.linear.backward(dy)?;
         self.norm.backward(&dn)
@@ -90,7 +88,7 @@ impl LayerNormLinear {
     pub(crate) fn clear_saved(&mut self) {
         self.norm.clear_saved();
         self.linear.clear_saved();
-        self.saved_input = None;
+        self.replay.clear();
     }
 }
 
@@ -105,8 +103,7 @@ impl Module for LayerNormLinear {
     }
 
     fn saved_activation_bytes(&self) -> usize {
-        let input = self.saved_input.as_ref().map_or(0, |x| x.len() * self.dtype_bytes());
-        input + self.norm.saved_bytes() + self.linear.saved_activation_bytes()
+        self.replay.bytes(self.dtype_bytes()) + self.norm.saved_bytes() + self.linear.saved_activation_bytes()
     }
 
     fn weight_cache_bytes(&self) -> usize {

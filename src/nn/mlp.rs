@@ -6,6 +6,7 @@ use super::norm::{Norm, NormConfig};
 use super::ops::Dtype;
 use super::ops::activation as act;
 use super::param::{Module, Parameter};
+use super::replay::Replay;
 use super::stats::Fp8TensorStats;
 use super::tensor::{Tensor, no_forward};
 use crate::amp::Precision;
@@ -35,10 +36,9 @@ pub struct LayerNormMLP {
     ffn: usize,
     dtype: Dtype,
     fused_cast: bool,
-    recompute: bool,
+    replay: Replay,
     /// fc1's output (the activation's input), for the activation's backward.
     pre_activation: Option<Tensor>,
-    saved_input: Option<Tensor>,
 }
 
 impl LayerNormMLP {
@@ -82,18 +82,17 @@ impl LayerNormMLP {
             ffn,
             dtype: precision.compute_dtype(),
             fused_cast: precision.is_fp8(),
-            recompute,
+            replay: Replay::new(recompute),
             pre_activation: None,
-            saved_input: None,
         })
     }
 
     /// `x` `[tokens, hidden]` -> `[tokens, hidden]`.
     pub fn forward(&mut self, x: &Tensor) -> Result<Tensor> {
         let y = self.run(x, false)?;
-        if self.recompute {
+        if self.replay.enabled() {
             self.clear_saved();
-            self.saved_input = Some(x.clone());
+            self.replay.keep(x, x.rows, 1);
         }
         Ok(y)
     }
@@ -118,9 +117,8 @@ impl LayerNormMLP {
 
     /// dX; accumulates the parameter gradients.
     pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
-        if self.recompute {
-            let x = self.saved_input.take().ok_or_else(|| no_forward(&self.name))?;
-            self.run(&x, true)?;
+        if let Some(kept) = self.replay.take(&self.name)? {
+            self.run(&kept.x, true)?;
         }
         let dg = self.fc2.backward(dy)?;
         let a = self.pre_activation.take().ok_or_else(|| no_forward(&self.name))?;
@@ -139,7 +137,7 @@ impl LayerNormMLP {
         self.fc1.clear_saved();
         self.fc2.clear_saved();
         self.pre_activation = None;
-        self.saved_input = None;
+        self.replay.clear();
     }
 }
 
@@ -156,8 +154,8 @@ impl Module for LayerNormMLP {
     }
 
     fn saved_activation_bytes(&self) -> usize {
-        let tensors = self.saved_input.iter().chain(&self.pre_activation);
-        tensors.map(|t| t.len() * self.dtype.bytes()).sum::<usize>()
+        self.replay.bytes(self.dtype.bytes())
+            + self.pre_activation.as_ref().map_or(0, |t| t.len() * self.dtype.bytes())
             + self.norm.saved_bytes()
             + self.fc1.saved_activation_bytes()
             + self.fc2.saved_activation_bytes()

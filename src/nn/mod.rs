@@ -23,6 +23,7 @@ mod linear_gemms;
 mod mlp;
 mod norm;
 mod param;
+mod replay;
 mod stats;
 mod tensor;
 mod transformer;

@@ -6,8 +6,9 @@ use super::mlp::{Activation, LayerNormMLP};
 use super::norm::{NormConfig, NormKind};
 use super::ops::Dtype;
 use super::param::{Module, Parameter};
+use super::replay::Replay;
 use super::stats::Fp8TensorStats;
-use super::tensor::{Tensor, no_forward};
+use super::tensor::Tensor;
 use crate::amp::Precision;
 use crate::error::Result;
 use crate::scaling::DelayedSlot;
@@ -71,7 +72,7 @@ pub struct TransformerLayer {
     dtype: Dtype,
     attn: MultiheadAttention,
     mlp: LayerNormMLP,
-    saved_input: Option<(Tensor, usize, usize)>,
+    replay: Replay,
 }
 
 impl TransformerLayer {
@@ -103,7 +104,7 @@ impl TransformerLayer {
                 precision,
                 child_seed(seed, 2),
             )?,
-            saved_input: None,
+            replay: Replay::new(config.recompute),
         })
     }
 
@@ -115,10 +116,9 @@ impl TransformerLayer {
     /// `x` `[batch * seq, hidden]` -> `[batch * seq, hidden]`.
     pub fn forward(&mut self, x: &Tensor, batch: usize, seq: usize) -> Result<Tensor> {
         let y = self.run(x, batch, seq, false)?;
-        if self.config.recompute {
-            self.attn.clear_saved();
-            self.mlp.clear_saved();
-            self.saved_input = Some((x.clone(), batch, seq));
+        if self.replay.enabled() {
+            self.clear_saved();
+            self.replay.keep(x, batch, seq);
         }
         Ok(y)
     }
@@ -140,14 +140,13 @@ impl TransformerLayer {
     pub fn clear_saved(&mut self) {
         self.attn.clear_saved();
         self.mlp.clear_saved();
-        self.saved_input = None;
+        self.replay.clear();
     }
 
     /// dX; accumulates every parameter gradient.
     pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
-        if self.config.recompute {
-            let (x, batch, seq) = self.saved_input.take().ok_or_else(|| no_forward(&self.name))?;
-            self.run(&x, batch, seq, true)?;
+        if let Some(kept) = self.replay.take(&self.name)? {
+            self.run(&kept.x, kept.batch, kept.seq, true)?;
         }
         dy.expect(&self.name, "output gradient", None, self.config.hidden)?;
         let dm = self.mlp.backward(dy)?;
@@ -169,11 +168,7 @@ impl Module for TransformerLayer {
     }
 
     fn saved_activation_bytes(&self) -> usize {
-        let input = self
-            .saved_input
-            .as_ref()
-            .map_or(0, |(x, _, _)| x.len() * self.dtype.bytes());
-        input + self.attn.saved_activation_bytes() + self.mlp.saved_activation_bytes()
+        self.replay.bytes(self.dtype.bytes()) + self.attn.saved_activation_bytes() + self.mlp.saved_activation_bytes()
     }
 
     fn weight_cache_bytes(&self) -> usize {

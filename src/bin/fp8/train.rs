@@ -33,7 +33,7 @@ pub struct TrainArgs {
     #[arg(long)]
     compare: Option<String>,
     /// Optimizer steps.
-    #[arg(long, default_value_t = 1500)]
+    #[arg(long, default_value_t = 3000)]
     steps: u64,
     /// Sequences per step (over all micro-batches).
     #[arg(long, default_value_t = 32)]
