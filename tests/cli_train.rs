@@ -133,3 +133,56 @@ fn delayed_recipe_options_reach_every_slot() {
     assert!(!histories.is_empty(), "no FP8 slot in the checkpoint");
     assert!(histories.iter().all(|shape| shape == &[16]), "{histories:?}");
 }
+
+/// The FP8 slots of step `step` in `dir/fp8-delayed/metrics.jsonl` as (name, amax, scale).
+fn slot_scales(dir: &std::path::Path, step: usize) -> Vec<(String, f64, f64)> {
+    let metrics = fs::read_to_string(dir.join("fp8-delayed").join("metrics.jsonl")).expect("metrics");
+    let line: serde_json::Value = serde_json::from_str(metrics.lines().nth(step).expect("step")).expect("json");
+    line["fp8"]
+        .as_array()
+        .expect("fp8 list")
+        .iter()
+        .map(|s| {
+            let num = |key: &str| s[key].as_f64().unwrap_or(f64::NAN);
+            (
+                s["name"].as_str().unwrap_or_default().to_string(),
+                num("amax"),
+                num("scale"),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn margin_divides_every_delayed_scale_by_its_power_of_two() {
+    let runs: Vec<PathBuf> = ["0", "2"]
+        .iter()
+        .map(|margin| {
+            let dir = scratch(&format!("margin-{margin}"));
+            let mut args = SMALL.to_vec();
+            args.extend(["--precision", "fp8-delayed", "--margin", margin]);
+            args.extend(["--out", dir.to_str().expect("utf-8 path")]);
+            let out = fp8(&args);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            dir
+        })
+        .collect();
+    // Step 0 casts with the initial scales in both runs, so it observes the same amaxes; step 1
+    // then uses fp8_max * 2^-margin / amax: exactly a quarter with margin 2.
+    let first = slot_scales(&runs[0], 0);
+    let (plain, margin2) = (slot_scales(&runs[0], 1), slot_scales(&runs[1], 1));
+    assert_eq!(first, slot_scales(&runs[1], 0));
+    let mut checked = 0;
+    for ((slot, amax0, _), ((_, _, s0), (_, _, s2))) in first.iter().zip(plain.iter().zip(&margin2)) {
+        if *amax0 > 0.0 && amax0.is_finite() {
+            // Scales are f32 written in their shortest form: compare them as f32, where /4 is exact.
+            assert_eq!(
+                *s2 as f32,
+                *s0 as f32 / 4.0,
+                "{slot}: scale {s0} without margin, {s2} with margin 2"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "no slot saw a non-zero amax at step 0");
+}

@@ -407,6 +407,43 @@ fn checkpoints_that_do_not_fit_the_model_are_mismatches_and_change_nothing() {
         assert_eq!(optimizer.steps_taken(), 0, "{what}: optimizer changed");
         assert_eq!(scaler.scale(), 65536.0, "{what}: scaler changed");
     }
+    // Other optimizer settings make the saved moments mean something else; another lr does not.
+    let saved = AdamWConfig {
+        lr: 0.05,
+        ..AdamWConfig::default()
+    };
+    for (what, config, fits) in [
+        (
+            "other weight decay",
+            AdamWConfig {
+                weight_decay: 0.1,
+                ..saved
+            },
+            false,
+        ),
+        (
+            "decayed vectors",
+            AdamWConfig {
+                decay_vectors: true,
+                ..saved
+            },
+            false,
+        ),
+        ("other beta2", AdamWConfig { beta2: 0.95, ..saved }, false),
+        ("other lr", AdamWConfig { lr: 0.2, ..saved }, true),
+    ] {
+        let mut model = base();
+        let mut optimizer = AdamW::new(config).unwrap();
+        let mut scaler = DynamicLossScaler::new(LossScalerConfig::default()).unwrap();
+        let result = load_checkpoint(&path, &mut model, &mut optimizer, &mut scaler);
+        match (fits, result) {
+            (true, result) => assert!(result.is_ok(), "{what}: {:?}", result.err()),
+            (false, Err(Error::CheckpointMismatch { reason, .. })) => {
+                assert!(reason.contains("optimizer settings"), "{what}: {reason}")
+            }
+            (false, other) => panic!("{what}: expected a mismatch, got {other:?}"),
+        }
+    }
     fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -1,7 +1,8 @@
 //! The training loop end to end on the CPU backend: resume continues bit for
 //! bit, recompute changes memory and nothing else, the fp16 loss scaler skips
-//! and recovers from a huge initial scale, FP8 tracks fp32, and the tied head's
-//! gradient matches finite differences.
+//! and recovers from a huge initial scale, FP8 tracks fp32, the answer loss is
+//! the loss of the answer digits, and the tied head's gradient matches finite
+//! differences.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -124,6 +125,46 @@ fn resume_refuses_a_checkpoint_of_another_run() {
 }
 
 #[test]
+fn resume_refuses_other_recipe_settings_or_another_objective() {
+    use fp8_engine::scaling::{DelayedScaling, Recipe};
+    let delayed = |margin| {
+        Precision::Fp8(Recipe::Delayed(DelayedScaling {
+            margin,
+            ..DelayedScaling::default()
+        }))
+    };
+    let config = small(1, Recompute::None);
+    let dir = scratch("other-recipe");
+    let stop = RunControl {
+        stop_after: Some(1),
+        ..RunControl::default()
+    };
+    train(&delayed(0), &config, &dir, stop);
+    let ckpt = dir.join("checkpoint.safetensors");
+    let answers_only = Dataset::addition(
+        AdditionConfig {
+            digits: 2,
+            heldout_size: 64,
+            prompt_loss: false,
+            ..AdditionConfig::default()
+        },
+        7,
+    )
+    .expect("task");
+    for (what, p, data) in [
+        ("margin 1", delayed(1), data()),
+        ("answer-only loss", delayed(0), answers_only),
+    ] {
+        let control = RunControl {
+            resume: Some(&ckpt),
+            ..RunControl::default()
+        };
+        let err = run(&p, &config, &data, &dir, control, &mut |_| {}).expect_err(what);
+        assert!(err.to_string().contains("another run"), "{what}: {err}");
+    }
+}
+
+#[test]
 fn recompute_halves_activation_memory_with_identical_losses() {
     let p = precision("fp8-delayed");
     let plain = train(
@@ -191,6 +232,37 @@ fn fp8_and_bf16_track_fp32() {
             100.0 * rel
         );
     }
+}
+
+#[test]
+fn answer_loss_is_the_held_out_loss_when_only_answers_take_a_loss() {
+    let config = RunConfig {
+        steps: 3,
+        ..small(1, Recompute::None)
+    };
+    let task = |prompt_loss| {
+        let config = AdditionConfig {
+            digits: 2,
+            heldout_size: 64,
+            prompt_loss,
+            ..AdditionConfig::default()
+        };
+        Dataset::addition(config, 7).expect("task")
+    };
+    let fp32 = precision("fp32");
+    let run_on = |data: &Dataset, name: &str| {
+        run(&fp32, &config, data, &scratch(name), RunControl::default(), &mut |_| {})
+            .expect("run")
+            .summary
+    };
+    let answers = run_on(&task(false), "answers-only");
+    assert_eq!(answers.heldout_answer_loss, answers.heldout_loss);
+    let every = run_on(&task(true), "every-position");
+    // Every position: 3 of the 8 targets are answer digits and the rest cost at least 0, and
+    // the random operand digits keep the whole clearly above 0 after 3 steps.
+    assert!(every.heldout_answer_loss.is_finite() && every.heldout_answer_loss > 0.0);
+    assert!(every.heldout_loss >= 3.0 / 8.0 * every.heldout_answer_loss);
+    assert_ne!(every.heldout_loss, every.heldout_answer_loss);
 }
 
 #[test]

@@ -263,7 +263,7 @@ pub fn load_checkpoint(
     scaler: &mut DynamicLossScaler,
 ) -> Result<TrainProgress> {
     let bytes = safetensors_io::read_file(path)?;
-    let staged = stage(path, &bytes, model, scaler)?;
+    let staged = stage(path, &bytes, model, optimizer.config(), scaler)?;
     let mut values = staged.params.into_iter();
     model.visit_parameters(&mut |p| {
         p.value = values.next().expect("staged one value list per parameter");
@@ -277,7 +277,13 @@ pub fn load_checkpoint(
     Ok(staged.progress)
 }
 
-fn stage(path: &Path, bytes: &[u8], model: &mut dyn Module, scaler: &DynamicLossScaler) -> Result<Staged> {
+fn stage(
+    path: &Path,
+    bytes: &[u8],
+    model: &mut dyn Module,
+    optimizer: &AdamWConfig,
+    scaler: &DynamicLossScaler,
+) -> Result<Staged> {
     let label = path.display().to_string();
     let corrupt = |reason: String| Error::InvalidFile {
         path: label.clone(),
@@ -391,6 +397,18 @@ fn stage(path: &Path, bytes: &[u8], model: &mut dyn Module, scaler: &DynamicLoss
         return Err(corrupt(format!(
             "loss scale {} is not finite and positive",
             scaler_meta.state.scale
+        )));
+    }
+    // The moments only mean the same thing under the same betas, eps and decay; the learning rate
+    // may change (schedules pass their own to every step).
+    if (AdamWConfig {
+        lr: optimizer.lr,
+        ..adamw.config
+    }) != *optimizer
+    {
+        return Err(mismatch(format!(
+            "optimizer settings differ: {:?} in the checkpoint, {optimizer:?} in this run",
+            adamw.config
         )));
     }
     if adamw.has_moments != (adamw.step > 0) {

@@ -66,8 +66,9 @@ pub struct PrecisionSummary {
     /// Mean loss over the held-out split.
     #[serde(with = "nullable")]
     pub heldout_loss: f32,
-    /// Mean loss over the held-out answers only (NaN/null where the task has none).
-    #[serde(with = "nullable")]
+    /// Mean loss over the held-out answers only (NaN/null where the task has none, or in a
+    /// summary written before this field existed).
+    #[serde(with = "nullable", default = "nan")]
     pub heldout_answer_loss: f32,
     /// Share of held-out sequences predicted exactly (NaN/null where the task has none).
     #[serde(with = "nullable")]
@@ -77,6 +78,10 @@ pub struct PrecisionSummary {
     pub tokens_per_s: f64,
     /// Peak bytes of all memory categories together.
     pub peak_bytes: u64,
+}
+
+fn nan() -> f32 {
+    f32::NAN
 }
 
 /// `summary.json`: precision name (`fp32`, `bf16`, `fp8-delayed`, ...) to its results, sorted.
@@ -315,6 +320,20 @@ mod tests {
         assert!(lines[1].contains("\"loss\":1.5"), "{}", lines[1]);
         fs::write(&path, "not json\n").unwrap();
         assert!(MetricsWriter::resume(&path, 1).is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_summary_from_before_the_answer_loss_reads_it_as_nan() {
+        let dir = temp_dir("old-summary");
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("summary.json");
+        let old = r#"{"fp32": {"final_train_loss": 0.5, "heldout_loss": 0.6, "heldout_accuracy": 1.0,
+                      "tokens_per_s": 10.0, "peak_bytes": 3}}"#;
+        fs::write(&path, old).unwrap();
+        let summary = read_summary(&path).unwrap();
+        assert!(summary["fp32"].heldout_answer_loss.is_nan());
+        assert_eq!(summary["fp32"].heldout_loss, 0.6);
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -166,7 +166,18 @@ pub fn run(
     };
     let kind: ScheduleKind = config.schedule.parse()?;
     let schedule = LrSchedule::new(kind, config.lr, config.warmup, config.steps, config.lr * 0.1)?;
-    let config_json = serde_json::json!({ "precision": precision.name(), "run": config });
+    // What must not change across a resume: the precision with its recipe settings, the data
+    // (task, objective, sizes) and the run's settings.
+    let recipe = match precision {
+        Precision::Fp8(recipe) => serde_json::to_value(recipe).unwrap_or_default(),
+        _ => serde_json::Value::Null,
+    };
+    let config_json = serde_json::json!({
+        "precision": precision.name(),
+        "recipe": recipe,
+        "data": data.describe(),
+        "run": config,
+    });
 
     let mut progress = TrainProgress {
         step: 0,

@@ -87,7 +87,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 2)]
     digits: usize,
     /// Addition task: take the loss on the answer digits only, not on every position.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "text")]
     answer_loss_only: bool,
     /// Train a character-level model on this text file instead of the addition task.
     #[arg(long)]
@@ -137,7 +137,9 @@ fn precisions(args: &TrainArgs, device: &Device) -> Result<Vec<Precision>, CliEr
         }
         if let Precision::Fp8(Recipe::Delayed(recipe)) = &precision {
             precision = Precision::Fp8(Recipe::Delayed(args.delayed.apply(recipe)));
-            precision.validate()?;
+            precision
+                .validate()
+                .map_err(|e| CliError(format!("fp8-delayed (--history-len, --algo, --margin): {e}")))?;
         }
         if out.contains(&precision) {
             return Err(CliError(format!("precision {} is listed twice", precision.name())));
@@ -301,8 +303,8 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
     println!("{}", table.render());
     if let Some(floor) = data.loss_floor().filter(|f| *f > 0.0) {
         println!(
-            "held-out loss floor {floor:.4}: the operand digits are random, so no model goes below it; \
-             the answer loss is the answer digits' share alone"
+            "the held-out loss cannot fall below {floor:.4} (the operand digits are random); \
+             answer loss: the mean loss over the answer digits alone"
         );
     }
     for (precision, out) in &outputs {
