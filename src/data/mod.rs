@@ -36,7 +36,7 @@ pub struct Batch {
 impl Batch {
     /// Positions that take a loss (targets that are not [`IGNORE_INDEX`]).
     pub fn counted_targets(&self) -> usize {
-        self.targets.iter().filter(|&&t| t != IGNORE_INDEX).count()
+        counted(&self.targets)
     }
 
     /// The targets with every position before `answer_start` ignored: the answer loss's targets.
@@ -49,6 +49,11 @@ impl Batch {
         }
         targets
     }
+}
+
+/// Targets in `targets` that take a loss (not [`IGNORE_INDEX`]).
+pub fn counted(targets: &[u32]) -> usize {
+    targets.iter().filter(|&&t| t != IGNORE_INDEX).count()
 }
 
 /// Share of sequences whose predicted token equals the target at every counted answer position

@@ -294,11 +294,32 @@ impl DecoderModel {
         batch: usize,
         seq: usize,
     ) -> Result<(f32, Vec<u32>)> {
+        let (losses, predictions) = self.evaluate_losses(inputs, &[targets], batch, seq)?;
+        Ok((losses[0], predictions))
+    }
+
+    /// [`evaluate_loss`](Self::evaluate_loss) against several target sets over one forward pass:
+    /// the mean loss for each set (e.g. all positions and the answer alone) and the predictions.
+    pub fn evaluate_losses(
+        &mut self,
+        inputs: &[u32],
+        target_sets: &[&[u32]],
+        batch: usize,
+        seq: usize,
+    ) -> Result<(Vec<f32>, Vec<u32>)> {
+        self.check_batch(inputs, batch, seq, "model inputs [batch, seq]")?;
+        for targets in target_sets {
+            self.check_batch(targets, batch, seq, "model targets [batch, seq]")?;
+        }
         let vocab = self.config.vocab;
         self.evaluation(|m| {
-            let loss = m.forward_loss(inputs, targets, batch, seq)?;
-            let predictions = m.saved.as_ref().map(|s| argmax_rows(&s.logits, vocab));
-            Ok((loss, predictions.unwrap_or_default()))
+            let logits = m.logits(inputs, batch, seq)?.1;
+            let mut lse = vec![0.0f32; batch * seq];
+            let losses = target_sets
+                .iter()
+                .map(|targets| loss::cross_entropy_forward(&logits, targets, vocab, IGNORE, &mut lse))
+                .collect::<Result<Vec<f32>>>()?;
+            Ok((losses, argmax_rows(&logits, vocab)))
         })
     }
 

@@ -21,7 +21,7 @@ use super::schedule::{LrSchedule, ScheduleKind};
 use super::step::apply_gradients;
 use crate::amp::Precision;
 use crate::amp::loss_scaler::{DynamicLossScaler, LossScalerConfig};
-use crate::data::{DataStream, Dataset, IGNORE_INDEX, SplitMix64, exact_match_accuracy};
+use crate::data::{DataStream, Dataset, SplitMix64, counted, exact_match_accuracy};
 use crate::device::{MemoryCategory, MemoryLedger};
 use crate::error::{Error, Result};
 use crate::model::{DecoderModel, ModelConfig};
@@ -321,29 +321,28 @@ fn mean_loss(sum: f64, count: usize) -> f32 {
 
 /// Runs the held-out split: loss over every counted target, the answer loss, exact-match accuracy.
 fn evaluate(model: &mut DecoderModel, data: &Dataset, batch: usize) -> Result<Evaluation> {
-    let (mut loss_sum, mut counted) = (0f64, 0usize);
+    let (mut loss_sum, mut total_counted) = (0f64, 0usize);
     let (mut answer_sum, mut answer_counted) = (0f64, 0usize);
     let (mut correct, mut scored) = (0f64, 0usize);
     for b in data.heldout_batches(batch) {
-        let (loss, predicted) = model.evaluate_loss(&b.inputs, &b.targets, b.batch, b.seq)?;
-        let n = b.counted_targets();
-        loss_sum += f64::from(loss) * n as f64;
-        counted += n;
-        if !data.has_accuracy() {
-            continue;
-        }
-        let answer_targets = b.answer_targets();
-        let (answer_loss, _) = model.evaluate_loss(&b.inputs, &answer_targets, b.batch, b.seq)?;
-        let n = answer_targets.iter().filter(|&&t| t != IGNORE_INDEX).count();
-        answer_sum += f64::from(answer_loss) * n as f64;
-        answer_counted += n;
-        if let Some(acc) = exact_match_accuracy(&predicted, &b) {
-            correct += acc * b.batch as f64;
-            scored += b.batch;
+        // One forward pass scores every target and, where the task has an answer, the answer alone.
+        let answer_targets = data.has_accuracy().then(|| b.answer_targets());
+        let mut target_sets: Vec<&[u32]> = vec![&b.targets];
+        target_sets.extend(answer_targets.as_deref());
+        let (losses, predicted) = model.evaluate_losses(&b.inputs, &target_sets, b.batch, b.seq)?;
+        loss_sum += f64::from(losses[0]) * b.counted_targets() as f64;
+        total_counted += b.counted_targets();
+        if let Some(answer) = &answer_targets {
+            answer_sum += f64::from(losses[1]) * counted(answer) as f64;
+            answer_counted += counted(answer);
+            if let Some(acc) = exact_match_accuracy(&predicted, &b) {
+                correct += acc * b.batch as f64;
+                scored += b.batch;
+            }
         }
     }
     Ok(Evaluation {
-        loss: mean_loss(loss_sum, counted),
+        loss: mean_loss(loss_sum, total_counted),
         answer_loss: mean_loss(answer_sum, answer_counted),
         accuracy: if scored > 0 { correct / scored as f64 } else { f64::NAN },
     })
