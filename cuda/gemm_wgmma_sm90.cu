@@ -69,6 +69,28 @@ template <int BLOCK_N> struct Geometry {
     static_assert(STAGES >= 2, "a ring needs two stages to overlap");
 };
 
+// The producer's wait for ring slot `it` to be free (empty barrier of stage
+// it % STAGES, parity `parity`). The _bounded variants give up after ~10 s,
+// record FP8_WGMMA_ERROR_HANG with the stage, parity and role in the error
+// flag (first writer wins) and trap. Role 0: waiting inside the loop; role 1:
+// the final drain (see produce). Only the producer's waits are bounded: it has
+// registers to spare, while a consumer wait with a timer makes the 256-wide
+// split consumer spill, and a consumer stuck on a full barrier never releases
+// its stage, which the producer's next wait or the drain then reports.
+template <int STAGES, bool BOUNDED>
+__device__ __forceinline__ void wait_free(const Fp8WgmmaGemmParams& p, uint32_t bar, uint32_t parity, uint32_t it,
+                                          uint32_t role) {
+    if constexpr (BOUNDED) {
+        wgmma::mbar_wait_bounded(bar, parity, [&] {
+            const uint32_t code = FP8_WGMMA_ERROR_HANG | ((it % STAGES) << FP8_WGMMA_HANG_STAGE_SHIFT) |
+                                  (parity << FP8_WGMMA_HANG_PARITY_SHIFT) | (role << FP8_WGMMA_HANG_ROLE_SHIFT);
+            if (p.error_flag != 0) atomicCAS(reinterpret_cast<uint32_t*>(p.error_flag), 0u, code);
+        });
+    } else {
+        wgmma::mbar_wait(bar, parity);
+    }
+}
+
 // The persistent tile order: groups of group_m m-blocks, m fastest inside a
 // group, so CTAs running at the same time share A rows and B columns in L2.
 __device__ __forceinline__ void tile_coords(uint32_t tile, uint32_t m_blocks, uint32_t n_blocks, uint32_t group_m,
@@ -160,8 +182,9 @@ __device__ __forceinline__ void store_pair(const Fp8WgmmaGemmParams& p, uint32_t
 }
 
 // Producer warpgroup: waits for a free stage, (block scales: stages the K-block's
-// scale_inv of the tile's rows and columns), then starts the two TMA loads.
-template <int BLOCK_N>
+// scale_inv of the tile's rows and columns), then starts the two TMA loads;
+// the bounded variants end with a drain that waits for every stage's release.
+template <int BLOCK_N, bool BOUNDED>
 __device__ __forceinline__ void produce(const Fp8WgmmaGemmParams& p, uint32_t base, float* sa, float* sb, bool blocked,
                                         uint32_t m_blocks, uint32_t n_blocks, uint32_t tiles) {
     using G = Geometry<BLOCK_N>;
@@ -180,7 +203,7 @@ __device__ __forceinline__ void produce(const Fp8WgmmaGemmParams& p, uint32_t ba
             const uint32_t full = base + G::FULL_OFF + 8 * s;
             // First pass over the ring: parity phase^1 = 1 names the phase "before"
             // the barrier's first one, which counts as complete, so no wait.
-            wgmma::mbar_wait(base + G::EMPTY_OFF + 8 * s, phase ^ 1u);
+            wait_free<G::STAGES, BOUNDED>(p, base + G::EMPTY_OFF + 8 * s, phase ^ 1u, it, 0);
             if (blocked) {
                 const uint32_t row = m0 + t;
                 sa[s * BLOCK_M + t] = row < p.m ? a_scale[(uint64_t)row * p.k_blocks + kb] : 0.0f;
@@ -201,6 +224,15 @@ __device__ __forceinline__ void produce(const Fp8WgmmaGemmParams& p, uint32_t ba
                 wgmma::mbar_arrive(full);
             }
         }
+    }
+    if constexpr (BOUNDED) {
+        // Drain: wait, as for STAGES more slots, until the consumers have released
+        // every stage, so a consumer stuck on a full barrier (wrong expect_tx, a TMA
+        // that never lands) is reported even after the producer's last load.
+        if (t == 0)
+            for (uint32_t i = 0; i < (uint32_t)G::STAGES; ++i, ++it)
+                wait_free<G::STAGES, true>(p, base + G::EMPTY_OFF + 8 * (it % G::STAGES),
+                                           ((it / G::STAGES) & 1u) ^ 1u, it, 1);
     }
 }
 
@@ -252,17 +284,22 @@ __device__ __forceinline__ uint32_t consume(const Fp8WgmmaGemmParams& p, uint32_
                 if constexpr (SPLIT) {
                     mma_k_block<CHUNK_N, A_E5M2>(part, a_tile, b_chunk, false);
                     if (blocked) {
-                        // Block scales apply at promotion: acc += partial * (sA[row] * sB[col]).
+                        // Block scales apply at promotion: acc += partial * (sA[row] * sB[col]),
+                        // each step rounded like the CPU reference (no fused multiply-add).
                         const float sa0 = sa[s * BLOCK_M + row_in_tile];
                         const float sa1 = sa[s * BLOCK_M + row_in_tile + 8];
 #pragma unroll
                         for (int g = 0; g < FRAG / 4; ++g) {
                             const float2 sbv =
                                 *reinterpret_cast<const float2*>(&sb[s * BLOCK_N + c * CHUNK_N + 8 * g + col_in_chunk]);
-                            acc[c][4 * g + 0] = fmaf(part[4 * g + 0], __fmul_rn(sa0, sbv.x), acc[c][4 * g + 0]);
-                            acc[c][4 * g + 1] = fmaf(part[4 * g + 1], __fmul_rn(sa0, sbv.y), acc[c][4 * g + 1]);
-                            acc[c][4 * g + 2] = fmaf(part[4 * g + 2], __fmul_rn(sa1, sbv.x), acc[c][4 * g + 2]);
-                            acc[c][4 * g + 3] = fmaf(part[4 * g + 3], __fmul_rn(sa1, sbv.y), acc[c][4 * g + 3]);
+                            acc[c][4 * g + 0] =
+                                __fadd_rn(acc[c][4 * g + 0], __fmul_rn(part[4 * g + 0], __fmul_rn(sa0, sbv.x)));
+                            acc[c][4 * g + 1] =
+                                __fadd_rn(acc[c][4 * g + 1], __fmul_rn(part[4 * g + 1], __fmul_rn(sa0, sbv.y)));
+                            acc[c][4 * g + 2] =
+                                __fadd_rn(acc[c][4 * g + 2], __fmul_rn(part[4 * g + 2], __fmul_rn(sa1, sbv.x)));
+                            acc[c][4 * g + 3] =
+                                __fadd_rn(acc[c][4 * g + 3], __fmul_rn(part[4 * g + 3], __fmul_rn(sa1, sbv.y)));
                         }
                     } else {
 #pragma unroll
@@ -318,7 +355,8 @@ __device__ __forceinline__ uint32_t consume(const Fp8WgmmaGemmParams& p, uint32_
     return amax;
 }
 
-template <int BLOCK_N, bool A_E5M2, bool SPLIT> __device__ __forceinline__ void gemm(const Fp8WgmmaGemmParams& p) {
+template <int BLOCK_N, bool A_E5M2, bool SPLIT, bool BOUNDED>
+__device__ __forceinline__ void gemm(const Fp8WgmmaGemmParams& p) {
     using G = Geometry<BLOCK_N>;
     extern __shared__ uint8_t smem_raw[];
     // 128-byte swizzle atoms must start on 1024-byte boundaries: align the base up.
@@ -359,7 +397,7 @@ template <int BLOCK_N, bool A_E5M2, bool SPLIT> __device__ __forceinline__ void 
     if (wg == 0) {
         wgmma::setmaxnreg_dec<PRODUCER_REGS>();
         // Per-tensor scales: only the leader has work; the others leave (no block-wide barrier follows).
-        if (blocked || threadIdx.x == 0) produce<BLOCK_N>(p, base, sa, sb, blocked, m_blocks, n_blocks, tiles);
+        if (blocked || threadIdx.x == 0) produce<BLOCK_N, BOUNDED>(p, base, sa, sb, blocked, m_blocks, n_blocks, tiles);
         return;
     }
     wgmma::setmaxnreg_inc<CONSUMER_REGS>();
@@ -382,31 +420,35 @@ template <int BLOCK_N, bool A_E5M2, bool SPLIT> __device__ __forceinline__ void 
 #endif  // WGMMA_SM90A
 
 #if WGMMA_SM90A
-#define FP8_WGMMA_BODY(BLOCK_N, A_E5M2, SPLIT) gemm<BLOCK_N, A_E5M2, SPLIT>(p)
+#define FP8_WGMMA_BODY(BLOCK_N, A_E5M2, SPLIT, BOUNDED) gemm<BLOCK_N, A_E5M2, SPLIT, BOUNDED>(p)
 #else
 // Not sm_90a: no wgmma here. Say so through error_flag (the launcher checks the
 // compute capability first, so this only runs if that check is bypassed).
-#define FP8_WGMMA_BODY(BLOCK_N, A_E5M2, SPLIT)                                                   \
+#define FP8_WGMMA_BODY(BLOCK_N, A_E5M2, SPLIT, BOUNDED)                                          \
     do {                                                                                        \
         if (threadIdx.x == 0 && blockIdx.x == 0 && p.error_flag != 0)                           \
             *reinterpret_cast<uint32_t*>(p.error_flag) = FP8_GEMM_ERROR_ARCH;                   \
     } while (0)
 #endif
 
-// fp8_gemm_wgmma_n<BLOCK_N>_<A format>_<split|fast>: B is always E4M3; "split"
-// promotes to f32 every 128 of K (required for block scales), "fast" keeps the
-// whole sum in the tensor-core accumulator (per-tensor scales only).
-#define FP8_WGMMA_KERNEL(NAME, BLOCK_N, A_E5M2, SPLIT)                                                  \
+// fp8_gemm_wgmma_n<BLOCK_N>_<A format>_<split|fast>[_bounded]: B is always E4M3;
+// "split" promotes to f32 every 128 of K (required for block scales), "fast"
+// keeps the whole sum in the tensor-core accumulator (per-tensor scales only);
+// "_bounded" twins (tests and the self-check) give up on a wait after ~10 s.
+#define FP8_WGMMA_KERNEL(NAME, BLOCK_N, A_E5M2, SPLIT, BOUNDED)                                         \
     extern "C" __global__ void __launch_bounds__(FP8_WGMMA_THREADS, 1)                                  \
         NAME(const __grid_constant__ Fp8WgmmaGemmParams p) {                                            \
-        FP8_WGMMA_BODY(BLOCK_N, A_E5M2, SPLIT);                                                         \
+        FP8_WGMMA_BODY(BLOCK_N, A_E5M2, SPLIT, BOUNDED);                                                \
     }
+#define FP8_WGMMA_KERNELS(BOUNDED, SUFFIX)                                                             \
+    FP8_WGMMA_KERNEL(fp8_gemm_wgmma_n128_e4m3_split##SUFFIX, 128, false, true, BOUNDED)                 \
+    FP8_WGMMA_KERNEL(fp8_gemm_wgmma_n128_e5m2_split##SUFFIX, 128, true, true, BOUNDED)                  \
+    FP8_WGMMA_KERNEL(fp8_gemm_wgmma_n256_e4m3_split##SUFFIX, 256, false, true, BOUNDED)                 \
+    FP8_WGMMA_KERNEL(fp8_gemm_wgmma_n256_e5m2_split##SUFFIX, 256, true, true, BOUNDED)                  \
+    FP8_WGMMA_KERNEL(fp8_gemm_wgmma_n128_e4m3_fast##SUFFIX, 128, false, false, BOUNDED)                 \
+    FP8_WGMMA_KERNEL(fp8_gemm_wgmma_n128_e5m2_fast##SUFFIX, 128, true, false, BOUNDED)                  \
+    FP8_WGMMA_KERNEL(fp8_gemm_wgmma_n256_e4m3_fast##SUFFIX, 256, false, false, BOUNDED)                 \
+    FP8_WGMMA_KERNEL(fp8_gemm_wgmma_n256_e5m2_fast##SUFFIX, 256, true, false, BOUNDED)
 
-FP8_WGMMA_KERNEL(fp8_gemm_wgmma_n128_e4m3_split, 128, false, true)
-FP8_WGMMA_KERNEL(fp8_gemm_wgmma_n128_e5m2_split, 128, true, true)
-FP8_WGMMA_KERNEL(fp8_gemm_wgmma_n256_e4m3_split, 256, false, true)
-FP8_WGMMA_KERNEL(fp8_gemm_wgmma_n256_e5m2_split, 256, true, true)
-FP8_WGMMA_KERNEL(fp8_gemm_wgmma_n128_e4m3_fast, 128, false, false)
-FP8_WGMMA_KERNEL(fp8_gemm_wgmma_n128_e5m2_fast, 128, true, false)
-FP8_WGMMA_KERNEL(fp8_gemm_wgmma_n256_e4m3_fast, 256, false, false)
-FP8_WGMMA_KERNEL(fp8_gemm_wgmma_n256_e5m2_fast, 256, true, false)
+FP8_WGMMA_KERNELS(false, )
+FP8_WGMMA_KERNELS(true, _bounded)

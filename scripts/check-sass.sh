@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Compile-time check of the Hopper FP8 GEMM: the sm_90a SASS of the wgmma
-# fatbin must contain QGMMA (FP8 wgmma), and no kernel of any file may spill.
+# fatbin must contain QGMMA (FP8 wgmma) in every kernel, each of which must get
+# exactly 168 registers (what its setmaxnreg split assumes), and no kernel of
+# any file may spill.
 # Installs cuobjdump + nvdisasm 13.x from PyPI into .cache/cuobjdump (once).
 # Reads the newest build: target/{release,debug}/build/fp8-engine-*/out/.
 # Usage: scripts/check-sass.sh [OUT_DIR]      (quiet on success: one summary line per kernel)
@@ -56,10 +58,16 @@ for k in $kernels; do
         echo "check-sass: $k has no QGMMA in its sm_90a SASS (FP8 wgmma missing: slow path)" >&2
         fail=1
     fi
+    # setmaxnreg moves registers between warpgroups: 12 warps x 168 = 4 x 40 + 8 x 232
+    # balances only at exactly 168; with fewer, setmaxnreg.inc 232 waits forever.
+    if [[ "${regs:-0}" -ne 168 ]]; then
+        echo "check-sass: $k has ${regs:-?} registers, the setmaxnreg split needs exactly 168" >&2
+        fail=1
+    fi
     if [[ "${local_mem:-0}" -ne 0 ]]; then
         echo "check-sass: $k uses $local_mem bytes of local memory" >&2
         fail=1
     fi
 done
 [[ "$fail" -eq 0 ]] || exit 1
-echo "check-sass: ok: $(wc -w <<<"$kernels") sm_90a kernels with QGMMA, wgmma not serialized, no spills or local memory"
+echo "check-sass: ok: $(wc -w <<<"$kernels") sm_90a kernels with QGMMA and 168 registers, wgmma not serialized, no spills or local memory"

@@ -31,10 +31,13 @@ CARGO_TARGET_DIR="$PWD/target/gen-bindings" cargo run --quiet --release \
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "no dependency cycles between modules (scripts/check-cycles.py)"
+python3 scripts/check-cycles.py
+
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --release --all-targets -- -D warnings
 
-step "SASS: the Hopper FP8 GEMM has QGMMA, no kernel spills (scripts/check-sass.sh)"
+step "SASS: the Hopper FP8 GEMM has QGMMA and 168 registers, no kernel spills (scripts/check-sass.sh)"
 cargo build --release --quiet
 bash scripts/check-sass.sh
 

@@ -134,6 +134,10 @@ typedef struct Fp8GemmParams {
 #define FP8_WGMMA_STAGES_N256 4u  /* ring depth with BLOCK_N = 256 (48 KiB per stage) */
 #define FP8_WGMMA_SMEM_ALIGN 1024u /* 128-byte swizzle atoms are 8 rows = 1024 bytes */
 #define FP8_WGMMA_ERROR_SMEM 2u    /* error_flag: launched with less dynamic shared memory than the ring needs */
+#define FP8_WGMMA_ERROR_HANG 3u    /* error_flag low byte: a _bounded variant's mbarrier wait timed out, then trapped */
+#define FP8_WGMMA_HANG_STAGE_SHIFT 8u   /* error_flag bits 8..15 of a hang: the ring stage waited on */
+#define FP8_WGMMA_HANG_PARITY_SHIFT 16u /* bit 16: the phase parity waited for */
+#define FP8_WGMMA_HANG_ROLE_SHIFT 20u   /* bits 20..21: 0 producer waiting for a free stage, 1 its final drain */
 
 /* An opaque CUtensorMap (cuTensorMapEncodeTiled output): 128 bytes, aligned
  * as CUDA 13 declares it (the hardware needs 64). */

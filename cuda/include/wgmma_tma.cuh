@@ -58,6 +58,38 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     }
 }
 
+// How long a bounded wait spins before it gives up, in units of 2^20 ns
+// (~1.05 ms; 32 bits of them wrap after ~52 days): 9537 units = 10 s. A
+// healthy wait lasts microseconds and a first-run validation step about a
+// minute in all, so 10 s in one wait is a hang.
+constexpr uint32_t BOUNDED_WAIT_UNITS = 9537;
+
+// %globaltimer (ns) >> 20: one 32-bit register instead of two, which keeps the
+// 256-wide split consumer (232 registers) from spilling.
+__device__ __forceinline__ uint32_t globaltimer_units() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return (uint32_t)(t >> 20);
+}
+
+// mbar_wait that gives up after BOUNDED_WAIT_UNITS: the timed-out thread calls
+// `on_timeout()` (which records why; it is evaluated only then, so what it
+// needs does not occupy registers while waiting), then traps, so the launch
+// fails instead of spinning forever (data-centre GPUs have no watchdog). The
+// timer is read only once the first try has failed.
+template <typename OnTimeout>
+__device__ __forceinline__ void mbar_wait_bounded(uint32_t bar, uint32_t parity, OnTimeout on_timeout) {
+    if (mbar_try_wait(bar, parity)) return;
+    const uint32_t start = globaltimer_units();
+    while (!mbar_try_wait(bar, parity)) {
+        if (globaltimer_units() - start > BOUNDED_WAIT_UNITS) {
+            on_timeout();
+            __threadfence_system();
+            __trap();
+        }
+    }
+}
+
 // Pulls a tensor map (kernel parameter) into the descriptor cache.
 __device__ __forceinline__ void prefetch_tensormap(const void* map) {
 #if WGMMA_SM90A

@@ -1,13 +1,12 @@
 //! Where work runs: the CPU (the reference kernels) or a CUDA GPU, chosen by
 //! the user or automatically, with the same memory accounting on both.
 
-pub mod memory;
 pub mod policy;
 
 use std::str::FromStr;
 use std::sync::{Arc, Once};
 
-pub use memory::{MemoryCategory, MemoryLedger, MemoryReport, MemoryUsage};
+pub use crate::memory::{MemoryCategory, MemoryLedger, MemoryReport, MemoryUsage};
 pub use policy::PrecisionPolicy;
 
 use crate::backend::cuda::CudaDevice;
@@ -101,48 +100,6 @@ impl Device {
             }
         }
     }
-
-    /// A host vector of `len` copies of `value`, counted in this device's ledger under `category`
-    /// (the CPU backend's allocator).
-    pub fn host_buffer<T: Clone>(&self, len: usize, value: T, category: MemoryCategory) -> HostBuffer<T> {
-        HostBuffer::new(vec![value; len], category, self.ledger().clone())
-    }
-}
-
-/// A host allocation counted in a ledger until dropped.
-#[derive(Debug)]
-pub struct HostBuffer<T> {
-    data: Vec<T>,
-    category: MemoryCategory,
-    ledger: Arc<MemoryLedger>,
-}
-
-impl<T> HostBuffer<T> {
-    /// Tracks `data` in `ledger` under `category`.
-    pub fn new(data: Vec<T>, category: MemoryCategory, ledger: Arc<MemoryLedger>) -> Self {
-        ledger.allocate(category, std::mem::size_of_val(data.as_slice()) as u64);
-        HostBuffer { data, category, ledger }
-    }
-}
-
-impl<T> std::ops::Deref for HostBuffer<T> {
-    type Target = [T];
-    fn deref(&self) -> &[T] {
-        &self.data
-    }
-}
-
-impl<T> std::ops::DerefMut for HostBuffer<T> {
-    fn deref_mut(&mut self) -> &mut [T] {
-        &mut self.data
-    }
-}
-
-impl<T> Drop for HostBuffer<T> {
-    fn drop(&mut self) {
-        self.ledger
-            .free(self.category, std::mem::size_of_val(self.data.as_slice()) as u64);
-    }
 }
 
 #[cfg(test)]
@@ -157,16 +114,6 @@ mod tests {
         assert_eq!("cuda:3".parse::<DeviceChoice>(), Ok(DeviceChoice::Cuda(3)));
         assert!("gpu".parse::<DeviceChoice>().is_err());
         assert!("cuda:x".parse::<DeviceChoice>().is_err());
-    }
-
-    #[test]
-    fn cpu_buffers_are_counted_until_dropped() {
-        let device = Device::select(DeviceChoice::Cpu).unwrap();
-        let buffer = device.host_buffer(1000, 0f32, MemoryCategory::Activations);
-        assert_eq!(device.ledger().usage(MemoryCategory::Activations).current, 4000);
-        drop(buffer);
-        let usage = device.ledger().usage(MemoryCategory::Activations);
-        assert_eq!((usage.current, usage.peak), (0, 4000));
     }
 
     #[test]

@@ -6,8 +6,8 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZero
 
 use super::context::CudaDevice;
 use super::error::CudaResultExt;
-use crate::device::{MemoryCategory, MemoryLedger};
 use crate::error::Result;
+use crate::memory::{MemoryCategory, MemoryLedger};
 
 /// High-precision element types the kernels take: f32, bf16, fp16.
 pub trait DeviceElement: crate::convert::HighPrecision + DeviceRepr + ValidAsZeroBits + Unpin {
@@ -108,9 +108,11 @@ impl CudaDevice {
         self.stream().memcpy_htod(host, &mut buffer.slice).call("cuMemcpyHtoD")
     }
 
-    /// The buffer's contents (waits for the stream).
+    /// The buffer's contents (waits for the stream; reports a kernel error flag as [`CudaDevice::synchronize`]).
     pub fn download<T: DeviceRepr>(&self, buffer: &DeviceBuffer<T>) -> Result<Vec<T>> {
-        self.stream().clone_dtoh(&buffer.slice).call("cuMemcpyDtoH")
+        let data = self.stream().clone_dtoh(&buffer.slice).call("cuMemcpyDtoH")?;
+        self.check_kernel_errors()?;
+        Ok(data)
     }
 
     /// Device-to-device copy of `src` into `dst` (same length); the baseline of the bandwidth bench.

@@ -4,13 +4,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, result};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtrMut, result};
 use cudarc::nvrtc::Ptx;
 
-use super::error::CudaResultExt;
+use super::error::{CudaResultExt, describe_error_flag};
 use crate::backend::kernels;
-use crate::device::MemoryLedger;
 use crate::error::{Error, Result};
+use crate::memory::MemoryLedger;
 
 /// What discovery reports about one GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,6 +98,9 @@ pub struct CudaDevice {
     info: GpuInfo,
     ledger: Arc<MemoryLedger>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// The u32 the production GEMM launches write their error codes to
+    /// (allocated on first use), checked by [`CudaDevice::check_kernel_errors`].
+    kernel_flag: Mutex<Option<CudaSlice<u32>>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -135,6 +138,7 @@ impl CudaDevice {
             info,
             ledger: Arc::new(MemoryLedger::new()),
             modules: Mutex::new(HashMap::new()),
+            kernel_flag: Mutex::new(None),
         })
     }
 
@@ -169,9 +173,42 @@ impl CudaDevice {
         Ok((free as u64, total as u64))
     }
 
-    /// Waits for all work on the device's stream.
+    /// Waits for all work on the device's stream, then reports a code a GEMM
+    /// kernel left in the device's error flag ([`Self::check_kernel_errors`]).
     pub fn synchronize(&self) -> Result<()> {
-        self.stream.synchronize().call("cuStreamSynchronize")
+        self.stream.synchronize().call("cuStreamSynchronize")?;
+        self.check_kernel_errors()
+    }
+
+    /// Device address of this device's kernel error flag (a zeroed u32,
+    /// allocated on first use) for kernels that report through one.
+    pub fn kernel_error_flag(&self) -> Result<u64> {
+        let mut flag = self.kernel_flag.lock().unwrap_or_else(|p| p.into_inner());
+        if flag.is_none() {
+            *flag = Some(self.stream.alloc_zeros::<u32>(1).call("cuMemAlloc")?);
+        }
+        let slice = flag.as_mut().expect("allocated above");
+        let (ptr, _sync) = slice.device_ptr_mut(&self.stream);
+        Ok(ptr)
+    }
+
+    /// Reads the kernel error flag (waiting for the stream; nothing to read
+    /// before a launch used it): a non-zero code is returned as an error once
+    /// and the flag is cleared, so a kernel that refused to run is not silent.
+    pub fn check_kernel_errors(&self) -> Result<()> {
+        let mut guard = self.kernel_flag.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(flag) = guard.as_mut() else {
+            return Ok(());
+        };
+        let code = self.stream.clone_dtoh(flag).call("cuMemcpyDtoH")?[0];
+        let Some(what) = describe_error_flag(code) else {
+            return Ok(());
+        };
+        self.stream.memset_zeros(flag).call("cuMemsetD8")?;
+        Err(Error::KernelArgs {
+            kernel: "gemm (kernel error flag)",
+            detail: what,
+        })
     }
 
     /// Kernel `function` of `cuda/<module>.cu`, loading the module from its fatbin on first use.

@@ -20,9 +20,9 @@ use half::bf16;
 
 use super::buffer::DeviceBuffer;
 use super::context::CudaDevice;
-use crate::device::MemoryCategory;
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
+use crate::memory::MemoryCategory;
 
 /// `cublasOperation_t` values (cuBLAS ABI; cudarc declares the enum only with its `cublas` feature).
 const CUBLAS_OP_N: i32 = 0;

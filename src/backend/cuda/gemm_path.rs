@@ -1,17 +1,21 @@
 //! Which kernel family runs an FP8 GEMM on a GPU: the portable mma.sync kernels or
-//! the Hopper wgmma fast path. [`CudaDevice::gemm`] asks [`route`] for every call
+//! the Hopper wgmma fast path. `CudaDevice::gemm` asks [`path_for`] for every call
 //! without a kernel override; the choice itself is [`PathSelector`]'s
 //! (`FP8_GEMM_PATH=auto|portable|hopper`), behind a gate on what the fast path
 //! supports, and its self-check is [`self_check`].
 
 use super::buffer::DeviceBuffer;
 use super::context::CudaDevice;
-use super::gemm::{DeviceGemmParams, DeviceOperand, DeviceOutput, DeviceScales};
+use super::error::describe_error_flag;
 use super::gemm_dispatch::{GemmInputs, cached_kernel};
-use super::hopper::{self, GemmPath, HopperScales, PathSelector, SelfCheckProblem, SelfCheckRun};
-use crate::device::MemoryCategory;
-use crate::error::Result;
+use super::gemm_operands::{DeviceGemmParams, DeviceOperand, DeviceOutput, DeviceScales};
+use super::gemm_portable;
+use super::hopper::{
+    self, GemmPath, HopperScales, PathSelector, PlanOverride, SelfCheckProblem, SelfCheckRun, kernel_checks,
+};
+use crate::error::{Error, Result};
 use crate::format::Fp8Format;
+use crate::memory::MemoryCategory;
 use crate::tensor::ScaleKind;
 
 /// Whether the fast path computes this FP8 x FP8 GEMM at all: B in E4M3, K a
@@ -88,10 +92,16 @@ pub fn path_for(device: &CudaDevice, a: &DeviceOperand, b: &DeviceOperand) -> Re
     )
 }
 
-/// Runs [`SelfCheckProblem`] (E4M3 x E4M3 and E5M2 x E4M3, f32 output, split
-/// accumulation) on the fast path and on the portable kernel, both named
-/// explicitly (never through the selector); returns both outputs, concatenated.
+/// Checks the register count of every wgmma kernel, then runs [`SelfCheckProblem`]
+/// (E4M3 x E4M3 and E5M2 x E4M3, f32 output, split accumulation) on the fast path
+/// (its bounded-wait twin, with an error flag) and on the portable kernel, both
+/// named explicitly (never through the selector); returns both outputs, concatenated.
 pub fn self_check(device: &CudaDevice) -> Result<SelfCheckRun> {
+    // Every production variant must have the register count setmaxnreg assumes, or none may run.
+    for name in hopper::launch::all_kernel_names() {
+        let func = device.function(hopper::launch::MODULE, name)?;
+        kernel_checks::check_function(device.info().ordinal, name, &func)?;
+    }
     let mut run = SelfCheckRun {
         fast: Vec::new(),
         reference: Vec::new(),
@@ -104,6 +114,7 @@ pub fn self_check(device: &CudaDevice) -> Result<SelfCheckRun> {
         let sa = device.upload(&[p.scale_inv.0], cat)?;
         let sb = device.upload(&[p.scale_inv.1], cat)?;
         let mut fast: DeviceBuffer<f32> = device.alloc_zeros(p.m * p.n, cat)?;
+        let mut flag: DeviceBuffer<u32> = device.alloc_zeros(1, cat)?;
         let gemm = hopper::HopperGemm {
             m: p.m,
             n: p.n,
@@ -118,9 +129,14 @@ pub fn self_check(device: &CudaDevice) -> Result<SelfCheckRun> {
             beta: 0.0,
             split_accumulator: true,
             amax: None,
-            error_flag: None,
+            error_flag: Some(&mut flag),
         };
-        hopper::launch(device, gemm, DeviceOutput::F32(&mut fast))?;
+        // The bounded twin: a protocol hang becomes an error here instead of a stuck process.
+        let bounded = PlanOverride {
+            bounded_waits: true,
+            ..Default::default()
+        };
+        hopper::launch_with(device, gemm, DeviceOutput::F32(&mut fast), bounded)?;
         let mut portable: DeviceBuffer<f32> = device.alloc_zeros(p.m * p.n, cat)?;
         let operand = |codes, rows, format, scales| DeviceOperand::Fp8 {
             format,
@@ -133,7 +149,8 @@ pub fn self_check(device: &CudaDevice) -> Result<SelfCheckRun> {
             device.info().compute_capability,
             GemmInputs::Fp8(format, Fp8Format::E4M3),
         )?;
-        device.gemm(
+        gemm_portable::gemm(
+            device,
             &operand(&a, p.m, format, &sa),
             &operand(&b, p.n, Fp8Format::E4M3, &sb),
             DeviceOutput::F32(&mut portable),
@@ -142,6 +159,12 @@ pub fn self_check(device: &CudaDevice) -> Result<SelfCheckRun> {
                 ..Default::default()
             },
         )?;
+        if let Some(what) = describe_error_flag(device.download(&flag)?[0]) {
+            return Err(Error::KernelArgs {
+                kernel: "gemm_wgmma (self-check)",
+                detail: what,
+            });
+        }
         run.fast.extend(device.download(&fast)?);
         run.reference.extend(device.download(&portable)?);
     }
@@ -151,7 +174,6 @@ pub fn self_check(device: &CudaDevice) -> Result<SelfCheckRun> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Error;
     use std::cell::Cell;
 
     fn passing() -> Result<SelfCheckRun> {

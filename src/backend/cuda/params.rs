@@ -29,6 +29,10 @@ pub const FP8_WGMMA_STAGES_N128: u32 = 6;
 pub const FP8_WGMMA_STAGES_N256: u32 = 4;
 pub const FP8_WGMMA_SMEM_ALIGN: u32 = 1024;
 pub const FP8_WGMMA_ERROR_SMEM: u32 = 2;
+pub const FP8_WGMMA_ERROR_HANG: u32 = 3;
+pub const FP8_WGMMA_HANG_STAGE_SHIFT: u32 = 8;
+pub const FP8_WGMMA_HANG_PARITY_SHIFT: u32 = 16;
+pub const FP8_WGMMA_HANG_ROLE_SHIFT: u32 = 20;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct Fp8CastParams {

@@ -15,6 +15,7 @@ use fp8_engine::scaling::{BlockScaling, TensorRole};
 use half::bf16;
 
 use crate::error::CliError;
+use crate::timing::median;
 
 /// Benchmark a family of kernels.
 #[derive(Args)]
@@ -65,11 +66,6 @@ struct Row {
     size: usize,
     bytes: u64,
     seconds: f64,
-}
-
-pub(crate) fn median(mut times: Vec<f64>) -> f64 {
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
 }
 
 /// Runs `f` once to warm up, then RUNS times; returns the median seconds.

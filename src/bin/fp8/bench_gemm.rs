@@ -6,7 +6,7 @@
 use std::io::Write;
 
 use clap::{Args, ValueEnum};
-use fp8_engine::format::Fp8Format;
+use fp8_engine::backend::cuda::error_bound::{Accumulation, OutputUlp, accumulation_bound, worst_ratio};
 use fp8_engine::gemm::{self, GemmParams, Output};
 
 use crate::bench_gemm_cpu::CpuRunner;
@@ -14,6 +14,7 @@ use crate::bench_gemm_cuda::CudaRunner;
 use crate::bench_gemm_inputs::{
     Dist, Input, InputFormat, SAMPLE_ROWS, Scaling, Side, random, reference_rows, relative_error, sample_rows,
 };
+use crate::bench_gemm_runner::{CaseInputs, GemmRunner, OutFormat};
 use crate::error::CliError;
 use crate::table::Table;
 
@@ -28,8 +29,10 @@ rel_err: relative Frobenius error against the f64 product of the same quantized 
 (the GEMM's own arithmetic, output rounding included), \
 quant_err: the same against the f64 product of the unquantized inputs (format and recipe). \
 Both references are computed on a deterministic sample of 64 evenly spaced output rows (all rows when M <= 64). \
+err/bound (JSON `<path>_err_bound`): the worst |error| on those rows over its bound, sum_k |a b| sA sB \
+(K/32 + 2) 2^-13 for FP8 inputs (K/16 + 2) 2^-22 otherwise, plus one output ulp; a result above 1 fails the run. \
 With --backend cuda, `tflops` is the path the engine chooses (FP8_GEMM_PATH) and the JSON adds \
-portable_tflops / hopper_tflops (null with *_error when a path cannot run) and path.")]
+portable_tflops / hopper_tflops (null with *_error when a path cannot run), *_kernel and path.")]
 pub struct GemmBenchArgs {
     /// cpu, or cuda (GPU 0: the portable kernel, the Hopper path on sm_90, and cuBLASLt as the baseline).
     #[arg(long, value_enum, default_value = "cpu")]
@@ -95,37 +98,6 @@ enum OnOff {
     Off,
 }
 
-/// Output type of the benched GEMM.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum OutFormat {
-    F32,
-    Bf16,
-    F16,
-    E4m3,
-    E5m2,
-}
-
-impl OutFormat {
-    fn name(self) -> &'static str {
-        match self {
-            OutFormat::F32 => "f32",
-            OutFormat::Bf16 => "bf16",
-            OutFormat::F16 => "f16",
-            OutFormat::E4m3 => "e4m3",
-            OutFormat::E5m2 => "e5m2",
-        }
-    }
-
-    /// The FP8 format of an FP8 output.
-    pub fn fp8(self) -> Option<Fp8Format> {
-        match self {
-            OutFormat::E4m3 => Some(Fp8Format::E4M3),
-            OutFormat::E5m2 => Some(Fp8Format::E5M2),
-            _ => None,
-        }
-    }
-}
-
 const LLM: [(usize, usize, usize); 7] = [
     (8192, 8192, 8192),
     (4096, 7168, 16384),
@@ -143,36 +115,6 @@ const SMALL: [(usize, usize, usize); 5] = [
     (2048, 2048, 2048),
     (1000, 1500, 784),
 ];
-
-/// The inputs of one case, ready for any backend.
-pub struct CaseInputs {
-    pub a: Input,
-    pub b: Input,
-    pub out: OutFormat,
-    pub split: bool,
-}
-
-/// What a backend measured for one case; a GEMM that failed gives its error instead.
-pub struct Measurement {
-    /// Median seconds of our GEMM (the engine's chosen path).
-    pub seconds: Result<f64, String>,
-    /// Median seconds of the baseline GEMM on the same inputs.
-    pub baseline_seconds: Result<f64, String>,
-    /// Our `M x N` output as f32 (FP8 codes decoded and unscaled), if our GEMM ran.
-    pub output: Option<Vec<f32>>,
-    /// Backend-specific JSON keys (e.g. the CUDA runner's per-path throughput).
-    pub extra: Vec<(&'static str, serde_json::Value)>,
-}
-
-/// A backend of the bench: times our GEMM and its baseline on one case.
-pub trait GemmRunner {
-    /// The device in words.
-    fn describe(&self) -> String;
-    /// The device's dense peak in TFLOPS for FP8 (or else 16-bit) inputs, if known.
-    fn peak_tflops(&self, fp8_inputs: bool) -> Option<f64>;
-    /// Times both GEMMs (`repeat` runs after a warm-up, median).
-    fn measure(&mut self, inputs: &CaseInputs, repeat: usize) -> Result<Measurement, CliError>;
-}
 
 fn runner(backend: Backend) -> Result<Box<dyn GemmRunner>, CliError> {
     match backend {
@@ -192,6 +134,8 @@ struct Row {
     peak_pct: Option<f64>,
     rel_err: Option<f64>,
     quant_err: Option<f64>,
+    /// Worst err/bound per checked path (see [`error_bounds`]).
+    bounds: Vec<(&'static str, f64)>,
     extra: Vec<(&'static str, serde_json::Value)>,
 }
 
@@ -236,6 +180,7 @@ fn run_case(
     let measured = runner.measure(&inputs, args.repeat as usize)?;
     let flops = 2.0 * m as f64 * n as f64 * k as f64;
     let tflops = measured.seconds.map(|s| flops / s / 1e12);
+    let bounds = error_bounds(&inputs, &measured.checked, fp8, (m, n, k));
     let (rel_err, quant_err) = match &measured.output {
         Some(output) => {
             let rows = sample_rows(m);
@@ -262,8 +207,55 @@ fn run_case(
         baseline_tflops: measured.baseline_seconds.map(|s| flops / s / 1e12),
         rel_err,
         quant_err,
+        bounds,
         extra: measured.extra,
     })
+}
+
+/// Worst `error / bound` of each checked output on the sampled rows, against the
+/// f64 product of the quantized inputs: the bound is `error_bound`'s accumulation
+/// bound on `S_ij = sum_k |a_ik b_jk| sA sB` plus one output ulp (above 1 fails the bench).
+fn error_bounds(
+    inputs: &CaseInputs,
+    checked: &[(&'static str, Vec<f32>, f32)],
+    fp8: bool,
+    (m, n, k): (usize, usize, usize),
+) -> Vec<(&'static str, f64)> {
+    if checked.is_empty() {
+        return Vec::new();
+    }
+    let rows = sample_rows(m);
+    let exact = reference_rows(&rows, n, 1.0, |i| inputs.a.row_f64(i), |j| inputs.b.row_f64(j));
+    let abs = |v: Vec<f64>| v.into_iter().map(f64::abs).collect();
+    let magnitude = reference_rows(
+        &rows,
+        n,
+        1.0,
+        |i| abs(inputs.a.row_f64(i)),
+        |j| abs(inputs.b.row_f64(j)),
+    );
+    let kind = if fp8 { Accumulation::Fp8 } else { Accumulation::Half };
+    let accumulation: Vec<f64> = magnitude.iter().map(|&x| accumulation_bound(kind, x, k)).collect();
+    let reference: Vec<f32> = exact.iter().map(|&x| x as f32).collect();
+    let ulp = match inputs.out {
+        OutFormat::F32 => OutputUlp::F32,
+        OutFormat::Bf16 => OutputUlp::BF16,
+        OutFormat::F16 => OutputUlp::F16,
+        OutFormat::E4m3 => OutputUlp::E4M3,
+        OutFormat::E5m2 => OutputUlp::E5M2,
+    };
+    checked
+        .iter()
+        .map(|(name, out, scale)| {
+            let sampled: Vec<f32> = rows
+                .iter()
+                .flat_map(|&i| out[i * n..(i + 1) * n].iter().copied())
+                .collect();
+            // The f64 reference rounded to f32 adds at most half an f32 ulp: inside the bound.
+            let ratio = worst_ratio(&sampled, &reference, &accumulation, ulp, *scale as f64).ratio;
+            (*name, ratio)
+        })
+        .collect()
 }
 
 /// Rough seconds for a suite on this machine: time a 512^3 f32 GEMM, scale by
@@ -323,7 +315,28 @@ pub fn run(args: GemmBenchArgs) -> Result<(), CliError> {
     if !args.json {
         print_table(&args, runner.describe(), &rows, on_cpu);
     }
+    let over: Vec<String> = rows
+        .iter()
+        .flat_map(|r| {
+            r.bounds
+                .iter()
+                .filter(|(_, ratio)| !(*ratio <= 1.0))
+                .map(move |(path, ratio)| format!("{}x{}x{} {path}: err/bound={ratio:.3}", r.m, r.n, r.k))
+        })
+        .collect();
+    if !over.is_empty() {
+        return Err(CliError(format!(
+            "{} result(s) exceed their error bound: {}",
+            over.len(),
+            over.join("; ")
+        )));
+    }
     Ok(())
+}
+
+/// JSON has no infinity: a non-finite ratio is written as null (and fails the run).
+fn finite_or_null(x: f64) -> Option<f64> {
+    x.is_finite().then_some(x)
 }
 
 fn json_line(args: &GemmBenchArgs, row: &Row, on_cpu: bool) -> serde_json::Value {
@@ -352,6 +365,9 @@ fn json_line(args: &GemmBenchArgs, row: &Row, on_cpu: bool) -> serde_json::Value
     }
     for (key, value) in &row.extra {
         object.insert((*key).into(), value.clone());
+    }
+    for (path, ratio) in &row.bounds {
+        object.insert(format!("{path}_err_bound"), serde_json::json!(finite_or_null(*ratio)));
     }
     line
 }
@@ -431,6 +447,10 @@ fn print_table(args: &GemmBenchArgs, device: String, rows: &[Row], on_cpu: bool)
             .collect();
         if !paths.is_empty() {
             notes.push(format!("{shape}: {}", paths.join("; ")));
+        }
+        if !r.bounds.is_empty() {
+            let ratios: Vec<String> = r.bounds.iter().map(|(p, x)| format!("{p} {x:.3}")).collect();
+            notes.push(format!("{shape}: err/bound {}", ratios.join(", ")));
         }
     }
     print!("{}", table.render());

@@ -6,9 +6,9 @@ use std::time::Instant;
 use fp8_engine::gemm::{self, GemmParams, Mat, Output};
 use half::{bf16, f16};
 
-use crate::bench::median;
-use crate::bench_gemm::{CaseInputs, GemmRunner, Measurement, OutFormat};
+use crate::bench_gemm_runner::{CaseInputs, GemmRunner, Measurement, OutFormat, out_scale};
 use crate::error::CliError;
+use crate::timing::median;
 
 /// Runs cases on the CPU with rayon's threads.
 pub struct CpuRunner;
@@ -80,20 +80,16 @@ impl GemmRunner for CpuRunner {
             || run_into(inputs.out, &mut out),
             || Ok(gemm::cpu::f32_crate_gemm(am, bm, &mut d)?),
         )?;
-        let output = out.to_f32(inputs.out, out_scale_for(inputs.out, amax));
+        let scale = out_scale_for(inputs.out, amax);
+        let output = out.to_f32(inputs.out, scale);
         Ok(Measurement {
             seconds: Ok(seconds),
             baseline_seconds: Ok(baseline_seconds),
+            checked: vec![("ours", output.clone(), scale)],
             output: Some(output),
             extra: Vec::new(),
         })
     }
-}
-
-/// `fp8_max / amax`, or 1 when the amax gives no usable scale.
-pub(crate) fn out_scale(fp8_max: f32, amax: f32) -> f32 {
-    let s = fp8_max / amax;
-    if s.is_finite() && s > 0.0 { s } else { 1.0 }
 }
 
 fn out_scale_for(format: OutFormat, amax: f32) -> f32 {

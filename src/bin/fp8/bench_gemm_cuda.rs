@@ -2,11 +2,11 @@
 //! the portable mma.sync kernel, the Hopper wgmma path (sm_90 only, forced
 //! whatever `FP8_GEMM_PATH` says, after its self-check) and cuBLASLt, each timed
 //! with CUDA events. `tflops` is the path the engine would choose
-//! ([`path_for`]); a path that fails is reported in its own column.
+//! ([`path_for`]); a path that fails is reported in its own column, with the
+//! kernel that ran; both paths' outputs are judged against the error bound.
 
 use fp8_engine::backend::cuda::cublaslt::{CublasLt, LtInputs, LtOutput, cublaslt_present};
 use fp8_engine::backend::cuda::gemm::{DeviceGemmParams, DeviceOperand, DeviceOutput, DeviceScales, HostUpload};
-use fp8_engine::backend::cuda::gemm_bench::median_ms;
 use fp8_engine::backend::cuda::gemm_dispatch::{GemmInputs, cached_kernel};
 use fp8_engine::backend::cuda::gemm_path::{hopper_scales, path_for, self_check};
 use fp8_engine::backend::cuda::hopper::{self, GemmPath};
@@ -15,9 +15,9 @@ use fp8_engine::device::MemoryCategory;
 use fp8_engine::format::Fp8Format;
 use half::{bf16, f16};
 
-use crate::bench_gemm::{CaseInputs, GemmRunner, Measurement, OutFormat};
-use crate::bench_gemm_cpu::out_scale;
+use crate::bench_gemm_runner::{CaseInputs, GemmRunner, Measurement, OutFormat, out_scale};
 use crate::error::CliError;
+use crate::timing::median_ms;
 
 /// Runs cases on GPU 0.
 pub struct CudaRunner {
@@ -117,8 +117,8 @@ fn path_name(path: GemmPath) -> &'static str {
     }
 }
 
-/// One timed path: median seconds and its output, or why it did not run.
-type PathResult = Result<(f64, Vec<f32>), String>;
+/// One timed path: median seconds, its output and the kernel that ran, or why it did not run.
+type PathResult = Result<(f64, Vec<f32>, &'static str), String>;
 
 impl GemmRunner for CudaRunner {
     fn describe(&self) -> String {
@@ -159,6 +159,8 @@ impl GemmRunner for CudaRunner {
         };
         let mut out = DeviceOut::new(dev, inputs.out, m * n, scale)?;
         let mut time_path = |path: GemmPath| -> PathResult {
+            // The kernel that actually ran (the Hopper plan's variant, not the portable name).
+            let mut kernel = portable.function;
             let mut run = || match path {
                 GemmPath::Portable => dev.gemm(&a, &b, out.target(), params(Some(portable))).map(|_| ()),
                 GemmPath::Hopper => {
@@ -166,12 +168,13 @@ impl GemmRunner for CudaRunner {
                         kernel: "gemm_wgmma",
                         detail: "the fast path has no kernel for these formats/scales".into(),
                     })?;
-                    dev.gemm_hopper(&a, &b, scales, out.target(), params(None))
+                    kernel = dev.gemm_hopper(&a, &b, scales, out.target(), params(None))?.kernel;
+                    Ok(())
                 }
             };
             let ms = median_ms(dev, 1, repeat, &mut run).map_err(|e| e.to_string())?;
             let output = out.download(dev).map_err(|e| e.to_string())?;
-            Ok((ms * 1e-3, output))
+            Ok((ms * 1e-3, output, kernel))
         };
         let portable_result = time_path(GemmPath::Portable);
         let fp8 = matches!(a, DeviceOperand::Fp8 { .. });
@@ -196,19 +199,27 @@ impl GemmRunner for CudaRunner {
             Err(e) => (Err(e.clone()), None),
         };
         let flops = 2.0 * m as f64 * n as f64 * k as f64;
-        let tflops = |r: &PathResult| r.as_ref().ok().map(|(s, _)| flops / s / 1e12);
+        let tflops = |r: &PathResult| r.as_ref().ok().map(|(s, _, _)| flops / s / 1e12);
         let error = |r: &PathResult| r.as_ref().err().cloned();
+        let kernel = |r: &PathResult| r.as_ref().ok().map(|(_, _, k)| *k);
         let extra = vec![
             ("path", serde_json::json!(chosen.as_ref().ok().map(|p| path_name(*p)))),
             ("portable_tflops", serde_json::json!(tflops(&portable_result))),
             ("portable_error", serde_json::json!(error(&portable_result))),
+            ("portable_kernel", serde_json::json!(kernel(&portable_result))),
             ("hopper_tflops", serde_json::json!(tflops(&hopper_result))),
             ("hopper_error", serde_json::json!(error(&hopper_result))),
+            ("hopper_kernel", serde_json::json!(kernel(&hopper_result))),
         ];
+        let checked = [("portable", &portable_result), ("hopper", &hopper_result)]
+            .into_iter()
+            .filter_map(|(name, r)| r.as_ref().ok().map(|(_, out, _)| (name, out.clone(), scale)))
+            .collect();
         Ok(Measurement {
             seconds,
             baseline_seconds: baseline,
             output,
+            checked,
             extra,
         })
     }
@@ -216,7 +227,7 @@ impl GemmRunner for CudaRunner {
 
 fn split(r: &PathResult) -> (Result<f64, String>, Option<Vec<f32>>) {
     match r {
-        Ok((s, out)) => (Ok(*s), Some(out.clone())),
+        Ok((s, out, _)) => (Ok(*s), Some(out.clone())),
         Err(e) => (Err(e.clone()), None),
     }
 }

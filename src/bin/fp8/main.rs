@@ -12,6 +12,7 @@ mod bench_gemm;
 mod bench_gemm_cpu;
 mod bench_gemm_cuda;
 mod bench_gemm_inputs;
+mod bench_gemm_runner;
 mod bench_layer;
 mod cast;
 mod decode;
@@ -26,6 +27,7 @@ mod raw_io;
 mod recipe;
 mod show;
 mod table;
+mod timing;
 mod train;
 
 use error::CliError;

@@ -10,9 +10,10 @@ use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::heuristic::{self, TileConfig};
+use super::kernel_checks;
 use super::tensor_map::TensorMapSpec;
 use crate::backend::cuda::error::CudaResultExt;
-use crate::backend::cuda::gemm::DeviceOutput;
+use crate::backend::cuda::gemm_operands::DeviceOutput;
 use crate::backend::cuda::params::{
     FP8_GEMM_OUT_BF16, FP8_GEMM_OUT_E4M3, FP8_GEMM_OUT_E5M2, FP8_GEMM_OUT_F16, FP8_GEMM_OUT_F32,
     FP8_GEMM_SCALES_1X128_BY_1X128, FP8_GEMM_SCALES_1X128_BY_128X128, FP8_GEMM_SCALES_PER_TENSOR, FP8_WGMMA_BLOCK_K,
@@ -97,7 +98,8 @@ pub struct HopperGemm<'a> {
     pub split_accumulator: bool,
     /// Device f32 max-ed with max|D| (NaN sticks).
     pub amax: Option<&'a mut DeviceBuffer<f32>>,
-    /// Device u32 receiving `FP8_GEMM_ERROR_*` / `FP8_WGMMA_ERROR_*` from the kernel.
+    /// Device u32 receiving `FP8_GEMM_ERROR_*` / `FP8_WGMMA_ERROR_*` from the kernel;
+    /// `None`: the device's own flag, checked at its next sync or download.
     pub error_flag: Option<&'a mut DeviceBuffer<u32>>,
 }
 
@@ -157,8 +159,60 @@ pub fn dynamic_smem_bytes(block_n: u32) -> u32 {
     stages * per_stage + 8 * 4 + FP8_WGMMA_SMEM_ALIGN
 }
 
-/// The kernel variant's name: tile width, A's format, promotion.
-pub fn kernel_name(block_n: u32, a_format: Fp8Format, split: bool) -> &'static str {
+/// Test-only knobs of a launch (the default changes nothing): force a tile
+/// width, cap the persistent grid, or run the kernel variant whose mbarrier
+/// waits give up after ~10 s. They let a test drive the 256-wide kernels, the
+/// 4-stage ring and several tiles per CTA on shapes small enough for the CPU
+/// reference, and turn a protocol hang into a reported error.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlanOverride {
+    /// Tile width (128 or 256) instead of the heuristic's.
+    pub block_n: Option<u32>,
+    /// At most this many CTAs (>= 1): plan as if the GPU had this many SMs.
+    pub max_ctas: Option<u32>,
+    /// The `_bounded` variant: a wait that exceeds ~10 s records
+    /// `FP8_WGMMA_ERROR_HANG` with stage, parity and role in the error flag and traps.
+    pub bounded_waits: bool,
+}
+
+/// The kernel variant's name: tile width, A's format, promotion, bounded waits.
+pub fn kernel_name(block_n: u32, a_format: Fp8Format, split: bool, bounded: bool) -> &'static str {
+    if bounded {
+        bounded_kernel_name(block_n, a_format, split)
+    } else {
+        production_kernel_name(block_n, a_format, split)
+    }
+}
+
+/// Every kernel of [`MODULE`] (8 production variants, then their 8 bounded twins).
+pub fn all_kernel_names() -> Vec<&'static str> {
+    let mut names = Vec::new();
+    for bounded in [false, true] {
+        for block_n in heuristic::BLOCK_NS {
+            for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+                for split in [true, false] {
+                    names.push(kernel_name(block_n, format, split, bounded));
+                }
+            }
+        }
+    }
+    names
+}
+
+fn bounded_kernel_name(block_n: u32, a_format: Fp8Format, split: bool) -> &'static str {
+    match (block_n, a_format, split) {
+        (128, Fp8Format::E4M3, true) => "fp8_gemm_wgmma_n128_e4m3_split_bounded",
+        (128, Fp8Format::E5M2, true) => "fp8_gemm_wgmma_n128_e5m2_split_bounded",
+        (128, Fp8Format::E4M3, false) => "fp8_gemm_wgmma_n128_e4m3_fast_bounded",
+        (128, Fp8Format::E5M2, false) => "fp8_gemm_wgmma_n128_e5m2_fast_bounded",
+        (_, Fp8Format::E4M3, true) => "fp8_gemm_wgmma_n256_e4m3_split_bounded",
+        (_, Fp8Format::E5M2, true) => "fp8_gemm_wgmma_n256_e5m2_split_bounded",
+        (_, Fp8Format::E4M3, false) => "fp8_gemm_wgmma_n256_e4m3_fast_bounded",
+        (_, Fp8Format::E5M2, false) => "fp8_gemm_wgmma_n256_e5m2_fast_bounded",
+    }
+}
+
+fn production_kernel_name(block_n: u32, a_format: Fp8Format, split: bool) -> &'static str {
     match (block_n, a_format, split) {
         (128, Fp8Format::E4M3, true) => "fp8_gemm_wgmma_n128_e4m3_split",
         (128, Fp8Format::E5M2, true) => "fp8_gemm_wgmma_n128_e5m2_split",
@@ -180,6 +234,11 @@ fn check_len(what: &str, got: usize, expected: usize) -> Result<()> {
 
 /// Checks a launch without touching a GPU and picks its kernel and tiles for `sms` SMs.
 pub fn plan(s: &LaunchShape, sms: u32) -> Result<LaunchPlan> {
+    plan_with(s, sms, PlanOverride::default())
+}
+
+/// [`plan`] with test-only overrides: a forced tile width, a cap on the CTAs, bounded waits.
+pub fn plan_with(s: &LaunchShape, sms: u32, o: PlanOverride) -> Result<LaunchPlan> {
     let (m, n, k) = (s.m, s.n, s.k);
     if s.b_format != Fp8Format::E4M3 {
         return Err(args(format!(
@@ -249,7 +308,21 @@ pub fn plan(s: &LaunchShape, sms: u32) -> Result<LaunchPlan> {
     if let Some(len) = error_flag {
         check_len("error flag", len, 1)?;
     }
-    let config = heuristic::choose(m, n, sms)?;
+    let sms = match o.max_ctas {
+        Some(0) => return Err(args("max_ctas = 0: a launch needs at least one CTA".into())),
+        Some(cap) => sms.min(cap),
+        None => sms,
+    };
+    let config = match o.block_n {
+        None => heuristic::choose(m, n, sms)?,
+        Some(block_n) if heuristic::BLOCK_NS.contains(&block_n) => heuristic::config_for(m, n, block_n, sms)?,
+        Some(block_n) => {
+            return Err(args(format!(
+                "block_n = {block_n}: the kernels are compiled for {:?}",
+                heuristic::BLOCK_NS
+            )));
+        }
+    };
     let split = s.split_accumulator || blocked;
     // Tensor maps need non-zero extents; an empty output launches nothing.
     let (map_a, map_b) = (
@@ -263,7 +336,7 @@ pub fn plan(s: &LaunchShape, sms: u32) -> Result<LaunchPlan> {
         )));
     }
     Ok(LaunchPlan {
-        kernel: kernel_name(config.block_n, s.a_format, split),
+        kernel: kernel_name(config.block_n, s.a_format, split, o.bounded_waits),
         config,
         split,
         k_blocks: k_blocks as u32,
@@ -322,7 +395,17 @@ pub fn device_capable(device: &CudaDevice) -> bool {
 
 /// Checks, builds the tensor maps and launches the GEMM on the device's stream
 /// (asynchronously); returns the plan it ran. An empty output launches nothing.
-pub fn launch(device: &CudaDevice, mut gemm: HopperGemm, mut out: DeviceOutput) -> Result<LaunchPlan> {
+pub fn launch(device: &CudaDevice, gemm: HopperGemm, out: DeviceOutput) -> Result<LaunchPlan> {
+    launch_with(device, gemm, out, PlanOverride::default())
+}
+
+/// [`launch`] with [`PlanOverride`]s (tests and the self-check).
+pub fn launch_with(
+    device: &CudaDevice,
+    mut gemm: HopperGemm,
+    mut out: DeviceOutput,
+    o: PlanOverride,
+) -> Result<LaunchPlan> {
     let (major, minor) = device.info().compute_capability;
     if (major, minor) != (9, 0) {
         return Err(args(format!(
@@ -330,7 +413,7 @@ pub fn launch(device: &CudaDevice, mut gemm: HopperGemm, mut out: DeviceOutput) 
             device.info().name
         )));
     }
-    let plan = plan(&gemm.shape(&out), device.info().multiprocessors)?;
+    let plan = plan_with(&gemm.shape(&out), device.info().multiprocessors, o)?;
     if plan.config.tiles == 0 {
         return Ok(plan);
     }
@@ -357,7 +440,11 @@ pub fn launch(device: &CudaDevice, mut gemm: HopperGemm, mut out: DeviceOutput) 
         d,
         d_scale,
         amax: gemm.amax.as_mut().map_or(0, |a| a.address_mut(device)),
-        error_flag: gemm.error_flag.as_mut().map_or(0, |e| e.address_mut(device)),
+        // No flag of the caller's: the device's own, read back at the next sync (a refused launch is an error there).
+        error_flag: match gemm.error_flag.as_mut() {
+            Some(e) => e.address_mut(device),
+            None => device.kernel_error_flag()?,
+        },
         m: gemm.m as u32,
         n: gemm.n as u32,
         k: gemm.k as u32,
@@ -370,6 +457,7 @@ pub fn launch(device: &CudaDevice, mut gemm: HopperGemm, mut out: DeviceOutput) 
         pad0: 0,
     };
     let func = device.function(MODULE, plan.kernel)?;
+    kernel_checks::check_function(device.info().ordinal, plan.kernel, &func)?;
     func.set_attribute(
         CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
         plan.dynamic_smem as i32,
@@ -519,14 +607,87 @@ mod tests {
 
     #[test]
     fn every_kernel_name_is_distinct() {
-        let mut names = std::collections::HashSet::new();
-        for block_n in heuristic::BLOCK_NS {
-            for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
-                for split in [false, true] {
-                    assert!(names.insert(kernel_name(block_n, format, split)));
+        let names: std::collections::HashSet<_> = all_kernel_names().into_iter().collect();
+        assert_eq!(names.len(), 16);
+        for bounded in [false, true] {
+            for block_n in heuristic::BLOCK_NS {
+                for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+                    for split in [false, true] {
+                        let name = kernel_name(block_n, format, split, bounded);
+                        assert_eq!(name.ends_with("_bounded"), bounded, "{name}");
+                        assert!(name.contains(&format!("_n{block_n}_")), "{name}");
+                        assert!(name.contains(if split { "_split" } else { "_fast" }), "{name}");
+                    }
                 }
             }
         }
-        assert_eq!(names.len(), 8);
+    }
+
+    #[test]
+    fn override_forces_the_tile_width() {
+        // 128x128 picks N128 by itself; the override gets the 256-wide kernel and its 4-stage ring.
+        let s = shape(128, 128, 5 * 128);
+        assert_eq!(plan(&s, 132).unwrap().config.block_n, 128);
+        let o = PlanOverride {
+            block_n: Some(256),
+            ..Default::default()
+        };
+        let p = plan_with(&s, 132, o).unwrap();
+        assert_eq!((p.config.block_n, p.config.stages), (256, 4));
+        assert_eq!(p.kernel, "fp8_gemm_wgmma_n256_e4m3_fast");
+        assert_eq!(p.map_b.box_dims, [128, 256]);
+        assert_eq!(p.dynamic_smem, dynamic_smem_bytes(256));
+        // 4096x4096 picks N256 by itself; the override gets N128 and 6 stages.
+        let o = PlanOverride {
+            block_n: Some(128),
+            ..Default::default()
+        };
+        let p = plan_with(&shape(4096, 4096, 256), 132, o).unwrap();
+        assert_eq!((p.config.block_n, p.config.stages, p.config.tiles), (128, 6, 1024));
+        for bad in [0, 64, 192, 512] {
+            let o = PlanOverride {
+                block_n: Some(bad),
+                ..Default::default()
+            };
+            assert!(plan_with(&s, 132, o).unwrap_err().to_string().contains("block_n"));
+        }
+    }
+
+    #[test]
+    fn override_caps_the_ctas_so_each_walks_several_tiles() {
+        // 300x520: 3 m-blocks x 5 n-blocks of 128 = 15 tiles.
+        let s = shape(300, 520, 256);
+        for cap in [1, 2, 3] {
+            let o = PlanOverride {
+                block_n: Some(128),
+                max_ctas: Some(cap),
+                bounded_waits: false,
+            };
+            let c = plan_with(&s, 132, o).unwrap().config;
+            assert_eq!((c.tiles, c.ctas), (15, cap));
+            // The loop `tile += gridDim.x` gives CTA 0 ceil(15 / cap) tiles.
+            assert!(c.tiles.div_ceil(c.ctas) >= 5);
+        }
+        let o = PlanOverride {
+            max_ctas: Some(0),
+            ..Default::default()
+        };
+        assert!(plan_with(&s, 132, o).unwrap_err().to_string().contains("max_ctas"));
+        // A cap above the SM count changes nothing.
+        let o = PlanOverride {
+            max_ctas: Some(1000),
+            ..Default::default()
+        };
+        assert_eq!(plan_with(&s, 132, o).unwrap(), plan(&s, 132).unwrap());
+    }
+
+    #[test]
+    fn bounded_override_picks_the_bounded_twin() {
+        let o = PlanOverride {
+            bounded_waits: true,
+            ..Default::default()
+        };
+        let p = plan_with(&shape(8192, 8192, 8192), 132, o).unwrap();
+        assert_eq!(p.kernel, "fp8_gemm_wgmma_n256_e4m3_fast_bounded");
     }
 }
