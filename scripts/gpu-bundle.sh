@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Builds, in release, everything a GPU validation run needs into gpu-bundle/
 # (ignored, < 64 MiB): the GPU test binaries (tests/gpu_*.rs and hopper_host;
-# train_run is CPU-only), the `fp8` tool and run.sh, which runs them all (under
-# compute-sanitizer memcheck, and racecheck on hopper_host, when present) and
-# the CUDA GEMM benches, writing everything under $OUT (default: results/ next
-# to run.sh). Copy the folder to a GPU machine (driver 580+, no toolkit needed)
+# train_run is CPU-only), the `fp8` tool and run.sh. run.sh checks the driver
+# first, then runs every step under `timeout` in the order of
+# docs/gpu-validation.md (load everything, memory-bound kernels, portable
+# GEMMs, the Hopper probes and random cases, the self-check, sanitizers on the
+# small Hopper cases, benches) and writes $OUT/summary.txt: one PASS / FAIL /
+# SKIP line per step with its worst err/bound. The step limits add up to under
+# 15 minutes. Copy the folder to a GPU machine (driver 580+, no toolkit needed)
 # and run `OUT=/some/dir bash gpu-bundle/run.sh`.
 # Usage: scripts/gpu-bundle.sh
 set -euo pipefail
@@ -31,9 +34,11 @@ strip --strip-debug "$out"/* 2>/dev/null || true
 git rev-parse HEAD > "$out/COMMIT" 2>/dev/null || echo unknown > "$out/COMMIT"
 cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
-# Runs every GPU check of this bundle. Everything goes under $OUT (default
-# results/ here): summary.txt, the GEMM bench outputs, and logs.tar.gz (one log
-# per step; the logs/ folder is removed once packed).
+# Runs every GPU check of this bundle, each under `timeout` (a hang costs at
+# most its step's limit; the limits add up to under 15 minutes). Everything
+# goes under $OUT (default results/ here): summary.txt (one PASS/FAIL/SKIP
+# line per step, with the worst err/bound the step printed), the GEMM bench
+# outputs, and logs.tar.gz (one log per step).
 cd "$(dirname "$0")"
 OUT=${OUT:-$PWD/results}
 mkdir -p "$OUT/logs"
@@ -42,41 +47,97 @@ summary=$OUT/summary.txt
 {
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "commit: $(cat COMMIT)"
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
 } > "$summary"
 status=0
-record() { # name, command... (stdout and stderr to logs/name.log)
-    local name=$1; shift
-    if "$@" > "$logs/$name.log" 2>&1; then echo "PASS $name" | tee -a "$summary"
-    else echo "FAIL $name (logs/$name.log)" | tee -a "$summary"; status=1; fi
-    tail -n 3 "$logs/$name.log" | sed 's/^/    /' >> "$summary"
+say() { echo "$*" | tee -a "$summary"; }
+
+# The worst "err/bound=X" a log printed, and how many it printed.
+ratios() {
+    grep -oE "err/bound=[0-9.eE+-]+|err/bound=inf" "$1" 2>/dev/null \
+        | cut -d= -f2 | sort -g | awk 'END { if (NR) printf "; worst err/bound=%s over %d", $0, NR }'
 }
-record_out() { # name, file under $OUT for stdout, command... (stderr to logs/name.log)
-    local name=$1 file=$2; shift 2
-    if "$@" > "$OUT/$file" 2> "$logs/$name.log"; then echo "PASS $name ($file)" | tee -a "$summary"
-    else echo "FAIL $name (logs/$name.log)" | tee -a "$summary"; status=1; fi
-    tail -n 3 "$logs/$name.log" | sed 's/^/    /' >> "$summary"
-}
-record info ./fp8 info
-sanitizer=$(command -v compute-sanitizer || true)
-[[ -n $sanitizer ]] || echo "SKIP sanitizers: compute-sanitizer not on PATH" | tee -a "$summary"
-for t in gpu_* hopper_host; do
-    [[ -x $t ]] || continue
-    record "$t" "./$t"
-    if [[ -n $sanitizer ]]; then
-        record "$t.memcheck" "$sanitizer" --tool memcheck --error-exitcode 1 "./$t"
-        # racecheck on the warp-specialized Hopper kernel only (shared memory, mbarriers).
-        [[ $t == hopper_host ]] && record "$t.racecheck" "$sanitizer" --tool racecheck --error-exitcode 1 "./$t"
+
+# step NAME LIMIT_S COMMAND...: runs COMMAND under `timeout`, output to logs/NAME.log.
+# SKIP when it exits 0 after printing "skipped:", PASS on 0, FAIL otherwise.
+step() {
+    local name=$1 limit=$2; shift 2
+    local log=$logs/$name.log start=$SECONDS rc
+    timeout -k 10 "$limit" "$@" > "$log" 2>&1
+    rc=$?
+    local took="$((SECONDS - start)) s of $limit"
+    if [[ $rc == 0 ]] && grep -q "skipped:" "$log"; then
+        say "SKIP $name ($took): $(grep -m1 -o "skipped:.*" "$log")"
+    elif [[ $rc == 0 ]]; then
+        say "PASS $name ($took$(ratios "$log"))"
+    elif [[ $rc == 124 || $rc == 137 ]]; then
+        say "FAIL $name: timed out after $limit s (logs/$name.log$(ratios "$log"))"; status=1
+    else
+        say "FAIL $name: exit $rc (logs/$name.log$(ratios "$log"))"; status=1
+        tail -n 3 "$log" | sed 's/^/    /' >> "$summary"
     fi
-done
-record bench-cast ./fp8 bench cast --device cuda
-record_out bench-gemm-llm-portable bench-gemm-llm-portable.jsonl \
+}
+
+# step_out NAME LIMIT_S FILE COMMAND...: as step, stdout to $OUT/FILE (bench JSON or table).
+step_out() {
+    local name=$1 limit=$2 file=$3; shift 3
+    local start=$SECONDS rc
+    timeout -k 10 "$limit" "$@" > "$OUT/$file" 2> "$logs/$name.log"
+    rc=$?
+    cat "$OUT/$file" >> "$logs/$name.log"
+    local took="$((SECONDS - start)) s of $limit"
+    if [[ $rc == 0 ]]; then say "PASS $name ($took$(ratios "$logs/$name.log")) -> $file"
+    elif [[ $rc == 124 || $rc == 137 ]]; then say "FAIL $name: timed out after $limit s"; status=1
+    else say "FAIL $name: exit $rc (logs/$name.log$(ratios "$logs/$name.log"))"; status=1
+        tail -n 3 "$logs/$name.log" | sed 's/^/    /' >> "$summary"; fi
+}
+
+# 0. The driver: the fatbins are built by CUDA 13.0 and need driver 580 or newer.
+gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
+driver=$(cut -d, -f2 <<<"$gpu" | tr -d ' ')
+if [[ -z $driver ]]; then
+    say "SKIP driver: no NVIDIA driver (nvidia-smi missing or no GPU): the GPU steps below can only skip"
+    no_gpu=1
+elif (( ${driver%%.*} < 580 )); then
+    say "FAIL driver: $driver is older than 580; this bundle's CUDA 13.0 kernels cannot load on it (install driver 580+)"
+    say "result: FAILURES"
+    exit 1
+else
+    say "PASS driver: $gpu"
+fi
+
+gpu_step() { # a step that needs a GPU: SKIP without one
+    if [[ -n ${no_gpu:-} ]]; then say "SKIP $1: no GPU"; else "$@"; fi
+}
+
+# The order localizes failures: loading, memory-bound kernels (bit-exact), the
+# portable GEMMs (the self-check's reference), the Hopper probes (exact, one tile
+# first), its random cases, then the self-check, sanitizers and benches.
+step info 45 ./fp8 info --load-all
+step gpu_kernels 60 ./gpu_kernels
+step gpu_gemm 75 ./gpu_gemm
+step gpu_layers 15 ./gpu_layers
+step hopper_probes 90 ./hopper_host hopper_probes --test-threads=1 --nocapture
+step hopper_random 90 ./hopper_host hopper_gemm_matches --test-threads=1 --nocapture
+gpu_step step_out self_check 30 self-check.txt env FP8_GEMM_PATH=hopper ./fp8 bench gemm --backend cuda \
+    --m 512 --n 512 --k 512 --repeat 1
+sanitizer=$(command -v compute-sanitizer || true)
+if [[ -z $sanitizer ]]; then
+    say "SKIP sanitizers: compute-sanitizer not on PATH"
+else
+    # The small probes only (HOPPER_HOST_SMALL): a sanitizer slows kernels 10-100x.
+    step memcheck 100 env HOPPER_HOST_SMALL=1 "$sanitizer" --tool memcheck --error-exitcode 1 \
+        ./hopper_host hopper_probes --test-threads=1
+    step synccheck 90 env HOPPER_HOST_SMALL=1 "$sanitizer" --tool synccheck --error-exitcode 1 \
+        ./hopper_host hopper_probes --test-threads=1
+fi
+gpu_step step bench_cast 30 ./fp8 bench cast --device cuda
+gpu_step step_out bench_gemm_llm_portable 80 bench-gemm-llm-portable.jsonl \
     env FP8_GEMM_PATH=portable ./fp8 bench gemm --backend cuda --suite llm --json
-record_out bench-gemm-llm-hopper bench-gemm-llm-hopper.jsonl \
+gpu_step step_out bench_gemm_llm_hopper 80 bench-gemm-llm-hopper.jsonl \
     env FP8_GEMM_PATH=hopper ./fp8 bench gemm --backend cuda --suite llm --json
-record_out bench-gemm-bf16-8192 bench-gemm-bf16-8192.txt \
+gpu_step step_out bench_gemm_bf16_8192 30 bench-gemm-bf16-8192.txt \
     ./fp8 bench gemm --backend cuda --m 8192 --n 8192 --k 8192 --a-format bf16 --b-format bf16
-echo "result: $([[ $status == 0 ]] && echo all passed || echo FAILURES)" | tee -a "$summary"
+say "result: $([[ $status == 0 ]] && echo "no failures" || echo FAILURES)"
 tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$logs"
 exit $status
 RUN
@@ -84,3 +145,7 @@ chmod +x "$out/run.sh"
 size=$(du -sm "$out" | cut -f1)
 echo "gpu-bundle: $out ($size MiB): $(ls "$out" | tr '\n' ' ')"
 if (( size >= 64 )); then echo "gpu-bundle: over the 64 MiB limit" >&2; exit 1; fi
+# The plan: every step's limit (timeout -k adds 10 s at most per step) under 15 minutes.
+limits=$(grep -oE "^ *(gpu_step )?step(_out)? [a-z_0-9]+ [0-9]+" "$out/run.sh" | awk '{s += $NF} END {print s}')
+echo "gpu-bundle: step limits add up to $limits s (15 min = 900 s)"
+if (( limits >= 900 )); then echo "gpu-bundle: step limits exceed 15 minutes" >&2; exit 1; fi

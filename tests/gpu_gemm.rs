@@ -27,7 +27,8 @@ use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-type Check = Result<(), String>;
+/// `Ok`: the worst `err/bound` of the check as text; `Err`: what failed.
+type Check = Result<String, String>;
 
 /// scale_inv of (row, K-block).
 type ScaleOf<'a> = Box<dyn Fn(usize, usize) -> f64 + 'a>;
@@ -225,19 +226,22 @@ fn compare(
     let cv = values(&cpu_out, out_scale);
     let gv = values(&gpu_out, out_scale);
     let mut worst_tol = 0.0f64;
+    let mut worst_ratio = 0.0f64;
     for idx in 0..m * n {
         let (c, g) = (cv[idx] as f64, gv[idx] as f64);
         let tol = f32_tol(s[idx]);
         worst_tol = worst_tol.max(tol);
         // One output ulp at the larger of the two magnitudes, plus the f32 difference.
         let bound = tol + rel * c.abs().max(g.abs()) + sub / out_scale as f64 + 1e-30;
+        worst_ratio = worst_ratio.max((c - g).abs() / bound);
         if !within((c - g).abs(), bound) {
             return Err(format!(
-                "{label}: D[{}, {}] gpu {g} cpu {c} (|diff| {} > {bound}, S = {})",
+                "{label}: D[{}, {}] gpu {g} cpu {c} (|diff| {} > {bound}, S = {}, err/bound={:.3})",
                 idx / n,
                 idx % n,
                 (c - g).abs(),
-                s[idx]
+                s[idx],
+                (c - g).abs() / bound
             ));
         }
     }
@@ -245,7 +249,25 @@ fn compare(
     if !within((ca - ga).abs(), worst_tol + 1e-30) {
         return Err(format!("{label}: amax gpu {ga} cpu {ca}"));
     }
-    Ok(())
+    Ok(format!("err/bound={worst_ratio:.3}"))
+}
+
+/// Worst `|got - reference| / tol` (tolerances from `tol_of(i)`); `Err` past 1.
+fn ratio_check(got: &[f32], reference: &[f32], tol_of: impl Fn(usize) -> f64, who: &str) -> Check {
+    let mut worst = 0.0f64;
+    for i in 0..got.len() {
+        let (diff, tol) = (((got[i] - reference[i]) as f64).abs(), tol_of(i) + 1e-30);
+        if !within(diff, tol) {
+            return Err(format!(
+                "D[{i}]: {who} {} cpu {} tol {tol} (err/bound={:.3})",
+                got[i],
+                reference[i],
+                diff / tol
+            ));
+        }
+        worst = worst.max(diff / tol);
+    }
+    Ok(format!("err/bound={worst:.3}"))
 }
 
 fn random_params<'a>(rng: &mut StdRng, bias: &'a [f32], out: Out, split: bool) -> GemmParams<'a> {
@@ -311,7 +333,7 @@ fn check_fp8(gpu: &CudaDevice, rng: &mut StdRng, results: &mut Vec<(String, Chec
     results.push((
         "mxfp8 refused".into(),
         match r {
-            Err(e) if e.to_string().contains("MXFP8") => Ok(()),
+            Err(e) if e.to_string().contains("MXFP8") => Ok("refused as expected".into()),
             other => Err(format!("expected a MXFP8 error, got {other:?}")),
         },
     ));
@@ -443,13 +465,12 @@ fn check_cublaslt(gpu: &CudaDevice, rng: &mut StdRng, results: &mut Vec<(String,
             text(lt.matmul(gpu, (m, n, k), inputs, LtOutput::F32(&mut d), 1.0))?;
             let lt_d = text(gpu.download(&d))?;
             let mag = magnitude(&Operand::Fp8(fa, &a), &Operand::Fp8(E4M3, &b), 1.0);
-            for i in 0..m * n {
-                let tol = mag[i] * (k as f64 / 32.0 + 2.0) * 2f64.powi(-13);
-                if !within(((lt_d[i] - cpu_d[i]) as f64).abs(), tol) {
-                    return Err(format!("D[{i}]: cuBLASLt {} cpu {} tol {tol}", lt_d[i], cpu_d[i]));
-                }
-            }
-            Ok(())
+            ratio_check(
+                &lt_d,
+                &cpu_d,
+                |i| mag[i] * (k as f64 / 32.0 + 2.0) * 2f64.powi(-13),
+                "cuBLASLt",
+            )
         })();
         results.push((label, check));
     }
@@ -483,13 +504,12 @@ fn check_cublaslt(gpu: &CudaDevice, rng: &mut StdRng, results: &mut Vec<(String,
             ))?;
             let lt_d = text(gpu.download(&d))?;
             let mag = magnitude(&Operand::Bf16(ma), &Operand::Bf16(mb), 1.0);
-            for i in 0..m * n {
-                let tol = mag[i] * (k as f64 / 16.0 + 2.0) * 2f64.powi(-22);
-                if !within(((lt_d[i] - cpu_d[i]) as f64).abs(), tol) {
-                    return Err(format!("D[{i}]: cuBLASLt {} cpu {} tol {tol}", lt_d[i], cpu_d[i]));
-                }
-            }
-            Ok(())
+            ratio_check(
+                &lt_d,
+                &cpu_d,
+                |i| mag[i] * (k as f64 / 16.0 + 2.0) * 2f64.powi(-22),
+                "cuBLASLt",
+            )
         })();
         results.push((format!("cublaslt bf16 {m}x{n}x{k}"), check));
     }
@@ -613,6 +633,12 @@ fn main() -> ExitCode {
     check_f16_k8(&gpu, &mut rng, &mut results);
     check_cublaslt(&gpu, &mut rng, &mut results);
     split_experiment(&gpu, &mut rng);
+    // Every check with its error as a ratio to its bound, then the failures again.
+    for (label, r) in &results {
+        if let Ok(ratio) = r {
+            println!("ok {label}: {ratio}");
+        }
+    }
     let failed: Vec<_> = results.iter().filter(|(_, r)| r.is_err()).collect();
     for (label, r) in &failed {
         println!("FAIL {label}: {}", r.as_ref().err().map(String::as_str).unwrap_or(""));

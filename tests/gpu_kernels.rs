@@ -536,6 +536,13 @@ fn main() -> ExitCode {
             ));
         }
     }
+    // Every check is bit-exact against its CPU twin: the bound is 0, so a passing
+    // check has err/bound = 0 and any difference fails (printed with its values).
+    for (label, r) in &results {
+        if r.is_ok() {
+            println!("ok {label}: exact (err/bound=0)");
+        }
+    }
     let failed: Vec<_> = results.iter().filter(|(_, r)| r.is_err()).collect();
     for (label, r) in &failed {
         println!("FAIL {label}: {}", r.as_ref().err().map(String::as_str).unwrap_or(""));

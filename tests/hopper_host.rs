@@ -305,8 +305,10 @@ fn hopper_probes_are_bit_exact() {
         Err(why) => return println!("hopper_host: skipped: {why}"),
     };
     let mut failures = Vec::new();
-    // In order: the first failure is the most local one.
-    for p in first_run_probes(true) {
+    // In order: the first failure is the most local one. HOPPER_HOST_SMALL (set
+    // under compute-sanitizer) leaves out the two shapes with more tiles than SMs.
+    let large = std::env::var_os("HOPPER_HOST_SMALL").is_none();
+    for p in first_run_probes(large) {
         let r = run_probe(&gpu, &p);
         match &r {
             Ok(what) => println!("hopper_host: probe {}: ok: {what}", p.name),

@@ -112,9 +112,7 @@ pub fn worst_ratio(got: &[f32], reference: &[f32], accumulation: &[f64], ulp: Ou
         let bound = acc + ulp.relative * g.abs().max(r.abs()) + ulp.subnormal / out_scale;
         let ratio = if g == r || (g.is_nan() && r.is_nan()) {
             0.0
-        } else if !(g - r).is_finite() {
-            f64::INFINITY
-        } else if bound == 0.0 {
+        } else if !(g - r).is_finite() || bound == 0.0 {
             f64::INFINITY
         } else {
             (g - r).abs() / bound

@@ -14,6 +14,7 @@ pub mod gemm_operands;
 pub mod gemm_path;
 pub mod gemm_portable;
 pub mod hopper;
+pub mod kernel_inventory;
 mod launch;
 pub mod params;
 pub mod quantize;

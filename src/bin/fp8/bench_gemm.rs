@@ -320,7 +320,7 @@ pub fn run(args: GemmBenchArgs) -> Result<(), CliError> {
         .flat_map(|r| {
             r.bounds
                 .iter()
-                .filter(|(_, ratio)| !(*ratio <= 1.0))
+                .filter(|(_, ratio)| ratio.is_nan() || *ratio > 1.0)
                 .map(move |(path, ratio)| format!("{}x{}x{} {path}: err/bound={ratio:.3}", r.m, r.n, r.k))
         })
         .collect();

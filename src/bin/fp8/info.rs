@@ -9,10 +9,15 @@ use crate::error::CliError;
 
 /// Show the devices found, the precision policy for each and whether CUDA kernels are compiled in.
 #[derive(Args)]
-pub struct InfoArgs {}
+pub struct InfoArgs {
+    /// Also load every kernel module and every kernel on GPU 0 (and check the Hopper
+    /// kernels' registers); prints "load-all: skipped: <why>" without a usable GPU.
+    #[arg(long)]
+    load_all: bool,
+}
 
 /// Runs `fp8 info`.
-pub fn run(_args: InfoArgs) -> Result<(), CliError> {
+pub fn run(args: InfoArgs) -> Result<(), CliError> {
     let names: Vec<&str> = kernels::FATBINS.iter().map(|(name, _)| *name).collect();
     if kernels::compiled() {
         println!(
@@ -44,5 +49,26 @@ pub fn run(_args: InfoArgs) -> Result<(), CliError> {
             gpu.total_memory as f64 / (1u64 << 30) as f64
         );
     }
+    if args.load_all {
+        load_all()?;
+    }
+    Ok(())
+}
+
+/// Loads every module and kernel on GPU 0, one line per module.
+fn load_all() -> Result<(), CliError> {
+    let device = match cuda::CudaDevice::open(0) {
+        Ok(device) => device,
+        Err(err) => {
+            println!("load-all: skipped: {err}");
+            return Ok(());
+        }
+    };
+    let modules = cuda::kernel_inventory::load_all(&device)?;
+    let total: usize = modules.iter().map(|m| m.kernels.len()).sum();
+    for m in &modules {
+        println!("load-all: {}: {} kernels loaded", m.module, m.kernels.len());
+    }
+    println!("load-all: ok: {} modules, {total} kernels", modules.len());
     Ok(())
 }
