@@ -105,8 +105,8 @@ else
     say "PASS driver: $gpu"
 fi
 
-gpu_step() { # a step that needs a GPU: SKIP without one
-    if [[ -n ${no_gpu:-} ]]; then say "SKIP $1: no GPU"; else "$@"; fi
+gpu_step() { # gpu_step step|step_out NAME ...: a step that needs a GPU, SKIP without one
+    if [[ -n ${no_gpu:-} ]]; then say "SKIP $2: no GPU"; else "$@"; fi
 }
 
 # The order localizes failures: loading, memory-bound kernels (bit-exact), the
