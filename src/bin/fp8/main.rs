@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::error::ErrorKind;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod args;
 mod bench;
@@ -78,7 +78,15 @@ fn one_line(err: &clap::Error) -> String {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    // Negative numbers are values (`--clip -1` reaches the flag's own check), in every subcommand.
+    let command = Cli::command().allow_negative_numbers(true).mut_subcommands(|c| {
+        c.allow_negative_numbers(true)
+            .mut_subcommands(|c| c.allow_negative_numbers(true))
+    });
+    let parsed = command
+        .try_get_matches()
+        .and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(err) => {
             // --help, --version, and help shown for a missing subcommand print as clap renders them.
@@ -91,7 +99,7 @@ fn main() -> ExitCode {
             if shows_help {
                 let _ = err.print();
             } else {
-                eprintln!("fp8: error: {}", one_line(&err));
+                eprintln!("fp8: error: {}", fp8_engine::io::escaped(&one_line(&err)));
             }
             return ExitCode::from(err.exit_code().clamp(0, 255) as u8);
         }
@@ -99,7 +107,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("fp8: error: {err}");
+            // Escaped: messages may quote names from input files (newlines, terminal escapes).
+            eprintln!("fp8: error: {}", fp8_engine::io::escaped(&err.to_string()));
             ExitCode::FAILURE
         }
     }
