@@ -13,6 +13,7 @@ mod bench_gemm_cpu;
 mod bench_gemm_cuda;
 mod bench_gemm_inputs;
 mod bench_layer;
+mod bench_memory;
 mod cast;
 mod decode;
 mod delayed_args;
@@ -27,6 +28,9 @@ mod recipe;
 mod show;
 mod table;
 mod train;
+
+#[cfg(test)]
+mod fuzz_args;
 
 use error::CliError;
 
@@ -70,6 +74,22 @@ fn run(cli: Cli) -> Result<(), CliError> {
 
 /// clap's usage errors span several lines (message, tip, usage); keep the
 /// message part on one line so every failure of the tool reads the same.
+/// Parses a command line. Negative numbers are values (`--clip -1` reaches the flag's own
+/// check instead of clap's "unexpected argument '-1'"), in every subcommand.
+fn parse<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let command = Cli::command().allow_negative_numbers(true).mut_subcommands(|c| {
+        c.allow_negative_numbers(true)
+            .mut_subcommands(|c| c.allow_negative_numbers(true))
+    });
+    command
+        .try_get_matches_from(args)
+        .and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches))
+}
+
 fn one_line(err: &clap::Error) -> String {
     let rendered = err.to_string();
     let message = rendered.split("\n\n").next().unwrap_or_default();
@@ -78,14 +98,7 @@ fn one_line(err: &clap::Error) -> String {
 }
 
 fn main() -> ExitCode {
-    // Negative numbers are values (`--clip -1` reaches the flag's own check), in every subcommand.
-    let command = Cli::command().allow_negative_numbers(true).mut_subcommands(|c| {
-        c.allow_negative_numbers(true)
-            .mut_subcommands(|c| c.allow_negative_numbers(true))
-    });
-    let parsed = command
-        .try_get_matches()
-        .and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches));
+    let parsed = parse(std::env::args_os());
     let cli = match parsed {
         Ok(cli) => cli,
         Err(err) => {

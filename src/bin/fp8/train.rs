@@ -191,7 +191,7 @@ fn clip_norm(clip: f32) -> Result<Option<f32>, CliError> {
     Ok((clip > 0.0 && clip.is_finite()).then_some(clip))
 }
 
-fn run_config(args: &TrainArgs) -> Result<RunConfig, CliError> {
+pub(crate) fn run_config(args: &TrainArgs) -> Result<RunConfig, CliError> {
     let recompute: Recompute = args.recompute.parse()?;
     let ffn_hidden = match args.ffn {
         Some(ffn) => ffn,
