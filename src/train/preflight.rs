@@ -63,7 +63,7 @@ fn micro_batch(config: &RunConfig) -> Result<usize> {
 /// FP8 GEMMs take token counts (batch x seq rows) that are multiples of [`FP8_DIM_MULTIPLE`],
 /// in training micro-batches and in every held-out batch (the last one may be smaller).
 fn check_fp8_tokens(precision: &Precision, micro: usize, seq: usize, heldout: &[usize]) -> Result<()> {
-    let rows = |batch: usize| batch.checked_mul(seq).unwrap_or(usize::MAX);
+    let rows = |batch: usize| batch.saturating_mul(seq);
     let fails = |batch: usize| !rows(batch).is_multiple_of(FP8_DIM_MULTIPLE);
     if fails(micro) {
         return Err(Error::InvalidSetting {

@@ -18,7 +18,7 @@ pub fn slot_problem(slot: &DelayedSlot) -> Option<String> {
             return Some(format!("{what} {value} is not finite and positive"));
         }
     }
-    slot.history.iter().position(|a| !(*a >= 0.0)).map(|i| {
+    slot.history.iter().position(|a| a.is_nan() || *a < 0.0).map(|i| {
         format!(
             "amax history entry {i} is {}, not a non-negative number",
             slot.history[i]

@@ -87,9 +87,7 @@ fn negative_values_are_values() {
         match parse(args) {
             Ok(cli) => {
                 let Command::Train(train) = cli.command else { panic!() };
-                let err = crate::train::run_config(&train)
-                    .err()
-                    .expect("a negative clip is refused");
+                let err = crate::train::run_config(&train).expect_err("a negative clip is refused");
                 assert!(err.0.contains("--clip -1"), "{}", err.0);
             }
             Err(err) => assert!(err.to_string().contains("invalid value '-1'"), "{err}"),
