@@ -111,6 +111,13 @@ pub enum Error {
     /// A well-formed checkpoint that does not fit the live model or optimizer; nothing was loaded.
     #[error("{path}: checkpoint does not match the model: {reason}")]
     CheckpointMismatch { path: String, reason: String },
+    /// A job that needs more memory than the machine has (checked before allocating).
+    #[error("{what} needs {needed}, and {available} are available")]
+    NotEnoughMemory {
+        what: String,
+        needed: String,
+        available: String,
+    },
 }
 
 /// Shorthand used throughout the crate.

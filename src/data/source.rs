@@ -27,6 +27,11 @@ impl Dataset {
         TextDataset::from_file(path, seq, 0.1).map(Dataset::Text)
     }
 
+    /// [`Dataset::text`] reading at most `max_bytes` of the file.
+    pub fn text_limited(path: &Path, seq: usize, max_bytes: u64) -> Result<Self> {
+        TextDataset::from_file_limited(path, seq, 0.1, max_bytes).map(Dataset::Text)
+    }
+
     /// Tokens in the vocabulary.
     pub fn vocab_size(&self) -> usize {
         match self {

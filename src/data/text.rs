@@ -10,6 +10,10 @@ use std::path::Path;
 use super::{Batch, DataStream};
 use crate::error::{Error, Result};
 
+/// The largest text file read by default: tokenizing takes about 20 bytes of memory per
+/// character (chars, vocabulary sort, ids, split), so 64 MiB of text needs about 1.3 GB.
+pub const DEFAULT_MAX_TEXT_BYTES: u64 = 64 << 20;
+
 /// A tokenized text with its vocabulary and split.
 #[derive(Clone, Debug)]
 pub struct TextDataset {
@@ -20,9 +24,15 @@ pub struct TextDataset {
 }
 
 impl TextDataset {
-    /// Reads `path` (UTF-8) and splits it; see [`TextDataset::from_text`].
+    /// Reads `path` (UTF-8, a regular file of at most [`DEFAULT_MAX_TEXT_BYTES`]) and splits it;
+    /// see [`TextDataset::from_text`].
     pub fn from_file(path: &Path, seq: usize, heldout_fraction: f64) -> Result<Self> {
-        let bytes = crate::tools::safetensors_io::read_file(path)?;
+        Self::from_file_limited(path, seq, heldout_fraction, DEFAULT_MAX_TEXT_BYTES)
+    }
+
+    /// [`TextDataset::from_file`] with a file of at most `max_bytes`.
+    pub fn from_file_limited(path: &Path, seq: usize, heldout_fraction: f64, max_bytes: u64) -> Result<Self> {
+        let bytes = crate::io::read_regular(path, max_bytes, " (raise it with --max-text-bytes)")?;
         let text = String::from_utf8(bytes).map_err(|err| Error::InvalidFile {
             path: path.display().to_string(),
             reason: format!("not UTF-8 text (byte {})", err.utf8_error().valid_up_to()),
@@ -53,11 +63,15 @@ impl TextDataset {
                 reason: "must be in (0, 1)".to_string(),
             });
         }
+        let window = seq.checked_add(1).ok_or_else(|| Error::InvalidSetting {
+            setting: "seq_len",
+            value: seq.to_string(),
+            reason: "too large".to_string(),
+        })?;
         let chars: Vec<char> = text.chars().collect();
         let mut vocab = chars.clone();
         vocab.sort_unstable();
         vocab.dedup();
-        let window = seq + 1;
         let heldout_len = ((chars.len() as f64 * heldout_fraction).ceil() as usize).max(window);
         if chars.len() < heldout_len + window {
             return Err(Error::InvalidFile {

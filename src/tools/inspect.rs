@@ -247,7 +247,7 @@ pub fn render(reports: &[TensorReport]) -> String {
             None => ("-".to_string(), "-".to_string(), "-".to_string()),
         };
         rows.push([
-            r.name.clone(),
+            crate::io::escaped(&r.name),
             r.dtype.clone(),
             format!("{:?}", r.shape),
             r.amax.map_or("-".to_string(), |a| a.to_string()),

@@ -1,12 +1,9 @@
-//! Reading and writing safetensors files: whole-file reads with errors that
-//! name the file, typed element decoding, and atomic writes.
+//! Reading and writing safetensors files: header-checked whole-file reads with
+//! errors that name the file, typed element decoding, and atomic writes.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
-use std::fs;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 
 use half::{bf16, f16};
 use safetensors::tensor::TensorView;
@@ -22,12 +19,10 @@ pub struct LoadedFile<'a> {
     pub metadata: HashMap<String, String>,
 }
 
-/// Reads a whole file; a missing or unreadable file is an error naming it.
+/// Reads a whole safetensors file, checking its header before the data; a missing, unreadable,
+/// non-regular or malformed file is an error naming it. See [`crate::io::read_safetensors`].
 pub fn read_file(path: &Path) -> Result<Vec<u8>> {
-    fs::read(path).map_err(|err| Error::Io {
-        path: path.display().to_string(),
-        message: format!("cannot read: {err}"),
-    })
+    crate::io::read_safetensors(path)
 }
 
 /// Parses a safetensors buffer; `label` (usually the path) names it in errors.
@@ -119,39 +114,9 @@ pub fn serialize(
     Ok(out)
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file in the same directory
-/// (so the rename stays on one file system), flushed to disk, then renamed
-/// over `path`. A failure removes the temporary file and leaves `path` as it was.
+/// Writes `bytes` to `path` atomically; see [`crate::io::write_atomic`].
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    static COUNTER: AtomicUsize = AtomicUsize::new(0);
-    let io_error = |what: &str, err: std::io::Error| Error::Io {
-        path: path.display().to_string(),
-        message: format!("{what}: {err}"),
-    };
-    let name = path.file_name().ok_or_else(|| Error::Io {
-        path: path.display().to_string(),
-        message: "not a file name".to_string(),
-    })?;
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let unique = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let temp = dir.join(format!(
-        ".{}.{}.{unique}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let written = (|| {
-        let mut file = fs::File::create(&temp).map_err(|e| io_error("cannot create temporary file", e))?;
-        file.write_all(bytes).map_err(|e| io_error("cannot write", e))?;
-        file.sync_all().map_err(|e| io_error("cannot flush", e))?;
-        fs::rename(&temp, path).map_err(|e| io_error("cannot rename temporary file into place", e))
-    })();
-    if written.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    written
+    crate::io::write_atomic(path, bytes)
 }
 
 /// Decodes the little-endian elements of an F32, BF16 or F16 tensor; `None`

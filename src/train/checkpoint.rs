@@ -13,7 +13,8 @@
 //! (hyperparameters and step count), `loss_scaler` (state, scales exact through
 //! `exact_f32`), `progress` (step, data stream, RNG state, the run's config
 //! JSON), and `checksum`: FNV-1a 64 over every tensor's name, shape and bytes
-//! in name order, so flipped bits in the data are caught too.
+//! in name order, then every other metadata key and value in key order, so
+//! flipped bits in the data and edits of the metadata (a step count) are caught.
 //!
 //! Loading parses and checks everything against the live model (names,
 //! shapes, counts, dtypes, checksum, metadata) before it changes anything.
@@ -35,7 +36,8 @@ use crate::tools::safetensors_io::{self, OutTensor};
 use super::adamw::{AdamW, AdamWConfig, AdamWState, Moments};
 
 /// Bumped when the layout changes; a file of another version is refused.
-pub const CHECKPOINT_VERSION: &str = "1";
+/// Version 2: the checksum covers the metadata too.
+pub const CHECKPOINT_VERSION: &str = "2";
 
 const KEY_VERSION: &str = "fp8_engine.checkpoint";
 
@@ -121,8 +123,12 @@ impl Fnv1a {
     }
 }
 
-/// Checksum of tensors given as (name, shape, bytes), taken in name order.
-fn checksum<'a>(tensors: impl IntoIterator<Item = (&'a str, &'a [usize], &'a [u8])>) -> String {
+/// Checksum of tensors given as (name, shape, bytes), taken in name order, then of the metadata
+/// (every key but `checksum` itself), in key order.
+fn checksum<'a>(
+    tensors: impl IntoIterator<Item = (&'a str, &'a [usize], &'a [u8])>,
+    metadata: &HashMap<String, String>,
+) -> String {
     let mut sorted: Vec<_> = tensors.into_iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(b.0));
     let mut hash = Fnv1a::new();
@@ -135,6 +141,13 @@ fn checksum<'a>(tensors: impl IntoIterator<Item = (&'a str, &'a [usize], &'a [u8
         }
         hash.write(&(data.len() as u64).to_le_bytes());
         hash.write(data);
+    }
+    let keys: BTreeMap<&String, &String> = metadata.iter().filter(|(k, _)| *k != "checksum").collect();
+    for (key, value) in keys {
+        for text in [key, value] {
+            hash.write(&(text.len() as u64).to_le_bytes());
+            hash.write(text.as_bytes());
+        }
     }
     format!("{:016x}", hash.0)
 }
@@ -213,17 +226,12 @@ pub fn save_checkpoint(
         add(history, vec![slot.history.len()], &slot.history);
     });
 
-    let sum = checksum(
-        tensors
-            .iter()
-            .map(|(n, t)| (n.as_str(), t.shape.as_slice(), t.data.as_ref())),
-    );
     let adamw = AdamWMeta {
         config: *optimizer.config(),
         step: optimizer.steps_taken(),
         has_moments,
     };
-    let metadata = HashMap::from([
+    let mut metadata = HashMap::from([
         (KEY_VERSION.to_string(), CHECKPOINT_VERSION.to_string()),
         ("parameters".to_string(), json(&inv.params, path)?),
         (
@@ -236,8 +244,14 @@ pub fn save_checkpoint(
             json(&ScalerMeta { state: scaler.state() }, path)?,
         ),
         ("progress".to_string(), json(progress, path)?),
-        ("checksum".to_string(), sum),
     ]);
+    let sum = checksum(
+        tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.shape.as_slice(), t.data.as_ref())),
+        &metadata,
+    );
+    metadata.insert("checksum".to_string(), sum);
     let bytes = safetensors_io::serialize(&tensors, metadata, &path.display().to_string())?;
     safetensors_io::write_atomic(path, &bytes)
 }
@@ -301,6 +315,7 @@ fn stage(
     };
     let version = meta(KEY_VERSION)?;
     if version != CHECKPOINT_VERSION {
+        let version = crate::io::escaped(version);
         return Err(corrupt(format!(
             "checkpoint format version {version}, this build reads version {CHECKPOINT_VERSION}"
         )));
@@ -308,18 +323,28 @@ fn stage(
     fn parse_json<T: for<'de> Deserialize<'de>>(text: &str, key: &str, corrupt: &dyn Fn(String) -> Error) -> Result<T> {
         serde_json::from_str(text).map_err(|err| corrupt(format!("metadata '{key}' does not parse: {err}")))
     }
+    let views: BTreeMap<String, _> = file.tensors.tensors().into_iter().collect();
+    let expected_sum = meta("checksum")?;
+    let actual_sum = checksum(
+        views.iter().map(|(n, v)| (n.as_str(), v.shape(), v.data())),
+        &file.metadata,
+    );
+    if *expected_sum != actual_sum {
+        return Err(corrupt(format!(
+            "checksum mismatch (stored {}, the data and metadata give {actual_sum}): the file is corrupt or was edited",
+            crate::io::escaped(expected_sum)
+        )));
+    }
     let saved_params: Vec<ParamEntry> = parse_json(meta("parameters")?, "parameters", &corrupt)?;
     let saved_slots: Vec<String> = parse_json(meta("fp8_slots")?, "fp8_slots", &corrupt)?;
     let adamw: AdamWMeta = parse_json(meta("adamw")?, "adamw", &corrupt)?;
     let scaler_meta: ScalerMeta = parse_json(meta("loss_scaler")?, "loss_scaler", &corrupt)?;
     let progress: TrainProgress = parse_json(meta("progress")?, "progress", &corrupt)?;
-
-    let views: BTreeMap<String, _> = file.tensors.tensors().into_iter().collect();
-    let expected_sum = meta("checksum")?;
-    let actual_sum = checksum(views.iter().map(|(n, v)| (n.as_str(), v.shape(), v.data())));
-    if *expected_sum != actual_sum {
+    // Ranges: the optimizer cannot have taken more steps than the run (skipped steps take none).
+    if adamw.step > progress.step {
         return Err(corrupt(format!(
-            "checksum mismatch (stored {expected_sum}, data gives {actual_sum}): the file is corrupt"
+            "optimizer step {} is past the run's step {}",
+            adamw.step, progress.step
         )));
     }
 
@@ -458,11 +483,15 @@ fn stage(
     for (name, history_len) in &live.slots {
         let [scale, scale_inv, history] = slot_keys(name);
         let what = format!("FP8 slot '{name}'");
-        slots.push(DelayedSlot {
+        let slot = DelayedSlot {
             scale: read(&scale, &[1], &what)?[0],
             scale_inv: read(&scale_inv, &[1], &what)?[0],
             history: read(&history, &[*history_len], &format!("amax history of {what}"))?,
-        });
+        };
+        if let Some(reason) = super::resume_checks::slot_problem(&slot) {
+            return Err(corrupt(format!("{what}: {reason}")));
+        }
+        slots.push(slot);
     }
     Ok(Staged {
         params,
@@ -555,6 +584,48 @@ mod tests {
         assert_eq!(fresh.slots, saved.slots);
         assert_eq!(opt2.state(), opt.state());
         assert_eq!(scaler2.state(), scaler.state());
+    }
+
+    /// The checkpoint at `path` with metadata `key` replaced by `value` (checksum left as it was).
+    fn with_metadata(path: &Path, key: &str, value: String) -> Vec<u8> {
+        let bytes = std::fs::read(path).unwrap();
+        let file = safetensors_io::parse(&bytes, "t").unwrap();
+        let tensors: Vec<(String, OutTensor<'_>)> = safetensors_io::sorted_tensors(&file)
+            .iter()
+            .map(|(n, v)| (n.clone(), OutTensor::copy_of(v)))
+            .collect();
+        let mut metadata = file.metadata.clone();
+        metadata.insert(key.to_string(), value);
+        safetensors_io::serialize(&tensors, metadata, "t").unwrap()
+    }
+
+    #[test]
+    fn edited_metadata_fails_the_checksum_and_out_of_range_fields_are_refused() {
+        let path = temp("edited.safetensors");
+        let mut saved = model();
+        let (opt, scaler) = trained(&mut saved);
+        save_checkpoint(&path, &mut saved, &opt, &scaler, &progress()).unwrap();
+        let progress_json = serde_json::to_string(&TrainProgress { step: 2, ..progress() }).unwrap();
+        let edited = temp("edited2.safetensors");
+        std::fs::write(&edited, with_metadata(&path, "progress", progress_json)).unwrap();
+        let load = |p: &Path| {
+            let mut opt2 = AdamW::new(AdamWConfig::default()).unwrap();
+            let mut scaler2 = DynamicLossScaler::new(LossScalerConfig::default()).unwrap();
+            load_checkpoint(p, &mut model(), &mut opt2, &mut scaler2)
+        };
+        let err = load(&edited).unwrap_err().to_string();
+        assert!(err.contains("checksum mismatch"), "{err}");
+        // A valid checksum over an impossible state: 3 optimizer steps in a run at step 1.
+        let mut m = model();
+        save_checkpoint(&path, &mut m, &opt, &scaler, &TrainProgress { step: 1, ..progress() }).unwrap();
+        let err = load(&path).unwrap_err().to_string();
+        assert!(err.contains("optimizer step 3 is past the run's step 1"), "{err}");
+        // A NaN scale in an FP8 slot.
+        let mut m = model();
+        m.slots[0].1.scale = f32::NAN;
+        save_checkpoint(&path, &mut m, &opt, &scaler, &progress()).unwrap();
+        let err = load(&path).unwrap_err().to_string();
+        assert!(err.contains("scale NaN"), "{err}");
     }
 
     #[test]

@@ -97,9 +97,16 @@ pub fn write_summary(path: &Path, summary: &Summary) -> Result<()> {
     write_atomic(path, text.as_bytes())
 }
 
+/// The largest `metrics.jsonl` a resume reads (a 3000-step FP8 run writes about 30 MB).
+const MAX_METRICS_BYTES: u64 = 1 << 30;
+
+/// The largest `summary.json` read (a few hundred bytes per precision).
+const MAX_SUMMARY_BYTES: u64 = 1 << 20;
+
 /// Reads `summary.json`.
 pub fn read_summary(path: &Path) -> Result<Summary> {
-    let text = fs::read_to_string(path).map_err(|err| io_error(path, "cannot read", err))?;
+    let bytes = crate::io::read_regular(path, MAX_SUMMARY_BYTES, "")?;
+    let text = String::from_utf8_lossy(&bytes);
     serde_json::from_str(&text).map_err(|err| Error::InvalidFile {
         path: path.display().to_string(),
         reason: format!("not a summary: {err}"),
@@ -115,10 +122,23 @@ pub struct MetricsWriter {
 impl MetricsWriter {
     /// Starts a new file (creating its directory), replacing any old one.
     pub fn create(path: &Path) -> Result<Self> {
+        Self::open(path, false)
+    }
+
+    /// Opens the file after checking it is nothing or a regular file (a device or a symlink at
+    /// the path is refused, as for every output): truncated, or appended to with `append`.
+    fn open(path: &Path, append: bool) -> Result<Self> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             fs::create_dir_all(dir).map_err(|err| io_error(dir, "cannot create directory", err))?;
         }
-        let file = File::create(path).map_err(|err| io_error(path, "cannot create", err))?;
+        crate::io::check_output_path(path)?;
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(path)
+            .map_err(|err| io_error(path, "cannot create", err))?;
         Ok(MetricsWriter {
             path: path.to_path_buf(),
             out: BufWriter::new(file),
@@ -127,32 +147,39 @@ impl MetricsWriter {
 
     /// Continues a run resumed at `next_step`: keeps the lines of earlier steps (a run that
     /// went past its last checkpoint before stopping wrote lines that will be written again),
-    /// drops the rest, and appends after them. A missing file starts empty.
+    /// drops the rest, and appends after them. A missing file starts empty. A torn last line
+    /// (the run was killed while writing it) is dropped; a bad line before it is an error.
+    /// The kept lines are rewritten atomically, so a kill during the resume loses nothing.
     pub fn resume(path: &Path, next_step: u64) -> Result<Self> {
         // Lines are kept verbatim and only their `step` is read: a line whose FP8 stats hold a
         // `null` (a NaN amax) does not parse as `Fp8TensorStats` but is still a valid record.
-        let mut kept = Vec::new();
-        if path.exists() {
-            let text = fs::read_to_string(path).map_err(|err| io_error(path, "cannot read", err))?;
-            for (index, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let mut kept = String::new();
+        if fs::symlink_metadata(path).is_ok() {
+            let bytes = crate::io::read_regular(path, MAX_METRICS_BYTES, "")?;
+            let text = String::from_utf8_lossy(&bytes);
+            let lines: Vec<(usize, &str)> = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()).collect();
+            for (position, (index, line)) in lines.iter().enumerate() {
                 let step = serde_json::from_str::<serde_json::Value>(line)
                     .ok()
-                    .and_then(|v| v.get("step").and_then(|s| s.as_u64()))
-                    .ok_or_else(|| Error::InvalidFile {
-                        path: path.display().to_string(),
-                        reason: format!("line {}: not a metrics record with a step", index + 1),
-                    })?;
+                    .and_then(|v| v.get("step").and_then(|s| s.as_u64()));
+                let step = match step {
+                    Some(step) => step,
+                    None if position + 1 == lines.len() => break,
+                    None => {
+                        return Err(Error::InvalidFile {
+                            path: path.display().to_string(),
+                            reason: format!("line {}: not a metrics record with a step", index + 1),
+                        });
+                    }
+                };
                 if step < next_step {
-                    kept.push(line.to_string());
+                    kept.push_str(line);
+                    kept.push('\n');
                 }
             }
         }
-        let mut writer = Self::create(path)?;
-        for line in &kept {
-            writeln!(writer.out, "{line}").map_err(|err| io_error(path, "cannot write", err))?;
-        }
-        writer.out.flush().map_err(|err| io_error(path, "cannot write", err))?;
-        Ok(writer)
+        write_atomic(path, kept.as_bytes())?;
+        Self::open(path, true)
     }
 
     /// Writes one line and flushes it.
@@ -318,8 +345,28 @@ mod tests {
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[0], first);
         assert!(lines[1].contains("\"loss\":1.5"), "{}", lines[1]);
-        fs::write(&path, "not json\n").unwrap();
-        assert!(MetricsWriter::resume(&path, 1).is_err());
+        // A bad line before the last one is damage, not a torn write: an error naming it.
+        fs::write(&path, "not json\n{\"step\": 0}\n").unwrap();
+        let err = MetricsWriter::resume(&path, 1).err().unwrap().to_string();
+        assert!(err.contains("line 1"), "{err}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn resume_drops_a_torn_last_line() {
+        let dir = temp_dir("torn");
+        let path = dir.join("metrics.jsonl");
+        let mut writer = MetricsWriter::create(&path).unwrap();
+        writer.append(&line(0, 3.0)).unwrap();
+        writer.append(&line(1, 2.0)).unwrap();
+        drop(writer);
+        let text = fs::read_to_string(&path).unwrap();
+        // Killed halfway through writing step 1's line.
+        fs::write(&path, &text[..text.len() - 20]).unwrap();
+        let mut resumed = MetricsWriter::resume(&path, 2).unwrap();
+        resumed.append(&line(1, 1.5)).unwrap();
+        let steps: Vec<(u64, f32)> = read_metrics(&path).unwrap().iter().map(|m| (m.step, m.loss)).collect();
+        assert_eq!(steps, vec![(0, 3.0), (1, 1.5)]);
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -19,6 +19,8 @@ pub mod clip;
 pub mod memory;
 pub mod metrics;
 pub mod plot;
+pub mod preflight;
+pub mod resume_checks;
 pub mod schedule;
 pub mod session;
 pub mod step;

@@ -189,16 +189,16 @@ pub fn run(
     let mut metrics = match control.resume {
         Some(path) => {
             let loaded = load_checkpoint(path, &mut model, &mut optimizer, &mut scaler)?;
-            if loaded.config != config_json {
+            if let Some(difference) = super::resume_checks::run_difference(&loaded.config, &config_json) {
                 return Err(Error::CheckpointMismatch {
                     path: path.display().to_string(),
-                    reason: format!(
-                        "it was written by another run: {} (this run: {})",
-                        loaded.config, config_json
-                    ),
+                    reason: format!("it was written by another run: {difference}"),
                 });
             }
-            progress = loaded;
+            progress = TrainProgress {
+                config: config_json.clone(),
+                ..loaded
+            };
             MetricsWriter::resume(&metrics_path, progress.step)?
         }
         None => MetricsWriter::create(&metrics_path)?,
@@ -259,8 +259,9 @@ pub fn run(
         }
     }
 
-    let heldout = evaluate(&mut model, data, micro_size)?;
+    // The checkpoint first: a failing evaluation must not lose the trained model.
     save_checkpoint(&checkpoint, &mut model, &optimizer, &scaler, &progress)?;
+    let heldout = evaluate(&mut model, data, micro_size)?;
     let report = ledger.report();
     Ok(RunOutput {
         summary: PrecisionSummary {

@@ -291,6 +291,7 @@ pub fn run(args: GemmBenchArgs) -> Result<(), CliError> {
         Some(Suite::Small) => SMALL.to_vec(),
         None => vec![(args.m, args.n, args.k)],
     };
+    crate::bench_memory::check_gemm(&shapes)?;
     let on_cpu = args.backend == Backend::Cpu;
     if on_cpu && args.suite == Some(Suite::Llm) {
         let minutes = estimate_seconds(&shapes, args.repeat as usize)? / 60.0;

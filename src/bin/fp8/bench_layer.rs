@@ -91,6 +91,7 @@ fn bench_one(args: &LayerArgs, precision: &Precision) -> Result<Row, CliError> {
 
 /// Runs the benchmark and prints a table or one JSON object.
 pub fn run(args: &LayerArgs, json: bool) -> Result<(), CliError> {
+    crate::bench_memory::check_layer(args.hidden, args.heads, args.ffn, args.seq, args.batch)?;
     let precisions = args
         .precision
         .split(',')
@@ -100,7 +101,7 @@ pub fn run(args: &LayerArgs, json: bool) -> Result<(), CliError> {
         .iter()
         .map(|p| bench_one(args, p))
         .collect::<Result<Vec<_>, _>>()?;
-    let tokens = args.batch * args.seq;
+    let tokens = args.batch.saturating_mul(args.seq);
     // GEMM FLOPs of forward + backward: 3x the forward's 2 * tokens * (4 h^2 + 2 h ffn) (qkv, proj, fc1,
     // fc2), plus attention's 2 * 2 * tokens * seq * h / 2 (causal half) forward, twice that backward.
     let (h, f, s) = (args.hidden as f64, args.ffn as f64, args.seq as f64);

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::error::ErrorKind;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod args;
 mod bench;
@@ -14,6 +14,7 @@ mod bench_gemm_cuda;
 mod bench_gemm_inputs;
 mod bench_gemm_runner;
 mod bench_layer;
+mod bench_memory;
 mod cast;
 mod decode;
 mod delayed_args;
@@ -29,6 +30,9 @@ mod show;
 mod table;
 mod timing;
 mod train;
+
+#[cfg(test)]
+mod fuzz_args;
 
 use error::CliError;
 
@@ -72,6 +76,22 @@ fn run(cli: Cli) -> Result<(), CliError> {
 
 /// clap's usage errors span several lines (message, tip, usage); keep the
 /// message part on one line so every failure of the tool reads the same.
+/// Parses a command line. Negative numbers are values (`--clip -1` reaches the flag's own
+/// check instead of clap's "unexpected argument '-1'"), in every subcommand.
+fn parse<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let command = Cli::command().allow_negative_numbers(true).mut_subcommands(|c| {
+        c.allow_negative_numbers(true)
+            .mut_subcommands(|c| c.allow_negative_numbers(true))
+    });
+    command
+        .try_get_matches_from(args)
+        .and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches))
+}
+
 fn one_line(err: &clap::Error) -> String {
     let rendered = err.to_string();
     let message = rendered.split("\n\n").next().unwrap_or_default();
@@ -80,7 +100,8 @@ fn one_line(err: &clap::Error) -> String {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let parsed = parse(std::env::args_os());
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(err) => {
             // --help, --version, and help shown for a missing subcommand print as clap renders them.
@@ -93,7 +114,7 @@ fn main() -> ExitCode {
             if shows_help {
                 let _ = err.print();
             } else {
-                eprintln!("fp8: error: {}", one_line(&err));
+                eprintln!("fp8: error: {}", fp8_engine::io::escaped(&one_line(&err)));
             }
             return ExitCode::from(err.exit_code().clamp(0, 255) as u8);
         }
@@ -101,7 +122,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("fp8: error: {err}");
+            // Escaped: messages may quote names from input files (newlines, terminal escapes).
+            eprintln!("fp8: error: {}", fp8_engine::io::escaped(&err.to_string()));
             ExitCode::FAILURE
         }
     }

@@ -45,10 +45,33 @@ pub fn write_stdout(bytes: &[u8]) -> Result<(), CliError> {
             "stdout is a terminal; redirect the binary output to a file or a pipe".into(),
         ));
     }
+    if !bytes.is_empty() && stdout_was_closed() {
+        return Err(CliError(
+            "stdout is closed; redirect the binary output to a file or a pipe".into(),
+        ));
+    }
     let mut lock = stdout.lock();
     lock.write_all(bytes)
         .and_then(|()| lock.flush())
         .map_err(|err| CliError(format!("writing stdout: {err}")))
+}
+
+/// Whether the process started with stdout closed (`fp8 cast >&-`). The Rust runtime then puts
+/// `/dev/null` on descriptor 1, opened read-write, so writes would succeed and vanish; a shell
+/// redirection to `/dev/null` opens it write-only. Linux only (read from `/proc`).
+fn stdout_was_closed() -> bool {
+    let target = std::fs::read_link("/proc/self/fd/1");
+    if !target.is_ok_and(|t| t == std::path::Path::new("/dev/null")) {
+        return false;
+    }
+    let Ok(info) = std::fs::read_to_string("/proc/self/fdinfo/1") else {
+        return false;
+    };
+    // `flags:` is octal; the access mode is its low two bits (O_RDWR = 2).
+    info.lines()
+        .find_map(|l| l.strip_prefix("flags:"))
+        .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
+        .is_some_and(|flags| flags & 0o3 == 0o2)
 }
 
 /// Writes text to stdout (tables, reports). A reader that stops early

@@ -14,7 +14,7 @@ use fp8_engine::data::addition::AdditionConfig;
 use fp8_engine::device::{Device, DeviceChoice};
 use fp8_engine::model::{ModelConfig, Recompute};
 use fp8_engine::scaling::Recipe;
-use fp8_engine::train::metrics::{Summary, write_summary};
+use fp8_engine::train::metrics::{Summary, read_summary, write_summary};
 use fp8_engine::train::plot::plot_losses;
 use fp8_engine::train::session::{RunConfig, RunControl, RunOutput, run};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -50,7 +50,7 @@ pub struct TrainArgs {
     /// Linear warmup steps (default: a tenth of the steps).
     #[arg(long)]
     warmup: Option<u64>,
-    /// Clip the global gradient norm to this (0: no clipping).
+    /// Clip the global gradient norm to this (0 or inf: no clipping).
     #[arg(long, default_value_t = 1.0)]
     clip: f32,
     /// Transformer layers.
@@ -95,6 +95,9 @@ pub struct TrainArgs {
     /// Characters per sequence with --text.
     #[arg(long, default_value_t = 64)]
     seq: usize,
+    /// Largest --text file read, in bytes (tokenizing takes about 20 bytes of memory per byte).
+    #[arg(long, default_value_t = fp8_engine::data::text::DEFAULT_MAX_TEXT_BYTES)]
+    max_text_bytes: u64,
     /// auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
     device: String,
@@ -113,6 +116,9 @@ pub struct TrainArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Exit 0 even when a run ends with a NaN or infinite training loss (diverged).
+    #[arg(long)]
+    allow_non_finite_loss: bool,
     /// fp8-delayed's recipe settings.
     #[command(flatten, next_help_heading = "fp8-delayed scaling")]
     delayed: DelayedArgs,
@@ -175,14 +181,31 @@ fn select_device(name: &str) -> Result<Device, CliError> {
     }
 }
 
-fn run_config(args: &TrainArgs) -> Result<RunConfig, CliError> {
+/// `--clip`: a finite positive norm clips; 0 and inf do not; NaN and negative values are errors.
+fn clip_norm(clip: f32) -> Result<Option<f32>, CliError> {
+    if clip.is_nan() || clip < 0.0 {
+        return Err(CliError(format!(
+            "--clip {clip}: expected a gradient norm > 0, or 0 or inf for no clipping"
+        )));
+    }
+    Ok((clip > 0.0 && clip.is_finite()).then_some(clip))
+}
+
+pub(crate) fn run_config(args: &TrainArgs) -> Result<RunConfig, CliError> {
     let recompute: Recompute = args.recompute.parse()?;
+    let ffn_hidden = match args.ffn {
+        Some(ffn) => ffn,
+        None => args
+            .hidden
+            .checked_mul(4)
+            .ok_or_else(|| CliError(format!("--hidden {} is too large", args.hidden)))?,
+    };
     Ok(RunConfig {
         model: ModelConfig {
             hidden: args.hidden,
             heads: args.heads,
             layers: args.layers,
-            ffn_hidden: args.ffn.unwrap_or(4 * args.hidden),
+            ffn_hidden,
             swiglu: args.swiglu,
             rmsnorm: args.rmsnorm,
             tied_head: args.tied_head,
@@ -196,7 +219,7 @@ fn run_config(args: &TrainArgs) -> Result<RunConfig, CliError> {
         schedule: args.schedule.clone(),
         warmup: args.warmup.unwrap_or(args.steps / 10),
         weight_decay: 0.01,
-        max_grad_norm: (args.clip > 0.0).then_some(args.clip),
+        max_grad_norm: clip_norm(args.clip)?,
         seed: args.seed,
         loss_scale: args.loss_scale,
         checkpoint_every: args.checkpoint_every,
@@ -232,7 +255,7 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
     }
     let config = run_config(&args)?;
     let data = match &args.text {
-        Some(path) => Dataset::text(path, args.seq)?,
+        Some(path) => Dataset::text_limited(path, args.seq, args.max_text_bytes)?,
         None => Dataset::addition(
             AdditionConfig {
                 digits: args.digits,
@@ -242,7 +265,10 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
             args.seed,
         )?,
     };
+    // Everything that can be checked is checked before the first step.
+    fp8_engine::train::preflight::check_run(&precisions, &config, &data)?;
     fs::create_dir_all(&args.out).map_err(|e| CliError(format!("{}: cannot create: {e}", args.out.display())))?;
+    check_outputs(&args, &precisions)?;
     eprintln!(
         "fp8 train: {} on {}; model {} layers x {} wide, {} steps x {} sequences; output in {}",
         data.describe(),
@@ -310,16 +336,85 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
     for (precision, out) in &outputs {
         println!("{} peak memory by category:\n{}", precision.name(), out.memory_summary);
     }
-    write_summary(&args.out.join("summary.json"), &summary)?;
+    let summary_path = args.out.join("summary.json");
+    if args.resume.is_some() {
+        summary = merge_summary(&summary_path, summary, &outputs)?;
+    }
+    write_summary(&summary_path, &summary)?;
     let curves: Vec<_> = outputs
         .iter()
         .map(|(p, o)| (p.name().to_string(), o.curve.clone()))
         .collect();
-    plot_losses(&args.out.join("loss.png"), &curves)?;
+    let plotted = curves.iter().flat_map(|(_, c)| c).any(|(_, loss)| loss.is_finite());
+    if plotted {
+        plot_losses(&args.out.join("loss.png"), &curves)?;
+    } else {
+        println!("loss.png left as it was: this call trained no step with a finite loss");
+    }
     println!(
-        "wrote {}/summary.json, {}/loss.png and per precision metrics.jsonl + checkpoint.safetensors",
+        "wrote {}/summary.json{} and per precision metrics.jsonl + checkpoint.safetensors",
         args.out.display(),
-        args.out.display()
+        if plotted { ", loss.png" } else { "" }
     );
+    diverged(&args, &outputs)
+}
+
+/// Refuses output paths that are not regular files before any training (devices, directories,
+/// symlinks), so a run never ends on an unwritable output.
+fn check_outputs(args: &TrainArgs, precisions: &[Precision]) -> Result<(), CliError> {
+    let mut paths = vec![args.out.join("summary.json"), args.out.join("loss.png")];
+    for precision in precisions {
+        let dir = args.out.join(precision.name());
+        paths.push(dir.join("metrics.jsonl"));
+        paths.push(dir.join("checkpoint.safetensors"));
+    }
+    for path in paths {
+        fp8_engine::io::check_output_path(&path)?;
+    }
     Ok(())
+}
+
+/// On resume, `summary.json` keeps the entries of precisions not run now; a precision that
+/// trained no step in this call (it was finished) keeps its recorded training loss, speed and peak.
+fn merge_summary(
+    path: &std::path::Path,
+    fresh: Summary,
+    outputs: &[(Precision, RunOutput)],
+) -> Result<Summary, CliError> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(fresh);
+    }
+    let mut merged = read_summary(path)?;
+    for (name, mut entry) in fresh {
+        let idle = outputs.iter().any(|(p, o)| p.name() == name && o.curve.is_empty());
+        if let (true, Some(old)) = (idle, merged.get(&name)) {
+            entry.final_train_loss = old.final_train_loss;
+            entry.tokens_per_s = old.tokens_per_s;
+            entry.peak_bytes = old.peak_bytes;
+        }
+        merged.insert(name, entry);
+    }
+    Ok(merged)
+}
+
+/// A run whose last training loss is NaN or infinite diverged: an error (after every output is
+/// written) unless --allow-non-finite-loss.
+fn diverged(args: &TrainArgs, outputs: &[(Precision, RunOutput)]) -> Result<(), CliError> {
+    let bad: Vec<&str> = outputs
+        .iter()
+        .filter(|(_, o)| !o.curve.is_empty() && !o.summary.final_train_loss.is_finite())
+        .map(|(p, _)| p.name())
+        .collect();
+    if bad.is_empty() || args.allow_non_finite_loss {
+        return Ok(());
+    }
+    Err(CliError(format!(
+        "{}: the training loss is {} at the last step (the run diverged; outputs were written; \
+         --allow-non-finite-loss exits 0 anyway)",
+        bad.join(", "),
+        outputs
+            .iter()
+            .find(|(p, _)| p.name() == bad[0])
+            .map_or(f32::NAN, |(_, o)| o.summary.final_train_loss)
+    )))
 }

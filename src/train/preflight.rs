@@ -1,0 +1,207 @@
+//! Checks made before any training starts, so that a run fails in its first
+//! second rather than after hours: every precision's shape rules (FP8 token
+//! counts of training and held-out batches included), and whether the memory
+//! the largest run needs fits the machine. Every size product is checked, so
+//! absurd sizes are errors, never overflows or allocator aborts.
+
+use crate::amp::Precision;
+use crate::data::Dataset;
+use crate::error::{Error, Result};
+use crate::model::{DecoderModel, ModelConfig};
+use crate::nn::FP8_DIM_MULTIPLE;
+
+use super::session::RunConfig;
+
+/// Bytes per parameter value during training: f32 master (4), gradient (4), AdamW moments (8),
+/// a 16-bit compute copy (2) and FP8 weight copies with their transposes (2): 20.
+const BYTES_PER_PARAMETER: u64 = 20;
+
+/// Saved f32 values per token and layer, in units of `hidden` and of `ffn` (napkin math from
+/// the layers' backward inputs: norms, q/k/v, attention output, projections, residuals about
+/// 12 x hidden; the MLP's pre- and post-activation 2 x ffn, 3 x ffn with SwiGLU).
+const SAVED_HIDDEN_PER_TOKEN: u64 = 12;
+
+/// Everything [`check_run`] looks at, for each precision about to run.
+pub fn check_run(precisions: &[Precision], config: &RunConfig, data: &Dataset) -> Result<()> {
+    let micro = micro_batch(config)?;
+    let model = config.model_for(data);
+    let needed = estimate_bytes(&model, micro, data.seq_len());
+    let what = format!(
+        "training ({} layers x {} wide, MLP {}, {} sequences of {} tokens per micro-batch)",
+        model.layers,
+        model.hidden,
+        model.ffn_hidden,
+        micro,
+        data.seq_len()
+    );
+    crate::io::ensure_fits(&what, needed)?;
+    let heldout: Vec<usize> = data.heldout_batches(micro).iter().map(|b| b.batch).collect();
+    for precision in precisions {
+        if precision.is_fp8() {
+            check_fp8_tokens(precision, micro, data.seq_len(), &heldout)?;
+        }
+        // Builds the model once: every layer checks its own shape rules (FP8 widths, heads).
+        DecoderModel::new(&model, precision, config.seed)?;
+    }
+    Ok(())
+}
+
+fn micro_batch(config: &RunConfig) -> Result<usize> {
+    if config.micro_batches == 0 || config.batch == 0 || !config.batch.is_multiple_of(config.micro_batches) {
+        return Err(Error::InvalidSetting {
+            setting: "batch",
+            value: config.batch.to_string(),
+            reason: format!(
+                "must be a positive multiple of the micro-batch count {}",
+                config.micro_batches
+            ),
+        });
+    }
+    Ok(config.batch / config.micro_batches)
+}
+
+/// FP8 GEMMs take token counts (batch x seq rows) that are multiples of [`FP8_DIM_MULTIPLE`],
+/// in training micro-batches and in every held-out batch (the last one may be smaller).
+fn check_fp8_tokens(precision: &Precision, micro: usize, seq: usize, heldout: &[usize]) -> Result<()> {
+    let rows = |batch: usize| batch.saturating_mul(seq);
+    let fails = |batch: usize| !rows(batch).is_multiple_of(FP8_DIM_MULTIPLE);
+    if fails(micro) {
+        return Err(Error::InvalidSetting {
+            setting: "batch",
+            value: micro.to_string(),
+            reason: format!(
+                "{} needs token counts that are multiples of {FP8_DIM_MULTIPLE}: {micro} sequences per micro-batch \
+                 x {seq} tokens = {} (choose --batch / --micro-batches so that it is)",
+                precision.name(),
+                rows(micro)
+            ),
+        });
+    }
+    if let Some(&last) = heldout.iter().find(|&&b| fails(b)) {
+        let total: usize = heldout.iter().sum();
+        return Err(Error::InvalidSetting {
+            setting: "batch",
+            value: micro.to_string(),
+            reason: format!(
+                "{} needs token counts that are multiples of {FP8_DIM_MULTIPLE}: the {total} held-out sequences in \
+                 batches of {micro} leave one of {last} sequences x {seq} tokens = {} (the held-out split is fixed by \
+                 the task: choose a micro-batch size that makes every held-out batch a multiple, or another task size)",
+                precision.name(),
+                rows(last)
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Bytes a training run of `model` with micro-batches of `micro` x `seq` tokens needs at least,
+/// or `None` if the count overflows 64 bits.
+pub fn estimate_bytes(model: &ModelConfig, micro: usize, seq: usize) -> Option<u64> {
+    let [vocab, max_seq, h, layers, ffn] =
+        [model.vocab, model.max_seq, model.hidden, model.layers, model.ffn_hidden].map(|v| v as u64);
+    let mlp_mats = if model.swiglu { 3 } else { 2 };
+    // Per layer: q, k, v and output projections (4 h^2), the MLP's matrices, biases and norms.
+    let per_layer = (4 * h)
+        .checked_mul(h)?
+        .checked_add(mlp_mats * h.checked_mul(ffn)?)?
+        .checked_add(8 * h + ffn)?;
+    let embeddings = vocab.checked_add(max_seq)?.checked_mul(h)?;
+    let head = if model.tied_head { 0 } else { vocab.checked_mul(h)? };
+    let parameters = per_layer
+        .checked_mul(layers)?
+        .checked_add(embeddings)?
+        .checked_add(head)?;
+    let tokens = (micro as u64).checked_mul(seq as u64)?;
+    let saved_per_token = (SAVED_HIDDEN_PER_TOKEN * h).checked_add((mlp_mats + 1) * ffn)?;
+    let activations = tokens
+        .checked_mul(saved_per_token)?
+        .checked_mul(layers)?
+        .checked_mul(4)?;
+    // Logits, their gradient and softmax statistics: about 3 f32 per token and vocabulary entry.
+    let logits = tokens.checked_mul(vocab)?.checked_mul(12)?;
+    parameters
+        .checked_mul(BYTES_PER_PARAMETER)?
+        .checked_add(activations)?
+        .checked_add(logits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::addition::AdditionConfig;
+
+    fn addition(digits: usize) -> Dataset {
+        Dataset::addition(
+            AdditionConfig {
+                digits,
+                ..AdditionConfig::default()
+            },
+            1,
+        )
+        .unwrap()
+    }
+
+    fn fp8() -> Precision {
+        "fp8-delayed".parse().unwrap()
+    }
+
+    #[test]
+    fn estimates_grow_with_sizes_and_overflow_to_none() {
+        let small = ModelConfig::default();
+        let base = estimate_bytes(&small, 16, 8).unwrap();
+        let wider = ModelConfig {
+            hidden: 128,
+            ..small.clone()
+        };
+        assert!(estimate_bytes(&wider, 16, 8).unwrap() > base);
+        assert!(estimate_bytes(&small, 32, 8).unwrap() > base);
+        let huge = ModelConfig {
+            hidden: 4_611_686_018_427_387_920,
+            ..small.clone()
+        };
+        assert_eq!(estimate_bytes(&huge, 16, 8), None);
+        assert_eq!(estimate_bytes(&small, usize::MAX, 8), None);
+    }
+
+    #[test]
+    fn fp8_token_counts_are_checked_for_training_and_heldout_batches() {
+        let data = addition(1);
+        let config = RunConfig {
+            batch: 3,
+            ..RunConfig::default()
+        };
+        let err = check_run(&[fp8()], &config, &data).unwrap_err().to_string();
+        assert!(err.contains("3 sequences per micro-batch"), "{err}");
+        // fp32 has no such rule.
+        check_run(&["fp32".parse().unwrap()], &config, &data).unwrap();
+        // 16 x 5 tokens trains, but the held-out split leaves a short last batch.
+        let config = RunConfig {
+            batch: 16,
+            model: ModelConfig {
+                hidden: 16,
+                heads: 2,
+                layers: 1,
+                ffn_hidden: 64,
+                ..ModelConfig::default()
+            },
+            ..RunConfig::default()
+        };
+        let err = check_run(&[fp8()], &config, &data).unwrap_err().to_string();
+        assert!(err.contains("held-out sequences"), "{err}");
+    }
+
+    #[test]
+    fn fp8_widths_are_checked_by_building_the_model() {
+        let config = RunConfig {
+            model: ModelConfig {
+                hidden: 24,
+                heads: 2,
+                ffn_hidden: 96,
+                ..ModelConfig::default()
+            },
+            ..RunConfig::default()
+        };
+        let err = check_run(&[fp8()], &config, &addition(2)).unwrap_err().to_string();
+        assert!(err.contains("multiples of 16"), "{err}");
+    }
+}
