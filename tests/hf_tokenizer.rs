@@ -12,22 +12,35 @@ fn fixtures() -> PathBuf {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 #[test]
 fn encode_and_decode_match_the_python_library() {
-    let cases: Value = serde_json::from_str(&std::fs::read_to_string(fixtures().join("tokenizer_cases.json")).unwrap()).unwrap();
+    let cases: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("tokenizer_cases.json")).unwrap()).unwrap();
     for kind in ["bytelevel", "metaspace"] {
         let tok = HfTokenizer::from_dir(&fixtures().join(kind)).unwrap();
-        assert_eq!(tok.vocab_size() as u64, cases[kind]["vocab_size"].as_u64().unwrap(), "{kind}");
+        assert_eq!(
+            tok.vocab_size() as u64,
+            cases[kind]["vocab_size"].as_u64().unwrap(),
+            "{kind}"
+        );
         let list = cases[kind]["cases"].as_array().unwrap();
         assert!(list.len() >= 10);
         for case in list {
             let text = case["text"].as_str().unwrap();
             let plain = tok.encode(text, false).unwrap();
             assert_eq!(plain, ids(&case["ids"]), "{kind}: encode {text:?}");
-            assert_eq!(tok.encode(text, true).unwrap(), ids(&case["ids_with_special"]), "{kind}: special {text:?}");
+            assert_eq!(
+                tok.encode(text, true).unwrap(),
+                ids(&case["ids_with_special"]),
+                "{kind}: special {text:?}"
+            );
             let decoded = tok.decode(&plain, true).unwrap();
             assert_eq!(decoded, case["decoded"].as_str().unwrap(), "{kind}: decode {text:?}");
             // Streaming pieces concatenate to the one-shot decode, with no U+FFFD halfway.
@@ -61,7 +74,11 @@ fn bad_inputs_are_errors_that_say_what() {
 #[test]
 fn special_tokens_come_from_tokenizer_config() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(fixtures().join("metaspace/tokenizer.json"), dir.path().join("tokenizer.json")).unwrap();
+    std::fs::copy(
+        fixtures().join("metaspace/tokenizer.json"),
+        dir.path().join("tokenizer.json"),
+    )
+    .unwrap();
     std::fs::write(
         dir.path().join("tokenizer_config.json"),
         r#"{"bos_token": "<s>", "eos_token": {"content": "</s>", "lstrip": false}, "add_bos_token": true}"#,

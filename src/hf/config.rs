@@ -228,7 +228,11 @@ impl HfConfig {
             }
         };
         if head_dim == 0 || !head_dim.is_multiple_of(2) {
-            return Err(unsupported("head_dim", &Value::from(head_dim), "must be even and non-zero"));
+            return Err(unsupported(
+                "head_dim",
+                &Value::from(head_dim),
+                "must be even and non-zero",
+            ));
         }
         check_activation(&f)?;
         let qkv_bias = biases(&f, architecture)?;
@@ -253,7 +257,11 @@ impl HfConfig {
             fp8: fp8_quantization(&f)?,
         };
         if config.rms_norm_eps <= 0.0 {
-            return Err(unsupported("rms_norm_eps", &Value::from(config.rms_norm_eps), "must be positive"));
+            return Err(unsupported(
+                "rms_norm_eps",
+                &Value::from(config.rms_norm_eps),
+                "must be positive",
+            ));
         }
         Ok(config)
     }
@@ -265,7 +273,11 @@ impl HfConfig {
 
     /// Number of trainable values, embeddings and head included (the head once if tied).
     pub fn parameter_count(&self) -> u128 {
-        let (h, i, d) = (self.hidden_size as u128, self.intermediate_size as u128, self.head_dim as u128);
+        let (h, i, d) = (
+            self.hidden_size as u128,
+            self.intermediate_size as u128,
+            self.head_dim as u128,
+        );
         let q = self.num_attention_heads as u128 * d;
         let kv = self.num_key_value_heads as u128 * d;
         let attention = h * q + 2 * h * kv + q * h + if self.qkv_bias { q + 2 * kv } else { 0 };
@@ -300,7 +312,11 @@ fn check_activation(f: &Fields<'_>) -> Result<()> {
             && act != "silu"
             && act != "swish"
         {
-            return Err(unsupported(key, &Value::from(act), "only silu (SwiGLU MLP) is supported"));
+            return Err(unsupported(
+                key,
+                &Value::from(act),
+                "only silu (SwiGLU MLP) is supported",
+            ));
         }
     }
     Ok(())
@@ -311,7 +327,11 @@ fn check_activation(f: &Fields<'_>) -> Result<()> {
 fn biases(f: &Fields<'_>, architecture: Architecture) -> Result<bool> {
     for key in ["attention_bias", "mlp_bias"] {
         if f.bool_or(key, false)? {
-            return Err(unsupported(key, &Value::Bool(true), "biases on these projections are not supported"));
+            return Err(unsupported(
+                key,
+                &Value::Bool(true),
+                "biases on these projections are not supported",
+            ));
         }
     }
     Ok(architecture == Architecture::Qwen2)
@@ -343,7 +363,9 @@ fn rope(f: &Fields<'_>, head_dim: usize) -> Result<RopeConfig> {
     };
     let nested = params.map(Fields);
     let theta = match nested.as_ref().and_then(|p| p.get("rope_theta")) {
-        Some(_) => nested.as_ref().map_or(Ok(10000.0), |p| p.f64_or("rope_theta", 10000.0))?,
+        Some(_) => nested
+            .as_ref()
+            .map_or(Ok(10000.0), |p| p.f64_or("rope_theta", 10000.0))?,
         None => f.f64_or("rope_theta", 10000.0)?,
     };
     if theta <= 1.0 {
@@ -393,7 +415,11 @@ fn rope(f: &Fields<'_>, head_dim: usize) -> Result<RopeConfig> {
     };
     let factor = f.f64_or("partial_rotary_factor", 1.0)?;
     if factor <= 0.0 || factor > 1.0 {
-        return Err(unsupported("partial_rotary_factor", &Value::from(factor), "must be in (0, 1]"));
+        return Err(unsupported(
+            "partial_rotary_factor",
+            &Value::from(factor),
+            "must be in (0, 1]",
+        ));
     }
     // transformers rounds the rotary width down: int(head_dim * factor).
     let rotary_dim = (head_dim as f64 * factor) as usize;
@@ -444,7 +470,13 @@ fn fp8_quantization(f: &Fields<'_>) -> Result<Option<Fp8Quantization>> {
             Some(b) if b.len() == 2 && b.iter().all(|x| x.is_some_and(|n| n > 0)) => {
                 [b[0].unwrap_or(1) as usize, b[1].unwrap_or(1) as usize]
             }
-            _ => return Err(unsupported("quantization_config.weight_block_size", v, "expected [rows, cols]")),
+            _ => {
+                return Err(unsupported(
+                    "quantization_config.weight_block_size",
+                    v,
+                    "expected [rows, cols]",
+                ));
+            }
         },
         None => {
             return Err(unsupported(
@@ -458,8 +490,18 @@ fn fp8_quantization(f: &Fields<'_>) -> Result<Option<Fp8Quantization>> {
         None => Vec::new(),
         Some(v) => v
             .as_array()
-            .and_then(|a| a.iter().map(|m| m.as_str().map(str::to_string)).collect::<Option<Vec<_>>>())
-            .ok_or_else(|| unsupported("quantization_config.modules_to_not_convert", v, "expected a list of names"))?,
+            .and_then(|a| {
+                a.iter()
+                    .map(|m| m.as_str().map(str::to_string))
+                    .collect::<Option<Vec<_>>>()
+            })
+            .ok_or_else(|| {
+                unsupported(
+                    "quantization_config.modules_to_not_convert",
+                    v,
+                    "expected a list of names",
+                )
+            })?,
     };
     Ok(Some(Fp8Quantization {
         block,
@@ -534,7 +576,12 @@ mod tests {
         assert!(err("quantization_config", r#"{"quant_method": "gptq"}"#).contains("quant_method"));
         let mut v: Value = serde_json::from_str(LLAMA3).unwrap();
         v.as_object_mut().unwrap().remove("vocab_size");
-        assert!(HfConfig::from_json(&v.to_string()).unwrap_err().to_string().contains("vocab_size"));
+        assert!(
+            HfConfig::from_json(&v.to_string())
+                .unwrap_err()
+                .to_string()
+                .contains("vocab_size")
+        );
     }
 
     #[test]

@@ -91,7 +91,8 @@ impl Shards {
             path: index.display().to_string(),
             message: format!("cannot read: {err}"),
         })?;
-        let json: Value = serde_json::from_str(&text).map_err(|err| invalid(index, format!("not valid JSON: {err}")))?;
+        let json: Value =
+            serde_json::from_str(&text).map_err(|err| invalid(index, format!("not valid JSON: {err}")))?;
         let map = json
             .get("weight_map")
             .and_then(Value::as_object)
@@ -99,12 +100,18 @@ impl Shards {
         let mut files: Vec<String> = Vec::new();
         let mut expected = BTreeMap::new();
         for (name, file) in map {
-            let file = file
-                .as_str()
-                .ok_or_else(|| invalid(index, format!("weight_map['{}'] is not a file name", name.escape_debug())))?;
+            let file = file.as_str().ok_or_else(|| {
+                invalid(
+                    index,
+                    format!("weight_map['{}'] is not a file name", name.escape_debug()),
+                )
+            })?;
             // Shard names are plain file names next to the index: no paths out of the directory.
             if file.contains('/') || file.contains('\\') || file == ".." || file.is_empty() {
-                return Err(invalid(index, format!("shard name '{}' is not a plain file name", file.escape_debug())));
+                return Err(invalid(
+                    index,
+                    format!("shard name '{}' is not a plain file name", file.escape_debug()),
+                ));
             }
             if !files.iter().any(|f| f == file) {
                 files.push(file.to_string());
@@ -133,7 +140,10 @@ impl Shards {
             for (name, mut entry) in header_entries(path, &map)? {
                 entry.shard = i;
                 if tensors.insert(name.clone(), entry).is_some() {
-                    return Err(invalid(path, format!("tensor '{}' is also in another shard", name.escape_debug())));
+                    return Err(invalid(
+                        path,
+                        format!("tensor '{}' is also in another shard", name.escape_debug()),
+                    ));
                 }
             }
             shards.push(Shard {
@@ -144,19 +154,28 @@ impl Shards {
         if let Some((index, expected)) = index {
             for (name, file) in expected {
                 let Some(entry) = tensors.get(name) else {
-                    return Err(invalid(index, format!("tensor '{}' listed in {file} is not there", name.escape_debug())));
+                    return Err(invalid(
+                        index,
+                        format!("tensor '{}' listed in {file} is not there", name.escape_debug()),
+                    ));
                 };
                 if shards[entry.shard].path.file_name().and_then(|n| n.to_str()) != Some(file.as_str()) {
                     return Err(invalid(
                         index,
-                        format!("tensor '{}' is listed in {file} but found in another shard", name.escape_debug()),
+                        format!(
+                            "tensor '{}' is listed in {file} but found in another shard",
+                            name.escape_debug()
+                        ),
                     ));
                 }
             }
             if let Some(extra) = tensors.keys().find(|n| !expected.contains_key(*n)) {
                 return Err(invalid(
                     index,
-                    format!("tensor '{}' is in a shard but not in the weight_map", extra.escape_debug()),
+                    format!(
+                        "tensor '{}' is in a shard but not in the weight_map",
+                        extra.escape_debug()
+                    ),
                 ));
             }
         }
@@ -190,8 +209,19 @@ impl Shards {
 
 /// The tensors in one file's header, with absolute byte ranges, after checking the file holds them.
 fn header_entries(path: &Path, bytes: &[u8]) -> Result<Vec<(String, TensorEntry)>> {
-    let too_short = || invalid(path, format!("{} bytes: too short for a safetensors header", bytes.len()));
-    let n = u64::from_le_bytes(bytes.get(..8).ok_or_else(too_short)?.try_into().map_err(|_| too_short())?);
+    let too_short = || {
+        invalid(
+            path,
+            format!("{} bytes: too short for a safetensors header", bytes.len()),
+        )
+    };
+    let n = u64::from_le_bytes(
+        bytes
+            .get(..8)
+            .ok_or_else(too_short)?
+            .try_into()
+            .map_err(|_| too_short())?,
+    );
     let header_end = usize::try_from(n).ok().and_then(|n| n.checked_add(8));
     let Some(header) = header_end.and_then(|end| bytes.get(8..end)) else {
         return Err(invalid(
@@ -205,10 +235,7 @@ fn header_entries(path: &Path, bytes: &[u8]) -> Result<Vec<(String, TensorEntry)
     if let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(header) {
         let available = bytes.len() - data_start;
         for (name, info) in &map {
-            let end = info
-                .get("data_offsets")
-                .and_then(|o| o.get(1))
-                .and_then(Value::as_u64);
+            let end = info.get("data_offsets").and_then(|o| o.get(1)).and_then(Value::as_u64);
             if let Some(end) = end
                 && end > available as u64
             {
@@ -222,8 +249,8 @@ fn header_entries(path: &Path, bytes: &[u8]) -> Result<Vec<(String, TensorEntry)
             }
         }
     }
-    let (_, metadata) =
-        SafeTensors::read_metadata(bytes).map_err(|err| invalid(path, format!("not a valid safetensors file: {err}")))?;
+    let (_, metadata) = SafeTensors::read_metadata(bytes)
+        .map_err(|err| invalid(path, format!("not a valid safetensors file: {err}")))?;
     let mut out = Vec::new();
     for (name, info) in metadata.tensors() {
         let (start, end) = info.data_offsets;

@@ -38,7 +38,10 @@ impl HfTokenizer {
         let file = super::shards::open_regular(&path)?;
         let len = file.metadata().map(|m| m.len()).unwrap_or(0);
         if len > MAX_TOKENIZER_BYTES {
-            return Err(tokenizer_error(&path, format!("{len} bytes, more than {MAX_TOKENIZER_BYTES}")));
+            return Err(tokenizer_error(
+                &path,
+                format!("{len} bytes, more than {MAX_TOKENIZER_BYTES}"),
+            ));
         }
         let bytes = std::fs::read(&path).map_err(|err| Error::Io {
             path: path.display().to_string(),
@@ -57,8 +60,15 @@ impl HfTokenizer {
                 message: format!("cannot read: {err}"),
             })?;
             let config: Value = serde_json::from_str(&text).map_err(|err| tokenizer_error(&config_path, err))?;
-            tokenizer.bos = config.get("bos_token").and_then(token_text).and_then(|t| tokenizer.token_id(t));
-            if let Some(eos) = config.get("eos_token").and_then(token_text).and_then(|t| tokenizer.token_id(t)) {
+            tokenizer.bos = config
+                .get("bos_token")
+                .and_then(token_text)
+                .and_then(|t| tokenizer.token_id(t));
+            if let Some(eos) = config
+                .get("eos_token")
+                .and_then(token_text)
+                .and_then(|t| tokenizer.token_id(t))
+            {
                 tokenizer.eos.push(eos);
             }
         }

@@ -78,7 +78,10 @@ pub fn check_checkpoint(shards: &Shards, config: &HfConfig) -> Result<()> {
         if entry.shape != t.shape {
             return Err(Error::InvalidTensor {
                 name: t.name.clone(),
-                reason: format!("shape {:?} in the checkpoint, the config needs {:?}", entry.shape, t.shape),
+                reason: format!(
+                    "shape {:?} in the checkpoint, the config needs {:?}",
+                    entry.shape, t.shape
+                ),
             });
         }
         if entry.dtype == Dtype::F8_E4M3 {
@@ -97,14 +100,17 @@ pub fn check_checkpoint(shards: &Shards, config: &HfConfig) -> Result<()> {
         } else if !matches!(entry.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
             return Err(Error::InvalidTensor {
                 name: t.name.clone(),
-                reason: format!("dtype {:?} is not supported (F32, BF16, F16, or F8_E4M3 with block scales)", entry.dtype),
+                reason: format!(
+                    "dtype {:?} is not supported (F32, BF16, F16, or F8_E4M3 with block scales)",
+                    entry.dtype
+                ),
             });
         }
     }
     for name in shards.entries().keys() {
-        let known = expected.iter().any(|t| {
-            *name == t.name || (t.quantizable && *name == scale_inv_name(&t.name) && config.fp8.is_some())
-        });
+        let known = expected
+            .iter()
+            .any(|t| *name == t.name || (t.quantizable && *name == scale_inv_name(&t.name) && config.fp8.is_some()));
         if !known && !ignorable(name) {
             return Err(Error::InvalidTensor {
                 name: name.escape_debug().to_string(),
@@ -171,15 +177,23 @@ pub fn read_f32(shards: &Shards, config: &HfConfig, name: &str, shape: &[usize])
             let block = fp8_block(config, name, quantizable)?;
             let scales_name = scale_inv_name(name);
             let (rows, cols) = (shape[0], shape[1]);
-            let scales = read_f32(shards, config, &scales_name, &[rows.div_ceil(block[0]), cols.div_ceil(block[1])])?;
+            let scales = read_f32(
+                shards,
+                config,
+                &scales_name,
+                &[rows.div_ceil(block[0]), cols.div_ceil(block[1])],
+            )?;
             let lut: Vec<f32> = (0..=255u8).map(|c| Fp8Format::E4M3.decode(c)).collect();
             let scale_cols = cols.div_ceil(block[1]);
-            out.par_chunks_mut(cols).zip(bytes.par_chunks(cols)).enumerate().for_each(|(r, (o, codes))| {
-                let srow = &scales[(r / block[0]) * scale_cols..][..scale_cols];
-                for (c, (x, &code)) in o.iter_mut().zip(codes).enumerate() {
-                    *x = lut[code as usize] * srow[c / block[1]];
-                }
-            });
+            out.par_chunks_mut(cols)
+                .zip(bytes.par_chunks(cols))
+                .enumerate()
+                .for_each(|(r, (o, codes))| {
+                    let srow = &scales[(r / block[0]) * scale_cols..][..scale_cols];
+                    for (c, (x, &code)) in o.iter_mut().zip(codes).enumerate() {
+                        *x = lut[code as usize] * srow[c / block[1]];
+                    }
+                });
         }
         other => {
             return Err(Error::InvalidTensor {
