@@ -62,7 +62,11 @@ fn generate(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
         .map(|(t, d)| Ok((t.name.clone(), TensorView::new(Dtype::BF16, t.shape.clone(), d)?)))
         .collect::<Result<_, safetensors::SafeTensorError>>()?;
     safetensors::serialize_to_file(views, None, &dir.join("model.safetensors"))?;
-    println!("wrote {} ({} parameters, bf16)", dir.display(), config.parameter_count());
+    println!(
+        "wrote {} ({} parameters, bf16)",
+        dir.display(),
+        config.parameter_count()
+    );
     Ok(())
 }
 
@@ -87,7 +91,12 @@ fn load(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
         total.as_secs_f64(),
         2.0 * values as f64 / total.as_secs_f64() / 1e9,
         peak_rss_mib(),
-        expected_tensors(&model.config).iter().map(|t| t.shape.iter().product::<usize>()).max().unwrap_or(0) as f64 * 4.0
+        expected_tensors(&model.config)
+            .iter()
+            .map(|t| t.shape.iter().product::<usize>())
+            .max()
+            .unwrap_or(0) as f64
+            * 4.0
             / (1 << 20) as f64,
     );
     Ok(())

@@ -120,6 +120,29 @@ pub struct HfConfig {
     pub fp8: Option<Fp8Quantization>,
 }
 
+impl RopeConfig {
+    /// The rotary frequencies in f32, as transformers computes them (see [`crate::ops::rope`]).
+    pub fn inv_freq(&self) -> Vec<f32> {
+        use crate::ops::rope::{RopeFrequencyScaling as S, inv_freq};
+        let scaling = match self.scaling {
+            RopeScaling::None => S::None,
+            RopeScaling::Linear { factor } => S::Linear { factor: factor as f32 },
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => S::Llama3 {
+                factor: factor as f32,
+                low_freq_factor: low_freq_factor as f32,
+                high_freq_factor: high_freq_factor as f32,
+                original_max_position_embeddings: original_max_position_embeddings as f32,
+            },
+        };
+        inv_freq(self.theta as f32, self.rotary_dim, scaling)
+    }
+}
+
 fn unsupported(field: &str, value: &Value, why: &str) -> Error {
     Error::InvalidSetting {
         setting: "config.json",
@@ -532,6 +555,10 @@ mod tests {
         assert!(matches!(c.rope.scaling, RopeScaling::Llama3 { factor: 8.0, .. }));
         assert!(c.tie_word_embeddings && !c.qkv_bias);
         assert_eq!(c.dtype.as_deref(), Some("bfloat16"));
+        let f = c.rope.inv_freq();
+        assert_eq!(f.len(), 8);
+        // The lowest frequency's wavelength (2 pi / 500000^(-14/16)) is far past 8192: divided by 8.
+        assert_eq!(f[7], 1.0 / 500000f32.powf(14.0 / 16.0) / 8.0);
     }
 
     #[test]
