@@ -194,7 +194,7 @@ mod tests {
 
     fn data(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
-            .map(|i| ((i as u32 * 2654435761 ^ seed) % 2001) as f32 / 1000.0 - 1.0)
+            .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 2001) as f32 / 1000.0 - 1.0)
             .collect()
     }
 
