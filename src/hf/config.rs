@@ -582,6 +582,17 @@ mod tests {
         assert_eq!(c.parameter_count(), (2 * layer + 400 * 64 + 64) as u128);
     }
 
+    #[test]
+    fn llama2_7b_parameter_count_is_exact() {
+        let c = HfConfig::from_json(
+            r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 11008,
+                "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 32000,
+                "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "tie_word_embeddings": false}"#,
+        )
+        .unwrap();
+        assert_eq!(c.parameter_count(), 6_738_415_616);
+    }
+
     fn with(field: &str, value: &str) -> Result<HfConfig> {
         let mut v: Value = serde_json::from_str(LLAMA3).unwrap();
         v[field] = serde_json::from_str(value).unwrap();
