@@ -14,6 +14,7 @@
 //! ```
 
 mod config;
+mod fp8_export;
 mod shards;
 mod tokenizer;
 mod weights;
@@ -21,6 +22,7 @@ mod weights;
 use std::path::{Path, PathBuf};
 
 pub use config::{Architecture, Fp8Quantization, HfConfig, RopeConfig, RopeScaling};
+pub use fp8_export::{Fp8ExportSummary, HF_FP8_BLOCK, write_hf_fp8};
 pub use shards::{Shards, TensorEntry};
 pub use tokenizer::{HfTokenizer, MAX_TOKENIZER_BYTES, TokenStream};
 pub use weights::{ExpectedTensor, check_checkpoint, expected_tensors, read_f32, scale_inv_name};
