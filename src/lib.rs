@@ -18,6 +18,7 @@ pub mod device;
 pub mod error;
 pub mod format;
 pub mod gemm;
+pub mod hf;
 pub mod io;
 pub mod memory;
 pub mod model;

@@ -17,6 +17,7 @@ pub mod dtype;
 pub mod embedding;
 pub mod loss;
 pub mod norm;
+pub mod rope;
 
 pub use activation::{gelu_backward, gelu_forward, swiglu_backward, swiglu_forward};
 pub use attention::{AttentionShape, attention_backward, attention_forward};
@@ -24,3 +25,4 @@ pub use dtype::Dtype;
 pub use embedding::{embedding_backward, embedding_forward};
 pub use loss::{cross_entropy_backward, cross_entropy_forward};
 pub use norm::{NormShape, layernorm_backward, layernorm_forward, rmsnorm_backward, rmsnorm_forward};
+pub use rope::{RopeFrequencyScaling, RopeShape, RopeTable, inv_freq, rope_backward, rope_forward};

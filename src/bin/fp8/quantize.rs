@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use fp8_engine::format::Fp8Format;
+use fp8_engine::hf::{HfModelDir, write_hf_fp8};
 use fp8_engine::tools::safetensors_quant::{
     ConversionSummary, FileRecipe, QuantizeOptions, dequantize_file, quantize_file,
 };
@@ -18,19 +19,33 @@ use crate::{args, raw_io};
 /// `block1x128`, [ceil(M/128), ceil(K/128)] for `block128`) or NAME.scale_e8m0
 /// (U8 [M, ceil(K/32)] for `mxfp8`). Other tensors are copied unchanged; the
 /// recipe goes into the file's metadata. The output is written atomically.
+///
+/// With `--hf`, IN and OUT are Hugging Face model directories: every decoder
+/// linear weight becomes F8_E4M3 with an F32 `weight_scale_inv` per 128x128
+/// block and config.json gets `quantization_config` (the layout published FP8
+/// checkpoints use); embeddings, norms, the head and `--keep` modules are copied.
 #[derive(Args)]
-#[command(after_help = "Example: fp8 quantize model.safetensors model.fp8.safetensors --recipe block128")]
+#[command(
+    after_help = "Examples:\n  fp8 quantize model.safetensors model.fp8.safetensors --recipe block128\n  \
+                        fp8 quantize --hf Llama-3.2-1B Llama-3.2-1B-FP8"
+)]
 pub struct QuantizeArgs {
-    /// Input safetensors file.
-    #[arg(value_name = "IN.safetensors")]
+    /// Input safetensors file (with --hf: model directory).
+    #[arg(value_name = "IN")]
     input: PathBuf,
-    /// Output safetensors file.
-    #[arg(value_name = "OUT.safetensors")]
+    /// Output safetensors file (with --hf: model directory).
+    #[arg(value_name = "OUT")]
     output: PathBuf,
     /// current (one scale per tensor), block1x128 (1x128 blocks along the last
     /// dimension), block128 (128x128 blocks) or mxfp8 (1x32 blocks, E8M0 scales).
-    #[arg(long, value_parser = recipe)]
-    recipe: FileRecipe,
+    #[arg(long, value_parser = recipe, required_unless_present = "hf")]
+    recipe: Option<FileRecipe>,
+    /// Hugging Face fine-grained FP8 layout (E4M3, 128x128 blocks, exact scales unless --pow2).
+    #[arg(long, conflicts_with_all = ["recipe", "format", "no_pow2"])]
+    hf: bool,
+    /// With --hf: weights whose name contains this stay in their dtype (repeatable, e.g. down_proj).
+    #[arg(long, requires = "hf", value_name = "NAME")]
+    keep: Vec<String>,
     /// FP8 format: e4m3 or e5m2.
     #[arg(long, value_name = "FORMAT", default_value = "e4m3", value_parser = args::fp8_format)]
     format: Fp8Format,
@@ -70,8 +85,31 @@ fn report(verb: &str, summary: &ConversionSummary, output: &std::path::Path) -> 
 
 /// Runs `fp8 quantize`.
 pub fn run(args: QuantizeArgs) -> Result<(), CliError> {
+    if args.hf {
+        let model = HfModelDir::open(&args.input)?;
+        let summary = write_hf_fp8(&model, &args.output, args.pow2, &args.keep)?;
+        return raw_io::print_text(&format!(
+            "quantized {} weights to E4M3 with 128x128 block scales, copied {} tensors and {}: {}\n",
+            summary.quantized.len(),
+            summary.copied.len(),
+            if summary.side_files.is_empty() {
+                "no side files".to_string()
+            } else {
+                summary.side_files.join(", ")
+            },
+            args.output.display()
+        ));
+    }
+    let Some(recipe) = args.recipe else {
+        return Err(fp8_engine::Error::InvalidSetting {
+            setting: "recipe",
+            value: String::new(),
+            reason: "--recipe is required without --hf".to_string(),
+        }
+        .into());
+    };
     let options = QuantizeOptions {
-        recipe: args.recipe,
+        recipe,
         format: args.format,
         power_2_scale: match (args.pow2, args.no_pow2) {
             (true, _) => Some(true),
