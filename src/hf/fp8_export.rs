@@ -17,8 +17,9 @@ use super::HfModelDir;
 use super::weights::{expected_tensors, scale_inv_name};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
+use crate::io::{read_regular, write_atomic};
 use crate::quantize::{ScaleRule, quantize_128x128};
-use crate::tools::safetensors_io::{OutTensor, serialize, write_atomic};
+use crate::tools::safetensors_io::{OutTensor, serialize};
 
 /// Block edge of the published layout.
 pub const HF_FP8_BLOCK: usize = 128;
@@ -115,10 +116,7 @@ pub fn write_hf_fp8(model: &HfModelDir, out: &Path, pow2: bool, keep: &[String])
     for name in SIDE_FILES {
         let src = model.dir.join(name);
         if src.is_file() {
-            let bytes = std::fs::read(&src).map_err(|err| Error::Io {
-                path: src.display().to_string(),
-                message: format!("cannot read: {err}"),
-            })?;
+            let bytes = read_regular(&src, super::MAX_TOKENIZER_BYTES, "")?;
             write_atomic(&out.join(name), &bytes)?;
             summary.side_files.push(name.to_string());
         }
@@ -129,11 +127,8 @@ pub fn write_hf_fp8(model: &HfModelDir, out: &Path, pow2: bool, keep: &[String])
 /// The input's `config.json` with the FP8 `quantization_config` added (every other field kept).
 fn fp8_config(model: &HfModelDir, keep: &[String]) -> Result<Vec<u8>> {
     let path = model.dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|err| Error::Io {
-        path: path.display().to_string(),
-        message: format!("cannot read: {err}"),
-    })?;
-    let mut config: Value = serde_json::from_str(&text).map_err(|err| Error::InvalidFile {
+    let text = read_regular(&path, 1 << 20, "")?;
+    let mut config: Value = serde_json::from_slice(&text).map_err(|err| Error::InvalidFile {
         path: path.display().to_string(),
         reason: format!("not valid JSON: {err}"),
     })?;

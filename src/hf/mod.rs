@@ -47,19 +47,8 @@ impl HfModelDir {
     /// config needs (names, shapes, dtypes); nothing is converted yet.
     pub fn open(dir: &Path) -> Result<Self> {
         let config_path = dir.join("config.json");
-        let file = shards::open_regular(&config_path)?;
-        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-        if len > MAX_CONFIG_BYTES {
-            return Err(Error::InvalidFile {
-                path: config_path.display().to_string(),
-                reason: format!("{len} bytes, more than a config.json can be ({MAX_CONFIG_BYTES})"),
-            });
-        }
-        let text = std::fs::read_to_string(&config_path).map_err(|err| Error::Io {
-            path: config_path.display().to_string(),
-            message: format!("cannot read: {err}"),
-        })?;
-        let config = HfConfig::from_json(&text).map_err(|err| Error::InvalidFile {
+        let bytes = crate::io::read_regular(&config_path, MAX_CONFIG_BYTES, "")?;
+        let config = HfConfig::from_json(&String::from_utf8_lossy(&bytes)).map_err(|err| Error::InvalidFile {
             path: config_path.display().to_string(),
             reason: err.to_string(),
         })?;

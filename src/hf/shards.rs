@@ -5,7 +5,6 @@
 //! tensor is read, so opening a 1B-parameter checkpoint costs a few page faults.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -13,6 +12,7 @@ use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::io::{open_regular, read_regular};
 
 /// Where one tensor lives.
 #[derive(Clone, Debug, PartialEq)]
@@ -55,19 +55,6 @@ fn invalid(path: &Path, reason: impl Into<String>) -> Error {
     }
 }
 
-/// Opens `path` read-only after checking it is a regular file.
-pub(crate) fn open_regular(path: &Path) -> Result<File> {
-    let io = |err: std::io::Error| Error::Io {
-        path: path.display().to_string(),
-        message: format!("cannot open: {err}"),
-    };
-    let meta = std::fs::metadata(path).map_err(io)?;
-    if !meta.is_file() {
-        return Err(invalid(path, "not a regular file"));
-    }
-    File::open(path).map_err(io)
-}
-
 impl Shards {
     /// The checkpoint files of model directory `dir`.
     pub fn open_dir(dir: &Path) -> Result<Self> {
@@ -87,12 +74,10 @@ impl Shards {
 
     /// Opens the shards named by an index file; every tensor must be in the shard the index says.
     fn open_index(dir: &Path, index: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(index).map_err(|err| Error::Io {
-            path: index.display().to_string(),
-            message: format!("cannot read: {err}"),
-        })?;
+        // Published index files are a few hundred KiB (one line per tensor).
+        let text = read_regular(index, 64 << 20, "")?;
         let json: Value =
-            serde_json::from_str(&text).map_err(|err| invalid(index, format!("not valid JSON: {err}")))?;
+            serde_json::from_slice(&text).map_err(|err| invalid(index, format!("not valid JSON: {err}")))?;
         let map = json
             .get("weight_map")
             .and_then(Value::as_object)
@@ -128,7 +113,7 @@ impl Shards {
         let mut shards = Vec::with_capacity(paths.len());
         let mut tensors = BTreeMap::new();
         for (i, path) in paths.iter().enumerate() {
-            let file = open_regular(path)?;
+            let (file, _) = open_regular(path)?;
             // SAFETY: the file is opened read-only and the mapping lives as long as `Shard`. Another
             // process truncating or rewriting the file while it is mapped would change the bytes under
             // us (or fault); checkpoints are inputs nobody writes while a run reads them, and every

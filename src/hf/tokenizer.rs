@@ -7,6 +7,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::io::read_regular;
 
 /// `tokenizer.json` files above this are refused before reading (the largest published ones,
 /// 256k-token vocabularies, are under 40 MB).
@@ -35,18 +36,7 @@ impl HfTokenizer {
     /// Loads `DIR/tokenizer.json`, and `DIR/tokenizer_config.json` if present for bos/eos.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
-        let file = super::shards::open_regular(&path)?;
-        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-        if len > MAX_TOKENIZER_BYTES {
-            return Err(tokenizer_error(
-                &path,
-                format!("{len} bytes, more than {MAX_TOKENIZER_BYTES}"),
-            ));
-        }
-        let bytes = std::fs::read(&path).map_err(|err| Error::Io {
-            path: path.display().to_string(),
-            message: format!("cannot read: {err}"),
-        })?;
+        let bytes = read_regular(&path, MAX_TOKENIZER_BYTES, "")?;
         let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|err| tokenizer_error(&path, err))?;
         let mut tokenizer = HfTokenizer {
             inner,
@@ -55,11 +45,8 @@ impl HfTokenizer {
         };
         let config_path = dir.join("tokenizer_config.json");
         if config_path.exists() {
-            let text = std::fs::read_to_string(&config_path).map_err(|err| Error::Io {
-                path: config_path.display().to_string(),
-                message: format!("cannot read: {err}"),
-            })?;
-            let config: Value = serde_json::from_str(&text).map_err(|err| tokenizer_error(&config_path, err))?;
+            let text = read_regular(&config_path, MAX_TOKENIZER_BYTES, "")?;
+            let config: Value = serde_json::from_slice(&text).map_err(|err| tokenizer_error(&config_path, err))?;
             tokenizer.bos = config
                 .get("bos_token")
                 .and_then(token_text)
