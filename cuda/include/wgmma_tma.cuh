@@ -64,8 +64,8 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 // minute in all, so 10 s in one wait is a hang.
 constexpr uint32_t BOUNDED_WAIT_UNITS = 9537;
 
-// %globaltimer (ns) >> 20: one 32-bit register instead of two, which keeps the
-// 256-wide split consumer (232 registers) from spilling.
+// %globaltimer (ns) >> 20: one 32-bit register instead of two (the producer
+// that waits with it runs on 40 registers).
 __device__ __forceinline__ uint32_t globaltimer_units() {
     uint64_t t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

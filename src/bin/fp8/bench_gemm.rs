@@ -29,10 +29,11 @@ rel_err: relative Frobenius error against the f64 product of the same quantized 
 (the GEMM's own arithmetic, output rounding included), \
 quant_err: the same against the f64 product of the unquantized inputs (format and recipe). \
 Both references are computed on a deterministic sample of 64 evenly spaced output rows (all rows when M <= 64). \
-err/bound (JSON `<path>_err_bound`): the worst |error| on those rows over its bound, sum_k |a b| sA sB \
-(K/32 + 2) 2^-13 for FP8 inputs (K/16 + 2) 2^-22 otherwise, plus one output ulp; a result above 1 fails the run. \
 With --backend cuda, `tflops` is the path the engine chooses (FP8_GEMM_PATH) and the JSON adds \
-portable_tflops / hopper_tflops (null with *_error when a path cannot run), *_kernel and path.")]
+portable_tflops / hopper_tflops (null with *_error when a path cannot run), *_kernel and path, and \
+portable_err_bound / hopper_err_bound: each path's worst |error| on the sampled rows over its bound, \
+sum_k |a b| sA sB (K/32 + 2) 2^-13 for FP8 inputs, (K/16 + 2) 2^-22 otherwise, plus one output ulp; \
+a result above 1 fails the run.")]
 pub struct GemmBenchArgs {
     /// cpu, or cuda (GPU 0: the portable kernel, the Hopper path on sm_90, and cuBLASLt as the baseline).
     #[arg(long, value_enum, default_value = "cpu")]
@@ -457,5 +458,32 @@ fn print_table(args: &GemmBenchArgs, device: String, rows: &[Row], on_cpu: bool)
     print!("{}", table.render());
     for note in notes {
         println!("  {note}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_bounds_pass_the_exact_product_and_flag_a_wrong_element() {
+        let (m, n, k) = (8, 6, 256);
+        let (xa, xb) = (random(m * k, Dist::Normal, 1), random(n * k, Dist::Normal, 2));
+        let inputs = CaseInputs {
+            a: Input::new(&xa, m, k, InputFormat::E4m3, Scaling::Tensor, Side::A).unwrap(),
+            b: Input::new(&xb, n, k, InputFormat::E4m3, Scaling::Tensor, Side::B).unwrap(),
+            out: OutFormat::F32,
+            split: true,
+        };
+        let rows = sample_rows(m);
+        let exact = reference_rows(&rows, n, 1.0, |i| inputs.a.row_f64(i), |j| inputs.b.row_f64(j));
+        let good: Vec<f32> = exact.iter().map(|&x| x as f32).collect();
+        let mut bad = good.clone();
+        // A tenth of the row's scale off: far outside (K/32 + 2) 2^-13 of S.
+        bad[7] += 0.1 * exact[6..12].iter().fold(0.0f64, |a, &x| a.max(x.abs())) as f32;
+        let r = error_bounds(&inputs, &[("good", good, 1.0), ("bad", bad, 1.0)], true, (m, n, k));
+        assert_eq!((r[0].0, r[1].0), ("good", "bad"));
+        assert!(r[0].1 < 0.01, "{r:?}");
+        assert!(r[1].1 > 1.0, "{r:?}");
     }
 }

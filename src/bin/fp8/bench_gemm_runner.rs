@@ -57,8 +57,8 @@ pub struct Measurement {
     pub output: Option<Vec<f32>>,
     /// Backend-specific JSON keys (e.g. the CUDA runner's per-path throughput).
     pub extra: Vec<(&'static str, serde_json::Value)>,
-    /// Outputs to judge against the error bound, by path name ("ours" on the CPU;
-    /// "portable" and "hopper" on a GPU), each with the output scale it was made with.
+    /// Outputs to judge against the error bound, by path name ("portable" and
+    /// "hopper" on a GPU; none on the CPU), each with the output scale it was made with.
     pub checked: Vec<(&'static str, Vec<f32>, f32)>,
 }
 

@@ -160,8 +160,8 @@ pub fn dynamic_smem_bytes(block_n: u32) -> u32 {
 }
 
 /// Test-only knobs of a launch (the default changes nothing): force a tile
-/// width, cap the persistent grid, or run the kernel variant whose mbarrier
-/// waits give up after ~10 s. They let a test drive the 256-wide kernels, the
+/// width, cap the persistent grid, or run the kernel variant whose producer
+/// gives up waiting after ~10 s. They let a test drive the 256-wide kernels, the
 /// 4-stage ring and several tiles per CTA on shapes small enough for the CPU
 /// reference, and turn a protocol hang into a reported error.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -170,8 +170,9 @@ pub struct PlanOverride {
     pub block_n: Option<u32>,
     /// At most this many CTAs (>= 1): plan as if the GPU had this many SMs.
     pub max_ctas: Option<u32>,
-    /// The `_bounded` variant: a wait that exceeds ~10 s records
-    /// `FP8_WGMMA_ERROR_HANG` with stage, parity and role in the error flag and traps.
+    /// The `_bounded` variant: a producer wait (for a free stage, or for the
+    /// consumers' final releases) that exceeds ~10 s records `FP8_WGMMA_ERROR_HANG`
+    /// with stage, parity and role in the error flag and traps (`docs/hopper-gemm.md`).
     pub bounded_waits: bool,
 }
 
