@@ -287,14 +287,14 @@ fn tied_head_gradients_match_finite_differences() {
     let mut analytic = Vec::new();
     model.visit_parameters(&mut |param| {
         if param.name() == "embed.tokens" {
-            analytic = param.grad.clone();
+            analytic = param.grad().to_vec();
         }
     });
     let loss_with = |delta: f32, index: usize| {
         let mut m = DecoderModel::new(&config, &p, 11).expect("model");
         m.visit_parameters(&mut |param| {
             if param.name() == "embed.tokens" {
-                param.value[index] += delta;
+                param.value_mut()[index] += delta;
                 param.mark_updated();
             }
         });

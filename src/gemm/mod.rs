@@ -1,4 +1,4 @@
-//! Scaled GEMM, one entry point for every precision (spec 5):
+//! Scaled GEMM, one entry point for every precision (`docs/numerics.md`, GEMM):
 //!
 //! `D = alpha * (A . B^T) * scale_inv_A * scale_inv_B (+ bias) (+ beta * D_old)`
 //!
@@ -13,4 +13,4 @@
 pub mod cpu;
 mod operand;
 
-pub use operand::{GemmParams, GemmPlan, GemmReport, Mat, Operand, Output, ScalePair, plan};
+pub use operand::{FP8_K_MULTIPLE, GemmParams, GemmPlan, GemmReport, Mat, Operand, Output, ScalePair, plan};

@@ -181,9 +181,9 @@ impl DecoderModel {
     fn embed(&self, ids: &[u32], seq: usize) -> Result<Tensor> {
         let h = self.config.hidden;
         let mut x = vec![0.0f32; ids.len() * h];
-        embedding::embedding_forward(ids, &self.tokens.value, h, &mut x)?;
+        embedding::embedding_forward(ids, self.tokens.value(), h, &mut x)?;
         for (r, row) in x.chunks_exact_mut(h).enumerate() {
-            let pos = &self.positions.value[(r % seq) * h..(r % seq + 1) * h];
+            let pos = &self.positions.value()[(r % seq) * h..(r % seq + 1) * h];
             row.iter_mut().zip(pos).for_each(|(v, p)| *v += p);
         }
         self.dtype.round_slice(&mut x);
@@ -198,11 +198,11 @@ impl DecoderModel {
         }
         let normed = self.final_norm.forward(&x)?;
         let logits = match &mut self.head {
-            Some(head) => head.forward(&normed)?.data,
+            Some(head) => head.forward(&normed)?.into_data(),
             None => head::forward(
-                &normed.data,
-                &self.tokens.value,
-                normed.rows,
+                normed.data(),
+                self.tokens.value(),
+                normed.rows(),
                 self.config.hidden,
                 self.dtype,
             )?,
@@ -252,15 +252,8 @@ impl DecoderModel {
         let dnormed = match &mut self.head {
             Some(head) => head.backward(&Tensor::new(dlogits, rows, vocab)?)?,
             None => {
-                let dh = head::backward(
-                    &dlogits,
-                    &saved.normed.data,
-                    &self.tokens.value,
-                    rows,
-                    h,
-                    self.dtype,
-                    &mut self.tokens.grad,
-                )?;
+                let (table, dtable) = self.tokens.value_and_grad_mut();
+                let dh = head::backward(&dlogits, saved.normed.data(), table, rows, h, self.dtype, dtable)?;
                 Tensor::new(dh, rows, h)?
             }
         };
@@ -268,10 +261,10 @@ impl DecoderModel {
         for layer in self.layers.iter_mut().rev() {
             dx = layer.backward(&dx)?;
         }
-        embedding::embedding_backward(&saved.ids, &dx.data, h, &mut self.tokens.grad)?;
-        for (r, row) in dx.data.chunks_exact(h).enumerate() {
+        embedding::embedding_backward(&saved.ids, dx.data(), h, self.tokens.grad_mut())?;
+        for (r, row) in dx.data().chunks_exact(h).enumerate() {
             let p = r % saved.seq;
-            let grad = &mut self.positions.grad[p * h..(p + 1) * h];
+            let grad = &mut self.positions.grad_mut()[p * h..(p + 1) * h];
             grad.iter_mut().zip(row).for_each(|(g, d)| *g += d);
         }
         Ok(())

@@ -5,7 +5,7 @@
 use crate::error::Result;
 use crate::gemm::{GemmParams, Output, cpu};
 use crate::nn::PlainMat;
-use crate::ops::Dtype;
+use crate::tensor::Dtype;
 
 /// `h [rows, hidden]`, `table [vocab, hidden]` -> logits `[rows, vocab]`.
 pub(super) fn forward(h: &[f32], table: &[f32], rows: usize, hidden: usize, dtype: Dtype) -> Result<Vec<f32>> {

@@ -4,16 +4,17 @@
 use super::init::child_seed;
 use super::layernorm_linear::LayerNormLinear;
 use super::linear::Linear;
+use super::no_forward;
 use super::norm::NormConfig;
-use super::ops::Dtype;
 use super::ops::attention::{self as kernels, AttentionShape};
 use super::param::{Module, Parameter};
 use super::replay::Replay;
 use super::stats::Fp8TensorStats;
-use super::tensor::{Tensor, no_forward};
 use crate::amp::Precision;
 use crate::error::{Error, Result};
 use crate::scaling::DelayedSlot;
+use crate::tensor::Dtype;
+use crate::tensor::Tensor;
 
 /// The QKV projection, with or without its input norm.
 enum QkvProjection {
@@ -126,12 +127,13 @@ impl MultiheadAttention {
 
     pub(crate) fn run(&mut self, x: &Tensor, batch: usize, seq: usize, replay: bool) -> Result<Tensor> {
         let tokens = batch.saturating_mul(seq);
-        if x.rows != tokens {
+        if x.rows() != tokens {
             return Err(Error::LayerShape {
                 layer: self.name.clone(),
                 detail: format!(
                     "input is {}x{}, batch {batch} x seq {seq} needs {tokens} rows",
-                    x.rows, x.cols
+                    x.rows(),
+                    x.cols()
                 ),
             });
         }
@@ -140,7 +142,7 @@ impl MultiheadAttention {
             QkvProjection::Plain(linear) => linear.forward_pass(x, replay)?,
             QkvProjection::Normed(fused) => fused.run(x, replay)?,
         };
-        let [q, k, v] = split_qkv(&qkv.data, tokens, self.hidden);
+        let [q, k, v] = split_qkv(qkv.data(), tokens, self.hidden);
         let shape = AttentionShape {
             batch,
             seq,
@@ -177,9 +179,20 @@ impl MultiheadAttention {
         let (mut dq, mut dk, mut dv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
         let scale = 1.0 / (s.shape.head_dim as f32).sqrt();
         kernels::attention_backward(
-            &dout.data, &s.q, &s.k, &s.v, &s.out, &s.lse, s.shape, scale, self.dtype, &mut dq, &mut dk, &mut dv,
+            dout.data(),
+            &s.q,
+            &s.k,
+            &s.v,
+            &s.out,
+            &s.lse,
+            s.shape,
+            scale,
+            self.dtype,
+            &mut dq,
+            &mut dk,
+            &mut dv,
         )?;
-        let tokens = dout.rows;
+        let tokens = dout.rows();
         let mut dqkv = join_qkv([&dq, &dk, &dv], tokens, self.hidden);
         self.dtype.round_slice(&mut dqkv);
         let dqkv = Tensor::new(dqkv, tokens, 3 * self.hidden)?;

@@ -6,10 +6,10 @@ use super::norm::{Norm, NormConfig};
 use super::param::{Module, Parameter};
 use super::replay::Replay;
 use super::stats::Fp8TensorStats;
-use super::tensor::Tensor;
 use crate::amp::Precision;
 use crate::error::Result;
 use crate::scaling::DelayedSlot;
+use crate::tensor::Tensor;
 
 /// `Y = Linear(Norm(X))`. Under FP8 the f32 norm output is cast to E4M3 directly (the
 /// fused norm + cast of TE), never stored in bf16; under the other precisions it is
@@ -62,7 +62,7 @@ impl LayerNormLinear {
         let y = self.run(x, false)?;
         if self.replay.enabled() {
             self.clear_saved();
-            self.replay.keep(x, x.rows, 1);
+            self.replay.keep(x, x.rows(), 1);
         }
         Ok(y)
     }

@@ -15,19 +15,16 @@
 use half::{bf16, f16};
 
 use super::fp8_cast::{self, Cast};
-use super::ops::Dtype;
+use super::no_forward;
 use super::param::Parameter;
 use super::stats::Fp8TensorStats;
-use super::tensor::no_forward;
 use crate::amp::{Fp8Recipe, Precision};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
-use crate::gemm::{GemmParams, Mat, Operand, Output, cpu::gemm};
+use crate::gemm::{FP8_K_MULTIPLE, GemmParams, Mat, Operand, Output, cpu::gemm};
 use crate::scaling::{DelayedSlot, ModuleScaling, TensorRole, current_scale};
+use crate::tensor::Dtype;
 use crate::tensor::QuantizedMatrix;
-
-/// FP8 GEMMs need every K (in, out features and the token count) to be a multiple of this.
-pub const FP8_DIM_MULTIPLE: usize = 16; // the GEMM's K multiple for FP8 (tensor cores read 16 bytes of K)
 
 /// A plain matrix in a compute dtype.
 #[derive(Clone, Debug)]
@@ -122,7 +119,7 @@ pub(crate) struct LinearGemms {
     precision: Precision,
     in_features: usize,
     out_features: usize,
-    /// Delayed scaling only: the five slots of spec 4.1.
+    /// Delayed scaling only: the five slots of `docs/numerics.md`, delayed scaling.
     slots: Option<ModuleScaling>,
     weight: Option<(u64, WeightCopy)>,
     saved: Option<(usize, SavedInput)>,
@@ -136,13 +133,13 @@ impl LinearGemms {
     pub(crate) fn new(layer: &str, in_features: usize, out_features: usize, precision: &Precision) -> Result<Self> {
         precision.validate()?;
         if precision.is_fp8()
-            && (!in_features.is_multiple_of(FP8_DIM_MULTIPLE) || !out_features.is_multiple_of(FP8_DIM_MULTIPLE))
+            && (!in_features.is_multiple_of(FP8_K_MULTIPLE) || !out_features.is_multiple_of(FP8_K_MULTIPLE))
         {
             return Err(Error::LayerShape {
                 layer: layer.to_string(),
                 detail: format!(
                     "weight {out_features}x{in_features}: {} needs in and out features that are multiples of \
-                     {FP8_DIM_MULTIPLE}",
+                     {FP8_K_MULTIPLE}",
                     precision.name()
                 ),
             });
@@ -182,7 +179,7 @@ impl LinearGemms {
         }
     }
 
-    /// The spec 4.1 update of the forward or backward slots.
+    /// The delayed-scaling update (`docs/numerics.md`) of the forward or backward slots.
     fn update(&mut self, roles: &[TensorRole]) {
         if let (Some(slots), Precision::Fp8(Fp8Recipe::Delayed(recipe))) = (&mut self.slots, &self.precision) {
             for &role in roles {
@@ -216,11 +213,11 @@ impl LinearGemms {
     }
 
     fn check_tokens(&self, rows: usize) -> Result<()> {
-        if self.precision.is_fp8() && !rows.is_multiple_of(FP8_DIM_MULTIPLE) {
+        if self.precision.is_fp8() && !rows.is_multiple_of(FP8_K_MULTIPLE) {
             return Err(Error::LayerShape {
                 layer: self.layer.clone(),
                 detail: format!(
-                    "input {rows}x{}: {} needs a token count (rows) that is a multiple of {FP8_DIM_MULTIPLE}",
+                    "input {rows}x{}: {} needs a token count (rows) that is a multiple of {FP8_K_MULTIPLE}",
                     self.in_features,
                     self.precision.name()
                 ),
@@ -238,17 +235,17 @@ impl LinearGemms {
         let copy = match &self.precision {
             Precision::Fp8(recipe) => {
                 let scale = self.slot_scale(TensorRole::Weight);
-                let cast = fp8_cast::cast(recipe, TensorRole::Weight, &weight.value, out, inp, scale)?;
+                let cast = fp8_cast::cast(recipe, TensorRole::Weight, weight.value(), out, inp, scale)?;
                 if !replay {
                     self.record(TensorRole::Weight, cast.amax);
                     let name = self.stat_name(TensorRole::Weight);
-                    self.stats[1] = Some(fp8_cast::cast_stats(name, &weight.value, &cast));
+                    self.stats[1] = Some(fp8_cast::cast_stats(name, weight.value(), &cast));
                 }
                 WeightCopy::Fp8(cast)
             }
             _ => WeightCopy::Plain {
-                w: PlainMat::new(self.dtype(), &weight.value),
-                wt: PlainMat::transposed(self.dtype(), &weight.value, out, inp),
+                w: PlainMat::new(self.dtype(), weight.value()),
+                wt: PlainMat::transposed(self.dtype(), weight.value(), out, inp),
             },
         };
         self.weight = Some((weight.version(), copy));
@@ -282,7 +279,7 @@ impl LinearGemms {
                 let xq = fp8_cast::cast(recipe, TensorRole::Input, x, rows, inp, input_scale)?;
                 let params = GemmParams {
                     bias,
-                    split_accumulator: false, // forward: fast accumulation allowed (spec 5)
+                    split_accumulator: false, // forward: fast accumulation allowed (`docs/numerics.md`, GEMM)
                     ..GemmParams::default()
                 };
                 let a = Operand::Fp8(xq.tensor.format(), xq.tensor.rowwise());
@@ -378,7 +375,7 @@ impl LinearGemms {
                 gemm(
                     &Operand::Fp8(dy_format, fp8_cast::columnwise(&dyq.tensor)),
                     &Operand::Fp8(*x_format, xt),
-                    Output::F32(&mut weight.grad),
+                    Output::F32(weight.grad_mut()),
                     &accumulate,
                 )?;
                 let stats = fp8_cast::cast_stats(self.stat_name(TensorRole::OutputGrad), dy, &dyq);
@@ -397,7 +394,7 @@ impl LinearGemms {
                 gemm(
                     &dyt.operand(out, rows)?,
                     &xt.operand(inp, rows)?,
-                    Output::F32(&mut weight.grad),
+                    Output::F32(weight.grad_mut()),
                     &accumulate,
                 )?;
                 (dgrad.amax, None)

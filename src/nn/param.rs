@@ -13,9 +13,9 @@ pub struct Parameter {
     name: String,
     shape: Vec<usize>,
     /// f32 master values, row-major.
-    pub value: Vec<f32>,
+    value: Vec<f32>,
     /// f32 gradient, accumulated across micro-batches until `zero_grad`.
-    pub grad: Vec<f32>,
+    grad: Vec<f32>,
     version: u64,
 }
 
@@ -47,6 +47,38 @@ impl Parameter {
     /// Shape, e.g. `[out_features, in_features]` for a weight.
     pub fn shape(&self) -> &[usize] {
         &self.shape
+    }
+
+    /// The f32 master values, row-major.
+    pub fn value(&self) -> &[f32] {
+        &self.value
+    }
+
+    /// The master values to change in place; call [`Parameter::mark_updated`] after, so layers
+    /// remake their compute copies.
+    pub fn value_mut(&mut self) -> &mut [f32] {
+        &mut self.value
+    }
+
+    /// The f32 gradient, accumulated across micro-batches until [`Parameter::zero_grad`].
+    pub fn grad(&self) -> &[f32] {
+        &self.grad
+    }
+
+    /// The gradient, to accumulate into or rescale in place.
+    pub fn grad_mut(&mut self) -> &mut [f32] {
+        &mut self.grad
+    }
+
+    /// The master values and the gradient at once (an optimizer reads one and writes the other).
+    pub fn value_and_grad_mut(&mut self) -> (&mut [f32], &mut [f32]) {
+        (&mut self.value, &mut self.grad)
+    }
+
+    /// Replaces the master values with `value` of the same length (checked by the caller).
+    pub(crate) fn set_value(&mut self, value: Vec<f32>) {
+        debug_assert_eq!(value.len(), self.value.len());
+        self.value = value;
     }
 
     /// Number of values.

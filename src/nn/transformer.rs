@@ -4,14 +4,14 @@ use super::attention::MultiheadAttention;
 use super::init::child_seed;
 use super::mlp::{Activation, LayerNormMLP};
 use super::norm::{NormConfig, NormKind};
-use super::ops::Dtype;
 use super::param::{Module, Parameter};
 use super::replay::Replay;
 use super::stats::Fp8TensorStats;
-use super::tensor::Tensor;
 use crate::amp::Precision;
 use crate::error::Result;
 use crate::scaling::DelayedSlot;
+use crate::tensor::Dtype;
+use crate::tensor::Tensor;
 
 /// Shape and options of a [`TransformerLayer`].
 #[derive(Clone, Debug, PartialEq)]
@@ -131,9 +131,9 @@ impl TransformerLayer {
     }
 
     fn residual(&self, x: &Tensor, f: &Tensor) -> Result<Tensor> {
-        let mut sum: Vec<f32> = x.data.iter().zip(&f.data).map(|(a, b)| a + b).collect();
+        let mut sum: Vec<f32> = x.data().iter().zip(f.data()).map(|(a, b)| a + b).collect();
         self.dtype.round_slice(&mut sum);
-        Tensor::new(sum, x.rows, x.cols)
+        Tensor::new(sum, x.rows(), x.cols())
     }
 
     /// Drops what the last forward kept for backward (after an evaluation-only forward).

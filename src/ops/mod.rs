@@ -13,14 +13,14 @@
 pub mod activation;
 pub mod attention;
 mod check;
-pub mod dtype;
 pub mod embedding;
 pub mod loss;
 pub mod norm;
 
+/// The activation dtype now lives next to `Tensor`; re-exported for the old path.
+pub use crate::tensor::Dtype;
 pub use activation::{gelu_backward, gelu_forward, swiglu_backward, swiglu_forward};
 pub use attention::{AttentionShape, attention_backward, attention_forward};
-pub use dtype::Dtype;
 pub use embedding::{embedding_backward, embedding_forward};
 pub use loss::{cross_entropy_backward, cross_entropy_forward};
 pub use norm::{NormShape, layernorm_backward, layernorm_forward, rmsnorm_backward, rmsnorm_forward};

@@ -1,4 +1,4 @@
-//! Spec 4.1: one delayed-scaling slot, its amax history and its update.
+//! `docs/numerics.md`, delayed scaling: one delayed-scaling slot, its amax history and its update.
 //!
 //! Step N casts with the scale derived from amaxes up to step N-1; the first
 //! step uses 1.0. `history[0]` collects the running step's amax; the update
@@ -45,7 +45,7 @@ impl DelayedSlot {
         self.history[0] = self.history[0].max(amax);
     }
 
-    /// What a cast with [`Self::scale`] leaves behind (spec 4.1 step 6): its amax
+    /// What a cast with [`Self::scale`] leaves behind (`docs/numerics.md`, delayed scaling, step 6): its amax
     /// accumulated into `history[0]` and `scale_inv = 1/scale` (correctly rounded).
     pub fn record_cast(&mut self, amax: f32) {
         self.record_amax(amax);
@@ -57,7 +57,7 @@ impl DelayedSlot {
         self.history[0] = amax;
     }
 
-    /// The update of spec 4.1, steps 1-5, for a tensor of `format`.
+    /// The delayed-scaling update of `docs/numerics.md`, steps 1-5, for a tensor of `format`.
     pub fn update(&mut self, recipe: &DelayedScaling, format: Fp8Format) {
         let last = self.history[0];
         // A slot whose tensor was not cast this step keeps everything (NaN != 0, so NaN rolls in).

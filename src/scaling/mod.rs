@@ -1,4 +1,4 @@
-//! Scaling recipes: how the scale of every FP8 cast is chosen (spec section 4).
+//! Scaling recipes: how the scale of every FP8 cast is chosen (`docs/numerics.md`, scaling recipes).
 //!
 //! * [`DelayedScaling`]: per-tensor scale from an amax history, updated once after
 //!   forward and once after backward ([`delayed`], [`ScalingState`]).

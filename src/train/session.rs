@@ -26,7 +26,7 @@ use crate::device::{MemoryCategory, MemoryLedger};
 use crate::error::{Error, Result};
 use crate::model::{DecoderModel, ModelConfig};
 use crate::nn::{Fp8TensorStats, Module};
-use crate::ops::Dtype;
+use crate::tensor::Dtype;
 
 /// Everything that fixes a run besides its precision.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

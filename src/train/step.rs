@@ -1,4 +1,4 @@
-//! The optimizer half of a training step, in the spec's order (spec 6):
+//! The optimizer half of a training step, in the order of `docs/training.md`:
 //! unscale the gradients and check them for inf/NaN, clip by global norm, then
 //! update with AdamW, or skip the update if a gradient was not finite; last,
 //! let the loss scaler grow or back off.
@@ -34,7 +34,9 @@ pub fn apply_gradients(
     max_grad_norm: Option<f32>,
 ) -> Result<StepOutcome> {
     let loss_scale = scaler.scale();
-    let finite = scaler.unscale_and_check(model);
+    let mut finite = true;
+    // `&=` evaluates its right side every time: every gradient is unscaled, as before.
+    model.visit_parameters(&mut |p| finite &= scaler.unscale_and_check(p.grad_mut()));
     let grad_norm = if finite {
         let norm = match max_grad_norm {
             Some(max) => clip_grad_norm(model, max)?,
@@ -75,12 +77,14 @@ mod tests {
     fn a_finite_step_unscales_before_clipping_and_updates() {
         let (mut model, mut scaler, mut opt) = setup();
         // Unscaled gradient (3, 4): norm 5. Clipping a scaled norm of 5120 would give another answer.
-        model.params[0].grad = vec![3.0 * 1024.0, 4.0 * 1024.0];
+        model.params[0]
+            .grad_mut()
+            .copy_from_slice(&vec![3.0 * 1024.0, 4.0 * 1024.0]);
         let out = apply_gradients(&mut model, &mut scaler, &mut opt, 0.1, Some(1.0)).unwrap();
         assert_eq!(out.grad_norm, 5.0);
         assert!(!out.skipped);
         assert_eq!(out.loss_scale, 1024.0);
-        let g = &model.params[0].grad;
+        let g = &model.params[0].grad();
         assert!(((g[0] as f64).hypot(g[1] as f64) - 1.0).abs() < 1e-6);
         assert_eq!(opt.steps_taken(), 1);
         assert_eq!(model.params[0].version(), 1);
@@ -90,11 +94,11 @@ mod tests {
     #[test]
     fn an_inf_gradient_skips_the_update_and_backs_off() {
         let (mut model, mut scaler, mut opt) = setup();
-        model.params[0].grad = vec![f32::INFINITY, 1.0];
+        model.params[0].grad_mut().copy_from_slice(&vec![f32::INFINITY, 1.0]);
         let out = apply_gradients(&mut model, &mut scaler, &mut opt, 0.1, Some(1.0)).unwrap();
         assert!(out.skipped);
         assert_eq!(out.grad_norm, f64::INFINITY);
-        assert_eq!(model.params[0].value, vec![1.0, -1.0]);
+        assert_eq!(model.params[0].value(), vec![1.0, -1.0]);
         assert_eq!(model.params[0].version(), 0);
         assert_eq!(opt.steps_taken(), 0);
         assert_eq!(scaler.scale(), 512.0);
