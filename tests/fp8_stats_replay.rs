@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use fp8_engine::amp::Precision;
 use fp8_engine::data::Dataset;
 use fp8_engine::data::addition::AdditionConfig;
+use fp8_engine::device::{Device, DeviceChoice};
 use fp8_engine::format::Fp8Format;
 use fp8_engine::model::ModelConfig;
 use fp8_engine::scaling::{DelayedScaling, DelayedSlot, Recipe};
@@ -47,9 +48,15 @@ fn replaying_logged_amaxes_reproduces_every_logged_scale_exactly() {
     let dir = std::env::temp_dir().join(format!("fp8-stats-replay-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch dir");
     let mut logged: Vec<StepMetrics> = Vec::new();
-    run(&precision, &config, &data, &dir, RunControl::default(), &mut |m| {
-        logged.push(m.clone())
-    })
+    run(
+        &cpu(),
+        &precision,
+        &config,
+        &data,
+        &dir,
+        RunControl::default(),
+        &mut |m| logged.push(m.clone()),
+    )
     .expect("run");
     let _ = std::fs::remove_dir_all(&dir);
 
@@ -88,4 +95,8 @@ fn replaying_logged_amaxes_reproduces_every_logged_scale_exactly() {
         changed > checked / 2,
         "only {changed} of {checked} scales differ from 1"
     );
+}
+
+fn cpu() -> Device {
+    Device::select(DeviceChoice::Cpu).expect("the CPU device")
 }

@@ -158,6 +158,11 @@ impl DynamicLossScaler {
         finite
     }
 
+    /// `1/scale` as [`Self::unscale_and_check`] multiplies by; `None` when disabled.
+    pub fn inv_scale(&self) -> Option<f32> {
+        self.state.enabled.then(|| (1.0 / self.state.scale as f64) as f32)
+    }
+
     /// Ends a step: backs off after inf/NaN gradients (the caller skipped the step), otherwise
     /// counts a finite step and grows the scale after `growth_interval` of them.
     pub fn update(&mut self, found_inf: bool) {

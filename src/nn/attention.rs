@@ -6,15 +6,15 @@ use super::layernorm_linear::LayerNormLinear;
 use super::linear::Linear;
 use super::no_forward;
 use super::norm::NormConfig;
-use super::ops::attention::{self as kernels, AttentionShape};
 use super::param::{Module, Parameter};
 use super::replay::Replay;
-use super::stats::Fp8TensorStats;
 use crate::amp::Precision;
+use crate::dispatch::{AttentionShape, Backend};
 use crate::error::{Error, Result};
 use crate::scaling::DelayedSlot;
-use crate::tensor::Dtype;
+use crate::scaling::Fp8TensorStats;
 use crate::tensor::Tensor;
+use crate::tensor::{DeviceKind, Dtype};
 
 /// The QKV projection, with or without its input norm.
 enum QkvProjection {
@@ -47,6 +47,8 @@ pub struct MultiheadAttention {
     proj: Linear,
     replay: Replay,
     saved: Option<AttentionSaved>,
+    /// Where its ops run.
+    backend: Backend,
 }
 
 impl MultiheadAttention {
@@ -107,6 +109,7 @@ impl MultiheadAttention {
             )?,
             replay: Replay::new(recompute),
             saved: None,
+            backend: Backend::default(),
         })
     }
 
@@ -152,7 +155,9 @@ impl MultiheadAttention {
         let mut out = vec![0.0; tokens * self.hidden];
         let mut lse = vec![0.0; batch * self.heads * seq];
         let scale = 1.0 / (shape.head_dim as f32).sqrt();
-        kernels::attention_forward(&q, &k, &v, shape, scale, self.dtype, &mut out, &mut lse)?;
+        self.backend
+            .kernels()
+            .attention_forward(&q, &k, &v, shape, scale, self.dtype, &mut out, &mut lse)?;
         self.dtype.round_slice(&mut out);
         let y = self
             .proj
@@ -178,7 +183,7 @@ impl MultiheadAttention {
         let n = s.q.len();
         let (mut dq, mut dk, mut dv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
         let scale = 1.0 / (s.shape.head_dim as f32).sqrt();
-        kernels::attention_backward(
+        self.backend.kernels().attention_backward(
             dout.data(),
             &s.q,
             &s.k,
@@ -253,6 +258,12 @@ impl Module for MultiheadAttention {
     fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
         self.qkv_module().visit_parameters(f);
         self.proj.visit_parameters(f);
+    }
+
+    fn to_device(&mut self, device: DeviceKind) -> Result<()> {
+        self.backend = Backend::on(device);
+        self.qkv_module().to_device(device)?;
+        self.proj.to_device(device)
     }
 
     fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {

@@ -5,10 +5,12 @@ use super::linear::Linear;
 use super::norm::{Norm, NormConfig};
 use super::param::{Module, Parameter};
 use super::replay::Replay;
-use super::stats::Fp8TensorStats;
 use crate::amp::Precision;
+use crate::dispatch::Backend;
 use crate::error::Result;
 use crate::scaling::DelayedSlot;
+use crate::scaling::Fp8TensorStats;
+use crate::tensor::DeviceKind;
 use crate::tensor::Tensor;
 
 /// `Y = Linear(Norm(X))`. Under FP8 the f32 norm output is cast to E4M3 directly (the
@@ -96,6 +98,11 @@ impl Module for LayerNormLinear {
     fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
         self.norm.visit(f);
         self.linear.visit_parameters(f);
+    }
+
+    fn to_device(&mut self, device: DeviceKind) -> Result<()> {
+        self.norm.set_backend(Backend::on(device));
+        self.linear.to_device(device)
     }
 
     fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {

@@ -3,10 +3,12 @@
 use super::init;
 use super::linear_gemms::LinearGemms;
 use super::param::{Module, Parameter};
-use super::stats::Fp8TensorStats;
 use crate::amp::Precision;
+use crate::dispatch::Backend;
 use crate::error::Result;
 use crate::scaling::DelayedSlot;
+use crate::scaling::Fp8TensorStats;
+use crate::tensor::DeviceKind;
 use crate::tensor::Tensor;
 
 /// A fully connected layer: weight `[out, in]` (f32 master), optional bias `[out]`.
@@ -110,6 +112,7 @@ impl Linear {
     /// The forward; `replay` recomputes it in backward without touching the FP8 state.
     pub(crate) fn forward_pass(&mut self, x: &Tensor, replay: bool) -> Result<Tensor> {
         x.expect(&self.name, "input", None, self.in_features)?;
+        self.gemms.expect_on("linear forward", x)?;
         let bias = self.bias.as_ref().map(|b| b.value());
         let y = self.gemms.forward(x.data(), x.rows(), &self.weight, bias, replay)?;
         Tensor::new(y, x.rows(), self.out_features)
@@ -118,6 +121,7 @@ impl Linear {
     /// dX for `dy` `[tokens, out]`; accumulates dW and db into the parameters' grads.
     pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
         dy.expect(&self.name, "output gradient", None, self.out_features)?;
+        self.gemms.expect_on("linear backward", dy)?;
         let bias_grad = self.bias.as_mut().map(|b| b.grad_mut());
         let dx = self.gemms.backward(dy.data(), &mut self.weight, bias_grad)?;
         Tensor::new(dx, dy.rows(), self.in_features)
@@ -135,6 +139,11 @@ impl Module for Linear {
         if let Some(bias) = &mut self.bias {
             f(bias);
         }
+    }
+
+    fn to_device(&mut self, device: DeviceKind) -> Result<()> {
+        self.gemms.set_backend(Backend::on(device));
+        Ok(())
     }
 
     fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {

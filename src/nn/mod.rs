@@ -15,7 +15,6 @@
 //! | [`TransformerLayer`] | `attn.*`, `mlp.*` |
 
 mod attention;
-mod fp8_cast;
 mod init;
 mod layernorm_linear;
 mod linear;
@@ -24,15 +23,13 @@ mod mlp;
 mod norm;
 mod param;
 mod replay;
-mod stats;
 mod transformer;
 
-pub(crate) use crate::ops;
 pub(crate) use init::{child_seed, normal as init_normal};
-pub(crate) use linear_gemms::PlainMat;
 
 /// FP8 GEMMs need every K (in, out features and the token count) to be a multiple of this.
 pub use crate::gemm::FP8_K_MULTIPLE as FP8_DIM_MULTIPLE;
+pub use crate::scaling::Fp8TensorStats;
 pub use crate::tensor::Tensor;
 pub use attention::MultiheadAttention;
 pub use layernorm_linear::LayerNormLinear;
@@ -40,7 +37,6 @@ pub use linear::Linear;
 pub use mlp::{Activation, LayerNormMLP};
 pub use norm::{LayerNorm, NormConfig, NormKind, RMSNorm};
 pub use param::{Module, Parameter};
-pub use stats::Fp8TensorStats;
 pub use transformer::{TransformerConfig, TransformerLayer};
 
 use crate::error::Error;

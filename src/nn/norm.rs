@@ -3,12 +3,12 @@
 //! FP8 cast consumes it directly.
 
 use super::no_forward;
-use super::ops::norm::{self as kernels, NormShape};
 use super::param::{Module, Parameter};
 use crate::amp::Precision;
+use crate::dispatch::{Backend, NormShape};
 use crate::error::Result;
-use crate::tensor::Dtype;
 use crate::tensor::Tensor;
+use crate::tensor::{DeviceKind, Dtype};
 
 /// Which normalization.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -58,6 +58,8 @@ struct NormCore {
     gamma: Parameter,
     beta: Option<Parameter>,
     saved: Option<NormSaved>,
+    /// Where its ops run.
+    backend: Backend,
 }
 
 impl NormCore {
@@ -75,6 +77,7 @@ impl NormCore {
             gamma,
             beta,
             saved: None,
+            backend: Backend::default(),
         })
     }
 
@@ -91,7 +94,7 @@ impl NormCore {
         match &self.beta {
             Some(beta) => {
                 mean = vec![0.0; x.rows()];
-                kernels::layernorm_forward(
+                self.backend.kernels().layernorm_forward(
                     x.data(),
                     self.gamma.value(),
                     beta.value(),
@@ -103,7 +106,7 @@ impl NormCore {
                     &mut rstd,
                 )?;
             }
-            None => kernels::rmsnorm_forward(
+            None => self.backend.kernels().rmsnorm_forward(
                 x.data(),
                 self.gamma.value(),
                 shape,
@@ -145,7 +148,7 @@ impl NormCore {
         let (gamma, dgamma) = self.gamma.value_and_grad_mut();
         let gamma = &*gamma;
         match &mut self.beta {
-            Some(beta) => kernels::layernorm_backward(
+            Some(beta) => self.backend.kernels().layernorm_backward(
                 dy.data(),
                 &saved.x,
                 gamma,
@@ -157,7 +160,16 @@ impl NormCore {
                 dgamma,
                 beta.grad_mut(),
             )?,
-            None => kernels::rmsnorm_backward(dy.data(), &saved.x, gamma, &saved.rstd, shape, zc, &mut dx, dgamma)?,
+            None => self.backend.kernels().rmsnorm_backward(
+                dy.data(),
+                &saved.x,
+                gamma,
+                &saved.rstd,
+                shape,
+                zc,
+                &mut dx,
+                dgamma,
+            )?,
         }
         self.dtype.round_slice(&mut dx);
         Tensor::new(dx, saved.rows, self.hidden)
@@ -219,6 +231,11 @@ macro_rules! norm_layer {
             fn saved_activation_bytes(&self) -> usize {
                 self.0.saved_bytes()
             }
+
+            fn to_device(&mut self, device: DeviceKind) -> Result<()> {
+                self.0.backend = Backend::on(device);
+                Ok(())
+            }
         }
     };
 }
@@ -257,6 +274,10 @@ impl Norm {
 
     pub(crate) fn clear_saved(&mut self) {
         self.0.saved = None;
+    }
+
+    pub(crate) fn set_backend(&mut self, backend: Backend) {
+        self.0.backend = backend;
     }
 
     pub(crate) fn visit(&mut self, f: &mut dyn FnMut(&mut Parameter)) {

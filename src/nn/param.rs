@@ -3,9 +3,10 @@
 //! which the optimizer bumps after every update, so a copy is made once per step
 //! and reused across micro-batches.
 
-use super::stats::Fp8TensorStats;
 use crate::error::{Error, Result};
 use crate::scaling::DelayedSlot;
+use crate::scaling::Fp8TensorStats;
+use crate::tensor::DeviceKind;
 
 /// One trainable tensor.
 #[derive(Clone, Debug, PartialEq)]
@@ -111,6 +112,20 @@ impl Parameter {
 pub trait Module {
     /// Calls `f` on every parameter, in a fixed order (the order checkpoints and optimizers use).
     fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter));
+
+    /// Runs the module's ops on `device` from now on. The parameters stay host vectors until
+    /// device storage exists; the CUDA backend implements no op yet, so the first op run after a
+    /// move to CUDA is an `Error::Unsupported` naming it. Modules without an override can only
+    /// stay on the CPU.
+    fn to_device(&mut self, device: DeviceKind) -> Result<()> {
+        match device {
+            DeviceKind::Cpu => Ok(()),
+            other => Err(Error::Unsupported {
+                op: "to_device",
+                device: other.to_string(),
+            }),
+        }
+    }
 
     /// Total number of trainable values.
     fn parameter_count(&mut self) -> usize {

@@ -16,6 +16,7 @@ pub mod exact_f32;
 pub mod mxfp8;
 mod recipe;
 mod state;
+mod stats;
 
 pub use current::current_scale;
 pub use delayed::DelayedSlot;
@@ -25,3 +26,4 @@ pub use recipe::{
     Mxfp8Format, Mxfp8Scaling, Recipe, RecipeFormat, TensorRole,
 };
 pub use state::{ModuleScaling, ScalingState, fmax_reduce};
+pub use stats::Fp8TensorStats;

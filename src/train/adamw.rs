@@ -24,8 +24,11 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::dispatch::{AdamWStep, Backend};
 use crate::error::{Error, Result};
+
 use crate::nn::Module;
+use crate::tensor::DeviceKind;
 
 /// AdamW hyperparameters.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -123,6 +126,8 @@ pub struct AdamWState {
 pub struct AdamW {
     config: AdamWConfig,
     state: AdamWState,
+    /// Where the update runs (the device of the parameters).
+    backend: Backend,
 }
 
 impl AdamW {
@@ -132,7 +137,18 @@ impl AdamW {
         Ok(AdamW {
             config,
             state: AdamWState::default(),
+            backend: Backend::default(),
         })
+    }
+
+    /// The backend the updates run on.
+    pub(crate) fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Runs the updates on `device` from now on.
+    pub fn to_device(&mut self, device: DeviceKind) {
+        self.backend = Backend::on(device);
     }
 
     /// The hyperparameters.
@@ -179,30 +195,38 @@ impl AdamW {
         let decay = (1.0 - lr64 * c.weight_decay as f64) as f32;
         let step_size = (lr64 / (1.0 - b1.powf(t as f64))) as f32;
         let bc2_sqrt = (1.0 - b2.powf(t as f64)).sqrt() as f32;
-        let (beta1, beta2, eps) = (c.beta1, c.beta2, c.eps);
-        let (c1, c2) = ((1.0 - b1) as f32, (1.0 - b2) as f32);
+        let step = AdamWStep {
+            decay,
+            step_size,
+            bc2_sqrt,
+            beta1: c.beta1,
+            beta2: c.beta2,
+            c1: (1.0 - b1) as f32,
+            c2: (1.0 - b2) as f32,
+            eps: c.eps,
+        };
         let mut moments = self.state.moments.iter_mut();
         let decay_vectors = c.decay_vectors;
+        let kernels = self.backend.kernels();
+        let mut result = Ok(());
         module.visit_parameters(&mut |p| {
-            let state = moments.next().expect("moments checked against the module");
-            let (m, v) = (&mut state.m, &mut state.v);
+            let Some(state) = moments.next() else { return };
             // Multiplying by 1 is exact, so an undecayed parameter takes the same path.
-            let decay = if decay_vectors || p.shape().len() >= 2 {
-                decay
-            } else {
-                1.0
+            let step = AdamWStep {
+                decay: if decay_vectors || p.shape().len() >= 2 {
+                    step.decay
+                } else {
+                    1.0
+                },
+                ..step
             };
             let (value, grad) = p.value_and_grad_mut();
-            for i in 0..value.len() {
-                let g = grad[i];
-                let w = value[i] * decay;
-                m[i] = m[i] * beta1 + g * c1;
-                v[i] = v[i] * beta2 + (g * g) * c2;
-                let denom = v[i].sqrt() / bc2_sqrt + eps;
-                value[i] = w - step_size * (m[i] / denom);
+            if result.is_ok() {
+                result = kernels.adamw(value, grad, &mut state.m, &mut state.v, &step);
             }
             p.mark_updated();
         });
+        result?;
         self.state.step = t;
         Ok(())
     }

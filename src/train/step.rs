@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::nn::Module;
 
 use super::adamw::AdamW;
-use super::clip::{clip_grad_norm, grad_norm};
+use super::clip::{clip_grad_norm_on, grad_norm_on};
 
 /// What happened to one step's gradients.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -34,18 +34,28 @@ pub fn apply_gradients(
     max_grad_norm: Option<f32>,
 ) -> Result<StepOutcome> {
     let loss_scale = scaler.scale();
+    let backend = optimizer.backend();
     let mut finite = true;
-    // `&=` evaluates its right side every time: every gradient is unscaled, as before.
-    model.visit_parameters(&mut |p| finite &= scaler.unscale_and_check(p.grad_mut()));
+    let mut result = Ok(());
+    if let Some(inv_scale) = scaler.inv_scale() {
+        // Every gradient is unscaled, also after a non-finite one.
+        model.visit_parameters(
+            &mut |p| match backend.kernels().unscale_and_check(p.grad_mut(), inv_scale) {
+                Ok(ok) => finite &= ok,
+                Err(e) => result = Err(e),
+            },
+        );
+    }
+    result?;
     let grad_norm = if finite {
         let norm = match max_grad_norm {
-            Some(max) => clip_grad_norm(model, max)?,
-            None => grad_norm(model),
+            Some(max) => clip_grad_norm_on(backend, model, max)?,
+            None => grad_norm_on(backend, model)?,
         };
         optimizer.step(model, lr)?;
         norm
     } else {
-        grad_norm(model)
+        grad_norm_on(backend, model)?
     };
     scaler.update(!finite);
     Ok(StepOutcome {

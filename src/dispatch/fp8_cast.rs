@@ -5,12 +5,11 @@
 //! for dgrad or wgrad), from one read of the high-precision source (fused
 //! cast + transpose for per-tensor scales, both block copies from the source).
 
-use super::stats::Fp8TensorStats;
 use crate::amp::Fp8Recipe;
 use crate::error::Result;
 use crate::format::{Fp8Format, decode_e8m0};
 use crate::quantize::{ScaleRule, amax, quantize_1x128, quantize_block_128x128, quantize_mxfp8, quantize_per_tensor};
-use crate::scaling::{BlockDims, TensorRole};
+use crate::scaling::{BlockDims, Fp8TensorStats, TensorRole};
 use crate::tensor::{QuantizedMatrix, QuantizedTensor, Scales};
 
 /// One cast: both copies, the amax of the source and the scale it multiplied by.
