@@ -21,7 +21,7 @@ use crate::amp::Fp8Recipe;
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{GemmParams, GemmReport, Operand, Output};
-use crate::scaling::{DelayedScaling, DelayedSlot, Fp8TensorStats, TensorRole};
+use crate::scaling::{DelayedScaling, Fp8TensorStats, SlotBank, TensorRole};
 use crate::tensor::{DeviceKind, Dtype, Tensor};
 
 /// Declares the op trait from one list, with the CPU implementation of each op
@@ -102,8 +102,9 @@ kernels! {
     /// Cross-entropy backward into dlogits.
     fn cross_entropy_backward(logits: &[f32], targets: &[u32], vocab: usize, ignore: u32, lse: &[f32], dloss: f32,
         dlogits: &mut [f32]) -> () = crate::ops::cross_entropy_backward;
-    /// The delayed-scaling update of one slot (`docs/numerics.md`, delayed scaling).
-    fn delayed_update(slot: &mut DelayedSlot, recipe: &DelayedScaling, format: Fp8Format) -> ()
+    /// The delayed-scaling update of the slots `slots` of a bank, slot `slots[k]` in `formats[k]`
+    /// (`docs/numerics.md`, delayed scaling).
+    fn delayed_update(bank: &mut SlotBank, slots: &[usize], formats: &[Fp8Format], recipe: &DelayedScaling) -> ()
         = cpu_delayed_update;
     /// FP8 statistics of a cast.
     fn cast_stats(name: String, src: &[f32], cast: &Cast) -> Fp8TensorStats = cpu_cast_stats;
@@ -119,8 +120,20 @@ kernels! {
     fn unscale_and_check(values: &mut [f32], inv_scale: f32) -> bool = cpu_unscale_and_check;
 }
 
-fn cpu_delayed_update(slot: &mut DelayedSlot, recipe: &DelayedScaling, format: Fp8Format) -> Result<()> {
-    slot.update(recipe, format);
+fn cpu_delayed_update(
+    bank: &mut SlotBank,
+    slots: &[usize],
+    formats: &[Fp8Format],
+    recipe: &DelayedScaling,
+) -> Result<()> {
+    if slots.len() != formats.len() || slots.iter().any(|&i| i >= bank.slots()) {
+        return Err(Error::LengthMismatch {
+            what: "delayed_update slots and formats",
+            src: slots.len(),
+            dst: formats.len(),
+        });
+    }
+    bank.update(slots, formats, recipe);
     Ok(())
 }
 

@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{FP8_K_MULTIPLE, GemmParams, Operand, Output};
 use crate::scaling::Fp8TensorStats;
-use crate::scaling::{DelayedSlot, ModuleScaling, TensorRole, current_scale};
+use crate::scaling::{DelayedSlot, SlotBank, TensorRole, current_scale};
 use crate::tensor::Dtype;
 use crate::tensor::QuantizedMatrix;
 
@@ -69,7 +69,7 @@ pub(crate) struct LinearGemms {
     in_features: usize,
     out_features: usize,
     /// Delayed scaling only: the five slots of `docs/numerics.md`, delayed scaling.
-    slots: Option<ModuleScaling>,
+    slots: Option<SlotBank>,
     weight: Option<(u64, WeightCopy)>,
     saved: Option<(usize, SavedInput)>,
     /// The input scale of the last training forward, so a recompute casts the same codes.
@@ -95,7 +95,7 @@ impl LinearGemms {
             });
         }
         let slots = match precision {
-            Precision::Fp8(Fp8Recipe::Delayed(r)) => Some(ModuleScaling::new(r.amax_history_len)),
+            Precision::Fp8(Fp8Recipe::Delayed(r)) => Some(SlotBank::new(ROLES.len(), r.amax_history_len)),
             _ => None,
         };
         Ok(LinearGemms {
@@ -131,24 +131,23 @@ impl LinearGemms {
     }
 
     fn slot_scale(&self, role: TensorRole) -> f32 {
-        self.slots.as_ref().map_or(1.0, |s| s.slot(role).scale)
+        self.slots.as_ref().map_or(1.0, |s| s.scale(role_index(role)))
     }
 
     fn record(&mut self, role: TensorRole, amax: f32) {
         if let Some(slots) = &mut self.slots {
-            slots.slot_mut(role).record_cast(amax);
+            slots.record_cast(role_index(role), amax);
         }
     }
 
     /// The delayed-scaling update (`docs/numerics.md`) of the forward or backward slots.
     fn update(&mut self, roles: &[TensorRole]) -> Result<()> {
         if let (Some(slots), Precision::Fp8(Fp8Recipe::Delayed(recipe))) = (&mut self.slots, &self.precision) {
-            for &role in roles {
-                let format = recipe.format.for_role(role);
-                self.backend
-                    .kernels()
-                    .delayed_update(slots.slot_mut(role), recipe, format)?;
-            }
+            let indices: Vec<usize> = roles.iter().map(|&r| role_index(r)).collect();
+            let formats: Vec<Fp8Format> = roles.iter().map(|&r| recipe.format.for_role(r)).collect();
+            self.backend
+                .kernels()
+                .delayed_update(slots, &indices, &formats, recipe)?;
         }
         Ok(())
     }
@@ -334,7 +333,7 @@ impl LinearGemms {
         };
         let (dgrad_amax, output_grad_cast) = match (&self.precision, copy, &saved) {
             (Precision::Fp8(recipe), WeightCopy::Fp8(w), SavedInput::Fp8(x_format, xt)) => {
-                let scale = self.slots.as_ref().map_or(1.0, |s| s.output_grad.scale);
+                let scale = self.slot_scale(TensorRole::OutputGrad);
                 let dyq = kernels.quantize(recipe, TensorRole::OutputGrad, dy, rows, out, scale)?;
                 let dy_format = dyq.tensor.format();
                 let dgrad = kernels.gemm(
@@ -412,8 +411,8 @@ impl LinearGemms {
     /// Calls `f` on the five delayed-scaling slots as `<layer>.<role>` (nothing under other precisions).
     pub(crate) fn visit_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {
         let Some(slots) = &mut self.slots else { return };
-        for (role, name) in ROLES {
-            f(&format!("{}.{name}", self.layer), slots.slot_mut(role));
+        for (i, (_, name)) in ROLES.iter().enumerate() {
+            slots.with_slot(i, |slot| f(&format!("{}.{name}", self.layer), slot));
         }
     }
 

@@ -10,6 +10,7 @@
 //! uses it; the delayed state is only updated at the end of a pass, never inside
 //! a quantizer.
 
+mod bank;
 pub mod current;
 pub mod delayed;
 pub mod exact_f32;
@@ -18,6 +19,7 @@ mod recipe;
 mod state;
 mod stats;
 
+pub use bank::SlotBank;
 pub use current::current_scale;
 pub use delayed::DelayedSlot;
 pub use mxfp8::mxfp8_scale_exponent;
