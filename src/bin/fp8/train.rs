@@ -95,7 +95,7 @@ pub struct TrainArgs {
     /// Characters per sequence with --text.
     #[arg(long, default_value_t = 64)]
     seq: usize,
-    /// auto, cpu, cuda or cuda:N.
+    /// auto, cpu, cuda or cuda:N (on a GPU, training stops at the first op the CUDA backend lacks).
     #[arg(long, default_value = "auto")]
     device: String,
     /// Output directory.
