@@ -101,7 +101,7 @@ fn delayed_scaling_state_equals_a_hand_run_of_the_spec() {
         let mut layer = Linear::new("fc", 32, 48, false, &precision, 7).unwrap();
         // [scale, history] per slot: input, weight, output_grad (exact amaxes known up front).
         let mut hand = vec![(1.0f32, vec![0.0f32; 3]); 3];
-        let w_amax = amax(&layer.weight().value());
+        let w_amax = amax(layer.weight().value());
         for step in 0..5u64 {
             // Input and gradient magnitudes change from step to step, so the window matters.
             let x = tensor(100 + step, 16, 32, 0.5 + step as f32 * 0.7 % 2.0);

@@ -29,14 +29,17 @@ use crate::tensor::{DeviceKind, Dtype, Tensor};
 macro_rules! kernels {
     ($( $(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $cpu:path; )*) => {
         /// Every op of the layers, model and trainer, implemented once per backend.
+        #[allow(clippy::too_many_arguments)] // the ops' own signatures (`ops::*`)
         pub(crate) trait Kernels {
             $( $(#[$doc])* fn $name(&self, $($arg: $ty),*) -> Result<$ret>; )*
         }
 
+        #[allow(clippy::too_many_arguments)]
         impl Kernels for CpuKernels {
             $( fn $name(&self, $($arg: $ty),*) -> Result<$ret> { $cpu($($arg),*) } )*
         }
 
+        #[allow(clippy::too_many_arguments)]
         impl Kernels for CudaKernels {
             $(
                 #[allow(unused_variables)]

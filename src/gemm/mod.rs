@@ -8,7 +8,8 @@
 //! The output is f32, bf16, f16, or FP8 with an output scale; the amax of the
 //! f32 result (before the output cast) is always reported.
 //!
-//! `cpu::gemm` is the reference; the CUDA launchers follow the same types.
+//! `cpu::gemm` is the reference; `plan` checks what every backend accepts, and
+//! the CUDA GEMM in `backend::cuda` takes the same `Operand`/`Output`/`GemmParams`.
 
 pub mod cpu;
 mod operand;

@@ -29,6 +29,7 @@ pub(super) fn forward(
 }
 
 /// Returns dh `[rows, hidden]` and accumulates `dtable += dlogits^T h`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn backward(
     kernels: &dyn Kernels,
     dlogits: &[f32],

@@ -153,7 +153,7 @@ mod tests {
             }
         }
         let mut model = Linear::new(w);
-        model.w.grad_mut().copy_from_slice(&vec![99.0; 3]); // stale gradient from a previous step: must be cleared
+        model.w.grad_mut().copy_from_slice(&[99.0; 3]); // stale gradient from a previous step: must be cleared
         let out = accumulate_gradients(&mut model, 4, scale as f32, |m, micro| {
             assert_eq!(micro.count, 4);
             assert_eq!(micro.backward_seed, 256.0);

@@ -368,7 +368,7 @@ mod tests {
     fn first_step_moves_each_value_by_about_lr_against_its_gradient_sign() {
         // With bias correction the first update is lr * g/|g| (plus decay), whatever the gradient's size.
         let mut module = ParamList::new(&[("w", &[3], vec![1.0, 1.0, 1.0])]);
-        module.params[0].grad_mut().copy_from_slice(&vec![1e-4, -50.0, 3.0]);
+        module.params[0].grad_mut().copy_from_slice(&[1e-4, -50.0, 3.0]);
         let config = AdamWConfig {
             weight_decay: 0.0,
             eps: 1e-12,
@@ -428,16 +428,14 @@ mod tests {
         let mut a = ParamList::new(&[("w", &[2], vec![0.3, -0.7])]);
         let mut opt = AdamW::new(AdamWConfig::default()).unwrap();
         for s in 0..3 {
-            a.params[0]
-                .grad_mut()
-                .copy_from_slice(&vec![0.1 * s as f32 + 0.05, -0.2]);
+            a.params[0].grad_mut().copy_from_slice(&[0.1 * s as f32 + 0.05, -0.2]);
             opt.step(&mut a, 0.01).unwrap();
         }
         let mut b = a.clone();
         let mut copy = AdamW::new(AdamWConfig::default()).unwrap();
         copy.set_state(opt.state().clone());
-        a.params[0].grad_mut().copy_from_slice(&vec![0.4, 0.4]);
-        b.params[0].grad_mut().copy_from_slice(&vec![0.4, 0.4]);
+        a.params[0].grad_mut().copy_from_slice(&[0.4, 0.4]);
+        b.params[0].grad_mut().copy_from_slice(&[0.4, 0.4]);
         opt.step(&mut a, 0.01).unwrap();
         copy.step(&mut b, 0.01).unwrap();
         assert_eq!(a.params[0].value(), b.params[0].value());

@@ -541,7 +541,7 @@ mod tests {
 
         let mut fresh = ParamList::new(&[("w", &[2, 3], vec![0.0; 6]), ("b", &[3], vec![9.0; 3])]);
         fresh.slots.push(("fc.input".into(), DelayedSlot::new(3)));
-        fresh.params[0].grad_mut().copy_from_slice(&vec![5.0; 6]);
+        fresh.params[0].grad_mut().copy_from_slice(&[5.0; 6]);
         let mut opt2 = AdamW::new(AdamWConfig::default()).unwrap();
         let mut scaler2 = DynamicLossScaler::new(LossScalerConfig::default()).unwrap();
         let back = load_checkpoint(&path, &mut fresh, &mut opt2, &mut scaler2).unwrap();

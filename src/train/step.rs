@@ -89,7 +89,7 @@ mod tests {
         // Unscaled gradient (3, 4): norm 5. Clipping a scaled norm of 5120 would give another answer.
         model.params[0]
             .grad_mut()
-            .copy_from_slice(&vec![3.0 * 1024.0, 4.0 * 1024.0]);
+            .copy_from_slice(&[3.0 * 1024.0, 4.0 * 1024.0]);
         let out = apply_gradients(&mut model, &mut scaler, &mut opt, 0.1, Some(1.0)).unwrap();
         assert_eq!(out.grad_norm, 5.0);
         assert!(!out.skipped);
@@ -104,7 +104,7 @@ mod tests {
     #[test]
     fn an_inf_gradient_skips_the_update_and_backs_off() {
         let (mut model, mut scaler, mut opt) = setup();
-        model.params[0].grad_mut().copy_from_slice(&vec![f32::INFINITY, 1.0]);
+        model.params[0].grad_mut().copy_from_slice(&[f32::INFINITY, 1.0]);
         let out = apply_gradients(&mut model, &mut scaler, &mut opt, 0.1, Some(1.0)).unwrap();
         assert!(out.skipped);
         assert_eq!(out.grad_norm, f64::INFINITY);
