@@ -85,15 +85,16 @@ fn train(choice: &str) -> Result<()> {
         let y = model.forward(&x, b, s)?;
         // Mean squared error and its gradient.
         let n = y.len() as f32;
-        let diff: Vec<f32> = y.data.iter().zip(&target.data).map(|(a, t)| a - t).collect();
+        let diff: Vec<f32> = y.data().iter().zip(target.data()).map(|(a, t)| a - t).collect();
         let loss = diff.iter().map(|d| d * d).sum::<f32>() / n;
         model.backward(&Tensor::new(
             diff.iter().map(|d| 2.0 * d / n).collect(),
-            y.rows,
-            y.cols,
+            y.rows(),
+            y.cols(),
         )?)?;
         model.visit_parameters(&mut |p| {
-            for (v, g) in p.value.iter_mut().zip(&p.grad) {
+            let (value, grad) = p.value_and_grad_mut();
+            for (v, g) in value.iter_mut().zip(grad.iter()) {
                 *v -= 0.05 * g;
             }
             p.mark_updated(); // the next forward casts the new weights

@@ -118,6 +118,16 @@ pub enum Error {
         needed: String,
         available: String,
     },
+    /// An op the backend of a device does not implement (yet); nothing ran.
+    #[error("op {op} is not implemented on {device} yet (run on the CPU with --device cpu)")]
+    Unsupported { op: &'static str, device: String },
+    /// An op got an input that lives on another device than the one it runs on.
+    #[error("op {op} runs on {expected} but got an input on {got}")]
+    DeviceMismatch {
+        op: &'static str,
+        expected: String,
+        got: String,
+    },
 }
 
 /// Shorthand used throughout the crate.

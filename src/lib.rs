@@ -15,6 +15,7 @@ pub mod backend;
 pub mod convert;
 pub mod data;
 pub mod device;
+mod dispatch;
 pub mod error;
 pub mod format;
 pub mod gemm;

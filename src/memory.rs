@@ -96,6 +96,15 @@ impl MemoryLedger {
         self.total_current.fetch_sub(bytes, Ordering::Relaxed);
     }
 
+    /// Sets every peak to the current bytes, so later peaks count from now.
+    pub fn restart_peaks(&self) {
+        for (current, peak) in self.current.iter().zip(&self.peak) {
+            peak.store(current.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        self.total_peak
+            .store(self.total_current.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
     /// Current and peak bytes of one category.
     pub fn usage(&self, category: MemoryCategory) -> MemoryUsage {
         let i = category.index();

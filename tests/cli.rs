@@ -1,6 +1,6 @@
 //! The `fp8` binary end to end: `cast` and `decode` against the library's scalar
 //! codec element by element, `formats` against the numbers of the numeric
-//! contract (docs: spec section 1), `show` flags on hand-picked values, and the
+//! contract (`docs/numerics.md`), `show` flags on hand-picked values, and the
 //! one-line error convention on every kind of bad input.
 
 use std::collections::{BTreeSet, HashMap};

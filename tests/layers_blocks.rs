@@ -30,7 +30,7 @@ fn perturb<M: Module>(m: &mut M, seed: u64, std: f32) {
     m.visit_parameters(&mut |p| {
         k += 1;
         let noise = values(seed + k, p.len(), std, 0.0);
-        p.value.iter_mut().zip(noise).for_each(|(v, n)| *v += n);
+        p.value_mut().iter_mut().zip(noise).for_each(|(v, n)| *v += n);
         p.mark_updated();
     });
 }
@@ -126,15 +126,15 @@ fn attention_is_causal_within_each_sequence() {
     let y = attn.forward(&x, batch, seq).unwrap();
     // Change the last token of sequence 0 and the whole of sequence 1: only those rows may move.
     let mut x2 = x.clone();
-    x2.data[3 * 16..4 * 16].iter_mut().for_each(|v| *v += 1.0);
-    x2.data[4 * 16..].iter_mut().for_each(|v| *v -= 0.5);
+    x2.data_mut()[3 * 16..4 * 16].iter_mut().for_each(|v| *v += 1.0);
+    x2.data_mut()[4 * 16..].iter_mut().for_each(|v| *v -= 0.5);
     let y2 = attn.forward(&x2, batch, seq).unwrap();
     assert_eq!(
-        y.data[..3 * 16],
-        y2.data[..3 * 16],
+        y.data()[..3 * 16],
+        y2.data()[..3 * 16],
         "earlier tokens do not see later ones"
     );
-    assert_ne!(y.data[3 * 16..4 * 16], y2.data[3 * 16..4 * 16]);
+    assert_ne!(y.data()[3 * 16..4 * 16], y2.data()[3 * 16..4 * 16]);
 }
 
 const POLICIES: [&str; 6] = ["bf16", "fp16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8"];
@@ -144,7 +144,7 @@ fn transformer_step(name: &str, config: &TransformerConfig, x: &Tensor, dy: &Ten
     let mut layer = TransformerLayer::new("layer", config, &precision(name), 21).unwrap();
     // Weights keep their N(0, 1/fan_in) scale (activations of unit RMS); norms and biases move off 1 and 0.
     perturb(&mut layer, 22, 0.05);
-    let (batch, seq) = (2, x.rows / 2);
+    let (batch, seq) = (2, x.rows() / 2);
     let y = layer.forward(x, batch, seq).unwrap();
     let dx = layer.backward(dy).unwrap();
     let g = grads(&mut layer).into_iter().flat_map(|(_, g)| g).collect();
@@ -174,8 +174,8 @@ fn transformer_layer_in_every_precision_matches_fp32() {
                 tolerance(name, backward).0 as f64
             }
         };
-        assert_normwise(&format!("{name} y"), &y.data, &y32.data, rtol(false));
-        assert_normwise(&format!("{name} dx"), &dx.data, &dx32.data, rtol(true));
+        assert_normwise(&format!("{name} y"), y.data(), y32.data(), rtol(false));
+        assert_normwise(&format!("{name} dx"), dx.data(), dx32.data(), rtol(true));
         assert_normwise(&format!("{name} parameter grads"), &g, &g32, rtol(true));
     }
 }
@@ -260,9 +260,9 @@ fn transformer_layer_reports_stats_and_survives_nonfinite_input() {
     };
     let mut layer = TransformerLayer::new("l0", &config, &precision("fp8-current"), 3).unwrap();
     let mut x = tensor(1, 16, 32, 1.0);
-    x.data[5] = f32::NAN;
+    x.data_mut()[5] = f32::NAN;
     let y = layer.forward(&x, 1, 16).unwrap();
-    assert!(y.data.iter().any(|v| v.is_nan()));
+    assert!(y.data().iter().any(|v| v.is_nan()));
     layer.backward(&tensor(2, 16, 32, 0.1)).unwrap();
     let mut stats = Vec::new();
     layer.collect_fp8_stats(&mut stats);

@@ -1,5 +1,5 @@
 //! Linear: finite-difference gradients (fp32), every precision against fp32, the
-//! delayed-scaling state against a hand-run of spec 4.1, weight caching across
+//! delayed-scaling state against a hand-run of the delayed-scaling update (`docs/numerics.md`), weight caching across
 //! micro-batches, statistics, and typed errors.
 
 mod layers_util;
@@ -44,13 +44,13 @@ fn one_step(name: &str, x: &Tensor, dy: &Tensor) -> (Tensor, Tensor, Vec<f32>, V
 fn every_precision_matches_fp32_within_spec_tolerances() {
     // Realistic inputs: roughly normal, a non-zero mean, a few outliers.
     let mut x = tensor(5, 64, 256, 1.0);
-    x.data.iter_mut().step_by(97).for_each(|v| *v *= 6.0);
+    x.data_mut().iter_mut().step_by(97).for_each(|v| *v *= 6.0);
     let dy = tensor(6, 64, 128, 0.05);
     let (y32, dx32, dw32, db32) = one_step("fp32", &x, &dy);
     for name in POLICIES {
         let (y, dx, dw, db) = one_step(name, &x, &dy);
-        assert_close(&format!("{name} y"), &y.data, &y32.data, tolerance(name, false));
-        assert_close(&format!("{name} dx"), &dx.data, &dx32.data, tolerance(name, true));
+        assert_close(&format!("{name} y"), y.data(), y32.data(), tolerance(name, false));
+        assert_close(&format!("{name} dx"), dx.data(), dx32.data(), tolerance(name, true));
         assert_close(&format!("{name} dw"), &dw, &dw32, tolerance(name, true));
         // dbias is an f32 column sum of dY under every precision.
         assert_close(&format!("{name} db"), &db, &db32, tolerance("fp32", true));
@@ -58,7 +58,7 @@ fn every_precision_matches_fp32_within_spec_tolerances() {
 }
 
 #[allow(clippy::manual_memcpy)] // element by element, as the spec states it
-/// Spec 4.1 by hand: roll `last` into the window, scale from the max (or the last).
+/// The delayed-scaling update (`docs/numerics.md`) by hand: roll `last` into the window, scale from the max (or the last).
 fn hand_update(scale: &mut f32, history: &mut Vec<f32>, last: f32, fp8_max: f32, algo: AmaxComputeAlgo) {
     if last == 0.0 {
         return;
@@ -101,7 +101,7 @@ fn delayed_scaling_state_equals_a_hand_run_of_the_spec() {
         let mut layer = Linear::new("fc", 32, 48, false, &precision, 7).unwrap();
         // [scale, history] per slot: input, weight, output_grad (exact amaxes known up front).
         let mut hand = vec![(1.0f32, vec![0.0f32; 3]); 3];
-        let w_amax = amax(&layer.weight().value);
+        let w_amax = amax(layer.weight().value());
         for step in 0..5u64 {
             // Input and gradient magnitudes change from step to step, so the window matters.
             let x = tensor(100 + step, 16, 32, 0.5 + step as f32 * 0.7 % 2.0);
@@ -114,9 +114,9 @@ fn delayed_scaling_state_equals_a_hand_run_of_the_spec() {
             layer.backward(&dy).unwrap();
             layer.weight_mut().mark_updated(); // an optimizer step: the weight is cast again
             for (k, last, format) in [
-                (0, amax(&x.data), Fp8Format::E4M3),
+                (0, amax(x.data()), Fp8Format::E4M3),
                 (1, w_amax, Fp8Format::E4M3),
-                (2, amax(&dy.data), Fp8Format::E5M2),
+                (2, amax(dy.data()), Fp8Format::E5M2),
             ] {
                 let (scale, history) = &mut hand[k];
                 hand_update(scale, history, last, format.max_finite(), algo);
@@ -141,7 +141,7 @@ fn delayed_output_slot_records_the_gemm_amax() {
     let y = layer.forward(&tensor(3, 16, 32, 1.0)).unwrap();
     let slot = slots(&mut layer)[2].1.clone();
     let recorded = *slot.history.last().unwrap();
-    let rounded = amax(&y.data);
+    let rounded = amax(y.data());
     assert!(
         (recorded - rounded).abs() <= rounded * 2f32.powi(-8),
         "{recorded} vs {rounded}"
@@ -179,7 +179,7 @@ fn weight_copy_is_made_once_per_step_and_wgrad_accumulates_across_micro_batches(
     // The cache holds E4M3 codes of W and W^T (+ scales), and survives until the version changes.
     let bytes = split.weight_cache_bytes();
     assert_eq!(bytes, 2 * (64 * 32 + 4));
-    split.weight_mut().value[0] += 1.0;
+    split.weight_mut().value_mut()[0] += 1.0;
     split.weight_mut().mark_updated();
     let y_new = split.forward(&xs[0]).unwrap();
     let y_old = single[0].forward(&xs[0]).unwrap();
@@ -191,13 +191,13 @@ fn statistics_count_saturation_flush_and_nonfinite_values() {
     // Delayed scaling's first step casts with scale 1: values above 448 saturate, tiny ones flush.
     let mut layer = Linear::new("fc", 32, 16, false, &precision("fp8-delayed"), 2).unwrap();
     let mut x = tensor(7, 16, 32, 1.0);
-    x.data[0] = 1000.0;
-    x.data[1] = -500.0;
-    x.data[2] = 1e-6;
-    x.data[3] = f32::NAN;
-    x.data[4] = f32::INFINITY;
+    x.data_mut()[0] = 1000.0;
+    x.data_mut()[1] = -500.0;
+    x.data_mut()[2] = 1e-6;
+    x.data_mut()[3] = f32::NAN;
+    x.data_mut()[4] = f32::INFINITY;
     let y = layer.forward(&x).unwrap(); // no panic
-    assert_eq!(y.rows, 16);
+    assert_eq!(y.rows(), 16);
     let mut stats = Vec::new();
     layer.collect_fp8_stats(&mut stats);
     let input = stats.iter().find(|s| s.name == "fc.input").unwrap();
@@ -206,9 +206,9 @@ fn statistics_count_saturation_flush_and_nonfinite_values() {
     assert_eq!(input.scale, 1.0);
     assert_eq!(input.amax, f32::INFINITY);
     assert!((input.saturated - 2.0 / 512.0).abs() < 1e-12, "{}", input.saturated);
-    let nonzero = x.data.iter().filter(|v| v.is_finite() && **v != 0.0).count() as f64;
+    let nonzero = x.data().iter().filter(|v| v.is_finite() && **v != 0.0).count() as f64;
     let flushed = x
-        .data
+        .data()
         .iter()
         .filter(|v| v.is_finite() && **v != 0.0 && v.abs() < 2f32.powi(-10))
         .count();

@@ -1,5 +1,5 @@
 //! Recipes and scaling state against a deliberately simple scalar reading of
-//! spec section 4: exact, zero mismatches, every edge case.
+//! `docs/numerics.md`, scaling recipes: exact, zero mismatches, every edge case.
 
 mod reference;
 

@@ -54,10 +54,10 @@ impl Bigram {
     fn quantized_emb(&mut self) -> Vec<f32> {
         if self.cache.as_ref().map(|c| c.0) != Some(self.emb.version()) {
             let scale = self.slot.scale;
-            let amax = self.emb.value.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            let amax = self.emb.value().iter().fold(0.0f32, |m, x| m.max(x.abs()));
             let q = self
                 .emb
-                .value
+                .value()
                 .iter()
                 .map(|&x| Fp8Format::E4M3.decode(Fp8Format::E4M3.encode(x * scale, Overflow::Saturate)) / scale)
                 .collect();
@@ -78,7 +78,7 @@ impl Bigram {
             }
             let p = i % batch.seq;
             let logits: Vec<f32> = (0..VOCAB_SIZE)
-                .map(|v| emb[x as usize * VOCAB_SIZE + v] + self.pos.value[p * VOCAB_SIZE + v])
+                .map(|v| emb[x as usize * VOCAB_SIZE + v] + self.pos.value()[p * VOCAB_SIZE + v])
                 .collect();
             let max = logits.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
             let sum: f32 = logits.iter().map(|l| (l - max).exp()).sum();
@@ -86,8 +86,8 @@ impl Bigram {
             for (v, logit) in logits.iter().enumerate() {
                 let prob = (logit - max).exp() / sum;
                 let d = (prob - (v == t as usize) as u32 as f32) / counted * seed;
-                self.emb.grad[x as usize * VOCAB_SIZE + v] += d;
-                self.pos.grad[p * VOCAB_SIZE + v] += d;
+                self.emb.grad_mut()[x as usize * VOCAB_SIZE + v] += d;
+                self.pos.grad_mut()[p * VOCAB_SIZE + v] += d;
             }
         }
         (loss / counted as f64) as f32
@@ -150,9 +150,9 @@ fn train(run: &mut Run, task: &AdditionTask, until: u64) -> Vec<(u32, f32)> {
         .unwrap();
         // The run's own RNG perturbs the gradients (like dropout would), and step 4 overflows.
         let noise = run.progress.rng.next_f32() - 0.5;
-        run.model.pos.grad[0] += noise * 1e-3 * run.scaler.scale();
+        run.model.pos.grad_mut()[0] += noise * 1e-3 * run.scaler.scale();
         if step == 4 {
-            run.model.emb.grad[3] = f32::INFINITY;
+            run.model.emb.grad_mut()[3] = f32::INFINITY;
         }
         let out = apply_gradients(
             &mut run.model,
@@ -217,8 +217,8 @@ fn resuming_from_a_checkpoint_continues_the_same_trajectory_bit_for_bit() {
 
     let joined: Vec<(u32, f32)> = head.into_iter().chain(tail).collect();
     assert_eq!(joined, full);
-    assert_eq!(bits(&resumed.model.emb.value), bits(&straight.model.emb.value));
-    assert_eq!(bits(&resumed.model.pos.value), bits(&straight.model.pos.value));
+    assert_eq!(bits(resumed.model.emb.value()), bits(straight.model.emb.value()));
+    assert_eq!(bits(resumed.model.pos.value()), bits(straight.model.pos.value()));
     assert_eq!(resumed.model.slot, straight.model.slot);
     assert_eq!(resumed.optimizer.state(), straight.optimizer.state());
     assert_eq!(resumed.scaler.state(), straight.scaler.state());
@@ -230,7 +230,7 @@ fn resuming_from_a_checkpoint_continues_the_same_trajectory_bit_for_bit() {
 fn snapshot(run: &mut Run) -> String {
     let mut params = Vec::new();
     run.model
-        .visit_parameters(&mut |p| params.push((p.name().to_string(), bits(&p.value), p.version())));
+        .visit_parameters(&mut |p| params.push((p.name().to_string(), bits(p.value()), p.version())));
     format!(
         "{params:?} {:?} {:?} {:?}",
         run.model.slot,
@@ -396,12 +396,12 @@ fn checkpoints_that_do_not_fit_the_model_are_mismatches_and_change_nothing() {
         let mut optimizer = AdamW::new(AdamWConfig::default()).unwrap();
         let mut scaler = DynamicLossScaler::new(LossScalerConfig::default()).unwrap();
         let mut before = Vec::new();
-        model.visit_parameters(&mut |p| before.push((bits(&p.value), p.version())));
+        model.visit_parameters(&mut |p| before.push((bits(p.value()), p.version())));
         let slot_before = model.inner.slot.clone();
         let err = load_checkpoint(&path, &mut model, &mut optimizer, &mut scaler).unwrap_err();
         assert!(matches!(err, Error::CheckpointMismatch { .. }), "{what}: {err}");
         let mut after = Vec::new();
-        model.visit_parameters(&mut |p| after.push((bits(&p.value), p.version())));
+        model.visit_parameters(&mut |p| after.push((bits(p.value()), p.version())));
         assert_eq!(after, before, "{what}: parameters changed");
         assert_eq!(model.inner.slot, slot_before, "{what}: slot changed");
         assert_eq!(optimizer.steps_taken(), 0, "{what}: optimizer changed");

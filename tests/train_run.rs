@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use fp8_engine::amp::Precision;
 use fp8_engine::data::Dataset;
 use fp8_engine::data::addition::AdditionConfig;
+use fp8_engine::device::{Device, DeviceChoice};
 use fp8_engine::model::{DecoderModel, ModelConfig, Recompute};
 use fp8_engine::nn::Module;
 use fp8_engine::train::metrics::read_metrics;
@@ -55,7 +56,7 @@ fn precision(name: &str) -> Precision {
 }
 
 fn train(p: &Precision, config: &RunConfig, dir: &Path, control: RunControl) -> RunOutput {
-    run(p, config, &data(), dir, control, &mut |_| {}).expect("run")
+    run(&cpu(), p, config, &data(), dir, control, &mut |_| {}).expect("run")
 }
 
 #[test]
@@ -120,7 +121,7 @@ fn resume_refuses_a_checkpoint_of_another_run() {
         resume: Some(&ckpt),
         ..RunControl::default()
     };
-    let err = run(&p, &other, &data(), &dir, control, &mut |_| {}).expect_err("must refuse");
+    let err = run(&cpu(), &p, &other, &data(), &dir, control, &mut |_| {}).expect_err("must refuse");
     assert!(err.to_string().contains("another run"), "{err}");
 }
 
@@ -159,7 +160,7 @@ fn resume_refuses_other_recipe_settings_or_another_objective() {
             resume: Some(&ckpt),
             ..RunControl::default()
         };
-        let err = run(&p, &config, &data, &dir, control, &mut |_| {}).expect_err(what);
+        let err = run(&cpu(), &p, &config, &data, &dir, control, &mut |_| {}).expect_err(what);
         assert!(err.to_string().contains("another run"), "{what}: {err}");
     }
 }
@@ -251,9 +252,17 @@ fn answer_loss_is_the_held_out_loss_when_only_answers_take_a_loss() {
     };
     let fp32 = precision("fp32");
     let run_on = |data: &Dataset, name: &str| {
-        run(&fp32, &config, data, &scratch(name), RunControl::default(), &mut |_| {})
-            .expect("run")
-            .summary
+        run(
+            &cpu(),
+            &fp32,
+            &config,
+            data,
+            &scratch(name),
+            RunControl::default(),
+            &mut |_| {},
+        )
+        .expect("run")
+        .summary
     };
     let answers = run_on(&task(false), "answers-only");
     assert_eq!(answers.heldout_answer_loss, answers.heldout_loss);
@@ -287,14 +296,14 @@ fn tied_head_gradients_match_finite_differences() {
     let mut analytic = Vec::new();
     model.visit_parameters(&mut |param| {
         if param.name() == "embed.tokens" {
-            analytic = param.grad.clone();
+            analytic = param.grad().to_vec();
         }
     });
     let loss_with = |delta: f32, index: usize| {
         let mut m = DecoderModel::new(&config, &p, 11).expect("model");
         m.visit_parameters(&mut |param| {
             if param.name() == "embed.tokens" {
-                param.value[index] += delta;
+                param.value_mut()[index] += delta;
                 param.mark_updated();
             }
         });
@@ -309,4 +318,8 @@ fn tied_head_gradients_match_finite_differences() {
             "embed.tokens[{index}]: analytic {got} vs finite difference {fd}"
         );
     }
+}
+
+fn cpu() -> Device {
+    Device::select(DeviceChoice::Cpu).expect("the CPU device")
 }

@@ -1,4 +1,4 @@
-//! Dynamic loss scaling (spec 6): the loss is multiplied by `scale` before
+//! Dynamic loss scaling (`docs/training.md`, dynamic loss scaling): the loss is multiplied by `scale` before
 //! backward so small fp16 gradients do not flush to zero; the gradients are
 //! divided by it again before clipping and the optimizer step.
 //!
@@ -12,7 +12,6 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::nn::Module;
 
 /// Settings of a [`DynamicLossScaler`].
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -28,7 +27,7 @@ pub struct LossScalerConfig {
 }
 
 impl Default for LossScalerConfig {
-    /// The spec's values: 2^16, x2, x0.5, every 2000 steps.
+    /// The documented values: 2^16, x2, x0.5, every 2000 steps.
     fn default() -> Self {
         LossScalerConfig {
             init_scale: 65536.0,
@@ -69,7 +68,7 @@ impl LossScalerConfig {
     }
 }
 
-/// What a checkpoint saves of a scaler (spec 6: scale and growth tracker).
+/// What a checkpoint saves of a scaler (scale and growth tracker).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LossScalerState {
     /// Whether scaling is on.
@@ -143,21 +142,25 @@ impl DynamicLossScaler {
         Ok(())
     }
 
-    /// Multiplies every gradient by `1/scale` (rounded once, in f64 then to f32, like PyTorch)
-    /// and says whether all of them are finite. Disabled: touches nothing and returns true.
-    pub fn unscale_and_check(&self, module: &mut dyn Module) -> bool {
+    /// Multiplies every value of `grad` (one parameter's gradient) by `1/scale` (rounded once, in
+    /// f64 then to f32, like PyTorch) and says whether all of them are finite. Call it on every
+    /// gradient of the model before the step. Disabled: touches nothing and returns true.
+    pub fn unscale_and_check(&self, grad: &mut [f32]) -> bool {
         if !self.state.enabled {
             return true;
         }
         let inv_scale = (1.0 / self.state.scale as f64) as f32;
         let mut finite = true;
-        module.visit_parameters(&mut |p| {
-            for g in &mut p.grad {
-                *g *= inv_scale;
-                finite &= g.is_finite();
-            }
-        });
+        for g in grad {
+            *g *= inv_scale;
+            finite &= g.is_finite();
+        }
         finite
+    }
+
+    /// `1/scale` as [`Self::unscale_and_check`] multiplies by; `None` when disabled.
+    pub fn inv_scale(&self) -> Option<f32> {
+        self.state.enabled.then(|| (1.0 / self.state.scale as f64) as f32)
     }
 
     /// Ends a step: backs off after inf/NaN gradients (the caller skipped the step), otherwise
@@ -187,21 +190,7 @@ impl DynamicLossScaler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nn::Parameter;
     use half::f16;
-
-    struct One(Parameter);
-    impl Module for One {
-        fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
-            f(&mut self.0)
-        }
-    }
-
-    fn module(grad: &[f32]) -> One {
-        let mut p = Parameter::new("w", &[grad.len()], vec![0.0; grad.len()]).unwrap();
-        p.grad.copy_from_slice(grad);
-        One(p)
-    }
 
     fn config(interval: u32) -> LossScalerConfig {
         LossScalerConfig {
@@ -251,12 +240,13 @@ mod tests {
     #[test]
     fn unscale_divides_and_reports_inf_and_nan() {
         let s = DynamicLossScaler::new(config(10)).unwrap();
-        let mut m = module(&[65536.0, -131072.0, 3.0]);
-        assert!(s.unscale_and_check(&mut m));
-        assert_eq!(m.0.grad, vec![1.0, -2.0, 3.0 / 65536.0]);
+        let mut g = vec![65536.0, -131072.0, 3.0];
+        assert!(s.unscale_and_check(&mut g));
+        assert_eq!(g, vec![1.0, -2.0, 3.0 / 65536.0]);
         for bad in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN] {
-            let mut m = module(&[1.0, bad]);
-            assert!(!s.unscale_and_check(&mut m));
+            let mut g = vec![1.0, bad, 4.0];
+            assert!(!s.unscale_and_check(&mut g));
+            assert_eq!(g[2], 4.0 / 65536.0, "values after a non-finite one are unscaled too");
         }
     }
 
@@ -276,11 +266,11 @@ mod tests {
                 .iter()
                 .map(|g| f16::from_f32(g * s.scale()).to_f32())
                 .collect();
-            let mut m = module(&scaled);
-            let finite = s.unscale_and_check(&mut m);
+            let mut g = scaled;
+            let finite = s.unscale_and_check(&mut g);
             s.update(!finite);
             if finite {
-                for (got, want) in m.0.grad.iter().zip(true_grad) {
+                for (got, want) in g.iter().zip(true_grad) {
                     assert!((got - want).abs() <= want.abs() * 1e-3, "{got} vs {want}");
                 }
                 break;
@@ -302,9 +292,9 @@ mod tests {
     #[test]
     fn disabled_is_scale_one_and_never_skips() {
         let mut s = DynamicLossScaler::disabled();
-        let mut m = module(&[f32::NAN, 2.0]);
-        assert!(s.unscale_and_check(&mut m));
-        assert_eq!(m.0.grad[1], 2.0);
+        let mut g = vec![f32::NAN, 2.0];
+        assert!(s.unscale_and_check(&mut g));
+        assert_eq!(g[1], 2.0);
         s.update(true);
         assert_eq!(s.scale(), 1.0);
         assert!(!s.is_enabled());

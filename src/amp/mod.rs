@@ -7,7 +7,7 @@
 //! * [`resolve`]: turns a choice into a precision for a device, with the reason.
 //!   The GPU capability table is [`crate::device::PrecisionPolicy`]; this module
 //!   only maps it onto precisions.
-//! * [`loss_scaler::DynamicLossScaler`]: spec 6's scaler (2^16, x2, x0.5, 2000 steps).
+//! * [`loss_scaler::DynamicLossScaler`]: the scaler of `docs/training.md` (2^16, x2, x0.5, 2000 steps).
 
 pub mod loss_scaler;
 mod precision;

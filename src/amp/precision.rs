@@ -5,15 +5,15 @@ use std::str::FromStr;
 
 use crate::device::{Device, PrecisionPolicy};
 use crate::error::{Error, Result};
-use crate::ops::Dtype;
 use crate::scaling::{BlockScaling, CurrentScaling, DelayedScaling, Mxfp8Scaling, Recipe};
+use crate::tensor::Dtype;
 
 /// The FP8 scaling recipe of an FP8 run: `Delayed`, `Current`, `Block` or `Mxfp8`
 /// (the crate's [`Recipe`] under the name the layers use).
 pub type Fp8Recipe = Recipe;
 
 /// How the GEMMs of a model compute. Norms, softmax, losses and reductions run in
-/// f32 under every precision (spec 6); master weights and gradients are always f32.
+/// f32 under every precision (`docs/numerics.md`, mixed precision); master weights and gradients are always f32.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Precision {
     /// Plain f32 everywhere (the reference).

@@ -7,6 +7,7 @@ use std::str::FromStr;
 use std::sync::{Arc, Once};
 
 pub use crate::memory::{MemoryCategory, MemoryLedger, MemoryReport, MemoryUsage};
+pub use crate::tensor::DeviceKind;
 pub use policy::PrecisionPolicy;
 
 use crate::backend::cuda::CudaDevice;
@@ -86,6 +87,14 @@ impl Device {
         match self {
             Device::Cpu(cpu) => &cpu.ledger,
             Device::Cuda(gpu) => gpu.ledger(),
+        }
+    }
+
+    /// The kind and ordinal of this device, as tensors name it.
+    pub fn kind(&self) -> DeviceKind {
+        match self {
+            Device::Cpu(_) => DeviceKind::Cpu,
+            Device::Cuda(gpu) => DeviceKind::Cuda(gpu.info().ordinal),
         }
     }
 

@@ -41,7 +41,7 @@ use epilogue::{Epilogue, OutTile, nan_max, out_tiles};
 use kernel::{Panel, matmul_nt};
 use scales::{RowScales, tensor_scale};
 
-/// K elements per promotion of per-tensor FP8 GEMMs with `split_accumulator` (spec 5).
+/// K elements per promotion of per-tensor FP8 GEMMs with `split_accumulator` (`docs/numerics.md`, GEMM).
 pub const SPLIT_K: usize = 128;
 
 /// `D = alpha * A B^T * sA * sB (+ bias) (+ beta D)`; see the module docs of [`crate::gemm`].

@@ -1,4 +1,4 @@
-//! Scaled GEMM, one entry point for every precision (spec 5):
+//! Scaled GEMM, one entry point for every precision (`docs/numerics.md`, GEMM):
 //!
 //! `D = alpha * (A . B^T) * scale_inv_A * scale_inv_B (+ bias) (+ beta * D_old)`
 //!
@@ -8,9 +8,10 @@
 //! The output is f32, bf16, f16, or FP8 with an output scale; the amax of the
 //! f32 result (before the output cast) is always reported.
 //!
-//! `cpu::gemm` is the reference; the CUDA launchers follow the same types.
+//! `cpu::gemm` is the reference; `plan` checks what every backend accepts, and
+//! the CUDA GEMM in `backend::cuda` takes the same `Operand`/`Output`/`GemmParams`.
 
 pub mod cpu;
 mod operand;
 
-pub use operand::{GemmParams, GemmPlan, GemmReport, Mat, Operand, Output, ScalePair, plan};
+pub use operand::{FP8_K_MULTIPLE, GemmParams, GemmPlan, GemmReport, Mat, Operand, Output, ScalePair, plan};

@@ -4,10 +4,11 @@ use super::config::ModelConfig;
 use super::head;
 use crate::amp::Precision;
 use crate::data::IGNORE_INDEX as IGNORE;
+use crate::dispatch::Backend;
 use crate::error::{Error, Result};
 use crate::nn::{Fp8TensorStats, LayerNorm, Linear, Module, NormConfig, Parameter, RMSNorm, Tensor, TransformerLayer};
-use crate::ops::{Dtype, embedding, loss};
 use crate::scaling::DelayedSlot;
+use crate::tensor::{DeviceKind, Dtype};
 
 /// Seed streams of the model's parts, so adding a part never changes another's init.
 const SEED_TOKENS: u64 = 1;
@@ -84,6 +85,8 @@ pub struct DecoderModel {
     final_norm: FinalNorm,
     head: Option<Linear>,
     saved: Option<Saved>,
+    /// Where its ops run.
+    backend: Backend,
 }
 
 impl DecoderModel {
@@ -145,6 +148,7 @@ impl DecoderModel {
             final_norm,
             head,
             saved: None,
+            backend: Backend::default(),
         })
     }
 
@@ -181,9 +185,11 @@ impl DecoderModel {
     fn embed(&self, ids: &[u32], seq: usize) -> Result<Tensor> {
         let h = self.config.hidden;
         let mut x = vec![0.0f32; ids.len() * h];
-        embedding::embedding_forward(ids, &self.tokens.value, h, &mut x)?;
+        self.backend
+            .kernels()
+            .embedding_forward(ids, self.tokens.value(), h, &mut x)?;
         for (r, row) in x.chunks_exact_mut(h).enumerate() {
-            let pos = &self.positions.value[(r % seq) * h..(r % seq + 1) * h];
+            let pos = &self.positions.value()[(r % seq) * h..(r % seq + 1) * h];
             row.iter_mut().zip(pos).for_each(|(v, p)| *v += p);
         }
         self.dtype.round_slice(&mut x);
@@ -198,11 +204,12 @@ impl DecoderModel {
         }
         let normed = self.final_norm.forward(&x)?;
         let logits = match &mut self.head {
-            Some(head) => head.forward(&normed)?.data,
+            Some(head) => head.forward(&normed)?.into_data(),
             None => head::forward(
-                &normed.data,
-                &self.tokens.value,
-                normed.rows,
+                self.backend.kernels(),
+                normed.data(),
+                self.tokens.value(),
+                normed.rows(),
                 self.config.hidden,
                 self.dtype,
             )?,
@@ -217,7 +224,10 @@ impl DecoderModel {
         self.check_batch(targets, batch, seq, "model targets [batch, seq]")?;
         let (normed, logits) = self.logits(inputs, batch, seq)?;
         let mut lse = vec![0.0f32; batch * seq];
-        let loss = loss::cross_entropy_forward(&logits, targets, self.config.vocab, IGNORE, &mut lse)?;
+        let loss =
+            self.backend
+                .kernels()
+                .cross_entropy_forward(&logits, targets, self.config.vocab, IGNORE, &mut lse)?;
         self.saved = Some(Saved {
             ids: inputs.to_vec(),
             targets: targets.to_vec(),
@@ -240,7 +250,7 @@ impl DecoderModel {
         })?;
         let (rows, h, vocab) = (saved.batch * saved.seq, self.config.hidden, self.config.vocab);
         let mut dlogits = vec![0.0f32; rows * vocab];
-        loss::cross_entropy_backward(
+        self.backend.kernels().cross_entropy_backward(
             &saved.logits,
             &saved.targets,
             vocab,
@@ -252,14 +262,16 @@ impl DecoderModel {
         let dnormed = match &mut self.head {
             Some(head) => head.backward(&Tensor::new(dlogits, rows, vocab)?)?,
             None => {
+                let (table, dtable) = self.tokens.value_and_grad_mut();
                 let dh = head::backward(
+                    self.backend.kernels(),
                     &dlogits,
-                    &saved.normed.data,
-                    &self.tokens.value,
+                    saved.normed.data(),
+                    table,
                     rows,
                     h,
                     self.dtype,
-                    &mut self.tokens.grad,
+                    dtable,
                 )?;
                 Tensor::new(dh, rows, h)?
             }
@@ -268,10 +280,12 @@ impl DecoderModel {
         for layer in self.layers.iter_mut().rev() {
             dx = layer.backward(&dx)?;
         }
-        embedding::embedding_backward(&saved.ids, &dx.data, h, &mut self.tokens.grad)?;
-        for (r, row) in dx.data.chunks_exact(h).enumerate() {
+        self.backend
+            .kernels()
+            .embedding_backward(&saved.ids, dx.data(), h, self.tokens.grad_mut())?;
+        for (r, row) in dx.data().chunks_exact(h).enumerate() {
             let p = r % saved.seq;
-            let grad = &mut self.positions.grad[p * h..(p + 1) * h];
+            let grad = &mut self.positions.grad_mut()[p * h..(p + 1) * h];
             grad.iter_mut().zip(row).for_each(|(g, d)| *g += d);
         }
         Ok(())
@@ -317,7 +331,11 @@ impl DecoderModel {
             let mut lse = vec![0.0f32; batch * seq];
             let losses = target_sets
                 .iter()
-                .map(|targets| loss::cross_entropy_forward(&logits, targets, vocab, IGNORE, &mut lse))
+                .map(|targets| {
+                    m.backend
+                        .kernels()
+                        .cross_entropy_forward(&logits, targets, vocab, IGNORE, &mut lse)
+                })
                 .collect::<Result<Vec<f32>>>()?;
             Ok((losses, argmax_rows(&logits, vocab)))
         })
@@ -386,6 +404,18 @@ impl Module for DecoderModel {
         self.final_norm.module().visit_parameters(f);
         if let Some(head) = &mut self.head {
             head.visit_parameters(f);
+        }
+    }
+
+    fn to_device(&mut self, device: DeviceKind) -> Result<()> {
+        self.backend = Backend::on(device);
+        for layer in &mut self.layers {
+            layer.to_device(device)?;
+        }
+        self.final_norm.module().to_device(device)?;
+        match &mut self.head {
+            Some(head) => head.to_device(device),
+            None => Ok(()),
         }
     }
 

@@ -4,16 +4,17 @@
 use super::init::child_seed;
 use super::layernorm_linear::LayerNormLinear;
 use super::linear::Linear;
+use super::no_forward;
 use super::norm::NormConfig;
-use super::ops::Dtype;
-use super::ops::attention::{self as kernels, AttentionShape};
 use super::param::{Module, Parameter};
 use super::replay::Replay;
-use super::stats::Fp8TensorStats;
-use super::tensor::{Tensor, no_forward};
 use crate::amp::Precision;
+use crate::dispatch::{AttentionShape, Backend};
 use crate::error::{Error, Result};
 use crate::scaling::DelayedSlot;
+use crate::scaling::Fp8TensorStats;
+use crate::tensor::Tensor;
+use crate::tensor::{DeviceKind, Dtype};
 
 /// The QKV projection, with or without its input norm.
 enum QkvProjection {
@@ -46,6 +47,8 @@ pub struct MultiheadAttention {
     proj: Linear,
     replay: Replay,
     saved: Option<AttentionSaved>,
+    /// Where its ops run.
+    backend: Backend,
 }
 
 impl MultiheadAttention {
@@ -106,6 +109,7 @@ impl MultiheadAttention {
             )?,
             replay: Replay::new(recompute),
             saved: None,
+            backend: Backend::default(),
         })
     }
 
@@ -126,12 +130,13 @@ impl MultiheadAttention {
 
     pub(crate) fn run(&mut self, x: &Tensor, batch: usize, seq: usize, replay: bool) -> Result<Tensor> {
         let tokens = batch.saturating_mul(seq);
-        if x.rows != tokens {
+        if x.rows() != tokens {
             return Err(Error::LayerShape {
                 layer: self.name.clone(),
                 detail: format!(
                     "input is {}x{}, batch {batch} x seq {seq} needs {tokens} rows",
-                    x.rows, x.cols
+                    x.rows(),
+                    x.cols()
                 ),
             });
         }
@@ -140,7 +145,7 @@ impl MultiheadAttention {
             QkvProjection::Plain(linear) => linear.forward_pass(x, replay)?,
             QkvProjection::Normed(fused) => fused.run(x, replay)?,
         };
-        let [q, k, v] = split_qkv(&qkv.data, tokens, self.hidden);
+        let [q, k, v] = split_qkv(qkv.data(), tokens, self.hidden);
         let shape = AttentionShape {
             batch,
             seq,
@@ -150,7 +155,9 @@ impl MultiheadAttention {
         let mut out = vec![0.0; tokens * self.hidden];
         let mut lse = vec![0.0; batch * self.heads * seq];
         let scale = 1.0 / (shape.head_dim as f32).sqrt();
-        kernels::attention_forward(&q, &k, &v, shape, scale, self.dtype, &mut out, &mut lse)?;
+        self.backend
+            .kernels()
+            .attention_forward(&q, &k, &v, shape, scale, self.dtype, &mut out, &mut lse)?;
         self.dtype.round_slice(&mut out);
         let y = self
             .proj
@@ -176,10 +183,21 @@ impl MultiheadAttention {
         let n = s.q.len();
         let (mut dq, mut dk, mut dv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
         let scale = 1.0 / (s.shape.head_dim as f32).sqrt();
-        kernels::attention_backward(
-            &dout.data, &s.q, &s.k, &s.v, &s.out, &s.lse, s.shape, scale, self.dtype, &mut dq, &mut dk, &mut dv,
+        self.backend.kernels().attention_backward(
+            dout.data(),
+            &s.q,
+            &s.k,
+            &s.v,
+            &s.out,
+            &s.lse,
+            s.shape,
+            scale,
+            self.dtype,
+            &mut dq,
+            &mut dk,
+            &mut dv,
         )?;
-        let tokens = dout.rows;
+        let tokens = dout.rows();
         let mut dqkv = join_qkv([&dq, &dk, &dv], tokens, self.hidden);
         self.dtype.round_slice(&mut dqkv);
         let dqkv = Tensor::new(dqkv, tokens, 3 * self.hidden)?;
@@ -240,6 +258,12 @@ impl Module for MultiheadAttention {
     fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
         self.qkv_module().visit_parameters(f);
         self.proj.visit_parameters(f);
+    }
+
+    fn to_device(&mut self, device: DeviceKind) -> Result<()> {
+        self.backend = Backend::on(device);
+        self.qkv_module().to_device(device)?;
+        self.proj.to_device(device)
     }
 
     fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {

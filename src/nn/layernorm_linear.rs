@@ -5,11 +5,13 @@ use super::linear::Linear;
 use super::norm::{Norm, NormConfig};
 use super::param::{Module, Parameter};
 use super::replay::Replay;
-use super::stats::Fp8TensorStats;
-use super::tensor::Tensor;
 use crate::amp::Precision;
+use crate::dispatch::Backend;
 use crate::error::Result;
 use crate::scaling::DelayedSlot;
+use crate::scaling::Fp8TensorStats;
+use crate::tensor::DeviceKind;
+use crate::tensor::Tensor;
 
 /// `Y = Linear(Norm(X))`. Under FP8 the f32 norm output is cast to E4M3 directly (the
 /// fused norm + cast of TE), never stored in bf16; under the other precisions it is
@@ -62,7 +64,7 @@ impl LayerNormLinear {
         let y = self.run(x, false)?;
         if self.replay.enabled() {
             self.clear_saved();
-            self.replay.keep(x, x.rows, 1);
+            self.replay.keep(x, x.rows(), 1);
         }
         Ok(y)
     }
@@ -96,6 +98,11 @@ impl Module for LayerNormLinear {
     fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
         self.norm.visit(f);
         self.linear.visit_parameters(f);
+    }
+
+    fn to_device(&mut self, device: DeviceKind) -> Result<()> {
+        self.norm.set_backend(Backend::on(device));
+        self.linear.to_device(device)
     }
 
     fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {

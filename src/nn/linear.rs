@@ -3,15 +3,17 @@
 use super::init;
 use super::linear_gemms::LinearGemms;
 use super::param::{Module, Parameter};
-use super::stats::Fp8TensorStats;
-use super::tensor::Tensor;
 use crate::amp::Precision;
+use crate::dispatch::Backend;
 use crate::error::Result;
 use crate::scaling::DelayedSlot;
+use crate::scaling::Fp8TensorStats;
+use crate::tensor::DeviceKind;
+use crate::tensor::Tensor;
 
 /// A fully connected layer: weight `[out, in]` (f32 master), optional bias `[out]`.
 ///
-/// Under FP8 it runs the three GEMMs of spec 5 (E4M3 forward, E5M2 x E4M3 dgrad and
+/// Under FP8 it runs the three GEMMs of `docs/numerics.md`, GEMM (E4M3 forward, E5M2 x E4M3 dgrad and
 /// wgrad from fused cast + transpose copies) and keeps five delayed-scaling slots
 /// (delayed recipe); under bf16/fp16 its GEMM inputs and outputs are rounded to the
 /// dtype with f32 accumulation.
@@ -110,17 +112,19 @@ impl Linear {
     /// The forward; `replay` recomputes it in backward without touching the FP8 state.
     pub(crate) fn forward_pass(&mut self, x: &Tensor, replay: bool) -> Result<Tensor> {
         x.expect(&self.name, "input", None, self.in_features)?;
-        let bias = self.bias.as_ref().map(|b| b.value.as_slice());
-        let y = self.gemms.forward(&x.data, x.rows, &self.weight, bias, replay)?;
-        Tensor::new(y, x.rows, self.out_features)
+        self.gemms.expect_on("linear forward", x)?;
+        let bias = self.bias.as_ref().map(|b| b.value());
+        let y = self.gemms.forward(x.data(), x.rows(), &self.weight, bias, replay)?;
+        Tensor::new(y, x.rows(), self.out_features)
     }
 
     /// dX for `dy` `[tokens, out]`; accumulates dW and db into the parameters' grads.
     pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
         dy.expect(&self.name, "output gradient", None, self.out_features)?;
-        let bias_grad = self.bias.as_mut().map(|b| b.grad.as_mut_slice());
-        let dx = self.gemms.backward(&dy.data, &mut self.weight, bias_grad)?;
-        Tensor::new(dx, dy.rows, self.in_features)
+        self.gemms.expect_on("linear backward", dy)?;
+        let bias_grad = self.bias.as_mut().map(|b| b.grad_mut());
+        let dx = self.gemms.backward(dy.data(), &mut self.weight, bias_grad)?;
+        Tensor::new(dx, dy.rows(), self.in_features)
     }
 
     /// Drops the saved input (a recomputing parent makes it again, an evaluation-only forward needs none).
@@ -135,6 +139,11 @@ impl Module for Linear {
         if let Some(bias) = &mut self.bias {
             f(bias);
         }
+    }
+
+    fn to_device(&mut self, device: DeviceKind) -> Result<()> {
+        self.gemms.set_backend(Backend::on(device));
+        Ok(())
     }
 
     fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {

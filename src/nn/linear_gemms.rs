@@ -1,6 +1,8 @@
 //! The three GEMMs of a linear layer (forward, dgrad, wgrad) under a precision,
-//! with the weight's compute copies and the FP8 bookkeeping. Every backend call
-//! a linear layer makes goes through here, so a CUDA backend plugs in at one place.
+//! with the weight's compute copies and the FP8 bookkeeping. Every op a linear
+//! layer runs (casts, conversions, GEMMs, statistics, the delayed-scaling update)
+//! goes through its [`Backend`], so the same code runs on any device the
+//! backend implements.
 //!
 //! | precision | forward `Y = X W^T` | dgrad `dX = dY W` | wgrad `dW += dY^T X` |
 //! |---|---|---|---|
@@ -12,73 +14,17 @@
 //! quantizers). Weight copies are made once per parameter version: once per optimizer step,
 //! reused by every micro-batch.
 
-use half::{bf16, f16};
-
-use super::fp8_cast::{self, Cast};
-use super::ops::Dtype;
+use super::no_forward;
 use super::param::Parameter;
-use super::stats::Fp8TensorStats;
-use super::tensor::no_forward;
 use crate::amp::{Fp8Recipe, Precision};
+use crate::dispatch::{Backend, Cast, PlainMat, fp8_cast};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
-use crate::gemm::{GemmParams, Mat, Operand, Output, cpu::gemm};
-use crate::scaling::{DelayedSlot, ModuleScaling, TensorRole, current_scale};
+use crate::gemm::{FP8_K_MULTIPLE, GemmParams, Operand, Output};
+use crate::scaling::Fp8TensorStats;
+use crate::scaling::{DelayedSlot, SlotBank, TensorRole, current_scale};
+use crate::tensor::Dtype;
 use crate::tensor::QuantizedMatrix;
-
-/// FP8 GEMMs need every K (in, out features and the token count) to be a multiple of this.
-pub const FP8_DIM_MULTIPLE: usize = 16; // the GEMM's K multiple for FP8 (tensor cores read 16 bytes of K)
-
-/// A plain matrix in a compute dtype.
-#[derive(Clone, Debug)]
-pub(crate) enum PlainMat {
-    F32(Vec<f32>),
-    Bf16(Vec<bf16>),
-    F16(Vec<f16>),
-}
-
-impl PlainMat {
-    /// `src` converted to `dtype` (round to nearest even).
-    pub(crate) fn new(dtype: Dtype, src: &[f32]) -> Self {
-        match dtype {
-            Dtype::F32 => PlainMat::F32(src.to_vec()),
-            Dtype::Bf16 => PlainMat::Bf16(src.iter().map(|&x| bf16::from_f32(x)).collect()),
-            Dtype::F16 => PlainMat::F16(src.iter().map(|&x| f16::from_f32(x)).collect()),
-        }
-    }
-
-    /// The transpose of `[rows, cols]` `src`, in `dtype`.
-    pub(crate) fn transposed(dtype: Dtype, src: &[f32], rows: usize, cols: usize) -> Self {
-        PlainMat::new(dtype, &transpose(src, rows, cols))
-    }
-
-    pub(crate) fn operand(&self, rows: usize, cols: usize) -> Result<Operand<'_>> {
-        Ok(match self {
-            PlainMat::F32(d) => Operand::F32(Mat::new(d, rows, cols)?),
-            PlainMat::Bf16(d) => Operand::Bf16(Mat::new(d, rows, cols)?),
-            PlainMat::F16(d) => Operand::F16(Mat::new(d, rows, cols)?),
-        })
-    }
-
-    pub(crate) fn bytes(&self) -> usize {
-        match self {
-            PlainMat::F32(d) => 4 * d.len(),
-            PlainMat::Bf16(d) => 2 * d.len(),
-            PlainMat::F16(d) => 2 * d.len(),
-        }
-    }
-}
-
-/// `[cols, rows]` transpose of a row-major `[rows, cols]` matrix.
-pub(crate) fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0; src.len()];
-    for (r, row) in src.chunks(cols.max(1)).enumerate().take(rows) {
-        for (c, &v) in row.iter().enumerate() {
-            out[c * rows + r] = v;
-        }
-    }
-    out
-}
 
 /// The weight's compute copies, made at one parameter version.
 enum WeightCopy {
@@ -122,13 +68,14 @@ pub(crate) struct LinearGemms {
     precision: Precision,
     in_features: usize,
     out_features: usize,
-    /// Delayed scaling only: the five slots of spec 4.1.
-    slots: Option<ModuleScaling>,
+    /// Delayed scaling only: the five slots of `docs/numerics.md`, delayed scaling.
+    slots: Option<SlotBank>,
     weight: Option<(u64, WeightCopy)>,
     saved: Option<(usize, SavedInput)>,
     /// The input scale of the last training forward, so a recompute casts the same codes.
     forward_input_scale: f32,
     stats: [Option<Fp8TensorStats>; 5],
+    backend: Backend,
 }
 
 impl LinearGemms {
@@ -136,19 +83,19 @@ impl LinearGemms {
     pub(crate) fn new(layer: &str, in_features: usize, out_features: usize, precision: &Precision) -> Result<Self> {
         precision.validate()?;
         if precision.is_fp8()
-            && (!in_features.is_multiple_of(FP8_DIM_MULTIPLE) || !out_features.is_multiple_of(FP8_DIM_MULTIPLE))
+            && (!in_features.is_multiple_of(FP8_K_MULTIPLE) || !out_features.is_multiple_of(FP8_K_MULTIPLE))
         {
             return Err(Error::LayerShape {
                 layer: layer.to_string(),
                 detail: format!(
                     "weight {out_features}x{in_features}: {} needs in and out features that are multiples of \
-                     {FP8_DIM_MULTIPLE}",
+                     {FP8_K_MULTIPLE}",
                     precision.name()
                 ),
             });
         }
         let slots = match precision {
-            Precision::Fp8(Fp8Recipe::Delayed(r)) => Some(ModuleScaling::new(r.amax_history_len)),
+            Precision::Fp8(Fp8Recipe::Delayed(r)) => Some(SlotBank::new(ROLES.len(), r.amax_history_len)),
             _ => None,
         };
         Ok(LinearGemms {
@@ -161,7 +108,18 @@ impl LinearGemms {
             saved: None,
             forward_input_scale: 1.0,
             stats: Default::default(),
+            backend: Backend::default(),
         })
+    }
+
+    /// Runs the ops on `backend` from now on.
+    pub(crate) fn set_backend(&mut self, backend: Backend) {
+        self.backend = backend;
+    }
+
+    /// Checks that `tensor`, an input of `op`, lives on the device the ops run on.
+    pub(crate) fn expect_on(&self, op: &'static str, tensor: &crate::tensor::Tensor) -> Result<()> {
+        self.backend.expect_on(op, tensor)
     }
 
     pub(crate) fn precision(&self) -> &Precision {
@@ -173,22 +131,25 @@ impl LinearGemms {
     }
 
     fn slot_scale(&self, role: TensorRole) -> f32 {
-        self.slots.as_ref().map_or(1.0, |s| s.slot(role).scale)
+        self.slots.as_ref().map_or(1.0, |s| s.scale(role_index(role)))
     }
 
     fn record(&mut self, role: TensorRole, amax: f32) {
         if let Some(slots) = &mut self.slots {
-            slots.slot_mut(role).record_cast(amax);
+            slots.record_cast(role_index(role), amax);
         }
     }
 
-    /// The spec 4.1 update of the forward or backward slots.
-    fn update(&mut self, roles: &[TensorRole]) {
+    /// The delayed-scaling update (`docs/numerics.md`) of the forward or backward slots.
+    fn update(&mut self, roles: &[TensorRole]) -> Result<()> {
         if let (Some(slots), Precision::Fp8(Fp8Recipe::Delayed(recipe))) = (&mut self.slots, &self.precision) {
-            for &role in roles {
-                slots.slot_mut(role).update(recipe, recipe.format.for_role(role));
-            }
+            let indices: Vec<usize> = roles.iter().map(|&r| role_index(r)).collect();
+            let formats: Vec<Fp8Format> = roles.iter().map(|&r| recipe.format.for_role(r)).collect();
+            self.backend
+                .kernels()
+                .delayed_update(slots, &indices, &formats, recipe)?;
         }
+        Ok(())
     }
 
     fn stat_name(&self, role: TensorRole) -> String {
@@ -197,30 +158,29 @@ impl LinearGemms {
 
     /// Stats of a GEMM output kept in high precision: as if cast per tensor with the slot's scale
     /// (delayed) or the just-in-time scale of its amax (other recipes).
-    fn output_stats(&mut self, role: TensorRole, values: &[f32], amax: f32) {
+    fn output_stats(&mut self, role: TensorRole, values: &[f32], amax: f32) -> Result<()> {
         let Precision::Fp8(recipe) = &self.precision else {
-            return;
+            return Ok(());
         };
         let format = recipe.format_for(role);
         let scale = match recipe {
             Fp8Recipe::Delayed(_) => self.slot_scale(role),
             _ => current_scale(amax, format.max_finite(), false, 0.0),
         };
-        self.stats[role_index(role)] = Some(fp8_cast::uncast_stats(
-            self.stat_name(role),
-            values,
-            format,
-            amax,
-            scale,
-        ));
+        let stats = self
+            .backend
+            .kernels()
+            .uncast_stats(self.stat_name(role), values, format, amax, scale)?;
+        self.stats[role_index(role)] = Some(stats);
+        Ok(())
     }
 
     fn check_tokens(&self, rows: usize) -> Result<()> {
-        if self.precision.is_fp8() && !rows.is_multiple_of(FP8_DIM_MULTIPLE) {
+        if self.precision.is_fp8() && !rows.is_multiple_of(FP8_K_MULTIPLE) {
             return Err(Error::LayerShape {
                 layer: self.layer.clone(),
                 detail: format!(
-                    "input {rows}x{}: {} needs a token count (rows) that is a multiple of {FP8_DIM_MULTIPLE}",
+                    "input {rows}x{}: {} needs a token count (rows) that is a multiple of {FP8_K_MULTIPLE}",
                     self.in_features,
                     self.precision.name()
                 ),
@@ -235,20 +195,22 @@ impl LinearGemms {
             return Ok(());
         }
         let (out, inp) = (self.out_features, self.in_features);
+        let backend = self.backend;
+        let kernels = backend.kernels();
         let copy = match &self.precision {
             Precision::Fp8(recipe) => {
                 let scale = self.slot_scale(TensorRole::Weight);
-                let cast = fp8_cast::cast(recipe, TensorRole::Weight, &weight.value, out, inp, scale)?;
+                let cast = kernels.quantize(recipe, TensorRole::Weight, weight.value(), out, inp, scale)?;
                 if !replay {
                     self.record(TensorRole::Weight, cast.amax);
                     let name = self.stat_name(TensorRole::Weight);
-                    self.stats[1] = Some(fp8_cast::cast_stats(name, &weight.value, &cast));
+                    self.stats[1] = Some(kernels.cast_stats(name, weight.value(), &cast)?);
                 }
                 WeightCopy::Fp8(cast)
             }
             _ => WeightCopy::Plain {
-                w: PlainMat::new(self.dtype(), &weight.value),
-                wt: PlainMat::transposed(self.dtype(), &weight.value, out, inp),
+                w: kernels.convert(self.dtype(), weight.value())?,
+                wt: kernels.convert_transposed(self.dtype(), weight.value(), out, inp)?,
             },
         };
         self.weight = Some((weight.version(), copy));
@@ -272,6 +234,8 @@ impl LinearGemms {
         let Some((_, copy)) = &self.weight else {
             return Err(internal(&self.layer, "no weight copy after refresh"));
         };
+        let backend = self.backend;
+        let kernels = backend.kernels();
         let input_scale = if replay {
             self.forward_input_scale
         } else {
@@ -279,16 +243,19 @@ impl LinearGemms {
         };
         let (saved, report, input_cast) = match (&self.precision, copy) {
             (Precision::Fp8(recipe), WeightCopy::Fp8(w)) => {
-                let xq = fp8_cast::cast(recipe, TensorRole::Input, x, rows, inp, input_scale)?;
+                let xq = kernels.quantize(recipe, TensorRole::Input, x, rows, inp, input_scale)?;
                 let params = GemmParams {
                     bias,
-                    split_accumulator: false, // forward: fast accumulation allowed (spec 5)
+                    split_accumulator: false, // forward: fast accumulation allowed (`docs/numerics.md`, GEMM)
                     ..GemmParams::default()
                 };
                 let a = Operand::Fp8(xq.tensor.format(), xq.tensor.rowwise());
                 let b = Operand::Fp8(w.tensor.format(), w.tensor.rowwise());
-                let report = gemm(&a, &b, Output::F32(&mut y), &params)?;
-                let stats = (!replay).then(|| fp8_cast::cast_stats(self.stat_name(TensorRole::Input), x, &xq));
+                let report = kernels.gemm(&a, &b, Output::F32(&mut y), &params)?;
+                let stats = match replay {
+                    true => None,
+                    false => Some(kernels.cast_stats(self.stat_name(TensorRole::Input), x, &xq)?),
+                };
                 let amax = xq.amax;
                 let (format, _, columnwise) = xq.tensor.into_parts();
                 let columnwise =
@@ -297,19 +264,19 @@ impl LinearGemms {
             }
             (_, WeightCopy::Plain { w, .. }) => {
                 let dtype = self.dtype();
-                let xm = PlainMat::new(dtype, x);
+                let xm = kernels.convert(dtype, x)?;
                 let params = GemmParams {
                     bias,
                     ..GemmParams::default()
                 };
-                let report = gemm(
+                let report = kernels.gemm(
                     &xm.operand(rows, inp)?,
                     &w.operand(out, inp)?,
                     Output::F32(&mut y),
                     &params,
                 )?;
                 (
-                    SavedInput::Plain(PlainMat::transposed(dtype, x, rows, inp)),
+                    SavedInput::Plain(kernels.convert_transposed(dtype, x, rows, inp)?),
                     report,
                     None,
                 )
@@ -323,8 +290,8 @@ impl LinearGemms {
         }
         if !replay {
             self.record(TensorRole::Output, report.amax);
-            self.output_stats(TensorRole::Output, &y, report.amax);
-            self.update(&TensorRole::FORWARD);
+            self.output_stats(TensorRole::Output, &y, report.amax)?;
+            self.update(&TensorRole::FORWARD)?;
         }
         self.dtype().round_slice(&mut y);
         self.saved = Some((rows, saved));
@@ -351,10 +318,10 @@ impl LinearGemms {
                 ),
             });
         }
+        let backend = self.backend;
+        let kernels = backend.kernels();
         if let Some(db) = bias_grad {
-            for row in dy.chunks(out) {
-                db.iter_mut().zip(row).for_each(|(g, &d)| *g += d);
-            }
+            kernels.column_sum(dy, out, db)?;
         }
         let Some((_, copy)) = &self.weight else {
             return Err(internal(&self.layer, "no weight copy in backward"));
@@ -366,38 +333,38 @@ impl LinearGemms {
         };
         let (dgrad_amax, output_grad_cast) = match (&self.precision, copy, &saved) {
             (Precision::Fp8(recipe), WeightCopy::Fp8(w), SavedInput::Fp8(x_format, xt)) => {
-                let scale = self.slots.as_ref().map_or(1.0, |s| s.output_grad.scale);
-                let dyq = fp8_cast::cast(recipe, TensorRole::OutputGrad, dy, rows, out, scale)?;
+                let scale = self.slot_scale(TensorRole::OutputGrad);
+                let dyq = kernels.quantize(recipe, TensorRole::OutputGrad, dy, rows, out, scale)?;
                 let dy_format = dyq.tensor.format();
-                let dgrad = gemm(
+                let dgrad = kernels.gemm(
                     &Operand::Fp8(dy_format, dyq.tensor.rowwise()),
                     &Operand::Fp8(w.tensor.format(), fp8_cast::columnwise(&w.tensor)),
                     Output::F32(&mut dx),
                     &GemmParams::default(),
                 )?;
-                gemm(
+                kernels.gemm(
                     &Operand::Fp8(dy_format, fp8_cast::columnwise(&dyq.tensor)),
                     &Operand::Fp8(*x_format, xt),
-                    Output::F32(&mut weight.grad),
+                    Output::F32(weight.grad_mut()),
                     &accumulate,
                 )?;
-                let stats = fp8_cast::cast_stats(self.stat_name(TensorRole::OutputGrad), dy, &dyq);
+                let stats = kernels.cast_stats(self.stat_name(TensorRole::OutputGrad), dy, &dyq)?;
                 (dgrad.amax, Some((dyq.amax, stats)))
             }
             (_, WeightCopy::Plain { wt, .. }, SavedInput::Plain(xt)) => {
                 let dtype = self.dtype();
-                let dym = PlainMat::new(dtype, dy);
-                let dgrad = gemm(
+                let dym = kernels.convert(dtype, dy)?;
+                let dgrad = kernels.gemm(
                     &dym.operand(rows, out)?,
                     &wt.operand(inp, out)?,
                     Output::F32(&mut dx),
                     &GemmParams::default(),
                 )?;
-                let dyt = PlainMat::transposed(dtype, dy, rows, out);
-                gemm(
+                let dyt = kernels.convert_transposed(dtype, dy, rows, out)?;
+                kernels.gemm(
                     &dyt.operand(out, rows)?,
                     &xt.operand(inp, rows)?,
-                    Output::F32(&mut weight.grad),
+                    Output::F32(weight.grad_mut()),
                     &accumulate,
                 )?;
                 (dgrad.amax, None)
@@ -414,8 +381,8 @@ impl LinearGemms {
             self.stats[3] = Some(stats);
         }
         self.record(TensorRole::InputGrad, dgrad_amax);
-        self.output_stats(TensorRole::InputGrad, &dx, dgrad_amax);
-        self.update(&TensorRole::BACKWARD);
+        self.output_stats(TensorRole::InputGrad, &dx, dgrad_amax)?;
+        self.update(&TensorRole::BACKWARD)?;
         self.dtype().round_slice(&mut dx);
         Ok(dx)
     }
@@ -444,8 +411,8 @@ impl LinearGemms {
     /// Calls `f` on the five delayed-scaling slots as `<layer>.<role>` (nothing under other precisions).
     pub(crate) fn visit_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {
         let Some(slots) = &mut self.slots else { return };
-        for (role, name) in ROLES {
-            f(&format!("{}.{name}", self.layer), slots.slot_mut(role));
+        for (i, (_, name)) in ROLES.iter().enumerate() {
+            slots.with_slot(i, |slot| f(&format!("{}.{name}", self.layer), slot));
         }
     }
 

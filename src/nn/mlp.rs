@@ -2,16 +2,17 @@
 
 use super::init::child_seed;
 use super::linear::Linear;
+use super::no_forward;
 use super::norm::{Norm, NormConfig};
-use super::ops::Dtype;
-use super::ops::activation as act;
 use super::param::{Module, Parameter};
 use super::replay::Replay;
-use super::stats::Fp8TensorStats;
-use super::tensor::{Tensor, no_forward};
 use crate::amp::Precision;
+use crate::dispatch::Backend;
 use crate::error::Result;
 use crate::scaling::DelayedSlot;
+use crate::scaling::Fp8TensorStats;
+use crate::tensor::Tensor;
+use crate::tensor::{DeviceKind, Dtype};
 
 /// The MLP's activation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -39,6 +40,8 @@ pub struct LayerNormMLP {
     replay: Replay,
     /// fc1's output (the activation's input), for the activation's backward.
     pre_activation: Option<Tensor>,
+    /// Where its ops run.
+    backend: Backend,
 }
 
 impl LayerNormMLP {
@@ -84,6 +87,7 @@ impl LayerNormMLP {
             fused_cast: precision.is_fp8(),
             replay: Replay::new(recompute),
             pre_activation: None,
+            backend: Backend::default(),
         })
     }
 
@@ -92,7 +96,7 @@ impl LayerNormMLP {
         let y = self.run(x, false)?;
         if self.replay.enabled() {
             self.clear_saved();
-            self.replay.keep(x, x.rows, 1);
+            self.replay.keep(x, x.rows(), 1);
         }
         Ok(y)
     }
@@ -104,13 +108,16 @@ impl LayerNormMLP {
             self.norm.forward(x)?
         };
         let a = self.fc1.forward_pass(&normed, replay)?;
-        let mut g = vec![0.0; a.rows * self.ffn];
+        let mut g = vec![0.0; a.rows() * self.ffn];
         match self.activation {
-            Activation::Gelu => act::gelu_forward(&a.data, &mut g)?,
-            Activation::SwiGlu => act::swiglu_forward(&a.data, a.rows, self.ffn, &mut g)?,
+            Activation::Gelu => self.backend.kernels().gelu_forward(a.data(), &mut g)?,
+            Activation::SwiGlu => self
+                .backend
+                .kernels()
+                .swiglu_forward(a.data(), a.rows(), self.ffn, &mut g)?,
         }
         self.dtype.round_slice(&mut g);
-        let g = Tensor::new(g, a.rows, self.ffn)?;
+        let g = Tensor::new(g, a.rows(), self.ffn)?;
         self.pre_activation = Some(a);
         self.fc2.forward_pass(&g, replay)
     }
@@ -124,11 +131,15 @@ impl LayerNormMLP {
         let a = self.pre_activation.take().ok_or_else(|| no_forward(&self.name))?;
         let mut da = vec![0.0; a.len()];
         match self.activation {
-            Activation::Gelu => act::gelu_backward(&dg.data, &a.data, &mut da)?,
-            Activation::SwiGlu => act::swiglu_backward(&dg.data, &a.data, a.rows, self.ffn, &mut da)?,
+            Activation::Gelu => self.backend.kernels().gelu_backward(dg.data(), a.data(), &mut da)?,
+            Activation::SwiGlu => {
+                self.backend
+                    .kernels()
+                    .swiglu_backward(dg.data(), a.data(), a.rows(), self.ffn, &mut da)?
+            }
         }
         self.dtype.round_slice(&mut da);
-        let dn = self.fc1.backward(&Tensor::new(da, a.rows, a.cols)?)?;
+        let dn = self.fc1.backward(&Tensor::new(da, a.rows(), a.cols())?)?;
         self.norm.backward(&dn)
     }
 
@@ -146,6 +157,13 @@ impl Module for LayerNormMLP {
         self.norm.visit(f);
         self.fc1.visit_parameters(f);
         self.fc2.visit_parameters(f);
+    }
+
+    fn to_device(&mut self, device: DeviceKind) -> Result<()> {
+        self.backend = Backend::on(device);
+        self.norm.set_backend(self.backend);
+        self.fc1.to_device(device)?;
+        self.fc2.to_device(device)
     }
 
     fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {

@@ -15,7 +15,6 @@
 //! | [`TransformerLayer`] | `attn.*`, `mlp.*` |
 
 mod attention;
-mod fp8_cast;
 mod init;
 mod layernorm_linear;
 mod linear;
@@ -24,22 +23,28 @@ mod mlp;
 mod norm;
 mod param;
 mod replay;
-mod stats;
-mod tensor;
 mod transformer;
 
-/// The op kernels the layers call (norms, activations, attention, `Dtype`).
-pub(crate) use crate::ops;
 pub(crate) use init::{child_seed, normal as init_normal};
-pub(crate) use linear_gemms::PlainMat;
 
+/// FP8 GEMMs need every K (in, out features and the token count) to be a multiple of this.
+pub use crate::gemm::FP8_K_MULTIPLE as FP8_DIM_MULTIPLE;
+pub use crate::scaling::Fp8TensorStats;
+pub use crate::tensor::Tensor;
 pub use attention::MultiheadAttention;
 pub use layernorm_linear::LayerNormLinear;
 pub use linear::Linear;
-pub use linear_gemms::FP8_DIM_MULTIPLE;
 pub use mlp::{Activation, LayerNormMLP};
 pub use norm::{LayerNorm, NormConfig, NormKind, RMSNorm};
 pub use param::{Module, Parameter};
-pub use stats::Fp8TensorStats;
-pub use tensor::Tensor;
 pub use transformer::{TransformerConfig, TransformerLayer};
+
+use crate::error::Error;
+
+/// The error of a backward that has no forward to go with.
+pub(crate) fn no_forward(layer: &str) -> Error {
+    Error::LayerShape {
+        layer: layer.to_string(),
+        detail: "backward called without a forward before it".into(),
+    }
+}

@@ -1,13 +1,14 @@
 //! `LayerNorm` and `RMSNorm` over the features of each token, in f32 under every
-//! precision (spec 6); the output is rounded to the compute dtype unless a fused
+//! precision (`docs/numerics.md`, mixed precision); the output is rounded to the compute dtype unless a fused
 //! FP8 cast consumes it directly.
 
-use super::ops::Dtype;
-use super::ops::norm::{self as kernels, NormShape};
+use super::no_forward;
 use super::param::{Module, Parameter};
-use super::tensor::{Tensor, no_forward};
 use crate::amp::Precision;
+use crate::dispatch::{Backend, NormShape};
 use crate::error::Result;
+use crate::tensor::Tensor;
+use crate::tensor::{DeviceKind, Dtype};
 
 /// Which normalization.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -57,6 +58,8 @@ struct NormCore {
     gamma: Parameter,
     beta: Option<Parameter>,
     saved: Option<NormSaved>,
+    /// Where its ops run.
+    backend: Backend,
 }
 
 impl NormCore {
@@ -74,6 +77,7 @@ impl NormCore {
             gamma,
             beta,
             saved: None,
+            backend: Backend::default(),
         })
     }
 
@@ -81,19 +85,19 @@ impl NormCore {
     fn forward_f32(&mut self, x: &Tensor) -> Result<Tensor> {
         x.expect(&self.name, "input", None, self.hidden)?;
         let shape = NormShape {
-            rows: x.rows,
+            rows: x.rows(),
             cols: self.hidden,
         };
         let mut y = vec![0.0; x.len()];
-        let mut rstd = vec![0.0; x.rows];
+        let mut rstd = vec![0.0; x.rows()];
         let mut mean = Vec::new();
         match &self.beta {
             Some(beta) => {
-                mean = vec![0.0; x.rows];
-                kernels::layernorm_forward(
-                    &x.data,
-                    &self.gamma.value,
-                    &beta.value,
+                mean = vec![0.0; x.rows()];
+                self.backend.kernels().layernorm_forward(
+                    x.data(),
+                    self.gamma.value(),
+                    beta.value(),
                     shape,
                     self.config.eps,
                     self.config.zero_centered_gamma,
@@ -102,9 +106,9 @@ impl NormCore {
                     &mut rstd,
                 )?;
             }
-            None => kernels::rmsnorm_forward(
-                &x.data,
-                &self.gamma.value,
+            None => self.backend.kernels().rmsnorm_forward(
+                x.data(),
+                self.gamma.value(),
                 shape,
                 self.config.eps,
                 self.config.zero_centered_gamma,
@@ -113,17 +117,17 @@ impl NormCore {
             )?,
         }
         self.saved = Some(NormSaved {
-            x: x.data.clone(),
-            rows: x.rows,
+            x: x.data().to_vec(),
+            rows: x.rows(),
             mean,
             rstd,
         });
-        Tensor::new(y, x.rows, self.hidden)
+        Tensor::new(y, x.rows(), self.hidden)
     }
 
     fn forward(&mut self, x: &Tensor) -> Result<Tensor> {
         let mut y = self.forward_f32(x)?;
-        self.dtype.round_slice(&mut y.data);
+        self.dtype.round_slice(y.data_mut());
         Ok(y)
     }
 
@@ -141,28 +145,30 @@ impl NormCore {
         };
         let mut dx = vec![0.0; dy.len()];
         let zc = self.config.zero_centered_gamma;
+        let (gamma, dgamma) = self.gamma.value_and_grad_mut();
+        let gamma = &*gamma;
         match &mut self.beta {
-            Some(beta) => kernels::layernorm_backward(
-                &dy.data,
+            Some(beta) => self.backend.kernels().layernorm_backward(
+                dy.data(),
                 &saved.x,
-                &self.gamma.value,
+                gamma,
                 &saved.mean,
                 &saved.rstd,
                 shape,
                 zc,
                 &mut dx,
-                &mut self.gamma.grad,
-                &mut beta.grad,
+                dgamma,
+                beta.grad_mut(),
             )?,
-            None => kernels::rmsnorm_backward(
-                &dy.data,
+            None => self.backend.kernels().rmsnorm_backward(
+                dy.data(),
                 &saved.x,
-                &self.gamma.value,
+                gamma,
                 &saved.rstd,
                 shape,
                 zc,
                 &mut dx,
-                &mut self.gamma.grad,
+                dgamma,
             )?,
         }
         self.dtype.round_slice(&mut dx);
@@ -225,6 +231,11 @@ macro_rules! norm_layer {
             fn saved_activation_bytes(&self) -> usize {
                 self.0.saved_bytes()
             }
+
+            fn to_device(&mut self, device: DeviceKind) -> Result<()> {
+                self.0.backend = Backend::on(device);
+                Ok(())
+            }
         }
     };
 }
@@ -263,6 +274,10 @@ impl Norm {
 
     pub(crate) fn clear_saved(&mut self) {
         self.0.saved = None;
+    }
+
+    pub(crate) fn set_backend(&mut self, backend: Backend) {
+        self.0.backend = backend;
     }
 
     pub(crate) fn visit(&mut self, f: &mut dyn FnMut(&mut Parameter)) {

@@ -3,9 +3,10 @@
 //! which the optimizer bumps after every update, so a copy is made once per step
 //! and reused across micro-batches.
 
-use super::stats::Fp8TensorStats;
 use crate::error::{Error, Result};
 use crate::scaling::DelayedSlot;
+use crate::scaling::Fp8TensorStats;
+use crate::tensor::DeviceKind;
 
 /// One trainable tensor.
 #[derive(Clone, Debug, PartialEq)]
@@ -13,9 +14,9 @@ pub struct Parameter {
     name: String,
     shape: Vec<usize>,
     /// f32 master values, row-major.
-    pub value: Vec<f32>,
+    value: Vec<f32>,
     /// f32 gradient, accumulated across micro-batches until `zero_grad`.
-    pub grad: Vec<f32>,
+    grad: Vec<f32>,
     version: u64,
 }
 
@@ -49,6 +50,38 @@ impl Parameter {
         &self.shape
     }
 
+    /// The f32 master values, row-major.
+    pub fn value(&self) -> &[f32] {
+        &self.value
+    }
+
+    /// The master values to change in place; call [`Parameter::mark_updated`] after, so layers
+    /// remake their compute copies.
+    pub fn value_mut(&mut self) -> &mut [f32] {
+        &mut self.value
+    }
+
+    /// The f32 gradient, accumulated across micro-batches until [`Parameter::zero_grad`].
+    pub fn grad(&self) -> &[f32] {
+        &self.grad
+    }
+
+    /// The gradient, to accumulate into or rescale in place.
+    pub fn grad_mut(&mut self) -> &mut [f32] {
+        &mut self.grad
+    }
+
+    /// The master values and the gradient at once (an optimizer reads one and writes the other).
+    pub fn value_and_grad_mut(&mut self) -> (&mut [f32], &mut [f32]) {
+        (&mut self.value, &mut self.grad)
+    }
+
+    /// Replaces the master values with `value` of the same length (checked by the caller).
+    pub(crate) fn set_value(&mut self, value: Vec<f32>) {
+        debug_assert_eq!(value.len(), self.value.len());
+        self.value = value;
+    }
+
     /// Number of values.
     pub fn len(&self) -> usize {
         self.value.len()
@@ -79,6 +112,20 @@ impl Parameter {
 pub trait Module {
     /// Calls `f` on every parameter, in a fixed order (the order checkpoints and optimizers use).
     fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter));
+
+    /// Runs the module's ops on `device` from now on. The parameters stay host vectors until
+    /// device storage exists; the CUDA backend implements no op yet, so the first op run after a
+    /// move to CUDA is an `Error::Unsupported` naming it. Modules without an override can only
+    /// stay on the CPU.
+    fn to_device(&mut self, device: DeviceKind) -> Result<()> {
+        match device {
+            DeviceKind::Cpu => Ok(()),
+            other => Err(Error::Unsupported {
+                op: "to_device",
+                device: other.to_string(),
+            }),
+        }
+    }
 
     /// Total number of trainable values.
     fn parameter_count(&mut self) -> usize {

@@ -3,8 +3,9 @@
 //! replays the forward from it (the FP8 casts reuse the scales of the first
 //! pass, so the replay is bit-identical) and then runs the normal backward.
 
-use super::tensor::{Tensor, no_forward};
+use super::no_forward;
 use crate::error::Result;
+use crate::tensor::Tensor;
 
 /// The input a recomputing layer kept, with the `(batch, seq)` split it came with.
 #[derive(Clone, Debug)]
@@ -76,7 +77,7 @@ mod tests {
         on.keep(&x, 1, 2);
         assert_eq!(on.bytes(2), 12);
         let kept = on.take("l").unwrap().unwrap();
-        assert_eq!((kept.x.data, kept.batch, kept.seq), (x.data.clone(), 1, 2));
+        assert_eq!((kept.x.data(), kept.batch, kept.seq), (x.data(), 1, 2));
         assert_eq!(on.bytes(2), 0);
         on.keep(&x, 1, 2);
         on.clear();

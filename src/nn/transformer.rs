@@ -4,14 +4,15 @@ use super::attention::MultiheadAttention;
 use super::init::child_seed;
 use super::mlp::{Activation, LayerNormMLP};
 use super::norm::{NormConfig, NormKind};
-use super::ops::Dtype;
 use super::param::{Module, Parameter};
 use super::replay::Replay;
-use super::stats::Fp8TensorStats;
-use super::tensor::Tensor;
 use crate::amp::Precision;
+use crate::dispatch::Backend;
 use crate::error::Result;
 use crate::scaling::DelayedSlot;
+use crate::scaling::Fp8TensorStats;
+use crate::tensor::Tensor;
+use crate::tensor::{DeviceKind, Dtype};
 
 /// Shape and options of a [`TransformerLayer`].
 #[derive(Clone, Debug, PartialEq)]
@@ -73,6 +74,8 @@ pub struct TransformerLayer {
     attn: MultiheadAttention,
     mlp: LayerNormMLP,
     replay: Replay,
+    /// Where its ops run.
+    backend: Backend,
 }
 
 impl TransformerLayer {
@@ -105,6 +108,7 @@ impl TransformerLayer {
                 child_seed(seed, 2),
             )?,
             replay: Replay::new(config.recompute),
+            backend: Backend::default(),
         })
     }
 
@@ -131,9 +135,8 @@ impl TransformerLayer {
     }
 
     fn residual(&self, x: &Tensor, f: &Tensor) -> Result<Tensor> {
-        let mut sum: Vec<f32> = x.data.iter().zip(&f.data).map(|(a, b)| a + b).collect();
-        self.dtype.round_slice(&mut sum);
-        Tensor::new(sum, x.rows, x.cols)
+        let sum = self.backend.kernels().residual_add(x.data(), f.data(), self.dtype)?;
+        Tensor::new(sum, x.rows(), x.cols())
     }
 
     /// Drops what the last forward kept for backward (after an evaluation-only forward).
@@ -160,6 +163,12 @@ impl Module for TransformerLayer {
     fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
         self.attn.visit_parameters(f);
         self.mlp.visit_parameters(f);
+    }
+
+    fn to_device(&mut self, device: DeviceKind) -> Result<()> {
+        self.backend = Backend::on(device);
+        self.attn.to_device(device)?;
+        self.mlp.to_device(device)
     }
 
     fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {

@@ -22,10 +22,10 @@
 use rayon::prelude::*;
 
 use super::check::{elements, len};
-use super::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::gemm::cpu::gemm;
 use crate::gemm::{GemmParams, Mat, Operand, Output};
+use crate::tensor::Dtype;
 
 /// Query rows per block: a multiple of the GPU kernels' 64-row tiles.
 pub const Q_BLOCK: usize = 64;

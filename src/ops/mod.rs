@@ -13,16 +13,19 @@
 pub mod activation;
 pub mod attention;
 mod check;
-pub mod dtype;
+pub mod elementwise;
 pub mod embedding;
 pub mod loss;
 pub mod norm;
+pub mod optim;
 pub mod rope;
 
+/// The activation dtype now lives next to `Tensor`; re-exported for the old path.
+pub use crate::tensor::Dtype;
 pub use activation::{gelu_backward, gelu_forward, swiglu_backward, swiglu_forward};
 pub use attention::{AttentionShape, attention_backward, attention_forward};
-pub use dtype::Dtype;
 pub use embedding::{embedding_backward, embedding_forward};
 pub use loss::{cross_entropy_backward, cross_entropy_forward};
 pub use norm::{NormShape, layernorm_backward, layernorm_forward, rmsnorm_backward, rmsnorm_forward};
+pub use optim::{AdamWStep, adamw_update, sum_of_squares, unscale_and_check};
 pub use rope::{RopeFrequencyScaling, RopeShape, RopeTable, inv_freq, rope_backward, rope_forward};

@@ -1,4 +1,4 @@
-//! 128x128 block quantization (spec 4.3, weights): one scale per 128x128 tile,
+//! 128x128 block quantization (`docs/numerics.md`, block scaling, weights): one scale per 128x128 tile,
 //! the current-scaling formula on the tile's amax.
 //!
 //! A tile's scale is the same whichever way the tile is read, so the

@@ -1,4 +1,4 @@
-//! 1x128 block quantization (spec 4.3, activations and gradients): one scale
+//! 1x128 block quantization (`docs/numerics.md`, block scaling, activations and gradients): one scale
 //! per row per 128 consecutive elements, the current-scaling formula on each
 //! block's amax. The row-wise and column-wise copies are both quantized from
 //! the high-precision source, never one from the other.

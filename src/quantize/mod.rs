@@ -23,10 +23,11 @@ mod block_1x128;
 mod blocks;
 mod cast_amax;
 mod cast_transpose;
-pub mod dequantize;
 mod mxfp8;
 mod transpose;
 
+/// Kept under its old path: the dequantizers live next to the quantized tensor they read.
+pub use crate::tensor::dequantize;
 pub use amax::amax;
 pub(crate) use amax::amax_serial;
 pub use block_1x128::{quantize_1x128, quantize_1x128_columnwise, quantize_1x128_rowwise};
@@ -40,7 +41,7 @@ use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::scaling::{BlockScaling, CurrentScaling, TensorRole, current_scale};
 
-/// How a just-in-time scale follows from an amax: the spec 4.2 formula, used
+/// How a just-in-time scale follows from an amax: the current scaling formula of `docs/numerics.md`, used
 /// per tensor by current scaling and per block by block scaling.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ScaleRule {
@@ -90,26 +91,8 @@ impl ScaleRule {
     }
 }
 
-/// Checks that a buffer of `len` elements is a `rows x cols` (or, for scales, a grid) matrix.
-pub(crate) fn check_len(what: &'static str, len: usize, rows: usize, cols: usize) -> Result<()> {
-    match rows.checked_mul(cols) {
-        Some(expected) if expected == len => Ok(()),
-        expected => Err(Error::ShapeMismatch {
-            what,
-            rows,
-            cols,
-            expected: expected.unwrap_or(usize::MAX),
-            got: len,
-        }),
-    }
-}
+pub(crate) use crate::tensor::{check_len, rows_per_task};
 
 /// The quantizers check the scale up front with `convert`'s own check, so an
 /// empty tensor rejects a bad scale too.
 pub(crate) use crate::convert::check_scale;
-
-/// Rows per parallel task so that a task handles about 64K elements: big
-/// enough to amortize the scheduling, small enough to balance two to many cores.
-pub(crate) fn rows_per_task(cols: usize) -> usize {
-    (65536 / cols.max(1)).max(1)
-}

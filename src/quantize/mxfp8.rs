@@ -1,4 +1,4 @@
-//! MXFP8 quantization (spec 4.4): one E8M0 exponent per 32 consecutive
+//! MXFP8 quantization (`docs/numerics.md`, MXFP8): one E8M0 exponent per 32 consecutive
 //! elements, rounded up so no element of a block exceeds the format's max;
 //! data `cast_sat(x * 2^(127-e))`. The column-wise copy (32x1 blocks of `X`,
 //! stored as 1x32 blocks of `X^T`) is quantized from the high-precision source.
@@ -11,8 +11,8 @@ use crate::format::Fp8Format;
 use crate::scaling::mxfp8::{data_scale, mxfp8_scale_exponent};
 use crate::tensor::{QuantizedMatrix, QuantizedTensor, Scales};
 
-/// Elements sharing one E8M0 scale.
-pub const BLOCK: usize = 32;
+/// Elements per scaling block.
+pub const BLOCK: usize = crate::tensor::MXFP8_BLOCK;
 
 struct E8m0Rule(Fp8Format);
 

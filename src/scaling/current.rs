@@ -1,4 +1,4 @@
-//! Spec 4.2: the just-in-time scale from an amax, also used per block by
+//! `docs/numerics.md`, current scaling: the just-in-time scale from an amax, also used per block by
 //! block scaling (4.3).
 
 /// `fp8_max / max(amax, amax_epsilon)`, with the spec's edge cases:

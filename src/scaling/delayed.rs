@@ -1,4 +1,4 @@
-//! Spec 4.1: one delayed-scaling slot, its amax history and its update.
+//! `docs/numerics.md`, delayed scaling: one delayed-scaling slot, its amax history and its update.
 //!
 //! Step N casts with the scale derived from amaxes up to step N-1; the first
 //! step uses 1.0. `history[0]` collects the running step's amax; the update
@@ -45,7 +45,7 @@ impl DelayedSlot {
         self.history[0] = self.history[0].max(amax);
     }
 
-    /// What a cast with [`Self::scale`] leaves behind (spec 4.1 step 6): its amax
+    /// What a cast with [`Self::scale`] leaves behind (`docs/numerics.md`, delayed scaling, step 6): its amax
     /// accumulated into `history[0]` and `scale_inv = 1/scale` (correctly rounded).
     pub fn record_cast(&mut self, amax: f32) {
         self.record_amax(amax);
@@ -57,29 +57,35 @@ impl DelayedSlot {
         self.history[0] = amax;
     }
 
-    /// The update of spec 4.1, steps 1-5, for a tensor of `format`.
+    /// The delayed-scaling update of `docs/numerics.md`, steps 1-5, for a tensor of `format`.
     pub fn update(&mut self, recipe: &DelayedScaling, format: Fp8Format) {
-        let last = self.history[0];
-        // A slot whose tensor was not cast this step keeps everything (NaN != 0, so NaN rolls in).
-        if last == 0.0 {
-            return;
-        }
-        let amax = match recipe.amax_compute_algo {
-            // f32::max ignores a NaN operand, so the fold is NaN only if every entry is.
-            AmaxComputeAlgo::Max => self.history[1..].iter().fold(last, |acc, &h| acc.max(h)),
-            AmaxComputeAlgo::MostRecent => last,
-        };
-        // Drop the oldest entry (history[1]), append `last`, clear slot 0.
-        let len = self.history.len();
-        if len > 1 {
-            self.history.copy_within(2.., 1);
-            self.history[len - 1] = last;
-        }
-        self.history[0] = 0.0;
-        if amax.is_finite() && amax > 0.0 {
-            let scale = recipe.scaled_max(format) / amax;
-            // A tiny amax gives inf; the largest finite scale is the closest usable value.
-            self.scale = if scale.is_infinite() { f32::MAX } else { scale };
-        }
+        update_in_place(&mut self.scale, &mut self.history, recipe, format);
+    }
+}
+
+/// [`DelayedSlot::update`] on a slot's scale and history wherever they are stored (a slot
+/// bank keeps them in shared vectors). `history` must not be empty.
+pub(crate) fn update_in_place(scale: &mut f32, history: &mut [f32], recipe: &DelayedScaling, format: Fp8Format) {
+    let last = history[0];
+    // A slot whose tensor was not cast this step keeps everything (NaN != 0, so NaN rolls in).
+    if last == 0.0 {
+        return;
+    }
+    let amax = match recipe.amax_compute_algo {
+        // f32::max ignores a NaN operand, so the fold is NaN only if every entry is.
+        AmaxComputeAlgo::Max => history[1..].iter().fold(last, |acc, &h| acc.max(h)),
+        AmaxComputeAlgo::MostRecent => last,
+    };
+    // Drop the oldest entry (history[1]), append `last`, clear slot 0.
+    let len = history.len();
+    if len > 1 {
+        history.copy_within(2.., 1);
+        history[len - 1] = last;
+    }
+    history[0] = 0.0;
+    if amax.is_finite() && amax > 0.0 {
+        let next = recipe.scaled_max(format) / amax;
+        // A tiny amax gives inf; the largest finite scale is the closest usable value.
+        *scale = if next.is_infinite() { f32::MAX } else { next };
     }
 }

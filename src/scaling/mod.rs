@@ -1,4 +1,4 @@
-//! Scaling recipes: how the scale of every FP8 cast is chosen (spec section 4).
+//! Scaling recipes: how the scale of every FP8 cast is chosen (`docs/numerics.md`, scaling recipes).
 //!
 //! * [`DelayedScaling`]: per-tensor scale from an amax history, updated once after
 //!   forward and once after backward ([`delayed`], [`ScalingState`]).
@@ -10,13 +10,16 @@
 //! uses it; the delayed state is only updated at the end of a pass, never inside
 //! a quantizer.
 
+mod bank;
 pub mod current;
 pub mod delayed;
 pub mod exact_f32;
 pub mod mxfp8;
 mod recipe;
 mod state;
+mod stats;
 
+pub use bank::SlotBank;
 pub use current::current_scale;
 pub use delayed::DelayedSlot;
 pub use mxfp8::mxfp8_scale_exponent;
@@ -25,3 +28,4 @@ pub use recipe::{
     Mxfp8Format, Mxfp8Scaling, Recipe, RecipeFormat, TensorRole,
 };
 pub use state::{ModuleScaling, ScalingState, fmax_reduce};
+pub use stats::Fp8TensorStats;

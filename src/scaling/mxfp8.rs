@@ -1,4 +1,4 @@
-//! Spec 4.4: the E8M0 exponent of an MXFP8 block, rounded UP to a power of two.
+//! `docs/numerics.md`, MXFP8: the E8M0 exponent of an MXFP8 block, rounded UP to a power of two.
 //!
 //! This is TransformerEngine's rule and Blackwell's `cvt.rp.satfinite.ue8m0`,
 //! not the OCP MX rule (`floor(log2(amax)) - emax`). Rounding up guarantees

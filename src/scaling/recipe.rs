@@ -90,7 +90,7 @@ pub enum AmaxComputeAlgo {
     MostRecent,
 }
 
-/// Spec 4.1: per-tensor scales from a history of amaxes, one step behind.
+/// `docs/numerics.md`, delayed scaling: per-tensor scales from a history of amaxes, one step behind.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DelayedScaling {
     /// Scale headroom in binades: `scale = fp8_max * 2^-margin / amax`. 0..=[`MAX_MARGIN`].
@@ -147,7 +147,7 @@ impl DelayedScaling {
     }
 }
 
-/// Spec 4.2: per-tensor scale from the amax of the tensor being cast.
+/// `docs/numerics.md`, current scaling: per-tensor scale from the amax of the tensor being cast.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CurrentScaling {
     /// E4M3 everywhere, or E4M3 forward and E5M2 backward.
@@ -212,7 +212,7 @@ impl BlockDims {
     }
 }
 
-/// Spec 4.3: DeepSeek-V3 style block scaling, current-scaling formula per block.
+/// `docs/numerics.md`, block scaling: DeepSeek-V3 style block scaling, current-scaling formula per block.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BlockScaling {
     /// E4M3 everywhere (default), or E5M2 for gradients.
@@ -281,7 +281,7 @@ impl BlockScaling {
     }
 }
 
-/// Spec 4.4: MXFP8, one E8M0 scale per 32 consecutive elements.
+/// `docs/numerics.md`, MXFP8: MXFP8, one E8M0 scale per 32 consecutive elements.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Mxfp8Scaling {
     /// E4M3 everywhere (default, as in TE), or E5M2 for gradients.
@@ -320,13 +320,13 @@ impl Mxfp8Scaling {
 /// Any of the four recipes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Recipe {
-    /// Spec 4.1.
+    /// `docs/numerics.md`, delayed scaling.
     Delayed(DelayedScaling),
-    /// Spec 4.2.
+    /// `docs/numerics.md`, current scaling.
     Current(CurrentScaling),
-    /// Spec 4.3.
+    /// `docs/numerics.md`, block scaling.
     Block(BlockScaling),
-    /// Spec 4.4.
+    /// `docs/numerics.md`, MXFP8.
     Mxfp8(Mxfp8Scaling),
 }
 

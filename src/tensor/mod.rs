@@ -1,5 +1,7 @@
-//! The quantized tensor: FP8 codes, their format, shape and scales, and
-//! optionally the transposed (column-wise) copy that backward GEMMs need.
+//! Tensors: the dense [`Tensor`] of activations and gradients (with its
+//! [`Dtype`] and the device its values live on), and the quantized tensor:
+//! FP8 codes, their format, shape and scales, and optionally the transposed
+//! (column-wise) copy that backward GEMMs need.
 //!
 //! Every copy is a row-major matrix quantized along its rows. The column-wise
 //! copy of an `[M, K]` tensor is an `[K, M]` matrix: the row-wise quantization
@@ -8,14 +10,20 @@
 //! `[K, ceil(M/128)]`, 128x128 the transposed tile grid `[ceil(K/128), ceil(M/128)]`,
 //! MXFP8 `[K, ceil(M/32)]`.
 
+mod dense;
+pub mod dequantize;
+mod device_kind;
+mod dtype;
 mod scales;
 
-pub use scales::{ScaleKind, Scales};
+pub use dense::Tensor;
+pub use device_kind::DeviceKind;
+pub use dtype::Dtype;
+pub use scales::{MXFP8_BLOCK, ScaleKind, Scales};
 
 use crate::convert::HighPrecision;
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
-use crate::quantize::dequantize;
 
 /// One orientation of a quantized tensor: `rows x cols` FP8 codes, row-major, with their scales.
 #[derive(Clone, Debug, PartialEq)]
@@ -176,4 +184,24 @@ impl QuantizedTensor {
     pub fn dequantize_columnwise<T: HighPrecision>(&self) -> Result<Option<Vec<T>>> {
         self.columnwise.as_ref().map(|c| c.dequantize(self.format)).transpose()
     }
+}
+
+/// Checks that a buffer of `len` elements is a `rows x cols` (or, for scales, a grid) matrix.
+pub(crate) fn check_len(what: &'static str, len: usize, rows: usize, cols: usize) -> Result<()> {
+    match rows.checked_mul(cols) {
+        Some(expected) if expected == len => Ok(()),
+        expected => Err(Error::ShapeMismatch {
+            what,
+            rows,
+            cols,
+            expected: expected.unwrap_or(usize::MAX),
+            got: len,
+        }),
+    }
+}
+
+/// Rows per parallel task so that a task handles about 64K elements: big
+/// enough to amortize the scheduling, small enough to balance two to many cores.
+pub(crate) fn rows_per_task(cols: usize) -> usize {
+    (65536 / cols.max(1)).max(1)
 }

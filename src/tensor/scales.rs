@@ -1,5 +1,8 @@
 //! The scales of one quantized copy, in the compact row-major layout used in
-//! files (spec 4.3, 4.4); GPU kernels may pad or transpose them internally.
+//! files (`docs/numerics.md`, block scaling and MXFP8); GPU kernels may pad or transpose them internally.
+
+/// Elements per MXFP8 scaling block (one E8M0 exponent each).
+pub const MXFP8_BLOCK: usize = 32;
 
 /// How a quantized copy is scaled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -21,7 +24,7 @@ impl ScaleKind {
             ScaleKind::PerTensor => None,
             ScaleKind::Block1x128 => Some((1, 128)),
             ScaleKind::Block128x128 => Some((128, 128)),
-            ScaleKind::Mxfp8 => Some((1, 32)),
+            ScaleKind::Mxfp8 => Some((1, MXFP8_BLOCK)),
         }
     }
 

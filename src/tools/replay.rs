@@ -1,4 +1,4 @@
-//! `fp8 recipe replay`: runs the delayed-scaling update (spec 4.1) over an
+//! `fp8 recipe replay`: runs the delayed-scaling update (`docs/numerics.md`, delayed scaling) over an
 //! amax trace, one amax per training step, and reports the scale in force
 //! after each step's update. Used to choose a history length and algorithm
 //! from the amax trace of a real run.

@@ -48,13 +48,13 @@ pub const META_SOURCE_DTYPE: &str = "fp8.source_dtype.";
 /// The recipes a file can be quantized with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FileRecipe {
-    /// One scale per tensor from its amax (spec 4.2).
+    /// One scale per tensor from its amax (`docs/numerics.md`, current scaling).
     Current,
-    /// 1x128 blocks along the last dimension (spec 4.3).
+    /// 1x128 blocks along the last dimension (`docs/numerics.md`, block scaling).
     Block1x128,
-    /// 128x128 blocks (spec 4.3).
+    /// 128x128 blocks (`docs/numerics.md`, block scaling).
     Block128,
-    /// MXFP8, 1x32 blocks with E8M0 scales (spec 4.4).
+    /// MXFP8, 1x32 blocks with E8M0 scales (`docs/numerics.md`, MXFP8).
     Mxfp8,
 }
 

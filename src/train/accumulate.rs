@@ -110,7 +110,7 @@ mod tests {
         /// Mean loss over `rows` and adds `seed * dloss/dw` into the gradient.
         fn forward_backward(&mut self, rows: &[(Vec<f32>, f32)], seed: f32) -> f32 {
             if self.cache_version != Some(self.w.version()) {
-                self.cache = self.w.value.clone();
+                self.cache = self.w.value().to_vec();
                 self.cache_version = Some(self.w.version());
                 self.cache_refreshes += 1;
             }
@@ -120,7 +120,7 @@ mod tests {
                 let pred: f32 = self.cache.iter().zip(x).map(|(w, x)| w * x).sum();
                 let err = pred - y;
                 loss += err * err / n;
-                for (g, xi) in self.w.grad.iter_mut().zip(x) {
+                for (g, xi) in self.w.grad_mut().iter_mut().zip(x) {
                     *g += seed * 2.0 * err * xi / n;
                 }
             }
@@ -153,7 +153,7 @@ mod tests {
             }
         }
         let mut model = Linear::new(w);
-        model.w.grad = vec![99.0; 3]; // stale gradient from a previous step: must be cleared
+        model.w.grad_mut().copy_from_slice(&[99.0; 3]); // stale gradient from a previous step: must be cleared
         let out = accumulate_gradients(&mut model, 4, scale as f32, |m, micro| {
             assert_eq!(micro.count, 4);
             assert_eq!(micro.backward_seed, 256.0);
@@ -167,7 +167,7 @@ mod tests {
             "{} vs {loss}",
             out.mean
         );
-        for (got, want) in model.w.grad.iter().zip(grad) {
+        for (got, want) in model.w.grad().iter().zip(grad) {
             assert!(
                 (*got as f64 - want).abs() < 1e-5 * want.abs().max(scale),
                 "{got} vs {want}"

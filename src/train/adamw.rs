@@ -1,5 +1,5 @@
 //! AdamW (Loshchilov & Hutter): Adam moments with decoupled weight decay and
-//! bias correction, on f32 master weights with f32 moments (spec 6).
+//! bias correction, on f32 master weights with f32 moments (`docs/numerics.md`, mixed precision).
 //!
 //! One step `t` (1-based) for a parameter `p` with gradient `g`; the per-step
 //! scalars are computed in f64 and rounded to f32 once, every per-element
@@ -24,8 +24,11 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::dispatch::{AdamWStep, Backend};
 use crate::error::{Error, Result};
+
 use crate::nn::Module;
+use crate::tensor::DeviceKind;
 
 /// AdamW hyperparameters.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -123,6 +126,8 @@ pub struct AdamWState {
 pub struct AdamW {
     config: AdamWConfig,
     state: AdamWState,
+    /// Where the update runs (the device of the parameters).
+    backend: Backend,
 }
 
 impl AdamW {
@@ -132,7 +137,18 @@ impl AdamW {
         Ok(AdamW {
             config,
             state: AdamWState::default(),
+            backend: Backend::default(),
         })
+    }
+
+    /// The backend the updates run on.
+    pub(crate) fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Runs the updates on `device` from now on.
+    pub fn to_device(&mut self, device: DeviceKind) {
+        self.backend = Backend::on(device);
     }
 
     /// The hyperparameters.
@@ -179,29 +195,38 @@ impl AdamW {
         let decay = (1.0 - lr64 * c.weight_decay as f64) as f32;
         let step_size = (lr64 / (1.0 - b1.powf(t as f64))) as f32;
         let bc2_sqrt = (1.0 - b2.powf(t as f64)).sqrt() as f32;
-        let (beta1, beta2, eps) = (c.beta1, c.beta2, c.eps);
-        let (c1, c2) = ((1.0 - b1) as f32, (1.0 - b2) as f32);
+        let step = AdamWStep {
+            decay,
+            step_size,
+            bc2_sqrt,
+            beta1: c.beta1,
+            beta2: c.beta2,
+            c1: (1.0 - b1) as f32,
+            c2: (1.0 - b2) as f32,
+            eps: c.eps,
+        };
         let mut moments = self.state.moments.iter_mut();
         let decay_vectors = c.decay_vectors;
+        let kernels = self.backend.kernels();
+        let mut result = Ok(());
         module.visit_parameters(&mut |p| {
-            let state = moments.next().expect("moments checked against the module");
-            let (m, v) = (&mut state.m, &mut state.v);
+            let Some(state) = moments.next() else { return };
             // Multiplying by 1 is exact, so an undecayed parameter takes the same path.
-            let decay = if decay_vectors || p.shape().len() >= 2 {
-                decay
-            } else {
-                1.0
+            let step = AdamWStep {
+                decay: if decay_vectors || p.shape().len() >= 2 {
+                    step.decay
+                } else {
+                    1.0
+                },
+                ..step
             };
-            for i in 0..p.value.len() {
-                let g = p.grad[i];
-                let w = p.value[i] * decay;
-                m[i] = m[i] * beta1 + g * c1;
-                v[i] = v[i] * beta2 + (g * g) * c2;
-                let denom = v[i].sqrt() / bc2_sqrt + eps;
-                p.value[i] = w - step_size * (m[i] / denom);
+            let (value, grad) = p.value_and_grad_mut();
+            if result.is_ok() {
+                result = kernels.adamw(value, grad, &mut state.m, &mut state.v, &step);
             }
             p.mark_updated();
         });
+        result?;
         self.state.step = t;
         Ok(())
     }
@@ -210,7 +235,7 @@ impl AdamW {
     /// same parameters (names, shapes, order).
     fn check_or_init_moments(&mut self, module: &mut dyn Module) -> Result<()> {
         let mut live = Vec::new();
-        module.visit_parameters(&mut |p| live.push((p.name().to_string(), p.shape().to_vec(), p.grad.len())));
+        module.visit_parameters(&mut |p| live.push((p.name().to_string(), p.shape().to_vec(), p.grad().len())));
         if let Some((name, _, len)) = live
             .iter()
             .find(|(_, shape, len)| shape.iter().product::<usize>() != *len)
@@ -305,10 +330,10 @@ mod tests {
             let grads: Vec<f32> = (0..6)
                 .map(|i| ((i as f32 + 1.0) * (step as f32 - 1.5)).sin() * 0.3)
                 .collect();
-            module.params[0].grad.copy_from_slice(&grads[..4]);
-            module.params[1].grad.copy_from_slice(&grads[4..]);
-            module.params[1].grad[1] = 0.0;
-            let g_used: Vec<f32> = module.params.iter().flat_map(|p| p.grad.clone()).collect();
+            module.params[0].grad_mut().copy_from_slice(&grads[..4]);
+            module.params[1].grad_mut().copy_from_slice(&grads[4..]);
+            module.params[1].grad_mut()[1] = 0.0;
+            let g_used: Vec<f32> = module.params.iter().flat_map(|p| p.grad().to_vec()).collect();
             opt.step(&mut module, lr).unwrap();
             for i in 0..6 {
                 reference_step(
@@ -323,7 +348,7 @@ mod tests {
                     i < 4 || config.decay_vectors,
                 );
             }
-            let got: Vec<f32> = module.params.iter().flat_map(|p| p.value.clone()).collect();
+            let got: Vec<f32> = module.params.iter().flat_map(|p| p.value().to_vec()).collect();
             for i in 0..6 {
                 let tol = 1e-5 * p64[i].abs().max(1.0);
                 assert!(
@@ -343,7 +368,7 @@ mod tests {
     fn first_step_moves_each_value_by_about_lr_against_its_gradient_sign() {
         // With bias correction the first update is lr * g/|g| (plus decay), whatever the gradient's size.
         let mut module = ParamList::new(&[("w", &[3], vec![1.0, 1.0, 1.0])]);
-        module.params[0].grad = vec![1e-4, -50.0, 3.0];
+        module.params[0].grad_mut().copy_from_slice(&[1e-4, -50.0, 3.0]);
         let config = AdamWConfig {
             weight_decay: 0.0,
             eps: 1e-12,
@@ -351,7 +376,7 @@ mod tests {
         };
         AdamW::new(config).unwrap().step(&mut module, 0.1).unwrap();
         let expected = [0.9f32, 1.1, 0.9];
-        for (got, want) in module.params[0].value.iter().zip(expected) {
+        for (got, want) in module.params[0].value().iter().zip(expected) {
             assert!((got - want).abs() < 1e-5, "{got} vs {want}");
         }
     }
@@ -403,16 +428,16 @@ mod tests {
         let mut a = ParamList::new(&[("w", &[2], vec![0.3, -0.7])]);
         let mut opt = AdamW::new(AdamWConfig::default()).unwrap();
         for s in 0..3 {
-            a.params[0].grad = vec![0.1 * s as f32 + 0.05, -0.2];
+            a.params[0].grad_mut().copy_from_slice(&[0.1 * s as f32 + 0.05, -0.2]);
             opt.step(&mut a, 0.01).unwrap();
         }
         let mut b = a.clone();
         let mut copy = AdamW::new(AdamWConfig::default()).unwrap();
         copy.set_state(opt.state().clone());
-        a.params[0].grad = vec![0.4, 0.4];
-        b.params[0].grad = vec![0.4, 0.4];
+        a.params[0].grad_mut().copy_from_slice(&[0.4, 0.4]);
+        b.params[0].grad_mut().copy_from_slice(&[0.4, 0.4]);
         opt.step(&mut a, 0.01).unwrap();
         copy.step(&mut b, 0.01).unwrap();
-        assert_eq!(a.params[0].value, b.params[0].value);
+        assert_eq!(a.params[0].value(), b.params[0].value());
     }
 }

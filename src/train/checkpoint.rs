@@ -213,7 +213,7 @@ pub fn save_checkpoint(
             },
         ))
     };
-    model.visit_parameters(&mut |p| add(param_key(p.name()), p.shape().to_vec(), &p.value));
+    model.visit_parameters(&mut |p| add(param_key(p.name()), p.shape().to_vec(), p.value()));
     for m in moments {
         let (mk, vk) = moment_keys(&m.name);
         add(mk, m.shape.clone(), &m.m);
@@ -280,7 +280,7 @@ pub fn load_checkpoint(
     let staged = stage(path, &bytes, model, optimizer.config(), scaler)?;
     let mut values = staged.params.into_iter();
     model.visit_parameters(&mut |p| {
-        p.value = values.next().expect("staged one value list per parameter");
+        p.set_value(values.next().expect("staged one value list per parameter"));
         p.zero_grad();
         p.mark_updated();
     });
@@ -532,7 +532,7 @@ mod tests {
         let mut scaler = DynamicLossScaler::new(LossScalerConfig::default()).unwrap();
         for s in 0..3 {
             m.visit_parameters(&mut |p| {
-                p.grad
+                p.grad_mut()
                     .iter_mut()
                     .enumerate()
                     .for_each(|(i, g)| *g = (i + s) as f32 * 0.1)
@@ -570,15 +570,15 @@ mod tests {
 
         let mut fresh = ParamList::new(&[("w", &[2, 3], vec![0.0; 6]), ("b", &[3], vec![9.0; 3])]);
         fresh.slots.push(("fc.input".into(), DelayedSlot::new(3)));
-        fresh.params[0].grad = vec![5.0; 6];
+        fresh.params[0].grad_mut().copy_from_slice(&[5.0; 6]);
         let mut opt2 = AdamW::new(AdamWConfig::default()).unwrap();
         let mut scaler2 = DynamicLossScaler::new(LossScalerConfig::default()).unwrap();
         let back = load_checkpoint(&path, &mut fresh, &mut opt2, &mut scaler2).unwrap();
         assert_eq!(back, progress());
         for (a, b) in saved.params.iter().zip(&fresh.params) {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&a.value), bits(&b.value));
-            assert!(b.grad.iter().all(|&g| g == 0.0));
+            assert_eq!(bits(a.value()), bits(b.value()));
+            assert!(b.grad().iter().all(|&g| g == 0.0));
             assert_eq!(b.version(), 1);
         }
         assert_eq!(fresh.slots, saved.slots);

@@ -5,6 +5,7 @@
 //! f32 precision. The clip coefficient `max_norm / (norm + 1e-6)` (PyTorch's)
 //! is computed in f64, rounded to f32 once, and multiplies every gradient.
 
+use crate::dispatch::Backend;
 use crate::error::{Error, Result};
 use crate::nn::Module;
 
@@ -18,20 +19,35 @@ pub fn global_norm_of<'a>(slices: impl IntoIterator<Item = &'a [f32]>) -> f64 {
 }
 
 fn sum_of_squares(values: &[f32]) -> f64 {
-    values.iter().map(|&x| (x as f64) * (x as f64)).sum()
+    // The CPU backend's op: no error is possible on host slices.
+    Backend::default().kernels().sum_squares(values).unwrap_or(f64::NAN)
 }
 
 /// Global L2 norm of every gradient of `module`.
 pub fn grad_norm(module: &mut dyn Module) -> f64 {
+    grad_norm_on(Backend::default(), module).unwrap_or(f64::NAN)
+}
+
+/// [`grad_norm`] with the sums of squares on `backend`.
+pub(crate) fn grad_norm_on(backend: Backend, module: &mut dyn Module) -> Result<f64> {
     let mut sum = 0.0f64;
-    module.visit_parameters(&mut |p| sum += sum_of_squares(&p.grad));
-    sum.sqrt()
+    let mut result = Ok(());
+    module.visit_parameters(&mut |p| match backend.kernels().sum_squares(p.grad()) {
+        Ok(s) => sum += s,
+        Err(e) => result = Err(e),
+    });
+    result.map(|()| sum.sqrt())
 }
 
 /// Scales all gradients so their global norm is at most `max_norm` and returns the norm
 /// before clipping. A non-finite norm is returned as is and the gradients are left alone
 /// (such a step is skipped by the loss scaler or reported by the caller, never "clipped" into NaN).
 pub fn clip_grad_norm(module: &mut dyn Module, max_norm: f32) -> Result<f64> {
+    clip_grad_norm_on(Backend::default(), module, max_norm)
+}
+
+/// [`clip_grad_norm`] with the norm computed on `backend`.
+pub(crate) fn clip_grad_norm_on(backend: Backend, module: &mut dyn Module, max_norm: f32) -> Result<f64> {
     if !(max_norm.is_finite() && max_norm > 0.0) {
         return Err(Error::InvalidSetting {
             setting: "max_grad_norm",
@@ -39,14 +55,14 @@ pub fn clip_grad_norm(module: &mut dyn Module, max_norm: f32) -> Result<f64> {
             reason: "must be finite and > 0".to_string(),
         });
     }
-    let norm = grad_norm(module);
+    let norm = grad_norm_on(backend, module)?;
     if !norm.is_finite() {
         return Ok(norm);
     }
     let coef = max_norm as f64 / (norm + NORM_EPS);
     if coef < 1.0 {
         let coef = coef as f32;
-        module.visit_parameters(&mut |p| p.grad.iter_mut().for_each(|g| *g *= coef));
+        module.visit_parameters(&mut |p| p.grad_mut().iter_mut().for_each(|g| *g *= coef));
     }
     Ok(norm)
 }
@@ -61,8 +77,8 @@ mod tests {
             ("a", &[a.len()], vec![0.0; a.len()]),
             ("b", &[b.len()], vec![0.0; b.len()]),
         ]);
-        m.params[0].grad = a;
-        m.params[1].grad = b;
+        m.params[0].grad_mut().copy_from_slice(&a);
+        m.params[1].grad_mut().copy_from_slice(&b);
         m
     }
 
@@ -90,21 +106,21 @@ mod tests {
         assert_eq!(before, 5.0);
         let after = grad_norm(&mut m);
         assert!((after - 1.0).abs() < 1e-6, "{after}");
-        assert!((m.params[0].grad[0] / m.params[1].grad[0] - 0.75).abs() < 1e-6);
+        assert!((m.params[0].grad()[0] / m.params[1].grad()[0] - 0.75).abs() < 1e-6);
     }
 
     #[test]
     fn a_norm_below_the_limit_is_left_alone() {
         let mut m = module(vec![0.3], vec![0.4]);
         assert!((clip_grad_norm(&mut m, 1.0).unwrap() - 0.5).abs() < 1e-7);
-        assert_eq!(m.params[0].grad, vec![0.3]);
+        assert_eq!(m.params[0].grad(), vec![0.3]);
     }
 
     #[test]
     fn non_finite_norms_are_reported_without_touching_gradients() {
         let mut m = module(vec![f32::INFINITY, 1.0], vec![2.0]);
         assert_eq!(clip_grad_norm(&mut m, 1.0).unwrap(), f64::INFINITY);
-        assert_eq!(m.params[1].grad, vec![2.0]);
+        assert_eq!(m.params[1].grad(), vec![2.0]);
         let mut m = module(vec![f32::NAN], vec![f32::INFINITY]);
         assert!(clip_grad_norm(&mut m, 1.0).unwrap().is_nan());
         assert!(clip_grad_norm(&mut m, 0.0).is_err());

@@ -22,11 +22,11 @@ use super::step::apply_gradients;
 use crate::amp::Precision;
 use crate::amp::loss_scaler::{DynamicLossScaler, LossScalerConfig};
 use crate::data::{DataStream, Dataset, SplitMix64, counted, exact_match_accuracy};
-use crate::device::{MemoryCategory, MemoryLedger};
+use crate::device::{Device, MemoryCategory, MemoryLedger};
 use crate::error::{Error, Result};
 use crate::model::{DecoderModel, ModelConfig};
 use crate::nn::{Fp8TensorStats, Module};
-use crate::ops::Dtype;
+use crate::tensor::Dtype;
 
 /// Everything that fixes a run besides its precision.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -138,9 +138,12 @@ impl RunConfig {
     }
 }
 
-/// Trains one model under `precision` on `data`, writing `dir/metrics.jsonl` and
+/// Trains one model on `device` under `precision` on `data`, counting its memory in the
+/// device's ledger (peaks restart at the start of the run; the run's bytes are released at
+/// its end, so runs one after another report their own peaks), writing `dir/metrics.jsonl` and
 /// `dir/checkpoint.safetensors`; resumes and stops as `control` says.
 pub fn run(
+    device: &Device,
     precision: &Precision,
     config: &RunConfig,
     data: &Dataset,
@@ -151,11 +154,13 @@ pub fn run(
     let micro_size = config.micro_batch_size()?;
     let model_config = config.model_for(data);
     let mut model = DecoderModel::new(&model_config, precision, config.seed)?;
+    model.to_device(device.kind())?;
     let mut optimizer = AdamW::new(AdamWConfig {
         lr: config.lr,
         weight_decay: config.weight_decay,
         ..AdamWConfig::default()
     })?;
+    optimizer.to_device(device.kind());
     let mut scaler = match (config.loss_scale, precision.needs_loss_scaling()) {
         (Some(init_scale), _) => DynamicLossScaler::new(LossScalerConfig {
             init_scale,
@@ -204,7 +209,8 @@ pub fn run(
         None => MetricsWriter::create(&metrics_path)?,
     };
 
-    let ledger = MemoryLedger::new();
+    let ledger = device.ledger().clone();
+    ledger.restart_peaks();
     account_static(&ledger, &mut model, precision, &optimizer);
     let mut curve = Vec::new();
     let (mut skipped, mut tokens, mut seconds, mut peak_activations) = (0u64, 0u64, 0f64, 0u64);
@@ -263,6 +269,10 @@ pub fn run(
     save_checkpoint(&checkpoint, &mut model, &optimizer, &scaler, &progress)?;
     let heldout = evaluate(&mut model, data, micro_size)?;
     let report = ledger.report();
+    let memory_summary = memory_summary(&ledger);
+    for category in MemoryCategory::ALL {
+        set_usage(&ledger, category, 0);
+    }
     Ok(RunOutput {
         summary: PrecisionSummary {
             final_train_loss: last_loss,
@@ -275,7 +285,7 @@ pub fn run(
         curve,
         skipped_steps: skipped,
         peak_activation_bytes: peak_activations,
-        memory_summary: memory_summary(&ledger),
+        memory_summary,
         checkpoint,
     })
 }

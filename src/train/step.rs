@@ -1,4 +1,4 @@
-//! The optimizer half of a training step, in the spec's order (spec 6):
+//! The optimizer half of a training step, in the order of `docs/training.md`:
 //! unscale the gradients and check them for inf/NaN, clip by global norm, then
 //! update with AdamW, or skip the update if a gradient was not finite; last,
 //! let the loss scaler grow or back off.
@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::nn::Module;
 
 use super::adamw::AdamW;
-use super::clip::{clip_grad_norm, grad_norm};
+use super::clip::{clip_grad_norm_on, grad_norm_on};
 
 /// What happened to one step's gradients.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -34,16 +34,28 @@ pub fn apply_gradients(
     max_grad_norm: Option<f32>,
 ) -> Result<StepOutcome> {
     let loss_scale = scaler.scale();
-    let finite = scaler.unscale_and_check(model);
+    let backend = optimizer.backend();
+    let mut finite = true;
+    let mut result = Ok(());
+    if let Some(inv_scale) = scaler.inv_scale() {
+        // Every gradient is unscaled, also after a non-finite one.
+        model.visit_parameters(
+            &mut |p| match backend.kernels().unscale_and_check(p.grad_mut(), inv_scale) {
+                Ok(ok) => finite &= ok,
+                Err(e) => result = Err(e),
+            },
+        );
+    }
+    result?;
     let grad_norm = if finite {
         let norm = match max_grad_norm {
-            Some(max) => clip_grad_norm(model, max)?,
-            None => grad_norm(model),
+            Some(max) => clip_grad_norm_on(backend, model, max)?,
+            None => grad_norm_on(backend, model)?,
         };
         optimizer.step(model, lr)?;
         norm
     } else {
-        grad_norm(model)
+        grad_norm_on(backend, model)?
     };
     scaler.update(!finite);
     Ok(StepOutcome {
@@ -75,12 +87,14 @@ mod tests {
     fn a_finite_step_unscales_before_clipping_and_updates() {
         let (mut model, mut scaler, mut opt) = setup();
         // Unscaled gradient (3, 4): norm 5. Clipping a scaled norm of 5120 would give another answer.
-        model.params[0].grad = vec![3.0 * 1024.0, 4.0 * 1024.0];
+        model.params[0]
+            .grad_mut()
+            .copy_from_slice(&[3.0 * 1024.0, 4.0 * 1024.0]);
         let out = apply_gradients(&mut model, &mut scaler, &mut opt, 0.1, Some(1.0)).unwrap();
         assert_eq!(out.grad_norm, 5.0);
         assert!(!out.skipped);
         assert_eq!(out.loss_scale, 1024.0);
-        let g = &model.params[0].grad;
+        let g = &model.params[0].grad();
         assert!(((g[0] as f64).hypot(g[1] as f64) - 1.0).abs() < 1e-6);
         assert_eq!(opt.steps_taken(), 1);
         assert_eq!(model.params[0].version(), 1);
@@ -90,11 +104,11 @@ mod tests {
     #[test]
     fn an_inf_gradient_skips_the_update_and_backs_off() {
         let (mut model, mut scaler, mut opt) = setup();
-        model.params[0].grad = vec![f32::INFINITY, 1.0];
+        model.params[0].grad_mut().copy_from_slice(&[f32::INFINITY, 1.0]);
         let out = apply_gradients(&mut model, &mut scaler, &mut opt, 0.1, Some(1.0)).unwrap();
         assert!(out.skipped);
         assert_eq!(out.grad_norm, f64::INFINITY);
-        assert_eq!(model.params[0].value, vec![1.0, -1.0]);
+        assert_eq!(model.params[0].value(), vec![1.0, -1.0]);
         assert_eq!(model.params[0].version(), 0);
         assert_eq!(opt.steps_taken(), 0);
         assert_eq!(scaler.scale(), 512.0);

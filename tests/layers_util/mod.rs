@@ -31,7 +31,7 @@ pub fn precision(name: &str) -> Precision {
 
 /// `sum(y * r)` in f64: the scalar loss whose gradient wrt y is `r`.
 pub fn loss(y: &Tensor, r: &Tensor) -> f64 {
-    y.data.iter().zip(&r.data).map(|(&a, &b)| a as f64 * b as f64).sum()
+    y.data().iter().zip(r.data()).map(|(&a, &b)| a as f64 * b as f64).sum()
 }
 
 /// Checks an analytic gradient against an f64 central difference.
@@ -60,26 +60,26 @@ pub fn grad_check<M: Module>(
 ) {
     let h = 1e-2f64;
     let y = run(layer, x);
-    let r = tensor(999, y.rows, y.cols, 1.0);
+    let r = tensor(999, y.rows(), y.cols(), 1.0);
     layer.zero_grad();
     let dx = back(layer, &r);
     for i in sample(x.len(), 24) {
         let mut xp = x.clone();
-        xp.data[i] += h as f32;
+        xp.data_mut()[i] += h as f32;
         let plus = loss(&run(layer, &xp), &r);
-        xp.data[i] -= 2.0 * h as f32;
+        xp.data_mut()[i] -= 2.0 * h as f32;
         let minus = loss(&run(layer, &xp), &r);
-        check_fd(&format!("dx[{i}]"), dx.data[i], plus, minus, h);
+        check_fd(&format!("dx[{i}]"), dx.data()[i], plus, minus, h);
     }
     let mut params = Vec::new();
-    layer.visit_parameters(&mut |p| params.push((p.name().to_string(), p.grad.clone())));
+    layer.visit_parameters(&mut |p| params.push((p.name().to_string(), p.grad().to_vec())));
     for (index, (name, grad)) in params.iter().enumerate() {
         for i in sample(grad.len(), 8) {
             let mut eval = |delta: f32| {
                 let mut k = 0;
                 layer.visit_parameters(&mut |p| {
                     if k == index {
-                        p.value[i] += delta;
+                        p.value_mut()[i] += delta;
                         p.mark_updated();
                     }
                     k += 1;
@@ -94,7 +94,7 @@ pub fn grad_check<M: Module>(
     }
 }
 
-/// Spec 7 tolerances: (rtol, atol).
+/// `docs/numerics.md` tolerances: (rtol, atol).
 pub fn tolerance(name: &str, backward: bool) -> (f32, f32) {
     match name {
         "bf16" => (1.6e-2, 1e-5),
@@ -139,6 +139,6 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], (rtol, atol): (f32, f
 /// All parameter gradients of a module, in visiting order.
 pub fn grads<M: Module>(m: &mut M) -> Vec<(String, Vec<f32>)> {
     let mut out = Vec::new();
-    m.visit_parameters(&mut |p| out.push((p.name().to_string(), p.grad.clone())));
+    m.visit_parameters(&mut |p| out.push((p.name().to_string(), p.grad().to_vec())));
     out
 }

@@ -35,7 +35,7 @@ pub fn floor_pow2(s: f32) -> f32 {
     p as f32
 }
 
-/// Spec 4.2: the current-scaling scale.
+/// `docs/numerics.md`, current scaling: the current-scaling scale.
 pub fn ref_current(amax: f32, fp8_max: f32, pow2: bool, eps: f32) -> f32 {
     if amax.is_nan() {
         return 1.0;
@@ -51,7 +51,7 @@ pub fn ref_current(amax: f32, fp8_max: f32, pow2: bool, eps: f32) -> f32 {
     if pow2 { floor_pow2(s) } else { s }
 }
 
-/// Spec 4.4 read as "smallest power of two >= v, clamped to [2^-127, 2^127]".
+/// The MXFP8 rule of `docs/numerics.md` read as "smallest power of two >= v, clamped to [2^-127, 2^127]".
 pub fn ref_e8m0(amax: f32, fp8_max: f32) -> u8 {
     let r = (1.0f64 / fp8_max as f64) as f32;
     let v = amax * r; // an f32 multiply, as the spec says
@@ -155,7 +155,7 @@ pub fn half_ulp(format: Fp8Format, y: f64) -> f64 {
     2f64.powi(exp - man_bits) / 2.0
 }
 
-/// Spec 4.1, step by step, with no cleverness.
+/// The delayed-scaling update (`docs/numerics.md`), step by step, with no cleverness.
 #[derive(Clone, Debug)]
 pub struct RefSlot {
     pub scale: f32,

@@ -192,7 +192,7 @@ impl Input {
             OwnedOperand::Fp8(format, q) => {
                 let table = format.decode_table();
                 let codes = &q.data()[span];
-                // Compact scale layouts of spec 4.3 / 4.4.
+                // Compact scale layouts of `docs/numerics.md`, block scaling and MXFP8.
                 let scale = |c: usize| -> f64 {
                     match q.scales() {
                         Scales::PerTensor(s) => *s as f64,

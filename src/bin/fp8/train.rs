@@ -98,7 +98,7 @@ pub struct TrainArgs {
     /// Largest --text file read, in bytes (tokenizing takes about 20 bytes of memory per byte).
     #[arg(long, default_value_t = fp8_engine::data::text::DEFAULT_MAX_TEXT_BYTES)]
     max_text_bytes: u64,
-    /// auto, cpu, cuda or cuda:N.
+    /// auto, cpu, cuda or cuda:N (on a GPU, training stops at the first op the CUDA backend lacks).
     #[arg(long, default_value = "auto")]
     device: String,
     /// Output directory.
@@ -164,21 +164,11 @@ fn precisions(args: &TrainArgs, device: &Device) -> Result<Vec<Precision>, CliEr
     Ok(out)
 }
 
+/// Opens the device: without a usable GPU, `cuda` is an error and `auto` falls back to the CPU.
+/// On a GPU, the run stops at the first op the CUDA backend does not implement, naming it.
 fn select_device(name: &str) -> Result<Device, CliError> {
     let choice: DeviceChoice = name.parse()?;
-    match choice {
-        DeviceChoice::Cuda(_) => Err(CliError(
-            "training on CUDA is not available yet: the layers run on the CPU backend only (use --device cpu)".into(),
-        )),
-        DeviceChoice::Auto => {
-            let device = Device::select(DeviceChoice::Cpu)?;
-            if fp8_engine::backend::cuda::driver_present() {
-                eprintln!("fp8 train: a CUDA driver is present, but the layers run on the CPU backend in this version");
-            }
-            Ok(device)
-        }
-        DeviceChoice::Cpu => Ok(Device::select(DeviceChoice::Cpu)?),
-    }
+    Ok(Device::select(choice)?)
 }
 
 /// `--clip`: a finite positive norm clips; 0 and inf do not; NaN and negative values are errors.
@@ -292,7 +282,7 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
             resume: args.resume.as_deref(),
             stop_after: args.stop_after,
         };
-        let output = run(precision, &config, &data, &dir, control, &mut on_step)?;
+        let output = run(&device, precision, &config, &data, &dir, control, &mut on_step)?;
         bar.finish_and_clear();
         outputs.push((precision.clone(), output));
     }

@@ -3,11 +3,11 @@
 
 use rayon::prelude::*;
 
-use super::{check_len, rows_per_task};
+use super::{MXFP8_BLOCK, check_len, rows_per_task};
+use super::{QuantizedMatrix, Scales};
 use crate::convert::{self, HighPrecision};
 use crate::error::{Error, Result};
 use crate::format::{Fp8Format, decode_e8m0};
-use crate::tensor::{QuantizedMatrix, Scales};
 
 /// Elements per parallel chunk of a per-tensor dequantize.
 const CHUNK: usize = 1 << 16;
@@ -109,7 +109,7 @@ pub fn dequantize_mxfp8<T: HighPrecision>(
     e8m0: &[u8],
     dst: &mut [T],
 ) -> Result<()> {
-    let block = (1, super::mxfp8::BLOCK);
+    let block = (1, MXFP8_BLOCK);
     check_len("dequantize e8m0", e8m0.len(), rows, cols.div_ceil(block.1))?;
     dequantize_grid(src, rows, cols, block, format, |i| decode_e8m0(e8m0[i]), dst)
 }

@@ -5,20 +5,21 @@
 //! for dgrad or wgrad), from one read of the high-precision source (fused
 //! cast + transpose for per-tensor scales, both block copies from the source).
 
-use super::stats::Fp8TensorStats;
 use crate::amp::Fp8Recipe;
 use crate::error::Result;
 use crate::format::{Fp8Format, decode_e8m0};
-use crate::quantize::{
-    ScaleRule, amax, quantize_1x128, quantize_block_128x128, quantize_current, quantize_mxfp8, quantize_per_tensor,
-};
-use crate::scaling::{BlockDims, TensorRole};
+use crate::quantize::{ScaleRule, amax, quantize_1x128, quantize_block_128x128, quantize_mxfp8, quantize_per_tensor};
+use crate::scaling::{BlockDims, Fp8TensorStats, TensorRole};
 use crate::tensor::{QuantizedMatrix, QuantizedTensor, Scales};
 
-/// One cast: both copies and the amax of the source.
+/// One cast: both copies, the amax of the source and the scale it multiplied by.
 pub(crate) struct Cast {
     pub tensor: QuantizedTensor,
     pub amax: f32,
+    /// The per-tensor scale itself (delayed: the slot's; current: the one computed from the
+    /// amax), never derived back from `scale_inv`, whose reciprocal may be one ulp off.
+    /// Block recipes: the largest block scale, `1 / smallest scale_inv`.
+    pub scale: f32,
 }
 
 /// Casts `[rows, cols]` in `role`; `delayed_scale` is the slot's scale under delayed scaling.
@@ -30,23 +31,36 @@ pub(crate) fn cast(
     cols: usize,
     delayed_scale: f32,
 ) -> Result<Cast> {
-    let (tensor, amax) = match recipe {
-        Fp8Recipe::Delayed(r) => quantize_per_tensor(src, rows, cols, r.format.for_role(role), delayed_scale, true)?,
-        Fp8Recipe::Current(r) => quantize_current(src, rows, cols, &ScaleRule::current(r, role), true)?,
+    let (tensor, amax, scale) = match recipe {
+        Fp8Recipe::Delayed(r) => {
+            let (tensor, amax) = quantize_per_tensor(src, rows, cols, r.format.for_role(role), delayed_scale, true)?;
+            (tensor, amax, delayed_scale)
+        }
+        Fp8Recipe::Current(r) => {
+            // `quantize_current`, with the scale kept for the statistics.
+            let rule = ScaleRule::current(r, role);
+            rule.validate()?;
+            let scale = rule.scale(amax(src));
+            let (tensor, amax) = quantize_per_tensor(src, rows, cols, rule.format, scale, true)?;
+            (tensor, amax, scale)
+        }
         Fp8Recipe::Block(r) => {
             let rule = ScaleRule::block(r, role);
             let tensor = match r.block_for(role) {
                 BlockDims::Rows1x128 => quantize_1x128(src, rows, cols, &rule, true)?,
                 BlockDims::Tiles128x128 => quantize_block_128x128(src, rows, cols, &rule, true)?,
             };
-            (tensor, amax(src))
+            let scale = largest_scale(tensor.rowwise().scales());
+            (tensor, amax(src), scale)
         }
         Fp8Recipe::Mxfp8(r) => {
             let format = crate::scaling::RecipeFormat::from(r.format).for_role(role);
-            (quantize_mxfp8(src, rows, cols, format, true)?, amax(src))
+            let tensor = quantize_mxfp8(src, rows, cols, format, true)?;
+            let scale = largest_scale(tensor.rowwise().scales());
+            (tensor, amax(src), scale)
         }
     };
-    Ok(Cast { tensor, amax })
+    Ok(Cast { tensor, amax, scale })
 }
 
 /// The transposed copy of a cast (always made by [`cast`]).
@@ -123,7 +137,7 @@ pub(crate) fn cast_stats(name: String, src: &[f32], cast: &Cast) -> Fp8TensorSta
             counts.saturated += 1;
         }
     }
-    counts.finish(name, format, cast.amax, largest_scale(q.scales()), src.len())
+    counts.finish(name, format, cast.amax, cast.scale, src.len())
 }
 
 /// Statistics of a tensor that stays in high precision (a GEMM output): what a

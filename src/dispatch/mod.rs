@@ -1,0 +1,255 @@
+//! One set of layers, two backends: the op trait [`Kernels`] lists every op the
+//! layers, the model and the trainer run, once, with one signature; the CPU
+//! backend implements it with the reference code (`ops`, `gemm::cpu`,
+//! `quantize`, `scaling`), and [`Backend`] is the one place that picks the
+//! implementation for a device. `nn`, `model` and `train` call ops only
+//! through here.
+//!
+//! The CUDA backend does not implement any op yet: each of its ops returns
+//! `Error::Unsupported` naming the op, never a panic and never a silent host
+//! fallback. The signatures take host slices today; when device buffers land
+//! (`tensor::Storage::Cuda`), the ops that move activations take tensors.
+
+pub(crate) mod fp8_cast;
+mod plain;
+
+pub(crate) use crate::ops::{AdamWStep, AttentionShape, NormShape};
+pub(crate) use fp8_cast::Cast;
+pub(crate) use plain::PlainMat;
+
+use crate::amp::Fp8Recipe;
+use crate::error::{Error, Result};
+use crate::format::Fp8Format;
+use crate::gemm::{GemmParams, GemmReport, Operand, Output};
+use crate::scaling::{DelayedScaling, Fp8TensorStats, SlotBank, TensorRole};
+use crate::tensor::{DeviceKind, Dtype, Tensor};
+
+/// Declares the op trait from one list, with the CPU implementation of each op
+/// (a path to the reference function) and the CUDA arm (unsupported for now).
+macro_rules! kernels {
+    ($( $(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $cpu:path; )*) => {
+        /// Every op of the layers, model and trainer, implemented once per backend.
+        #[allow(clippy::too_many_arguments)] // the ops' own signatures (`ops::*`)
+        pub(crate) trait Kernels {
+            $( $(#[$doc])* fn $name(&self, $($arg: $ty),*) -> Result<$ret>; )*
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        impl Kernels for CpuKernels {
+            $( fn $name(&self, $($arg: $ty),*) -> Result<$ret> { $cpu($($arg),*) } )*
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        impl Kernels for CudaKernels {
+            $(
+                #[allow(unused_variables)]
+                fn $name(&self, $($arg: $ty),*) -> Result<$ret> {
+                    Err(Error::Unsupported { op: stringify!($name), device: DeviceKind::Cuda(self.ordinal).to_string() })
+                }
+            )*
+        }
+    };
+}
+
+kernels! {
+    /// Casts `[rows, cols]` to FP8 under any recipe, both copies (row-wise and transposed).
+    fn quantize(recipe: &Fp8Recipe, role: TensorRole, src: &[f32], rows: usize, cols: usize, delayed_scale: f32)
+        -> Cast = fp8_cast::cast;
+    /// `D = A B^T` scaled (`docs/numerics.md`, GEMM), any operand precision.
+    fn gemm(a: &Operand, b: &Operand, out: Output, params: &GemmParams) -> GemmReport = crate::gemm::cpu::gemm;
+    /// f32 values to a plain compute dtype.
+    fn convert(dtype: Dtype, src: &[f32]) -> PlainMat = plain::convert;
+    /// The transpose of `[rows, cols]` f32 values in a plain compute dtype.
+    fn convert_transposed(dtype: Dtype, src: &[f32], rows: usize, cols: usize) -> PlainMat = plain::convert_transposed;
+    /// LayerNorm forward, saving mean and rstd.
+    fn layernorm_forward(x: &[f32], gamma: &[f32], beta: &[f32], shape: NormShape, eps: f32, zero_centered: bool,
+        y: &mut [f32], mean: &mut [f32], rstd: &mut [f32]) -> () = crate::ops::layernorm_forward;
+    /// LayerNorm backward: dx, and `+=` into dgamma and dbeta.
+    fn layernorm_backward(dy: &[f32], x: &[f32], gamma: &[f32], mean: &[f32], rstd: &[f32], shape: NormShape,
+        zero_centered: bool, dx: &mut [f32], dgamma: &mut [f32], dbeta: &mut [f32]) -> () = crate::ops::layernorm_backward;
+    /// RMSNorm forward, saving rstd.
+    fn rmsnorm_forward(x: &[f32], gamma: &[f32], shape: NormShape, eps: f32, zero_centered: bool, y: &mut [f32],
+        rstd: &mut [f32]) -> () = crate::ops::rmsnorm_forward;
+    /// RMSNorm backward: dx, and `+=` into dgamma.
+    fn rmsnorm_backward(dy: &[f32], x: &[f32], gamma: &[f32], rstd: &[f32], shape: NormShape, zero_centered: bool,
+        dx: &mut [f32], dgamma: &mut [f32]) -> () = crate::ops::rmsnorm_backward;
+    /// tanh-GELU forward.
+    fn gelu_forward(x: &[f32], y: &mut [f32]) -> () = crate::ops::gelu_forward;
+    /// tanh-GELU backward.
+    fn gelu_backward(dy: &[f32], x: &[f32], dx: &mut [f32]) -> () = crate::ops::gelu_backward;
+    /// SwiGLU forward over `[rows, 2 * cols]`.
+    fn swiglu_forward(x: &[f32], rows: usize, cols: usize, y: &mut [f32]) -> () = crate::ops::swiglu_forward;
+    /// SwiGLU backward.
+    fn swiglu_backward(dy: &[f32], x: &[f32], rows: usize, cols: usize, dx: &mut [f32]) -> ()
+        = crate::ops::swiglu_backward;
+    /// Causal attention core forward, saving the log-sum-exp.
+    fn attention_forward(q: &[f32], k: &[f32], v: &[f32], shape: AttentionShape, softmax_scale: f32, dtype: Dtype,
+        out: &mut [f32], lse: &mut [f32]) -> () = crate::ops::attention_forward;
+    /// Causal attention core backward.
+    fn attention_backward(dout: &[f32], q: &[f32], k: &[f32], v: &[f32], out: &[f32], lse: &[f32],
+        shape: AttentionShape, softmax_scale: f32, dtype: Dtype, dq: &mut [f32], dk: &mut [f32], dv: &mut [f32])
+        -> () = crate::ops::attention_backward;
+    /// The residual add, rounded to the dtype.
+    fn residual_add(x: &[f32], f: &[f32], dtype: Dtype) -> Vec<f32> = crate::ops::elementwise::residual_add;
+    /// `sums += column sums of x` (bias gradients).
+    fn column_sum(x: &[f32], cols: usize, sums: &mut [f32]) -> () = crate::ops::elementwise::column_sum_accumulate;
+    /// Embedding gather.
+    fn embedding_forward(ids: &[u32], table: &[f32], dim: usize, out: &mut [f32]) -> ()
+        = crate::ops::embedding_forward;
+    /// Embedding scatter-add into the table gradient.
+    fn embedding_backward(ids: &[u32], dout: &[f32], dim: usize, dtable: &mut [f32]) -> ()
+        = crate::ops::embedding_backward;
+    /// Mean cross-entropy over the non-ignored targets, saving the log-sum-exp.
+    fn cross_entropy_forward(logits: &[f32], targets: &[u32], vocab: usize, ignore: u32, lse: &mut [f32]) -> f32
+        = crate::ops::cross_entropy_forward;
+    /// Cross-entropy backward into dlogits.
+    fn cross_entropy_backward(logits: &[f32], targets: &[u32], vocab: usize, ignore: u32, lse: &[f32], dloss: f32,
+        dlogits: &mut [f32]) -> () = crate::ops::cross_entropy_backward;
+    /// The delayed-scaling update of the slots `slots` of a bank, slot `slots[k]` in `formats[k]`
+    /// (`docs/numerics.md`, delayed scaling).
+    fn delayed_update(bank: &mut SlotBank, slots: &[usize], formats: &[Fp8Format], recipe: &DelayedScaling) -> ()
+        = cpu_delayed_update;
+    /// FP8 statistics of a cast.
+    fn cast_stats(name: String, src: &[f32], cast: &Cast) -> Fp8TensorStats = cpu_cast_stats;
+    /// FP8 statistics of a high-precision tensor as if cast per tensor with `scale`.
+    fn uncast_stats(name: String, values: &[f32], format: Fp8Format, amax: f32, scale: f32) -> Fp8TensorStats
+        = cpu_uncast_stats;
+    /// One AdamW update of a parameter and its moments.
+    fn adamw(value: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], step: &crate::ops::AdamWStep) -> ()
+        = crate::ops::adamw_update;
+    /// Sum of squares in f64 (gradient norms).
+    fn sum_squares(values: &[f32]) -> f64 = cpu_sum_squares;
+    /// Multiplies by `inv_scale` and says whether every result is finite.
+    fn unscale_and_check(values: &mut [f32], inv_scale: f32) -> bool = cpu_unscale_and_check;
+}
+
+fn cpu_delayed_update(
+    bank: &mut SlotBank,
+    slots: &[usize],
+    formats: &[Fp8Format],
+    recipe: &DelayedScaling,
+) -> Result<()> {
+    if slots.len() != formats.len() || slots.iter().any(|&i| i >= bank.slots()) {
+        return Err(Error::LengthMismatch {
+            what: "delayed_update slots and formats",
+            src: slots.len(),
+            dst: formats.len(),
+        });
+    }
+    bank.update(slots, formats, recipe);
+    Ok(())
+}
+
+fn cpu_cast_stats(name: String, src: &[f32], cast: &Cast) -> Result<Fp8TensorStats> {
+    Ok(fp8_cast::cast_stats(name, src, cast))
+}
+
+fn cpu_uncast_stats(name: String, values: &[f32], format: Fp8Format, amax: f32, scale: f32) -> Result<Fp8TensorStats> {
+    Ok(fp8_cast::uncast_stats(name, values, format, amax, scale))
+}
+
+fn cpu_sum_squares(values: &[f32]) -> Result<f64> {
+    Ok(crate::ops::sum_of_squares(values))
+}
+
+fn cpu_unscale_and_check(values: &mut [f32], inv_scale: f32) -> Result<bool> {
+    Ok(crate::ops::unscale_and_check(values, inv_scale))
+}
+
+/// The CPU reference backend.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct CpuKernels;
+
+/// The CUDA backend of one GPU: no op implemented yet.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CudaKernels {
+    ordinal: usize,
+}
+
+/// The backend of one device: the single place where a device picks its kernels.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Backend {
+    Cpu(CpuKernels),
+    Cuda(CudaKernels),
+}
+
+impl Default for Backend {
+    fn default() -> Self {
+        Backend::Cpu(CpuKernels)
+    }
+}
+
+impl Backend {
+    /// The backend of `device`.
+    pub(crate) fn on(device: DeviceKind) -> Self {
+        match device {
+            DeviceKind::Cpu => Backend::Cpu(CpuKernels),
+            DeviceKind::Cuda(ordinal) => Backend::Cuda(CudaKernels { ordinal }),
+        }
+    }
+
+    /// The device it runs on.
+    pub(crate) fn device(&self) -> DeviceKind {
+        match self {
+            Backend::Cpu(_) => DeviceKind::Cpu,
+            Backend::Cuda(k) => DeviceKind::Cuda(k.ordinal),
+        }
+    }
+
+    /// The kernels of this device (the one dispatch `match`).
+    pub(crate) fn kernels(&self) -> &dyn Kernels {
+        match self {
+            Backend::Cpu(k) => k,
+            Backend::Cuda(k) => k,
+        }
+    }
+
+    /// Checks that `tensor`, an input of `op`, lives on this backend's device.
+    pub(crate) fn expect_on(&self, op: &'static str, tensor: &Tensor) -> Result<()> {
+        if tensor.device() == self.device() {
+            return Ok(());
+        }
+        Err(Error::DeviceMismatch {
+            op,
+            expected: self.device().to_string(),
+            got: tensor.device().to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cuda_arm_names_the_op_and_the_device_and_runs_nothing() {
+        let mut y = vec![7.0f32; 4];
+        let err = Backend::on(DeviceKind::Cuda(3))
+            .kernels()
+            .gelu_forward(&[1.0; 4], &mut y)
+            .expect_err("no CUDA op yet");
+        assert_eq!(
+            err,
+            Error::Unsupported {
+                op: "gelu_forward",
+                device: "cuda:3".into()
+            }
+        );
+        assert_eq!(y, vec![7.0; 4], "an unsupported op must not touch its output");
+    }
+
+    #[test]
+    fn the_cpu_arm_is_the_reference_code() {
+        let x: Vec<f32> = (0..64).map(|i| (i as f32 - 32.0) / 8.0).collect();
+        let (mut via_dispatch, mut direct) = (vec![0.0; 64], vec![0.0; 64]);
+        Backend::default()
+            .kernels()
+            .gelu_forward(&x, &mut via_dispatch)
+            .unwrap();
+        crate::ops::gelu_forward(&x, &mut direct).unwrap();
+        assert_eq!(
+            via_dispatch.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            direct.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+    }
+}

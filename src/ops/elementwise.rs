@@ -1,0 +1,23 @@
+//! Elementwise and column ops of the layers: the residual add and the bias gradient.
+
+use super::check::len;
+use crate::error::Result;
+use crate::tensor::Dtype;
+
+/// `x + f` elementwise, rounded to `dtype` (the residual connection of a transformer layer).
+pub fn residual_add(x: &[f32], f: &[f32], dtype: Dtype) -> Result<Vec<f32>> {
+    len("residual branch f", 1, x.len(), f.len())?;
+    let mut sum: Vec<f32> = x.iter().zip(f).map(|(a, b)| a + b).collect();
+    dtype.round_slice(&mut sum);
+    Ok(sum)
+}
+
+/// `sums[c] += sum over rows of x[r, c]`, rows in order (a bias gradient from `dy [rows, cols]`).
+pub fn column_sum_accumulate(x: &[f32], cols: usize, sums: &mut [f32]) -> Result<()> {
+    len("column sums", 1, cols, sums.len())?;
+    len("column-summed input", x.len() / cols.max(1), cols, x.len())?;
+    for row in x.chunks(cols.max(1)) {
+        sums.iter_mut().zip(row).for_each(|(s, &v)| *s += v);
+    }
+    Ok(())
+}

@@ -1,0 +1,60 @@
+//! The optimizer-side ops of a training step: the AdamW update of one
+//! parameter, the sum of squares behind gradient norms, and the unscale +
+//! finite check of dynamic loss scaling.
+
+use super::check::len;
+use crate::error::Result;
+
+/// The per-step constants of one AdamW update (`train::adamw` computes them once per step).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWStep {
+    /// `1 - lr * weight_decay` (1 for parameters that are not decayed).
+    pub decay: f32,
+    /// `lr / (1 - beta1^t)`.
+    pub step_size: f32,
+    /// `sqrt(1 - beta2^t)`.
+    pub bc2_sqrt: f32,
+    /// First-moment decay.
+    pub beta1: f32,
+    /// Second-moment decay.
+    pub beta2: f32,
+    /// `1 - beta1`.
+    pub c1: f32,
+    /// `1 - beta2`.
+    pub c2: f32,
+    /// Denominator epsilon.
+    pub eps: f32,
+}
+
+/// Decoupled weight decay then the Adam step, element by element in f32.
+pub fn adamw_update(value: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamWStep) -> Result<()> {
+    let n = value.len();
+    len("AdamW gradient", 1, n, grad.len())?;
+    len("AdamW first moment", 1, n, m.len())?;
+    len("AdamW second moment", 1, n, v.len())?;
+    for i in 0..n {
+        let g = grad[i];
+        let w = value[i] * s.decay;
+        m[i] = m[i] * s.beta1 + g * s.c1;
+        v[i] = v[i] * s.beta2 + (g * g) * s.c2;
+        let denom = v[i].sqrt() / s.bc2_sqrt + s.eps;
+        value[i] = w - s.step_size * (m[i] / denom);
+    }
+    Ok(())
+}
+
+/// `sum x^2` in f64, in order.
+pub fn sum_of_squares(values: &[f32]) -> f64 {
+    values.iter().map(|&x| (x as f64) * (x as f64)).sum()
+}
+
+/// `x *= inv_scale` for every value; whether all results are finite (every value is scaled,
+/// also after a non-finite one).
+pub fn unscale_and_check(values: &mut [f32], inv_scale: f32) -> bool {
+    let mut finite = true;
+    for g in values {
+        *g *= inv_scale;
+        finite &= g.is_finite();
+    }
+    finite
+}
