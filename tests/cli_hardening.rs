@@ -324,22 +324,23 @@ fn resume_survives_a_torn_line_and_names_what_differs() {
     let out = dir.join("run");
     succeeds(&train(
         &out,
-        &["--precision", "fp32", "--steps", "4", "--stop-after", "2"],
+        &["--precision", "fp32", "--steps", "20", "--stop-after", "2"],
     ));
     let metrics = out.join("fp32/metrics.jsonl");
     let text = fs::read_to_string(&metrics).unwrap();
     fs::write(&metrics, format!("{text}{{\"step\": 2, \"lo")).unwrap();
     let ckpt = out.join("fp32/checkpoint.safetensors");
-    // Extending the run (--steps) and checkpointing more often may change.
+    // Extending the run (--steps) and checkpointing more often may change; the default warmup
+    // is the checkpoint's (20 / 10 = 2), not a tenth of the new --steps (4).
     succeeds(&train(
         &out,
         &[
             "--precision",
             "fp32",
             "--steps",
+            "40",
+            "--stop-after",
             "6",
-            "--warmup",
-            "0",
             "--checkpoint-every",
             "1",
             "--resume",
@@ -364,9 +365,7 @@ fn resume_survives_a_torn_line_and_names_what_differs() {
                 "--precision",
                 "fp32",
                 "--steps",
-                "8",
-                "--warmup",
-                "0",
+                "40",
                 "--lr",
                 "0.1",
                 "--resume",
