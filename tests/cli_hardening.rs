@@ -224,6 +224,14 @@ fn huge_sizes_are_errors_naming_needed_and_available_bytes() {
             "{extra:?}: {stderr}"
         );
     }
+    for bench in [
+        vec!["bench", "gemm", "--m", "10000000", "--n", "10000000", "--k", "16"],
+        vec!["bench", "gemm", "--m", "18446744073709551615", "--n", "2", "--k", "16"],
+        vec!["bench", "layer", "--hidden", "1048576", "--ffn", "4194304"],
+        vec!["bench", "layer", "--batch", "18446744073709551615"],
+    ] {
+        fails_with(&fp8(&bench), &["needs", "available"]);
+    }
     let text = dir.join("t.txt");
     fs::write(&text, "some text to train on. ".repeat(50)).unwrap();
     fails_with(
