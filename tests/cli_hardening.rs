@@ -224,6 +224,14 @@ fn huge_sizes_are_errors_naming_needed_and_available_bytes() {
             "{extra:?}: {stderr}"
         );
     }
+    for bench in [
+        vec!["bench", "gemm", "--m", "10000000", "--n", "10000000", "--k", "16"],
+        vec!["bench", "gemm", "--m", "18446744073709551615", "--n", "2", "--k", "16"],
+        vec!["bench", "layer", "--hidden", "1048576", "--ffn", "4194304"],
+        vec!["bench", "layer", "--batch", "18446744073709551615"],
+    ] {
+        fails_with(&fp8(&bench), &["needs", "available"]);
+    }
     let text = dir.join("t.txt");
     fs::write(&text, "some text to train on. ".repeat(50)).unwrap();
     fails_with(
@@ -324,22 +332,23 @@ fn resume_survives_a_torn_line_and_names_what_differs() {
     let out = dir.join("run");
     succeeds(&train(
         &out,
-        &["--precision", "fp32", "--steps", "4", "--stop-after", "2"],
+        &["--precision", "fp32", "--steps", "20", "--stop-after", "2"],
     ));
     let metrics = out.join("fp32/metrics.jsonl");
     let text = fs::read_to_string(&metrics).unwrap();
     fs::write(&metrics, format!("{text}{{\"step\": 2, \"lo")).unwrap();
     let ckpt = out.join("fp32/checkpoint.safetensors");
-    // Extending the run (--steps) and checkpointing more often may change.
+    // Extending the run (--steps) and checkpointing more often may change; the default warmup
+    // is the checkpoint's (20 / 10 = 2), not a tenth of the new --steps (4).
     succeeds(&train(
         &out,
         &[
             "--precision",
             "fp32",
             "--steps",
+            "40",
+            "--stop-after",
             "6",
-            "--warmup",
-            "0",
             "--checkpoint-every",
             "1",
             "--resume",
@@ -364,9 +373,7 @@ fn resume_survives_a_torn_line_and_names_what_differs() {
                 "--precision",
                 "fp32",
                 "--steps",
-                "8",
-                "--warmup",
-                "0",
+                "40",
                 "--lr",
                 "0.1",
                 "--resume",

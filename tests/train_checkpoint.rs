@@ -458,10 +458,10 @@ fn a_checkpoint_of_another_format_version_is_refused() {
         .map(|(n, v)| (n.clone(), OutTensor::copy_of(v)))
         .collect();
     let mut metadata = file.metadata.clone();
-    metadata.insert("fp8_engine.checkpoint".into(), "2".into());
-    let bytes = serialize(&tensors, metadata, "v2").unwrap();
+    metadata.insert("fp8_engine.checkpoint".into(), "3".into());
+    let bytes = serialize(&tensors, metadata, "v3").unwrap();
     let mut run = live_run();
-    let err = load_fails(&dir, "v2.safetensors", &bytes, &mut run);
-    assert!(err.to_string().contains("version 2"), "{err}");
+    let err = load_fails(&dir, "v3.safetensors", &bytes, &mut run);
+    assert!(err.to_string().contains("version 3"), "{err}");
     fs::remove_dir_all(&dir).unwrap();
 }

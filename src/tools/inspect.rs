@@ -181,6 +181,7 @@ pub fn inspect_bytes(input: &[u8], label: &str, reference: Option<(&[u8], &str)>
     let file = parse(input, label)?;
     let reference = reference.map(|(bytes, label)| parse(bytes, label)).transpose()?;
     let recipe = file_recipe(&file, label)?;
+    check_memory(&file, reference.is_some())?;
     let mut reports = Vec::new();
     for (name, view) in &sorted_tensors(&file) {
         let mut report = TensorReport {
@@ -209,6 +210,30 @@ pub fn inspect_bytes(input: &[u8], label: &str, reference: Option<(&[u8], &str)>
         reports.push(report);
     }
     Ok(reports)
+}
+
+/// Each quantized tensor is inspected in f32: its codes copied (1 byte per element), dequantized
+/// (4) and, with a reference, the reference widened (4), so the largest tensor needs about 9
+/// bytes per element on top of the files; refused up front if the machine does not have it.
+fn check_memory(file: &LoadedFile<'_>, with_reference: bool) -> Result<()> {
+    let per_element: u64 = if with_reference { 9 } else { 5 };
+    let largest = file
+        .tensors
+        .tensors()
+        .iter()
+        .filter(|(_, v)| matches!(v.dtype(), Dtype::F8_E4M3 | Dtype::F8_E5M2))
+        .max_by_key(|(_, v)| v.data().len())
+        .map(|(name, v)| (name.clone(), v.data().len() as u64));
+    match largest {
+        Some((name, elements)) => crate::io::ensure_fits(
+            &format!(
+                "inspecting tensor '{}' ({elements} elements)",
+                crate::io::escaped(&name)
+            ),
+            elements.checked_mul(per_element),
+        ),
+        None => Ok(()),
+    }
 }
 
 /// Inspects the file at `path`, comparing with `reference` if given.

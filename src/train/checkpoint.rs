@@ -291,6 +291,35 @@ pub fn load_checkpoint(
     Ok(staged.progress)
 }
 
+/// The progress recorded in a checkpoint (step, streams, the run's settings), after the file's
+/// checksum is verified; nothing is loaded. `fp8 train --resume` reads the saved settings with it.
+pub fn read_progress(path: &Path) -> Result<TrainProgress> {
+    let bytes = safetensors_io::read_file(path)?;
+    let label = path.display().to_string();
+    let corrupt = |reason: String| Error::InvalidFile {
+        path: label.clone(),
+        reason,
+    };
+    let file = safetensors_io::parse(&bytes, &label)?;
+    let views: BTreeMap<String, _> = file.tensors.tensors().into_iter().collect();
+    let sum = checksum(
+        views.iter().map(|(n, v)| (n.as_str(), v.shape(), v.data())),
+        &file.metadata,
+    );
+    if file.metadata.get("checksum") != Some(&sum)
+        || file.metadata.get(KEY_VERSION).map(String::as_str) != Some(CHECKPOINT_VERSION)
+    {
+        return Err(corrupt(format!(
+            "not a version {CHECKPOINT_VERSION} fp8-engine checkpoint with a matching checksum"
+        )));
+    }
+    let text = file
+        .metadata
+        .get("progress")
+        .ok_or_else(|| corrupt("metadata 'progress' is missing".into()))?;
+    serde_json::from_str(text).map_err(|err| corrupt(format!("metadata 'progress' does not parse: {err}")))
+}
+
 fn stage(
     path: &Path,
     bytes: &[u8],

@@ -55,7 +55,9 @@ fn run_replay(args: ReplayArgs) -> Result<(), CliError> {
     recipe.validate()?;
     let (text, label) = match args.input.as_deref() {
         Some(path) if path.as_os_str() != "-" => (
-            std::fs::read_to_string(path).map_err(|err| CliError(format!("{}: cannot read: {err}", path.display())))?,
+            // A trace is one line per step: 1 GiB is millions of steps, and /dev/zero is refused.
+            String::from_utf8(fp8_engine::io::read_regular(path, 1 << 30, "")?)
+                .map_err(|_| CliError(format!("{}: not UTF-8 text", path.display())))?,
             path.display().to_string(),
         ),
         _ => {

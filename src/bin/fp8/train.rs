@@ -47,7 +47,7 @@ pub struct TrainArgs {
     /// Learning-rate schedule after warmup: constant or cosine.
     #[arg(long, default_value = "cosine")]
     schedule: String,
-    /// Linear warmup steps (default: a tenth of the steps).
+    /// Linear warmup steps (default: a tenth of the steps; with --resume, the checkpoint's).
     #[arg(long)]
     warmup: Option<u64>,
     /// Clip the global gradient norm to this (0 or inf: no clipping).
@@ -171,6 +171,12 @@ fn select_device(name: &str) -> Result<Device, CliError> {
     Ok(Device::select(choice)?)
 }
 
+/// The warmup recorded in a checkpoint's run settings, if it has one.
+fn saved_warmup(path: &std::path::Path) -> Result<Option<u64>, CliError> {
+    let progress = fp8_engine::train::checkpoint::read_progress(path)?;
+    Ok(progress.config.pointer("/run/warmup").and_then(|w| w.as_u64()))
+}
+
 /// `--clip`: a finite positive norm clips; 0 and inf do not; NaN and negative values are errors.
 fn clip_norm(clip: f32) -> Result<Option<f32>, CliError> {
     if clip.is_nan() || clip < 0.0 {
@@ -207,7 +213,12 @@ pub(crate) fn run_config(args: &TrainArgs) -> Result<RunConfig, CliError> {
         micro_batches: args.micro_batches,
         lr: args.lr,
         schedule: args.schedule.clone(),
-        warmup: args.warmup.unwrap_or(args.steps / 10),
+        warmup: match (args.warmup, &args.resume) {
+            (Some(warmup), _) => warmup,
+            // Extending a run with --steps must not move its warmup: keep the checkpoint's.
+            (None, Some(path)) => saved_warmup(path)?.unwrap_or(args.steps / 10),
+            (None, None) => args.steps / 10,
+        },
         weight_decay: 0.01,
         max_grad_norm: clip_norm(args.clip)?,
         seed: args.seed,
