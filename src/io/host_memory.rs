@@ -32,8 +32,8 @@ pub fn check_fits(what: &str, needed: Option<u64>, available: Option<u64>) -> Re
         }),
         (Some(n), Some(a)) if n > a => Err(Error::NotEnoughMemory {
             what: what.to_string(),
-            needed: format!("{n} bytes ({})", crate::train::memory::human_bytes(n)),
-            available: format!("{a} bytes ({})", crate::train::memory::human_bytes(a)),
+            needed: format!("{n} bytes ({})", crate::memory::human_bytes(n)),
+            available: format!("{a} bytes ({})", crate::memory::human_bytes(a)),
         }),
         _ => Ok(()),
     }

@@ -6,6 +6,7 @@
 //! training loop reports sizes it knows (parameters, moments, saved
 //! activations, weight caches) with [`set_usage`] after each phase.
 
+pub use crate::memory::human_bytes;
 use std::fmt::Write;
 
 use crate::device::{MemoryCategory, MemoryLedger};
@@ -19,28 +20,6 @@ pub fn set_usage(ledger: &MemoryLedger, category: MemoryCategory, bytes: u64) {
     } else {
         ledger.free(category, current - bytes);
     }
-}
-
-/// Bytes in binary units with three significant digits: `512 B`, `1.50 KiB`, `12.0 MiB`, `3.25 GiB`.
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    let decimals = if value < 10.0 {
-        2
-    } else if value < 100.0 {
-        1
-    } else {
-        0
-    };
-    format!("{value:.decimals$} {}", UNITS[unit])
 }
 
 /// The table: one row per category (current and peak, human-readable and in bytes), then the total.
