@@ -35,9 +35,18 @@ use crate::tools::safetensors_io::{self, OutTensor};
 
 use super::adamw::{AdamW, AdamWConfig, AdamWState, Moments};
 
-/// Bumped when the layout changes; a file of another version is refused.
+/// Bumped when the layout changes; this build writes this version.
 /// Version 2: the checksum covers the metadata too.
 pub const CHECKPOINT_VERSION: &str = "2";
+
+/// Versions this build reads: version 1 (checksum over the tensors only) has the same layout, so
+/// checkpoints of earlier builds still resume; its metadata is range-checked like any other.
+const READABLE_VERSIONS: [&str; 2] = ["1", CHECKPOINT_VERSION];
+
+/// The metadata a file's checksum covers, by its version.
+fn covered(metadata: &HashMap<String, String>) -> Option<&HashMap<String, String>> {
+    (metadata.get(KEY_VERSION).map(String::as_str) != Some("1")).then_some(metadata)
+}
 
 const KEY_VERSION: &str = "fp8_engine.checkpoint";
 
@@ -124,10 +133,11 @@ impl Fnv1a {
 }
 
 /// Checksum of tensors given as (name, shape, bytes), taken in name order, then of the metadata
-/// (every key but `checksum` itself), in key order.
+/// (every key but `checksum` itself), in key order. Version-1 files (`metadata: None`) covered
+/// the tensors only.
 fn checksum<'a>(
     tensors: impl IntoIterator<Item = (&'a str, &'a [usize], &'a [u8])>,
-    metadata: &HashMap<String, String>,
+    metadata: Option<&HashMap<String, String>>,
 ) -> String {
     let mut sorted: Vec<_> = tensors.into_iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(b.0));
@@ -142,7 +152,11 @@ fn checksum<'a>(
         hash.write(&(data.len() as u64).to_le_bytes());
         hash.write(data);
     }
-    let keys: BTreeMap<&String, &String> = metadata.iter().filter(|(k, _)| *k != "checksum").collect();
+    let keys: BTreeMap<&String, &String> = metadata
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| *k != "checksum")
+        .collect();
     for (key, value) in keys {
         for text in [key, value] {
             hash.write(&(text.len() as u64).to_le_bytes());
@@ -249,7 +263,7 @@ pub fn save_checkpoint(
         tensors
             .iter()
             .map(|(n, t)| (n.as_str(), t.shape.as_slice(), t.data.as_ref())),
-        &metadata,
+        Some(&metadata),
     );
     metadata.insert("checksum".to_string(), sum);
     let bytes = safetensors_io::serialize(&tensors, metadata, &path.display().to_string())?;
@@ -304,13 +318,13 @@ pub fn read_progress(path: &Path) -> Result<TrainProgress> {
     let views: BTreeMap<String, _> = file.tensors.tensors().into_iter().collect();
     let sum = checksum(
         views.iter().map(|(n, v)| (n.as_str(), v.shape(), v.data())),
-        &file.metadata,
+        covered(&file.metadata),
     );
-    if file.metadata.get("checksum") != Some(&sum)
-        || file.metadata.get(KEY_VERSION).map(String::as_str) != Some(CHECKPOINT_VERSION)
-    {
+    let version = file.metadata.get(KEY_VERSION).map(String::as_str);
+    if file.metadata.get("checksum") != Some(&sum) || !version.is_some_and(|v| READABLE_VERSIONS.contains(&v)) {
         return Err(corrupt(format!(
-            "not a version {CHECKPOINT_VERSION} fp8-engine checkpoint with a matching checksum"
+            "not a version {} fp8-engine checkpoint with a matching checksum",
+            READABLE_VERSIONS.join(" or ")
         )));
     }
     let text = file
@@ -343,10 +357,11 @@ fn stage(
             .ok_or_else(|| corrupt(format!("not an fp8-engine checkpoint: metadata '{key}' is missing")))
     };
     let version = meta(KEY_VERSION)?;
-    if version != CHECKPOINT_VERSION {
+    if !READABLE_VERSIONS.contains(&version.as_str()) {
         let version = crate::io::escaped(version);
         return Err(corrupt(format!(
-            "checkpoint format version {version}, this build reads version {CHECKPOINT_VERSION}"
+            "checkpoint format version {version}, this build reads versions {}",
+            READABLE_VERSIONS.join(" and ")
         )));
     }
     fn parse_json<T: for<'de> Deserialize<'de>>(text: &str, key: &str, corrupt: &dyn Fn(String) -> Error) -> Result<T> {
@@ -356,7 +371,7 @@ fn stage(
     let expected_sum = meta("checksum")?;
     let actual_sum = checksum(
         views.iter().map(|(n, v)| (n.as_str(), v.shape(), v.data())),
-        &file.metadata,
+        covered(&file.metadata),
     );
     if *expected_sum != actual_sum {
         return Err(corrupt(format!(
@@ -655,6 +670,50 @@ mod tests {
         save_checkpoint(&path, &mut m, &opt, &scaler, &progress()).unwrap();
         let err = load(&path).unwrap_err().to_string();
         assert!(err.contains("scale NaN"), "{err}");
+    }
+
+    /// A version-1 file (written before the checksum covered the metadata) still loads, bit-exactly.
+    #[test]
+    fn version_1_checkpoints_still_load() {
+        let path = temp("v1.safetensors");
+        let mut saved = model();
+        let (opt, scaler) = trained(&mut saved);
+        save_checkpoint(&path, &mut saved, &opt, &scaler, &progress()).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let file = safetensors_io::parse(&bytes, "t").unwrap();
+        let tensors: Vec<(String, OutTensor<'_>)> = safetensors_io::sorted_tensors(&file)
+            .iter()
+            .map(|(n, v)| (n.clone(), OutTensor::copy_of(v)))
+            .collect();
+        let mut metadata = file.metadata.clone();
+        metadata.insert(KEY_VERSION.to_string(), "1".to_string());
+        let tensor_sum = checksum(
+            tensors
+                .iter()
+                .map(|(n, t)| (n.as_str(), t.shape.as_slice(), t.data.as_ref())),
+            None,
+        );
+        metadata.insert("checksum".to_string(), tensor_sum);
+        let v1 = temp("v1b.safetensors");
+        std::fs::write(&v1, safetensors_io::serialize(&tensors, metadata, "t").unwrap()).unwrap();
+        let mut fresh = model();
+        let mut opt2 = AdamW::new(AdamWConfig::default()).unwrap();
+        let mut scaler2 = DynamicLossScaler::new(LossScalerConfig::default()).unwrap();
+        assert_eq!(
+            load_checkpoint(&v1, &mut fresh, &mut opt2, &mut scaler2).unwrap(),
+            progress()
+        );
+        assert_eq!(read_progress(&v1).unwrap(), progress());
+        assert_eq!(opt2.state(), opt.state());
+        // Its tensors are still covered: a flipped byte of tensor data is caught.
+        let mut bad = std::fs::read(&v1).unwrap();
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        std::fs::write(&v1, bad).unwrap();
+        let err = load_checkpoint(&v1, &mut model(), &mut opt2, &mut scaler2)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("checksum mismatch"), "{err}");
     }
 
     #[test]
