@@ -195,7 +195,7 @@ impl LinearGemms {
             return Ok(());
         }
         let (out, inp) = (self.out_features, self.in_features);
-        let backend = self.backend;
+        let backend = self.backend.clone();
         let kernels = backend.kernels();
         let copy = match &self.precision {
             Precision::Fp8(recipe) => {
@@ -234,7 +234,7 @@ impl LinearGemms {
         let Some((_, copy)) = &self.weight else {
             return Err(internal(&self.layer, "no weight copy after refresh"));
         };
-        let backend = self.backend;
+        let backend = self.backend.clone();
         let kernels = backend.kernels();
         let input_scale = if replay {
             self.forward_input_scale
@@ -318,7 +318,7 @@ impl LinearGemms {
                 ),
             });
         }
-        let backend = self.backend;
+        let backend = self.backend.clone();
         let kernels = backend.kernels();
         if let Some(db) = bias_grad {
             kernels.column_sum(dy, out, db)?;

@@ -161,7 +161,7 @@ impl Module for LayerNormMLP {
 
     fn to_device(&mut self, device: DeviceKind) -> Result<()> {
         self.backend = Backend::on(device);
-        self.norm.set_backend(self.backend);
+        self.norm.set_backend(self.backend.clone());
         self.fc1.to_device(device)?;
         self.fc2.to_device(device)
     }

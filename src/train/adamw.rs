@@ -143,7 +143,7 @@ impl AdamW {
 
     /// The backend the updates run on.
     pub(crate) fn backend(&self) -> Backend {
-        self.backend
+        self.backend.clone()
     }
 
     /// Runs the updates on `device` from now on.
