@@ -117,6 +117,11 @@ impl LinearGemms {
         self.backend = backend;
     }
 
+    /// Checks every op against its CPU twin (`Module::check_against_cpu`).
+    pub(crate) fn check_against_cpu(&mut self, on: bool) {
+        self.backend = self.backend.checked_against_cpu(on, &self.layer);
+    }
+
     /// Checks that `tensor`, an input of `op`, lives on the device the ops run on.
     pub(crate) fn expect_on(&self, op: &'static str, tensor: &crate::tensor::Tensor) -> Result<()> {
         self.backend.expect_on(op, tensor)

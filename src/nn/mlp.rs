@@ -166,6 +166,13 @@ impl Module for LayerNormMLP {
         self.fc2.to_device(device)
     }
 
+    fn check_against_cpu(&mut self, on: bool) {
+        self.backend = self.backend.checked_against_cpu(on, &self.name);
+        self.norm.check_against_cpu(on);
+        self.fc1.check_against_cpu(on);
+        self.fc2.check_against_cpu(on);
+    }
+
     fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {
         self.fc1.visit_fp8_slots(f);
         self.fc2.visit_fp8_slots(f);

@@ -151,6 +151,12 @@ impl AdamW {
         self.backend = Backend::on(device);
     }
 
+    /// Checks every update (and the gradient-norm reductions run on this backend) against its
+    /// CPU twin from now on (`Module::check_against_cpu`); a mismatch names the layer `optimizer`.
+    pub fn check_against_cpu(&mut self, on: bool) {
+        self.backend = self.backend.checked_against_cpu(on, "optimizer");
+    }
+
     /// The hyperparameters.
     pub fn config(&self) -> &AdamWConfig {
         &self.config
