@@ -22,7 +22,7 @@ pub(crate) use crate::ops::{AdamWStep, AttentionShape, NormShape};
 pub(crate) use fp8_cast::Cast;
 pub(crate) use plain::PlainMat;
 #[cfg(test)]
-pub(crate) use shadow::Perturbed;
+pub(crate) use shadow::{Perturbed, perturb_cpu_primaries};
 
 use std::sync::Arc;
 
@@ -275,7 +275,7 @@ impl Backend {
         };
         match (on, primary) {
             (true, primary) => Backend::Shadow(ShadowKernels {
-                primary,
+                primary: shadow::primary_for_tests(primary),
                 layer: Arc::from(layer),
             }),
             (false, Primary::Cpu(k)) => Backend::Cpu(k),
@@ -283,15 +283,6 @@ impl Backend {
             #[cfg(test)]
             (false, Primary::Perturbed(_)) => Backend::Cpu(CpuKernels),
         }
-    }
-
-    /// The CPU backend with `op` perturbed, shadowed by the CPU for the ops of `layer`.
-    #[cfg(test)]
-    pub(crate) fn perturbed(perturbed: Perturbed, layer: &str) -> Self {
-        Backend::Shadow(ShadowKernels {
-            primary: Primary::Perturbed(perturbed),
-            layer: Arc::from(layer),
-        })
     }
 
     /// The kernels of this device (the one dispatch `match`).

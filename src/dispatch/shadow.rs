@@ -7,6 +7,8 @@
 //! The `Kernels` implementation is generated with the op list in `mod.rs`;
 //! this file holds the handle and the error it raises.
 
+#[cfg(test)]
+use std::cell::Cell;
 use std::sync::Arc;
 
 use super::contract::Breach;
@@ -67,9 +69,31 @@ impl ShadowKernels {
 /// The CPU backend with the result of `op` moved at element `index` by `ulps` (for
 /// `quantize`: one code's lowest mantissa bit flipped).
 #[cfg(test)]
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Perturbed {
     pub(crate) op: &'static str,
     pub(crate) index: usize,
     pub(crate) ulps: i32,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// The perturbation the CPU primaries of this thread's next `checked_against_cpu` take.
+    static PERTURBATION: Cell<Option<Perturbed>> = const { Cell::new(None) };
+}
+
+/// Test hook: layers switched to shadow mode on this thread from now on get a perturbed CPU
+/// primary (`None`: the plain CPU backend again).
+#[cfg(test)]
+pub(crate) fn perturb_cpu_primaries(perturbed: Option<Perturbed>) {
+    PERTURBATION.with(|p| p.set(perturbed));
+}
+
+/// `primary`, perturbed if this thread asked for it and it is the CPU backend.
+pub(crate) fn primary_for_tests(primary: Primary) -> Primary {
+    #[cfg(test)]
+    if let (Primary::Cpu(_), Some(perturbed)) = (&primary, PERTURBATION.with(Cell::get)) {
+        return Primary::Perturbed(perturbed);
+    }
+    primary
 }
