@@ -245,7 +245,7 @@ impl Outcome for f64 {
 
 impl Outcome for bool {
     fn breach(&self, cpu: &bool, _: Contract) -> Option<Breach> {
-        (self != cpu).then(|| Breach {
+        (self != cpu).then_some(Breach {
             index: 0,
             primary: *self as u8 as f64,
             cpu: *cpu as u8 as f64,
