@@ -9,6 +9,10 @@
 //! `Error::Unsupported` naming the op, never a panic and never a silent host
 //! fallback. The signatures take host slices today; when device buffers land
 //! (`tensor::Storage::Cuda`), the ops that move activations take tensors.
+//!
+//! Shadow mode ([`Backend::checked_against_cpu`], `shadow.rs`) runs every op
+//! on its backend and on the CPU twin, and compares them by the op's contract
+//! (`contract.rs`, `docs/numerics.md`).
 
 mod contract;
 pub(crate) mod fp8_cast;

@@ -2,7 +2,7 @@
 //! keeps its results; a perturbed exact op fails naming op, layer and index; a
 //! perturbed bounded op passes within its bound and fails beyond it.
 
-use super::{Perturbed, perturb_cpu_primaries};
+use super::{Backend, Perturbed, perturb_cpu_primaries};
 use crate::amp::{Fp8Recipe, Precision};
 use crate::error::{Error, Result};
 use crate::nn::{Module, TransformerConfig, TransformerLayer};
@@ -163,4 +163,38 @@ fn switching_the_check_off_gives_the_plain_backend_back() {
     layer
         .forward(&input(0), BATCH, SEQ)
         .expect("no shadow, no perturbation");
+}
+
+#[test]
+fn in_place_state_is_copied_before_the_primary_op() {
+    // `+=` ops: the twin must start from the sums as they were, not as the primary left them.
+    let x: Vec<f32> = (0..12).map(|i| i as f32 * 0.25).collect();
+    let (mut plain, mut checked) = (vec![1.0f32, -2.0, 3.0], vec![1.0f32, -2.0, 3.0]);
+    Backend::default().kernels().column_sum(&x, 3, &mut plain).unwrap();
+    let shadow = Backend::default().checked_against_cpu(true, "bias");
+    shadow.kernels().column_sum(&x, 3, &mut checked).unwrap();
+    assert_eq!(plain, checked);
+    // And a moved accumulator is caught at its index.
+    perturb_cpu_primaries(Some(Perturbed {
+        op: "column_sum",
+        index: 2,
+        ulps: 1 << 12,
+    }));
+    let perturbed = Backend::default().checked_against_cpu(true, "bias");
+    perturb_cpu_primaries(None);
+    let err = perturbed
+        .kernels()
+        .column_sum(&x, 3, &mut checked)
+        .expect_err("moved beyond the bound");
+    assert!(
+        matches!(
+            err,
+            Error::TwinMismatch {
+                op: "column_sum",
+                index: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }
