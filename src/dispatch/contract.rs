@@ -26,8 +26,23 @@ pub(crate) fn contract(op: &str) -> Contract {
         "gemm" => Contract::Gemm,
         // Correctly rounded `sqrt` and division, no fused multiply-add: only the ulp of a reordering.
         "adamw" => Contract::Close { rtol: 1e-6, atol: 0.0 },
-        // column_sum, embedding_backward, sum_squares, the norms, cross-entropy, attention, gelu, swiglu.
-        _ => REDUCTION,
+        "column_sum"
+        | "embedding_backward"
+        | "sum_squares"
+        | "layernorm_forward"
+        | "layernorm_backward"
+        | "rmsnorm_forward"
+        | "rmsnorm_backward"
+        | "cross_entropy_forward"
+        | "cross_entropy_backward"
+        | "attention_forward"
+        | "attention_backward"
+        | "gelu_forward"
+        | "gelu_backward"
+        | "swiglu_forward"
+        | "swiglu_backward" => REDUCTION,
+        // An op with no stated bound yet is held to the strictest contract.
+        _ => Contract::Exact,
     }
 }
 
@@ -131,5 +146,31 @@ mod tests {
             first_breach_f32(Contract::Exact, &[1.0], &[1.0, 2.0]).map(|b| b.index),
             Some(1)
         );
+    }
+
+    #[test]
+    fn the_table_of_docs_numerics_md() {
+        for op in [
+            "quantize",
+            "convert",
+            "delayed_update",
+            "residual_add",
+            "embedding_forward",
+            "unscale_and_check",
+        ] {
+            assert_eq!(contract(op), Contract::Exact, "{op}");
+        }
+        for op in [
+            "column_sum",
+            "sum_squares",
+            "layernorm_backward",
+            "attention_forward",
+            "gelu_backward",
+        ] {
+            assert_eq!(contract(op), REDUCTION, "{op}");
+        }
+        assert_eq!(contract("gemm"), Contract::Gemm);
+        assert_eq!(contract("adamw"), Contract::Close { rtol: 1e-6, atol: 0.0 });
+        assert_eq!(contract("an_op_with_no_stated_bound"), Contract::Exact);
     }
 }
