@@ -121,6 +121,16 @@ pub enum Error {
     /// An op the backend of a device does not implement (yet); nothing ran.
     #[error("op {op} is not implemented on {device} yet (run on the CPU with --device cpu)")]
     Unsupported { op: &'static str, device: String },
+    /// Shadow mode: an op's result broke its contract against its CPU twin (`docs/numerics.md`,
+    /// Op contracts between backends); `index` is the first element that differs.
+    #[error("op {op} in layer {layer} differs from its CPU twin at element {index}: {primary} vs {cpu} on the CPU")]
+    TwinMismatch {
+        op: &'static str,
+        layer: String,
+        index: usize,
+        primary: f64,
+        cpu: f64,
+    },
     /// An op got an input that lives on another device than the one it runs on.
     #[error("op {op} runs on {expected} but got an input on {got}")]
     DeviceMismatch {

@@ -323,3 +323,32 @@ fn tied_head_gradients_match_finite_differences() {
 fn cpu() -> Device {
     Device::select(DeviceChoice::Cpu).expect("the CPU device")
 }
+
+#[test]
+fn check_cpu_on_the_cpu_passes_and_keeps_every_step_bit_for_bit() {
+    // CPU shadowed by the CPU: every op (embedding, norms, attention, GEMMs, casts, delayed
+    // updates, loss, clipping, AdamW) is checked against its twin and must agree.
+    for name in ["fp32", "fp8-delayed"] {
+        let p = precision(name);
+        let config = small(1, Recompute::None);
+        let (plain, checked) = (scratch(&format!("plain-{name}")), scratch(&format!("checked-{name}")));
+        train(&p, &config, &plain, RunControl::default());
+        let control = RunControl {
+            check_cpu: true,
+            ..RunControl::default()
+        };
+        train(&p, &config, &checked, control);
+        let a = read_metrics(&plain.join("metrics.jsonl")).expect("metrics");
+        let b = read_metrics(&checked.join("metrics.jsonl")).expect("metrics");
+        assert_eq!(a.len(), config.steps as usize);
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(x.loss.to_bits(), y.loss.to_bits(), "{name} step {} loss", x.step);
+            assert_eq!(
+                x.grad_norm.to_bits(),
+                y.grad_norm.to_bits(),
+                "{name} step {} grad norm",
+                x.step
+            );
+        }
+    }
+}

@@ -9,13 +9,29 @@
 //! `Error::Unsupported` naming the op, never a panic and never a silent host
 //! fallback. The signatures take host slices today; when device buffers land
 //! (`tensor::Storage::Cuda`), the ops that move activations take tensors.
+//!
+//! Shadow mode ([`Backend::checked_against_cpu`], `shadow.rs`) runs every op
+//! on its backend and on the CPU twin, and compares them by the op's contract
+//! (`contract.rs`, `docs/numerics.md`).
 
+mod contract;
 pub(crate) mod fp8_cast;
 mod plain;
+mod shadow;
+#[cfg(test)]
+mod shadow_tests;
+mod twin;
 
 pub(crate) use crate::ops::{AdamWStep, AttentionShape, NormShape};
 pub(crate) use fp8_cast::Cast;
 pub(crate) use plain::PlainMat;
+#[cfg(test)]
+pub(crate) use shadow::{Perturbed, perturb_cpu_primaries};
+
+use std::sync::Arc;
+
+use shadow::{Primary, ShadowKernels};
+use twin::{Outcome, Twin};
 
 use crate::amp::Fp8Recipe;
 use crate::error::{Error, Result};
@@ -45,6 +61,46 @@ macro_rules! kernels {
                 #[allow(unused_variables)]
                 fn $name(&self, $($arg: $ty),*) -> Result<$ret> {
                     Err(Error::Unsupported { op: stringify!($name), device: DeviceKind::Cuda(self.ordinal).to_string() })
+                }
+            )*
+        }
+
+        /// Each op: state saved, the primary op, its CPU twin on the saved state, then the
+        /// in-place state and the results compared by the op's contract.
+        #[allow(clippy::too_many_arguments)]
+        impl Kernels for ShadowKernels {
+            $(
+                fn $name(&self, $($arg: $ty),*) -> Result<$ret> {
+                    $( let mut $arg = Saved::<$ty>::new($arg); )*
+                    let primary = self.primary.kernels().$name($(Twin::primary(&mut $arg.live)),*)?;
+                    let cpu = CpuKernels.$name($(Twin::twin(&$arg.live, &mut $arg.saved)),*)?;
+                    let contract = contract::contract(stringify!($name));
+                    $(
+                        if let Some(breach) = Twin::check(&$arg.live, &$arg.saved, contract) {
+                            return Err(self.mismatch(stringify!($name), breach));
+                        }
+                    )*
+                    match Outcome::breach(&primary, &cpu, contract) {
+                        Some(breach) => Err(self.mismatch(stringify!($name), breach)),
+                        None => Ok(primary),
+                    }
+                }
+            )*
+        }
+
+        /// The CPU ops, with the first output of `self.op` moved.
+        #[cfg(test)]
+        #[allow(clippy::too_many_arguments)]
+        impl Kernels for Perturbed {
+            $(
+                fn $name(&self, $(mut $arg: $ty),*) -> Result<$ret> {
+                    let mut result = CpuKernels.$name($(Twin::primary(&mut $arg)),*)?;
+                    if stringify!($name) == self.op {
+                        let mut moved = Outcome::nudge(&mut result, self.index, self.ulps);
+                        $( moved = moved || Twin::nudge(&mut $arg, self.index, self.ulps); )*
+                        assert!(moved, "op {} has no element {} to move", self.op, self.index);
+                    }
+                    Ok(result)
                 }
             )*
         }
@@ -156,6 +212,19 @@ fn cpu_unscale_and_check(values: &mut [f32], inv_scale: f32) -> Result<bool> {
     Ok(crate::ops::unscale_and_check(values, inv_scale))
 }
 
+/// An op argument and the copy the CPU twin starts from (taken before the primary op runs).
+struct Saved<T: Twin> {
+    live: T,
+    saved: T::Saved,
+}
+
+impl<T: Twin> Saved<T> {
+    fn new(live: T) -> Self {
+        let saved = live.save();
+        Saved { live, saved }
+    }
+}
+
 /// The CPU reference backend.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct CpuKernels;
@@ -167,10 +236,12 @@ pub(crate) struct CudaKernels {
 }
 
 /// The backend of one device: the single place where a device picks its kernels.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum Backend {
     Cpu(CpuKernels),
     Cuda(CudaKernels),
+    /// Every op checked against its CPU twin (`--check-cpu`).
+    Shadow(ShadowKernels),
 }
 
 impl Default for Backend {
@@ -193,6 +264,28 @@ impl Backend {
         match self {
             Backend::Cpu(_) => DeviceKind::Cpu,
             Backend::Cuda(k) => DeviceKind::Cuda(k.ordinal),
+            Backend::Shadow(k) => k.primary.device(),
+        }
+    }
+
+    /// This backend with every op shadowed by its CPU twin and checked by the op's contract
+    /// (`docs/numerics.md`, Op contracts between backends), for the ops of `layer`; `on = false`
+    /// undoes it.
+    pub(crate) fn checked_against_cpu(&self, on: bool, layer: &str) -> Self {
+        let primary = match self {
+            Backend::Cpu(k) => Primary::Cpu(*k),
+            Backend::Cuda(k) => Primary::Cuda(*k),
+            Backend::Shadow(k) => k.primary.clone(),
+        };
+        match (on, primary) {
+            (true, primary) => Backend::Shadow(ShadowKernels {
+                primary: shadow::primary_for_tests(primary),
+                layer: Arc::from(layer),
+            }),
+            (false, Primary::Cpu(k)) => Backend::Cpu(k),
+            (false, Primary::Cuda(k)) => Backend::Cuda(k),
+            #[cfg(test)]
+            (false, Primary::Perturbed(_)) => Backend::Cpu(CpuKernels),
         }
     }
 
@@ -201,6 +294,7 @@ impl Backend {
         match self {
             Backend::Cpu(k) => k,
             Backend::Cuda(k) => k,
+            Backend::Shadow(k) => k,
         }
     }
 

@@ -38,6 +38,15 @@ impl PlainMat {
         })
     }
 
+    /// Every element widened to f64 (exact for each dtype), for comparing two results.
+    pub(crate) fn widened(&self) -> Vec<f64> {
+        match self {
+            PlainMat::F32(d) => d.iter().map(|&v| v as f64).collect(),
+            PlainMat::Bf16(d) => d.iter().map(|v| v.to_f64()).collect(),
+            PlainMat::F16(d) => d.iter().map(|v| v.to_f64()).collect(),
+        }
+    }
+
     pub(crate) fn bytes(&self) -> usize {
         match self {
             PlainMat::F32(d) => 4 * d.len(),

@@ -419,6 +419,17 @@ impl Module for DecoderModel {
         }
     }
 
+    fn check_against_cpu(&mut self, on: bool) {
+        self.backend = self.backend.checked_against_cpu(on, "model");
+        for layer in &mut self.layers {
+            layer.check_against_cpu(on);
+        }
+        self.final_norm.module().check_against_cpu(on);
+        if let Some(head) = &mut self.head {
+            head.check_against_cpu(on);
+        }
+    }
+
     fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {
         for layer in &mut self.layers {
             layer.visit_fp8_slots(f);

@@ -266,6 +266,12 @@ impl Module for MultiheadAttention {
         self.proj.to_device(device)
     }
 
+    fn check_against_cpu(&mut self, on: bool) {
+        self.backend = self.backend.checked_against_cpu(on, &self.name);
+        self.qkv_module().check_against_cpu(on);
+        self.proj.check_against_cpu(on);
+    }
+
     fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {
         self.qkv_module().visit_fp8_slots(f);
         self.proj.visit_fp8_slots(f);

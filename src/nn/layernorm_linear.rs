@@ -105,6 +105,11 @@ impl Module for LayerNormLinear {
         self.linear.to_device(device)
     }
 
+    fn check_against_cpu(&mut self, on: bool) {
+        self.norm.check_against_cpu(on);
+        self.linear.check_against_cpu(on);
+    }
+
     fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {
         self.linear.visit_fp8_slots(f);
     }

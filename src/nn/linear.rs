@@ -146,6 +146,10 @@ impl Module for Linear {
         Ok(())
     }
 
+    fn check_against_cpu(&mut self, on: bool) {
+        self.gemms.check_against_cpu(on);
+    }
+
     fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {
         self.gemms.visit_slots(f);
     }

@@ -117,6 +117,11 @@ impl LinearGemms {
         self.backend = backend;
     }
 
+    /// Checks every op against its CPU twin (`Module::check_against_cpu`).
+    pub(crate) fn check_against_cpu(&mut self, on: bool) {
+        self.backend = self.backend.checked_against_cpu(on, &self.layer);
+    }
+
     /// Checks that `tensor`, an input of `op`, lives on the device the ops run on.
     pub(crate) fn expect_on(&self, op: &'static str, tensor: &crate::tensor::Tensor) -> Result<()> {
         self.backend.expect_on(op, tensor)
@@ -195,7 +200,7 @@ impl LinearGemms {
             return Ok(());
         }
         let (out, inp) = (self.out_features, self.in_features);
-        let backend = self.backend;
+        let backend = self.backend.clone();
         let kernels = backend.kernels();
         let copy = match &self.precision {
             Precision::Fp8(recipe) => {
@@ -234,7 +239,7 @@ impl LinearGemms {
         let Some((_, copy)) = &self.weight else {
             return Err(internal(&self.layer, "no weight copy after refresh"));
         };
-        let backend = self.backend;
+        let backend = self.backend.clone();
         let kernels = backend.kernels();
         let input_scale = if replay {
             self.forward_input_scale
@@ -318,7 +323,7 @@ impl LinearGemms {
                 ),
             });
         }
-        let backend = self.backend;
+        let backend = self.backend.clone();
         let kernels = backend.kernels();
         if let Some(db) = bias_grad {
             kernels.column_sum(dy, out, db)?;

@@ -161,9 +161,16 @@ impl Module for LayerNormMLP {
 
     fn to_device(&mut self, device: DeviceKind) -> Result<()> {
         self.backend = Backend::on(device);
-        self.norm.set_backend(self.backend);
+        self.norm.set_backend(self.backend.clone());
         self.fc1.to_device(device)?;
         self.fc2.to_device(device)
+    }
+
+    fn check_against_cpu(&mut self, on: bool) {
+        self.backend = self.backend.checked_against_cpu(on, &self.name);
+        self.norm.check_against_cpu(on);
+        self.fc1.check_against_cpu(on);
+        self.fc2.check_against_cpu(on);
     }
 
     fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {

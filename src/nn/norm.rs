@@ -63,6 +63,10 @@ struct NormCore {
 }
 
 impl NormCore {
+    fn check_against_cpu(&mut self, on: bool) {
+        self.backend = self.backend.checked_against_cpu(on, &self.name);
+    }
+
     fn new(name: &str, hidden: usize, config: NormConfig, precision: &Precision) -> Result<Self> {
         let gamma0 = if config.zero_centered_gamma { 0.0 } else { 1.0 };
         let gamma = Parameter::new(format!("{name}.weight"), &[hidden], vec![gamma0; hidden])?;
@@ -236,6 +240,10 @@ macro_rules! norm_layer {
                 self.0.backend = Backend::on(device);
                 Ok(())
             }
+
+            fn check_against_cpu(&mut self, on: bool) {
+                self.0.check_against_cpu(on);
+            }
         }
     };
 }
@@ -278,6 +286,10 @@ impl Norm {
 
     pub(crate) fn set_backend(&mut self, backend: Backend) {
         self.0.backend = backend;
+    }
+
+    pub(crate) fn check_against_cpu(&mut self, on: bool) {
+        self.0.check_against_cpu(on);
     }
 
     pub(crate) fn visit(&mut self, f: &mut dyn FnMut(&mut Parameter)) {

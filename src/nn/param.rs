@@ -127,6 +127,12 @@ pub trait Module {
         }
     }
 
+    /// From now on (`on = false`: no longer) runs every op of the module on its device and again
+    /// on the CPU twin, and compares the two by the op's contract (`docs/numerics.md`, Op
+    /// contracts between backends); a breach is `Error::TwinMismatch` naming the layer. Call it
+    /// after `to_device`, which resets it. Modules without an override run unchecked.
+    fn check_against_cpu(&mut self, _on: bool) {}
+
     /// Total number of trainable values.
     fn parameter_count(&mut self) -> usize {
         let mut count = 0;

@@ -171,6 +171,12 @@ impl Module for TransformerLayer {
         self.mlp.to_device(device)
     }
 
+    fn check_against_cpu(&mut self, on: bool) {
+        self.backend = self.backend.checked_against_cpu(on, &self.name);
+        self.attn.check_against_cpu(on);
+        self.mlp.check_against_cpu(on);
+    }
+
     fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {
         self.attn.visit_fp8_slots(f);
         self.mlp.visit_fp8_slots(f);

@@ -19,6 +19,11 @@ pub struct SlotBank {
 }
 
 impl SlotBank {
+    /// Every value of the bank in a fixed order (scales, scale_invs, histories), for comparing two banks.
+    pub(crate) fn values(&self) -> Vec<f32> {
+        [&self.scale[..], &self.scale_inv[..], &self.history[..]].concat()
+    }
+
     /// Every slot as [`DelayedSlot::new`] makes it: scale 1, scale_inv 1, a history of zeros
     /// (`len` is raised to 1 like there).
     pub fn new(slots: usize, len: usize) -> Self {

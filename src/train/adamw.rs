@@ -143,12 +143,18 @@ impl AdamW {
 
     /// The backend the updates run on.
     pub(crate) fn backend(&self) -> Backend {
-        self.backend
+        self.backend.clone()
     }
 
     /// Runs the updates on `device` from now on.
     pub fn to_device(&mut self, device: DeviceKind) {
         self.backend = Backend::on(device);
+    }
+
+    /// Checks every update (and the gradient-norm reductions run on this backend) against its
+    /// CPU twin from now on (`Module::check_against_cpu`); a mismatch names the layer `optimizer`.
+    pub fn check_against_cpu(&mut self, on: bool) {
+        self.backend = self.backend.checked_against_cpu(on, "optimizer");
     }
 
     /// The hyperparameters.

@@ -103,6 +103,11 @@ pub struct RunControl<'a> {
     pub resume: Option<&'a Path>,
     /// Stop after this step count (a checkpoint is written), as if the run were interrupted.
     pub stop_after: Option<u64>,
+    /// Run every op also on its CPU twin and stop at the first result that breaks the op's
+    /// contract (`docs/numerics.md`, Op contracts between backends) with `Error::TwinMismatch`.
+    /// On the CPU device this compares the CPU with itself: a self-test of the check. Results
+    /// are unchanged either way (the primary backend's results are kept).
+    pub check_cpu: bool,
 }
 
 fn invalid(setting: &'static str, value: impl ToString, reason: impl Into<String>) -> Error {
@@ -155,12 +160,14 @@ pub fn run(
     let model_config = config.model_for(data);
     let mut model = DecoderModel::new(&model_config, precision, config.seed)?;
     model.to_device(device.kind())?;
+    model.check_against_cpu(control.check_cpu);
     let mut optimizer = AdamW::new(AdamWConfig {
         lr: config.lr,
         weight_decay: config.weight_decay,
         ..AdamWConfig::default()
     })?;
     optimizer.to_device(device.kind());
+    optimizer.check_against_cpu(control.check_cpu);
     let mut scaler = match (config.loss_scale, precision.needs_loss_scaling()) {
         (Some(init_scale), _) => DynamicLossScaler::new(LossScalerConfig {
             init_scale,

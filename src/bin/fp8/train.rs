@@ -101,6 +101,11 @@ pub struct TrainArgs {
     /// auto, cpu, cuda or cuda:N (on a GPU, training stops at the first op the CUDA backend lacks).
     #[arg(long, default_value = "auto")]
     device: String,
+    /// Shadow every op with its CPU twin and stop at the first result outside the op's contract
+    /// (docs/numerics.md, Op contracts between backends), naming op, layer and element. Slower
+    /// (every op runs twice). On the CPU device it compares the CPU with itself: only a self-test.
+    #[arg(long)]
+    check_cpu: bool,
     /// Output directory.
     #[arg(long, default_value = "runs/train")]
     out: PathBuf,
@@ -292,6 +297,7 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
         let control = RunControl {
             resume: args.resume.as_deref(),
             stop_after: args.stop_after,
+            check_cpu: args.check_cpu,
         };
         let output = run(&device, precision, &config, &data, &dir, control, &mut on_step)?;
         bar.finish_and_clear();

@@ -1,0 +1,176 @@
+//! The op contract between a backend and its CPU twin (`docs/numerics.md`, Op
+//! contracts between backends): the one place that maps an op to how its
+//! result is compared, and the element-wise comparison itself.
+
+use crate::format::Fp8Format;
+
+/// How an op's result must agree with its CPU twin.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Contract {
+    /// Same bits.
+    Exact,
+    /// `|primary - cpu| <= atol + rtol * |cpu|` per element (or the same bits: infinities, NaN).
+    Close { rtol: f64, atol: f64 },
+    /// The GEMM tolerance of the output's format (`docs/numerics.md`, Tolerances).
+    Gemm,
+}
+
+/// Reductions, `exp`/`rsqrt`/`tanh`: f32 results in another summation order, a few ulp apart.
+const REDUCTION: Contract = Contract::Close { rtol: 1e-5, atol: 1e-6 };
+
+/// The contract of `op` (a `Kernels` method name), as `docs/numerics.md` tabulates it.
+pub(crate) fn contract(op: &str) -> Contract {
+    match op {
+        "quantize" | "convert" | "convert_transposed" | "delayed_update" | "cast_stats" | "uncast_stats"
+        | "residual_add" | "embedding_forward" | "unscale_and_check" => Contract::Exact,
+        "gemm" => Contract::Gemm,
+        // Correctly rounded `sqrt` and division, no fused multiply-add: only the ulp of a reordering.
+        "adamw" => Contract::Close { rtol: 1e-6, atol: 0.0 },
+        "column_sum"
+        | "embedding_backward"
+        | "sum_squares"
+        | "layernorm_forward"
+        | "layernorm_backward"
+        | "rmsnorm_forward"
+        | "rmsnorm_backward"
+        | "cross_entropy_forward"
+        | "cross_entropy_backward"
+        | "attention_forward"
+        | "attention_backward"
+        | "gelu_forward"
+        | "gelu_backward"
+        | "swiglu_forward"
+        | "swiglu_backward" => REDUCTION,
+        // An op with no stated bound yet is held to the strictest contract.
+        _ => Contract::Exact,
+    }
+}
+
+/// The rtol/atol a GEMM result in `dtype` is held to.
+pub(crate) fn gemm_tolerance(dtype: GemmDtype) -> Contract {
+    let (rtol, atol) = match dtype {
+        GemmDtype::F32 => (1.3e-6, 1e-5),
+        GemmDtype::Bf16 => (1.6e-2, 1e-5),
+        GemmDtype::F16 => (1e-3, 1e-5),
+        GemmDtype::Fp8(Fp8Format::E4M3) => (0.125, 0.0675),
+        GemmDtype::Fp8(Fp8Format::E5M2) => (0.25, 0.125),
+    };
+    Contract::Close { rtol, atol }
+}
+
+/// The dtype of a GEMM result.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum GemmDtype {
+    F32,
+    Bf16,
+    F16,
+    Fp8(Fp8Format),
+}
+
+/// The first element where a result breaks its contract.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Breach {
+    pub index: usize,
+    pub primary: f64,
+    pub cpu: f64,
+}
+
+/// Whether one pair of values keeps `contract` (`Gemm` must be resolved to `Close` first).
+pub(crate) fn agrees(contract: Contract, primary: f64, cpu: f64) -> bool {
+    match contract {
+        Contract::Exact | Contract::Gemm => primary.to_bits() == cpu.to_bits(),
+        Contract::Close { rtol, atol } => {
+            primary.to_bits() == cpu.to_bits() || (primary - cpu).abs() <= atol + rtol * cpu.abs()
+        }
+    }
+}
+
+/// The first breach of `contract` between two equally long f32 results (a length
+/// difference is a breach at the first missing index).
+pub(crate) fn first_breach_f32(contract: Contract, primary: &[f32], cpu: &[f32]) -> Option<Breach> {
+    // Exact compares the f32 bits themselves (f64 widening keeps them distinct, NaN payloads too).
+    first_breach(
+        contract,
+        primary.iter().map(|&v| v as f64),
+        cpu.iter().map(|&v| v as f64),
+    )
+}
+
+/// The first breach of `contract` between two sequences of values.
+pub(crate) fn first_breach(
+    contract: Contract,
+    primary: impl ExactSizeIterator<Item = f64>,
+    cpu: impl ExactSizeIterator<Item = f64>,
+) -> Option<Breach> {
+    let (p_len, c_len) = (primary.len(), cpu.len());
+    for (index, (p, c)) in primary.zip(cpu).enumerate() {
+        if !agrees(contract, p, c) {
+            return Some(Breach {
+                index,
+                primary: p,
+                cpu: c,
+            });
+        }
+    }
+    (p_len != c_len).then(|| Breach {
+        index: p_len.min(c_len),
+        primary: p_len as f64,
+        cpu: c_len as f64,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_catches_one_ulp_and_close_allows_it() {
+        let a = [1.0f32, 2.0, 3.0];
+        let mut b = a;
+        b[2] = f32::from_bits(b[2].to_bits() + 1);
+        let breach = first_breach_f32(Contract::Exact, &b, &a).expect("one ulp is not the same bits");
+        assert_eq!(breach.index, 2);
+        assert_eq!(breach.primary, b[2] as f64);
+        assert!(first_breach_f32(contract("gelu_forward"), &b, &a).is_none());
+        b[1] = 2.0 * (1.0 + 2e-5);
+        assert_eq!(
+            first_breach_f32(contract("gelu_forward"), &b, &a).map(|x| x.index),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn same_nan_bits_agree_and_lengths_must_match() {
+        assert!(first_breach_f32(REDUCTION, &[f32::NAN], &[f32::NAN]).is_none());
+        assert_eq!(
+            first_breach_f32(Contract::Exact, &[1.0], &[1.0, 2.0]).map(|b| b.index),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn the_table_of_docs_numerics_md() {
+        for op in [
+            "quantize",
+            "convert",
+            "delayed_update",
+            "residual_add",
+            "embedding_forward",
+            "unscale_and_check",
+        ] {
+            assert_eq!(contract(op), Contract::Exact, "{op}");
+        }
+        for op in [
+            "column_sum",
+            "sum_squares",
+            "layernorm_backward",
+            "attention_forward",
+            "gelu_backward",
+        ] {
+            assert_eq!(contract(op), REDUCTION, "{op}");
+        }
+        assert_eq!(contract("gemm"), Contract::Gemm);
+        assert_eq!(contract("adamw"), Contract::Close { rtol: 1e-6, atol: 0.0 });
+        assert_eq!(contract("an_op_with_no_stated_bound"), Contract::Exact);
+    }
+}

@@ -1,0 +1,347 @@
+//! How one op argument or result takes part in a shadow run: what is saved
+//! before the primary op runs (the in-place state a `&mut` argument starts
+//! from), what the CPU twin gets, and how the two results compare.
+
+use half::{bf16, f16};
+
+use super::contract::{Breach, Contract, GemmDtype, first_breach, first_breach_f32, gemm_tolerance};
+use super::{Cast, PlainMat};
+use crate::format::Fp8Format;
+use crate::gemm::{GemmReport, Output};
+use crate::scaling::{Fp8TensorStats, SlotBank};
+use crate::tensor::{QuantizedMatrix, Scales};
+
+/// One argument of an op, seen by the shadow runner.
+pub(crate) trait Twin {
+    /// What the twin starts from: a copy of in-place state, nothing for inputs.
+    type Saved;
+    /// The argument as an op takes it.
+    type Arg<'s>
+    where
+        Self: 's;
+    fn save(&self) -> Self::Saved;
+    /// The argument for the primary op (a reborrow).
+    fn primary(&mut self) -> Self::Arg<'_>;
+    /// The argument for the CPU twin: the same input, or the saved copy of in-place state.
+    fn twin<'s>(&'s self, saved: &'s mut Self::Saved) -> Self::Arg<'s>;
+    /// After both ran: the first breach between the primary's state and the twin's.
+    fn check(&self, _saved: &Self::Saved, _contract: Contract) -> Option<Breach> {
+        None
+    }
+    /// Test-only perturbation: moves element `index` by `ulps`; says whether it did.
+    #[cfg(test)]
+    fn nudge(&mut self, _index: usize, _ulps: i32) -> bool {
+        false
+    }
+}
+
+/// Inputs passed by value: both ops get the same value.
+macro_rules! twin_by_value {
+    ($($ty:ty),*) => {$(
+        impl Twin for $ty {
+            type Saved = ();
+            type Arg<'s> = $ty;
+            fn save(&self) {}
+            fn primary(&mut self) -> $ty {
+                self.clone()
+            }
+            fn twin<'s>(&'s self, _: &'s mut ()) -> $ty {
+                self.clone()
+            }
+        }
+    )*};
+}
+
+twin_by_value!(
+    usize,
+    u32,
+    f32,
+    bool,
+    String,
+    Fp8Format,
+    crate::tensor::Dtype,
+    crate::scaling::TensorRole,
+    crate::ops::NormShape,
+    crate::ops::AttentionShape
+);
+
+/// Shared inputs: both ops read the same memory.
+impl<'a, T: ?Sized> Twin for &'a T {
+    type Saved = ();
+    type Arg<'s>
+        = &'a T
+    where
+        Self: 's;
+    fn save(&self) {}
+    fn primary(&mut self) -> &'a T {
+        self
+    }
+    fn twin<'s>(&'s self, _: &'s mut ()) -> &'a T {
+        self
+    }
+}
+
+/// An f32 output or `+=` accumulator: the twin starts from a copy taken before the primary op.
+impl Twin for &mut [f32] {
+    type Saved = Vec<f32>;
+    type Arg<'s>
+        = &'s mut [f32]
+    where
+        Self: 's;
+    fn save(&self) -> Vec<f32> {
+        self.to_vec()
+    }
+    fn primary(&mut self) -> &mut [f32] {
+        self
+    }
+    fn twin<'s>(&'s self, saved: &'s mut Vec<f32>) -> &'s mut [f32] {
+        saved
+    }
+    fn check(&self, saved: &Vec<f32>, contract: Contract) -> Option<Breach> {
+        first_breach_f32(contract, self, saved)
+    }
+    #[cfg(test)]
+    fn nudge(&mut self, index: usize, ulps: i32) -> bool {
+        match self.get_mut(index) {
+            Some(v) => {
+                *v = f32::from_bits(v.to_bits().wrapping_add_signed(ulps));
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The delayed-scaling state: the twin updates a copy of the bank.
+impl Twin for &mut SlotBank {
+    type Saved = SlotBank;
+    type Arg<'s>
+        = &'s mut SlotBank
+    where
+        Self: 's;
+    fn save(&self) -> SlotBank {
+        (**self).clone()
+    }
+    fn primary(&mut self) -> &mut SlotBank {
+        self
+    }
+    fn twin<'s>(&'s self, saved: &'s mut SlotBank) -> &'s mut SlotBank {
+        saved
+    }
+    fn check(&self, saved: &SlotBank, contract: Contract) -> Option<Breach> {
+        first_breach_f32(contract, &self.values(), &saved.values())
+    }
+}
+
+/// A GEMM output buffer, owned (the twin's copy of what the primary op starts from).
+pub(crate) enum OwnedOutput {
+    F32(Vec<f32>),
+    Bf16(Vec<bf16>),
+    F16(Vec<f16>),
+    Fp8 {
+        codes: Vec<u8>,
+        format: Fp8Format,
+        scale: f32,
+    },
+}
+
+impl Twin for Output<'_> {
+    type Saved = OwnedOutput;
+    type Arg<'s>
+        = Output<'s>
+    where
+        Self: 's;
+    fn save(&self) -> OwnedOutput {
+        match self {
+            Output::F32(d) => OwnedOutput::F32(d.to_vec()),
+            Output::Bf16(d) => OwnedOutput::Bf16(d.to_vec()),
+            Output::F16(d) => OwnedOutput::F16(d.to_vec()),
+            Output::Fp8 { codes, format, scale } => OwnedOutput::Fp8 {
+                codes: codes.to_vec(),
+                format: *format,
+                scale: *scale,
+            },
+        }
+    }
+    fn primary(&mut self) -> Output<'_> {
+        match self {
+            Output::F32(d) => Output::F32(d),
+            Output::Bf16(d) => Output::Bf16(d),
+            Output::F16(d) => Output::F16(d),
+            Output::Fp8 { codes, format, scale } => Output::Fp8 {
+                codes,
+                format: *format,
+                scale: *scale,
+            },
+        }
+    }
+    fn twin<'s>(&'s self, saved: &'s mut OwnedOutput) -> Output<'s> {
+        match saved {
+            OwnedOutput::F32(d) => Output::F32(d),
+            OwnedOutput::Bf16(d) => Output::Bf16(d),
+            OwnedOutput::F16(d) => Output::F16(d),
+            OwnedOutput::Fp8 { codes, format, scale } => Output::Fp8 {
+                codes,
+                format: *format,
+                scale: *scale,
+            },
+        }
+    }
+    fn check(&self, saved: &OwnedOutput, _contract: Contract) -> Option<Breach> {
+        let widen = |v: &[bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
+        let widen16 = |v: &[f16]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
+        let (dtype, primary, cpu) = match (self, saved) {
+            (Output::F32(p), OwnedOutput::F32(c)) => (
+                GemmDtype::F32,
+                p.iter().map(|&v| v as f64).collect(),
+                c.iter().map(|&v| v as f64).collect(),
+            ),
+            (Output::Bf16(p), OwnedOutput::Bf16(c)) => (GemmDtype::Bf16, widen(p), widen(c)),
+            (Output::F16(p), OwnedOutput::F16(c)) => (GemmDtype::F16, widen16(p), widen16(c)),
+            (Output::Fp8 { codes: p, format, .. }, OwnedOutput::Fp8 { codes: c, .. }) => {
+                let decode = |v: &[u8]| v.iter().map(|&q| format.decode(q) as f64).collect::<Vec<_>>();
+                (GemmDtype::Fp8(*format), decode(p), decode(c))
+            }
+            // The twin's buffer is a copy of the primary's: the variants always match.
+            _ => {
+                return Some(Breach {
+                    index: 0,
+                    primary: f64::NAN,
+                    cpu: f64::NAN,
+                });
+            }
+        };
+        first_breach(gemm_tolerance(dtype), primary.into_iter(), cpu.into_iter())
+    }
+}
+
+/// An op's return value, compared by the op's contract.
+pub(crate) trait Outcome {
+    fn breach(&self, cpu: &Self, contract: Contract) -> Option<Breach>;
+    /// Test-only perturbation of element `index` by `ulps`; says whether it did.
+    #[cfg(test)]
+    fn nudge(&mut self, _index: usize, _ulps: i32) -> bool {
+        false
+    }
+}
+
+impl Outcome for () {
+    fn breach(&self, _: &(), _: Contract) -> Option<Breach> {
+        None
+    }
+}
+
+impl Outcome for f32 {
+    fn breach(&self, cpu: &f32, contract: Contract) -> Option<Breach> {
+        first_breach_f32(contract, &[*self], &[*cpu])
+    }
+}
+
+impl Outcome for f64 {
+    fn breach(&self, cpu: &f64, contract: Contract) -> Option<Breach> {
+        first_breach(contract, [*self].into_iter(), [*cpu].into_iter())
+    }
+}
+
+impl Outcome for bool {
+    fn breach(&self, cpu: &bool, _: Contract) -> Option<Breach> {
+        (self != cpu).then_some(Breach {
+            index: 0,
+            primary: *self as u8 as f64,
+            cpu: *cpu as u8 as f64,
+        })
+    }
+}
+
+impl Outcome for Vec<f32> {
+    fn breach(&self, cpu: &Vec<f32>, contract: Contract) -> Option<Breach> {
+        first_breach_f32(contract, self, cpu)
+    }
+    #[cfg(test)]
+    fn nudge(&mut self, index: usize, ulps: i32) -> bool {
+        Twin::nudge(&mut self.as_mut_slice(), index, ulps)
+    }
+}
+
+impl Outcome for GemmReport {
+    fn breach(&self, cpu: &GemmReport, _: Contract) -> Option<Breach> {
+        // The amax of the f32 result before the output cast: a reduction of GEMM results.
+        first_breach_f32(gemm_tolerance(GemmDtype::F32), &[self.amax], &[cpu.amax])
+    }
+}
+
+impl Outcome for PlainMat {
+    fn breach(&self, cpu: &PlainMat, contract: Contract) -> Option<Breach> {
+        first_breach(contract, self.widened().into_iter(), cpu.widened().into_iter())
+    }
+}
+
+/// Elements of a quantized matrix in a fixed order: the codes, then the scales.
+fn matrix_values(m: &QuantizedMatrix) -> Vec<f64> {
+    let mut out: Vec<f64> = m.data().iter().map(|&q| q as f64).collect();
+    match m.scales() {
+        Scales::PerTensor(s) => out.push(*s as f64),
+        Scales::Block1x128(s) | Scales::Block128x128(s) => out.extend(s.iter().map(|&v| v as f64)),
+        Scales::Mxfp8(e) => out.extend(e.iter().map(|&v| v as f64)),
+    }
+    out
+}
+
+/// Every element of a cast in a fixed order: row-wise codes and scales, column-wise codes and
+/// scales, then amax and scale. A breach index counts into this order.
+fn cast_values(c: &Cast) -> Vec<f64> {
+    let mut out = matrix_values(c.tensor.rowwise());
+    if let Some(col) = c.tensor.columnwise() {
+        out.extend(matrix_values(col));
+    }
+    out.extend([c.amax as f64, c.scale as f64]);
+    out
+}
+
+impl Outcome for Cast {
+    fn breach(&self, cpu: &Cast, contract: Contract) -> Option<Breach> {
+        if self.tensor.format() != cpu.tensor.format() || self.tensor.shape() != cpu.tensor.shape() {
+            return Some(Breach {
+                index: 0,
+                primary: f64::NAN,
+                cpu: f64::NAN,
+            });
+        }
+        first_breach(contract, cast_values(self).into_iter(), cast_values(cpu).into_iter())
+    }
+    #[cfg(test)]
+    fn nudge(&mut self, index: usize, ulps: i32) -> bool {
+        // Flips the lowest mantissa bit of one row-wise code (ulps only says "perturb").
+        let _ = ulps;
+        let (format, row, col) = self.tensor.clone().into_parts();
+        let (mut data, scales) = row.into_parts();
+        let Some(q) = data.get_mut(index) else { return false };
+        *q ^= 1;
+        let [rows, cols] = self.tensor.shape();
+        let row = QuantizedMatrix::new(data, rows, cols, scales).expect("same shape");
+        self.tensor = crate::tensor::QuantizedTensor::new(format, row, col).expect("same shape");
+        true
+    }
+}
+
+impl Outcome for Fp8TensorStats {
+    fn breach(&self, cpu: &Fp8TensorStats, contract: Contract) -> Option<Breach> {
+        if self.name != cpu.name || self.format != cpu.format {
+            return Some(Breach {
+                index: 0,
+                primary: f64::NAN,
+                cpu: f64::NAN,
+            });
+        }
+        let values = |s: &Fp8TensorStats| {
+            [
+                s.amax as f64,
+                s.scale as f64,
+                s.saturated,
+                s.underflow,
+                s.nonfinite as f64,
+            ]
+        };
+        first_breach(contract, values(self).into_iter(), values(cpu).into_iter())
+    }
+}
