@@ -114,6 +114,9 @@ class Crate:
         here = os.path.dirname(file)
         is_dir_module = os.path.basename(file) in ("mod.rs", "lib.rs", "main.rs")
         base = here if is_dir_module else os.path.join(here, os.path.splitext(os.path.basename(file))[0])
+        # Test-only file modules (`#[cfg(test)] mod name;`) are skipped like inline test modules:
+        # tests may use any part of the crate.
+        text = re.sub(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*;", "", text)
         for name in re.findall(r"^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", text, re.M):
             for cand in (os.path.join(base, name + ".rs"), os.path.join(base, name, "mod.rs")):
                 if os.path.exists(cand):
