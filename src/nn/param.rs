@@ -6,18 +6,28 @@
 use crate::error::{Error, Result};
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
-use crate::tensor::DeviceKind;
+use crate::tensor::{DeviceKind, Tensor};
 
 /// One trainable tensor.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Parameter {
     name: String,
     shape: Vec<usize>,
-    /// f32 master values, row-major.
-    value: Vec<f32>,
+    /// f32 master values, row-major, as a matrix (see [`matrix_dims`]) on the parameter's device.
+    value: Tensor,
     /// f32 gradient, accumulated across micro-batches until `zero_grad`.
-    grad: Vec<f32>,
+    grad: Tensor,
     version: u64,
+}
+
+/// The `[rows, cols]` a parameter of `shape` is stored as: a vector is one row, a matrix itself,
+/// higher ranks fold their trailing dimensions into the columns, a scalar is `[1, 1]`.
+fn matrix_dims(shape: &[usize]) -> (usize, usize) {
+    match shape {
+        [] => (1, 1),
+        [n] => (1, *n),
+        [rows, rest @ ..] => (*rows, rest.iter().product()),
+    }
 }
 
 impl Parameter {
@@ -31,11 +41,12 @@ impl Parameter {
                 reason: format!("shape {shape:?} needs {expected} values, got {}", value.len()),
             });
         }
+        let (rows, cols) = matrix_dims(shape);
         Ok(Parameter {
-            grad: vec![0.0; value.len()],
+            grad: Tensor::zeros(rows, cols),
+            value: Tensor::new(value, rows, cols)?,
             name,
             shape: shape.to_vec(),
-            value,
             version: 0,
         })
     }
@@ -52,34 +63,39 @@ impl Parameter {
 
     /// The f32 master values, row-major.
     pub fn value(&self) -> &[f32] {
-        &self.value
+        self.value.data()
     }
 
     /// The master values to change in place; call [`Parameter::mark_updated`] after, so layers
     /// remake their compute copies.
     pub fn value_mut(&mut self) -> &mut [f32] {
-        &mut self.value
+        self.value.data_mut()
     }
 
     /// The f32 gradient, accumulated across micro-batches until [`Parameter::zero_grad`].
     pub fn grad(&self) -> &[f32] {
-        &self.grad
+        self.grad.data()
     }
 
     /// The gradient, to accumulate into or rescale in place.
     pub fn grad_mut(&mut self) -> &mut [f32] {
-        &mut self.grad
+        self.grad.data_mut()
     }
 
     /// The master values and the gradient at once (an optimizer reads one and writes the other).
     pub fn value_and_grad_mut(&mut self) -> (&mut [f32], &mut [f32]) {
-        (&mut self.value, &mut self.grad)
+        (self.value.data_mut(), self.grad.data_mut())
     }
 
     /// Replaces the master values with `value` of the same length (checked by the caller).
     pub(crate) fn set_value(&mut self, value: Vec<f32>) {
         debug_assert_eq!(value.len(), self.value.len());
-        self.value = value;
+        self.value.data_mut().copy_from_slice(&value);
+    }
+
+    /// The device the master values and the gradient live on.
+    pub fn device(&self) -> DeviceKind {
+        self.value.device()
     }
 
     /// Number of values.
@@ -104,7 +120,7 @@ impl Parameter {
 
     /// Clears the gradient before the first micro-batch of a step.
     pub fn zero_grad(&mut self) {
-        self.grad.fill(0.0);
+        self.grad.data_mut().fill(0.0);
     }
 }
 
@@ -113,7 +129,7 @@ pub trait Module {
     /// Calls `f` on every parameter, in a fixed order (the order checkpoints and optimizers use).
     fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter));
 
-    /// Runs the module's ops on `device` from now on. The parameters stay host vectors until
+    /// Runs the module's ops on `device` from now on. The parameters stay in host storage until
     /// device storage exists; the CUDA backend implements no op yet, so the first op run after a
     /// move to CUDA is an `Error::Unsupported` naming it. Modules without an override can only
     /// stay on the CPU.

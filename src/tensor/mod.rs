@@ -25,10 +25,21 @@ use crate::convert::HighPrecision;
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 
+/// Where FP8 codes live.
+#[derive(Clone, Debug, PartialEq)]
+enum CodeStorage {
+    /// Host memory: `rows * cols` codes, row-major.
+    Cpu(Vec<u8>),
+    /// GPU memory: uninhabited until the CUDA backend implements its first op, as for
+    /// [`Tensor`]'s storage, so every match on it is complete without a host fallback.
+    #[allow(dead_code)] // uninhabited: nothing can construct it before the CUDA ops exist
+    Cuda(dense::CudaStorage),
+}
+
 /// One orientation of a quantized tensor: `rows x cols` FP8 codes, row-major, with their scales.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantizedMatrix {
-    data: Vec<u8>,
+    data: CodeStorage,
     rows: usize,
     cols: usize,
     scales: Scales,
@@ -64,7 +75,7 @@ impl QuantizedMatrix {
             });
         }
         Ok(QuantizedMatrix {
-            data,
+            data: CodeStorage::Cpu(data),
             rows,
             cols,
             scales,
@@ -73,7 +84,10 @@ impl QuantizedMatrix {
 
     /// The FP8 codes, row-major.
     pub fn data(&self) -> &[u8] {
-        &self.data
+        match &self.data {
+            CodeStorage::Cpu(codes) => codes,
+            CodeStorage::Cuda(never) => match *never {},
+        }
     }
 
     /// Rows of this copy.
@@ -93,12 +107,15 @@ impl QuantizedMatrix {
 
     /// Takes the codes and scales apart.
     pub fn into_parts(self) -> (Vec<u8>, Scales) {
-        (self.data, self.scales)
+        match self.data {
+            CodeStorage::Cpu(codes) => (codes, self.scales),
+            CodeStorage::Cuda(never) => match never {},
+        }
     }
 
     /// Decodes every element: `f32(q) * scale_inv` of its block, rounded to `T`.
     pub fn dequantize<T: HighPrecision>(&self, format: Fp8Format) -> Result<Vec<T>> {
-        let mut out = vec![T::from_f32(0.0); self.data.len()];
+        let mut out = vec![T::from_f32(0.0); self.data().len()];
         dequantize::dequantize_matrix(self, format, &mut out)?;
         Ok(out)
     }
@@ -123,8 +140,8 @@ impl QuantizedTensor {
                     what: "column-wise copy (must be the transpose)",
                     rows: rowwise.cols,
                     cols: rowwise.rows,
-                    expected: rowwise.data.len(),
-                    got: col.data.len(),
+                    expected: rowwise.data().len(),
+                    got: col.data().len(),
                 });
             }
             if col.scales.kind() != rowwise.scales.kind() {
