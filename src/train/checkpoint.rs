@@ -630,8 +630,9 @@ mod tests {
         assert_eq!(scaler2.state(), scaler.state());
     }
 
-    /// The checkpoint at `path` with metadata `key` replaced by `value` (checksum left as it was).
-    fn with_metadata(path: &Path, key: &str, value: String) -> Vec<u8> {
+    /// The checkpoint at `path` re-serialized after `edit` changed its metadata (the tensors are
+    /// copied unchanged and passed to `edit`).
+    fn rewritten(path: &Path, edit: impl FnOnce(&[(String, OutTensor<'_>)], &mut HashMap<String, String>)) -> Vec<u8> {
         let bytes = std::fs::read(path).unwrap();
         let file = safetensors_io::parse(&bytes, "t").unwrap();
         let tensors: Vec<(String, OutTensor<'_>)> = safetensors_io::sorted_tensors(&file)
@@ -639,8 +640,15 @@ mod tests {
             .map(|(n, v)| (n.clone(), OutTensor::copy_of(v)))
             .collect();
         let mut metadata = file.metadata.clone();
-        metadata.insert(key.to_string(), value);
+        edit(&tensors, &mut metadata);
         safetensors_io::serialize(&tensors, metadata, "t").unwrap()
+    }
+
+    /// The checkpoint at `path` with metadata `key` replaced by `value` (checksum left as it was).
+    fn with_metadata(path: &Path, key: &str, value: String) -> Vec<u8> {
+        rewritten(path, |_, metadata| {
+            metadata.insert(key.to_string(), value);
+        })
     }
 
     #[test]
@@ -679,23 +687,19 @@ mod tests {
         let mut saved = model();
         let (opt, scaler) = trained(&mut saved);
         save_checkpoint(&path, &mut saved, &opt, &scaler, &progress()).unwrap();
-        let bytes = std::fs::read(&path).unwrap();
-        let file = safetensors_io::parse(&bytes, "t").unwrap();
-        let tensors: Vec<(String, OutTensor<'_>)> = safetensors_io::sorted_tensors(&file)
-            .iter()
-            .map(|(n, v)| (n.clone(), OutTensor::copy_of(v)))
-            .collect();
-        let mut metadata = file.metadata.clone();
-        metadata.insert(KEY_VERSION.to_string(), "1".to_string());
-        let tensor_sum = checksum(
-            tensors
-                .iter()
-                .map(|(n, t)| (n.as_str(), t.shape.as_slice(), t.data.as_ref())),
-            None,
-        );
-        metadata.insert("checksum".to_string(), tensor_sum);
+        // What an earlier build wrote: version 1, the checksum over the tensors only.
+        let v1_bytes = rewritten(&path, |tensors, metadata| {
+            metadata.insert(KEY_VERSION.to_string(), "1".to_string());
+            let tensor_sum = checksum(
+                tensors
+                    .iter()
+                    .map(|(n, t)| (n.as_str(), t.shape.as_slice(), t.data.as_ref())),
+                None,
+            );
+            metadata.insert("checksum".to_string(), tensor_sum);
+        });
         let v1 = temp("v1b.safetensors");
-        std::fs::write(&v1, safetensors_io::serialize(&tensors, metadata, "t").unwrap()).unwrap();
+        std::fs::write(&v1, v1_bytes).unwrap();
         let mut fresh = model();
         let mut opt2 = AdamW::new(AdamWConfig::default()).unwrap();
         let mut scaler2 = DynamicLossScaler::new(LossScalerConfig::default()).unwrap();
