@@ -385,11 +385,10 @@ fn rope(f: &Fields<'_>, head_dim: usize) -> Result<RopeConfig> {
         },
     };
     let nested = params.map(Fields);
-    let theta = match nested.as_ref().and_then(|p| p.get("rope_theta")) {
-        Some(_) => nested
-            .as_ref()
-            .map_or(Ok(10000.0), |p| p.f64_or("rope_theta", 10000.0))?,
-        None => f.f64_or("rope_theta", 10000.0)?,
+    // The nested object's theta wins (transformers 5); legacy files keep it at the top level.
+    let theta = match &nested {
+        Some(p) if p.get("rope_theta").is_some() => p.f64_or("rope_theta", 10000.0)?,
+        _ => f.f64_or("rope_theta", 10000.0)?,
     };
     if theta <= 1.0 {
         return Err(unsupported("rope_theta", &Value::from(theta), "must be greater than 1"));
