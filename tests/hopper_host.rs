@@ -1,9 +1,12 @@
-//! The Hopper GEMM fast path on an H100/H200, in two tests:
+//! The Hopper GEMM fast path on an H100/H200, in three tests:
 //!
 //! * `hopper_probes_are_bit_exact`: the exact small-integer probes of
 //!   `hopper::probe` in the first-run order (one tile, ring wrap, K tails,
 //!   ragged M/N, several tiles per CTA, block scales, E5M2), each on its forced
 //!   tile width / CTA cap and the bounded-wait kernel; any difference is a bug.
+//! * `hopper_probes_with_epilogues_are_bit_exact`: the same exactness through
+//!   alpha, bias, beta, bf16/fp16/FP8 outputs, the fused amax and a NaN input
+//!   (`hopper::probe_epilogue`).
 //! * `hopper_gemm_matches_cpu_reference`: random FP8 data against the CPU
 //!   reference (`gemm::cpu::gemm`) at both tile widths (the 256-wide one on two
 //!   CTAs), every scale mode and output dtype, bias, beta and amax, judged by
@@ -17,13 +20,14 @@
 use fp8_engine::backend::cuda::error_bound::{Accumulation, OutputUlp, accumulation_bound, worst_ratio};
 use fp8_engine::backend::cuda::gemm::DeviceOutput;
 use fp8_engine::backend::cuda::hopper::probe::{Probe, ProbeScales, first_run_probes};
+use fp8_engine::backend::cuda::hopper::probe_epilogue::{EpilogueProbe, ExpectedOutput, ProbeOutput, epilogue_probes};
 use fp8_engine::backend::cuda::hopper::{self, HopperGemm, HopperScales, PlanOverride};
 use fp8_engine::backend::cuda::{CudaDevice, DeviceBuffer, describe_error_flag};
 use fp8_engine::device::MemoryCategory::{Activations, Workspace};
 use fp8_engine::format::Fp8Format;
 use fp8_engine::gemm::{self, GemmParams, Operand, Output};
 use fp8_engine::tensor::{QuantizedMatrix, Scales};
-use half::bf16;
+use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -392,6 +396,166 @@ fn hopper_gemm_matches_cpu_reference() {
     assert!(
         failures.is_empty(),
         "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// Runs one epilogue probe (bounded-wait kernel, its base probe's tile override)
+/// and compares its output bits and amax with the exact ones (any NaN matches NaN).
+fn run_epilogue_probe(gpu: &CudaDevice, p: &EpilogueProbe) -> Result<String, String> {
+    let e = |x: fp8_engine::Error| x.to_string();
+    let b = &p.base;
+    let (da, db) = (
+        gpu.upload(&b.a, Activations).map_err(e)?,
+        gpu.upload(&b.b, Activations).map_err(e)?,
+    );
+    let (sa, sb) = (
+        gpu.upload(&[1.0f32], Workspace).map_err(e)?,
+        gpu.upload(&[1.0f32], Workspace).map_err(e)?,
+    );
+    let dbias = p
+        .bias
+        .as_deref()
+        .map(|v| gpu.upload(v, Workspace))
+        .transpose()
+        .map_err(e)?;
+    let mut amax = gpu.upload(&[0.0f32], Workspace).map_err(e)?;
+    let mut flag: DeviceBuffer<u32> = gpu.alloc_zeros(1, Workspace).map_err(e)?;
+    let gemm = HopperGemm {
+        m: b.m,
+        n: b.n,
+        k: b.k,
+        a: &da,
+        a_format: b.a_format,
+        b: &db,
+        b_format: Fp8Format::E4M3,
+        scales: HopperScales::PerTensor { a: &sa, b: &sb },
+        bias: dbias.as_ref(),
+        alpha: p.alpha,
+        beta: p.beta,
+        split_accumulator: b.split,
+        amax: Some(&mut amax),
+        error_flag: Some(&mut flag),
+    };
+    let len = b.m * b.n;
+    // Poisoned low-precision outputs (NaN); the f32 one holds the old D that beta reads.
+    let launched = match p.output {
+        ProbeOutput::F32 => {
+            let mut d = gpu.upload(&p.old, Activations).map_err(e)?;
+            hopper::launch_with(gpu, gemm, DeviceOutput::F32(&mut d), b.tiles)
+                .and_then(|_| gpu.download(&d))
+                .map(|d| ExpectedOutput::F32(d.iter().map(|x| x.to_bits()).collect()))
+        }
+        ProbeOutput::Bf16 => {
+            let mut d = gpu.upload(&vec![bf16::NAN; len], Activations).map_err(e)?;
+            hopper::launch_with(gpu, gemm, DeviceOutput::Bf16(&mut d), b.tiles)
+                .and_then(|_| gpu.download(&d))
+                .map(|d| ExpectedOutput::Bf16(d.iter().map(|x| x.to_bits()).collect()))
+        }
+        ProbeOutput::F16 => {
+            let mut d = gpu.upload(&vec![f16::NAN; len], Activations).map_err(e)?;
+            hopper::launch_with(gpu, gemm, DeviceOutput::F16(&mut d), b.tiles)
+                .and_then(|_| gpu.download(&d))
+                .map(|d| ExpectedOutput::F16(d.iter().map(|x| x.to_bits()).collect()))
+        }
+        ProbeOutput::Fp8 { format, scale } => {
+            let mut d = gpu.upload(&vec![0x7Fu8; len], Activations).map_err(e)?;
+            let scale = gpu.upload(&[scale], Workspace).map_err(e)?;
+            let out = DeviceOutput::Fp8 {
+                codes: &mut d,
+                format,
+                scale: &scale,
+            };
+            hopper::launch_with(gpu, gemm, out, b.tiles)
+                .and_then(|_| gpu.download(&d))
+                .map(ExpectedOutput::Fp8)
+        }
+    };
+    let got = match launched {
+        Ok(got) => got,
+        Err(err) => return Err(format!("{err}; {:?}", flag_error(gpu, &flag))),
+    };
+    flag_error(gpu, &flag)?;
+    let amax = gpu.download(&amax).map_err(e)?[0];
+    let want_amax = p.expected_amax();
+    if !(amax.to_bits() == want_amax.to_bits() || (amax.is_nan() && want_amax.is_nan())) {
+        return Err(format!(
+            "amax {amax} expected {want_amax} (err/bound=inf: the bound is 0)"
+        ));
+    }
+    let expected = p.expected_output();
+    let nan16 = |x: u16, bf: bool| {
+        if bf {
+            bf16::from_bits(x).is_nan()
+        } else {
+            f16::from_bits(x).is_nan()
+        }
+    };
+    let first_wrong = match (&got, &expected) {
+        (ExpectedOutput::F32(g), ExpectedOutput::F32(w)) => g
+            .iter()
+            .zip(w)
+            .position(|(&x, &y)| x != y && !(f32::from_bits(x).is_nan() && f32::from_bits(y).is_nan())),
+        (ExpectedOutput::Bf16(g), ExpectedOutput::Bf16(w)) => g
+            .iter()
+            .zip(w)
+            .position(|(&x, &y)| x != y && !(nan16(x, true) && nan16(y, true))),
+        (ExpectedOutput::F16(g), ExpectedOutput::F16(w)) => g
+            .iter()
+            .zip(w)
+            .position(|(&x, &y)| x != y && !(nan16(x, false) && nan16(y, false))),
+        (ExpectedOutput::Fp8(g), ExpectedOutput::Fp8(w)) => {
+            let format = match p.output {
+                ProbeOutput::Fp8 { format, .. } => format,
+                _ => Fp8Format::E4M3,
+            };
+            g.iter()
+                .zip(w)
+                .position(|(&x, &y)| x != y && !(format.is_nan(x) && format.is_nan(y)))
+        }
+        _ => return Err("output dtype differs from the probe's".into()),
+    };
+    match first_wrong {
+        None => Ok(format!("exact, amax {amax}")),
+        Some(i) => Err(format!(
+            "D[{}, {}] differs: got {got_i:?} expected {want_i:?} (err/bound=inf: the bound is 0)",
+            i / b.n,
+            i % b.n,
+            got_i = element(&got, i),
+            want_i = element(&expected, i),
+        )),
+    }
+}
+
+/// Element `i` of an output, as bits (for the failure message).
+fn element(out: &ExpectedOutput, i: usize) -> u32 {
+    match out {
+        ExpectedOutput::F32(v) => v[i],
+        ExpectedOutput::Bf16(v) | ExpectedOutput::F16(v) => u32::from(v[i]),
+        ExpectedOutput::Fp8(v) => u32::from(v[i]),
+    }
+}
+
+#[test]
+fn hopper_probes_with_epilogues_are_bit_exact() {
+    let gpu = match hopper_gpu() {
+        Ok(gpu) => gpu,
+        Err(why) => return println!("hopper_host: skipped: {why}"),
+    };
+    let mut failures = Vec::new();
+    for p in epilogue_probes() {
+        match run_epilogue_probe(&gpu, &p) {
+            Ok(what) => println!("hopper_host: probe {}: ok: {what}", p.name),
+            Err(why) => {
+                println!("hopper_host: probe {}: FAILED: {why}", p.name);
+                failures.push(format!("{}: {why}", p.name));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} epilogue probes failed:\n{}",
         failures.len(),
         failures.join("\n")
     );

@@ -5,7 +5,8 @@
 //! ([`tensor_map`]), the tile order ([`scheduler`], the kernel's formula), tile
 //! shapes per problem ([`heuristic`]), the path choice and self-check
 //! ([`self_check`]), the launcher ([`launch`], with test-only overrides), the
-//! register guard ([`kernel_checks`]) and the exact first-run probes ([`probe`]).
+//! register guard ([`kernel_checks`]) and the exact first-run probes ([`probe`],
+//! [`probe_epilogue`]).
 //!
 //! Not validated on a GPU yet, so it is off by default: `FP8_GEMM_PATH=auto`
 //! (the default) runs the portable path; `FP8_GEMM_PATH=hopper` or
@@ -15,6 +16,7 @@ pub mod heuristic;
 pub mod kernel_checks;
 pub mod launch;
 pub mod probe;
+pub mod probe_epilogue;
 pub mod scheduler;
 pub mod self_check;
 pub mod tensor_map;
