@@ -31,6 +31,7 @@ pub mod tensor;
 pub mod tools;
 pub mod train;
 
+pub use dispatch::op_times;
 pub use error::{Error, Result};
 
 /// The README's Rust examples run as doc tests, so they cannot rot.

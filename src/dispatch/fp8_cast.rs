@@ -5,6 +5,8 @@
 //! for dgrad or wgrad), from one read of the high-precision source (fused
 //! cast + transpose for per-tensor scales, both block copies from the source).
 
+use rayon::prelude::*;
+
 use crate::amp::Fp8Recipe;
 use crate::error::Result;
 use crate::format::{Fp8Format, decode_e8m0};
@@ -91,7 +93,7 @@ fn largest_scale(scales: &Scales) -> f32 {
 }
 
 /// Counts that make up the statistics of one tensor.
-#[derive(Default)]
+#[derive(Default, Debug, PartialEq)]
 struct Counts {
     saturated: u64,
     underflow: u64,
@@ -99,7 +101,40 @@ struct Counts {
     nonfinite: u64,
 }
 
+/// Elements per parallel task of the statistics (~ 64 KiB of f32).
+const STATS_CHUNK: usize = 1 << 14;
+
 impl Counts {
+    fn sum(self, o: Counts) -> Counts {
+        Counts {
+            saturated: self.saturated + o.saturated,
+            underflow: self.underflow + o.underflow,
+            nonzero: self.nonzero + o.nonzero,
+            nonfinite: self.nonfinite + o.nonfinite,
+        }
+    }
+
+    /// Adds one run of elements and their companions (`aux`, e.g. their codes):
+    /// `verdict(x, a)` says whether finite `x` is flushed (counted when non-zero) and whether it
+    /// saturates. Branch-free per element (counts add 0 or 1), so the loop vectorizes.
+    #[inline(always)]
+    fn add<A: Copy>(&mut self, xs: &[f32], aux: &[A], verdict: impl Fn(f32, A) -> (bool, bool)) {
+        let (mut saturated, mut underflow, mut nonzero, mut nonfinite) = (0u64, 0u64, 0u64, 0u64);
+        for (&x, &a) in xs.iter().zip(aux) {
+            let finite = x.abs() < f32::INFINITY; // false for NaN too
+            let live = finite & (x != 0.0);
+            let (flushed, saturates) = verdict(x, a);
+            nonfinite += u64::from(!finite);
+            nonzero += u64::from(live);
+            underflow += u64::from(live & flushed);
+            saturated += u64::from(finite & saturates);
+        }
+        self.saturated += saturated;
+        self.underflow += underflow;
+        self.nonzero += nonzero;
+        self.nonfinite += nonfinite;
+    }
+
     fn finish(self, name: String, format: Fp8Format, amax: f32, scale: f32, total: usize) -> Fp8TensorStats {
         Fp8TensorStats {
             name,
@@ -113,54 +148,64 @@ impl Counts {
     }
 }
 
+/// Columns that share one scale within a row.
+fn scale_block_width(scales: &Scales, cols: usize) -> usize {
+    match scales {
+        Scales::PerTensor(_) => cols,
+        Scales::Block1x128(_) | Scales::Block128x128(_) => 128,
+        Scales::Mxfp8(_) => 32,
+    }
+    .max(1)
+}
+
 /// Statistics of a cast: an element is saturated when its scaled magnitude exceeds the
 /// format's max finite value, flushed when it is non-zero but its code decodes to zero.
+/// Counted over row bands in parallel (integer counts: the same result in any order).
 pub(crate) fn cast_stats(name: String, src: &[f32], cast: &Cast) -> Fp8TensorStats {
     let q = cast.tensor.rowwise();
     let format = cast.tensor.format();
-    let (cols, max) = (q.cols(), format.max_finite());
-    let table = format.decode_table();
-    let mut counts = Counts::default();
-    for (i, (&x, &code)) in src.iter().zip(q.data()).enumerate() {
-        if !x.is_finite() {
-            counts.nonfinite += 1;
-            continue;
-        }
-        if x != 0.0 {
-            counts.nonzero += 1;
-            if table[code as usize] == 0.0 {
-                counts.underflow += 1;
+    let (cols, max) = (q.cols().max(1), format.max_finite());
+    let total = src.len();
+    let len = total.min(q.data().len());
+    let (src, codes) = (&src[..len], &q.data()[..len]);
+    let width = scale_block_width(q.scales(), cols);
+    let rows_per_task = (STATS_CHUNK / cols).max(1);
+    let counts = src
+        .par_chunks(rows_per_task * cols)
+        .zip(codes.par_chunks(rows_per_task * cols))
+        .enumerate()
+        .map(|(task, (xs, cs))| {
+            let mut counts = Counts::default();
+            for (rr, (xrow, crow)) in xs.chunks(cols).zip(cs.chunks(cols)).enumerate() {
+                let r = task * rows_per_task + rr;
+                for (b, (xb, cb)) in xrow.chunks(width).zip(crow.chunks(width)).enumerate() {
+                    // |x| * scale > max  <=>  |x| > max * scale_inv (a power of two or 1/scale).
+                    let limit = max * element_scale_inv(q.scales(), r, b * width, cols);
+                    // E4M3 and E5M2 codes decode to zero exactly when their magnitude bits are 0.
+                    counts.add(xb, cb, |x, code| (code & 0x7F == 0, x.abs() > limit));
+                }
             }
-        }
-        // |x| * scale > max  <=>  |x| > max * scale_inv (scale_inv is a power of two or 1/scale).
-        if x.abs() > max * element_scale_inv(q.scales(), i / cols.max(1), i % cols.max(1), cols) {
-            counts.saturated += 1;
-        }
-    }
-    counts.finish(name, format, cast.amax, cast.scale, src.len())
+            counts
+        })
+        .reduce(Counts::default, Counts::sum);
+    counts.finish(name, format, cast.amax, cast.scale, total)
 }
 
 /// Statistics of a tensor that stays in high precision (a GEMM output): what a
 /// per-tensor cast with `scale` would do to it.
 pub(crate) fn uncast_stats(name: String, values: &[f32], format: Fp8Format, amax: f32, scale: f32) -> Fp8TensorStats {
     let (max, half_min) = (format.max_finite(), format.decode(1) * 0.5);
-    let mut counts = Counts::default();
-    for &x in values {
-        if !x.is_finite() {
-            counts.nonfinite += 1;
-            continue;
-        }
-        let scaled = (x * scale).abs();
-        if x != 0.0 {
-            counts.nonzero += 1;
-            if scaled <= half_min {
-                counts.underflow += 1;
-            }
-        }
-        if scaled > max {
-            counts.saturated += 1;
-        }
-    }
+    let counts = values
+        .par_chunks(STATS_CHUNK)
+        .map(|xs| {
+            let mut counts = Counts::default();
+            counts.add(xs, xs, |x, _| {
+                let scaled = (x * scale).abs();
+                (scaled <= half_min, scaled > max)
+            });
+            counts
+        })
+        .reduce(Counts::default, Counts::sum);
     counts.finish(name, format, amax, scale, values.len())
 }
 
@@ -177,4 +222,97 @@ pub(crate) fn matrix_bytes(m: &QuantizedMatrix) -> usize {
 /// Bytes of a quantized tensor: both copies.
 pub(crate) fn tensor_bytes(tensor: &QuantizedTensor) -> usize {
     matrix_bytes(tensor.rowwise()) + tensor.columnwise().map_or(0, matrix_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::amp::Precision;
+
+    /// The element-by-element definition the parallel counts must reproduce.
+    fn counts_by_definition(src: &[f32], cast: &Cast) -> Counts {
+        let q = cast.tensor.rowwise();
+        let (cols, max) = (q.cols().max(1), cast.tensor.format().max_finite());
+        let table = cast.tensor.format().decode_table();
+        let mut c = Counts::default();
+        for (i, (&x, &code)) in src.iter().zip(q.data()).enumerate() {
+            if !x.is_finite() {
+                c.nonfinite += 1;
+                continue;
+            }
+            if x != 0.0 {
+                c.nonzero += 1;
+                c.underflow += u64::from(table[code as usize] == 0.0);
+            }
+            c.saturated += u64::from(x.abs() > max * element_scale_inv(q.scales(), i / cols, i % cols, cols));
+        }
+        c
+    }
+
+    #[test]
+    fn parallel_cast_counts_match_the_definition_for_every_recipe() {
+        let (rows, cols) = (288, 256);
+        // Wide magnitudes (some flush, some saturate under a fixed delayed scale), zeros and specials.
+        let mut src: Vec<f32> = (0..rows * cols)
+            .map(|i| {
+                let h = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+                let u = h as f32 / (1u64 << 24) as f32 - 0.5;
+                u * 2f32.powi((i % 41) as i32 - 24)
+            })
+            .collect();
+        for (i, v) in [
+            (3, 0.0),
+            (500, -0.0),
+            (9000, f32::NAN),
+            (20_000, f32::INFINITY),
+            (70_000, -1e30),
+        ] {
+            src[i] = v;
+        }
+        for name in ["fp8-delayed", "fp8-current", "fp8-block", "mxfp8"] {
+            let Ok(Precision::Fp8(recipe)) = name.parse::<Precision>() else {
+                panic!("{name} is an FP8 precision");
+            };
+            for role in [TensorRole::Input, TensorRole::OutputGrad] {
+                let cast = cast(&recipe, role, &src, rows, cols, 0.5).expect("cast");
+                let want = counts_by_definition(&src, &cast);
+                // Block scales follow the amax, so only the fixed delayed scale must saturate.
+                let saturates = want.saturated > 0 || name != "fp8-delayed";
+                assert!(
+                    saturates && want.underflow > 0 && want.nonfinite == 2,
+                    "{name}: {want:?}"
+                );
+                let stats = cast_stats("t".into(), &src, &cast);
+                assert_eq!(
+                    stats.saturated,
+                    want.saturated as f64 / src.len() as f64,
+                    "{name} {role:?}"
+                );
+                assert_eq!(
+                    stats.underflow,
+                    want.underflow as f64 / want.nonzero as f64,
+                    "{name} {role:?}"
+                );
+                assert_eq!(stats.nonfinite, want.nonfinite, "{name} {role:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn parallel_uncast_counts_match_the_definition() {
+        let values: Vec<f32> = (0..100_003)
+            .map(|i| ((i as f32) * 0.618).sin() * 2f32.powi(i % 30 - 20))
+            .collect();
+        for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+            let (max, half_min, scale) = (format.max_finite(), format.decode(1) * 0.5, 3.0e3);
+            let scaled = |x: f32| (x * scale).abs();
+            let saturated = values.iter().filter(|&&x| scaled(x) > max).count();
+            let flushed = values.iter().filter(|&&x| x != 0.0 && scaled(x) <= half_min).count();
+            let nonzero = values.iter().filter(|&&x| x != 0.0).count();
+            assert!(saturated > 0 && flushed > 0);
+            let stats = uncast_stats("t".into(), &values, format, 1.0, scale);
+            assert_eq!(stats.saturated, saturated as f64 / values.len() as f64);
+            assert_eq!(stats.underflow, flushed as f64 / nonzero as f64);
+        }
+    }
 }

@@ -16,6 +16,7 @@
 
 mod contract;
 pub(crate) mod fp8_cast;
+pub mod op_times;
 mod plain;
 mod shadow;
 #[cfg(test)]
@@ -52,7 +53,9 @@ macro_rules! kernels {
 
         #[allow(clippy::too_many_arguments)]
         impl Kernels for CpuKernels {
-            $( fn $name(&self, $($arg: $ty),*) -> Result<$ret> { $cpu($($arg),*) } )*
+            $( fn $name(&self, $($arg: $ty),*) -> Result<$ret> {
+                op_times::timed(stringify!($name), || $cpu($($arg),*))
+            } )*
         }
 
         #[allow(clippy::too_many_arguments)]

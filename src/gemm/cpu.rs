@@ -197,6 +197,54 @@ impl Scratch {
     }
 }
 
+/// `out = alpha * A B^T (+ beta * out)` for small plain f32 operands on the calling thread:
+/// the same products, sums and epilogue order as [`gemm`] with plain f32 inputs, an f32
+/// output and no bias (same bits), without its planning, tiling and thread hand-off, which
+/// cost more than the math for the attention core's per-head blocks (64 x 64 x head_dim)
+/// that already run one per rayon task. `a` is `[m, k]`, `b` is `[n, k]`, `out` is `[m, n]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn f32_nt_serial(
+    a: &[f32],
+    b: &[f32],
+    (m, n, k): (usize, usize, usize),
+    alpha: f32,
+    beta: f32,
+    out: &mut [f32],
+) -> Result<()> {
+    let a = Mat::new(a, m, k)?;
+    let b = Mat::new(b, n, k)?;
+    if out.len() != m * n {
+        return Err(Error::ShapeMismatch {
+            what: "f32 GEMM output",
+            rows: m,
+            cols: n,
+            expected: m * n,
+            got: out.len(),
+        });
+    }
+    let panel = |data, rows| Panel {
+        data,
+        stride: k,
+        first: 0,
+        rows,
+        k0: 0,
+        k,
+    };
+    let mut scratch = Scratch::take();
+    let (acc, _) = scratch.tiles(m * n);
+    matmul_nt(acc, false, panel(a.data, m), panel(b.data, n), false);
+    // The epilogue of `gemm`: `* alpha`, then `+ beta * old` (beta = 0 never reads `out`).
+    for (x, o) in acc.iter_mut().zip(out.iter_mut()) {
+        *x *= alpha;
+        if beta != 0.0 {
+            *x += beta * *o;
+        }
+        *o = *x;
+    }
+    scratch.give_back();
+    Ok(())
+}
+
 /// `D = A B^T` for plain f32 operands with the f32 GEMM crate on all threads,
 /// overwriting `d` (`M x N`): the baseline the benchmarks compare against.
 pub fn f32_crate_gemm(a: Mat<f32>, b: Mat<f32>, d: &mut [f32]) -> Result<()> {

@@ -17,10 +17,10 @@
 use super::no_forward;
 use super::param::Parameter;
 use crate::amp::{Fp8Recipe, Precision};
-use crate::dispatch::{Backend, Cast, PlainMat, fp8_cast};
+use crate::dispatch::{Backend, Cast, Kernels, PlainMat, fp8_cast};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
-use crate::gemm::{FP8_K_MULTIPLE, GemmParams, Operand, Output};
+use crate::gemm::{FP8_K_MULTIPLE, GemmParams, Mat, Operand, Output};
 use crate::scaling::Fp8TensorStats;
 use crate::scaling::{DelayedSlot, SlotBank, TensorRole, current_scale};
 use crate::tensor::Dtype;
@@ -40,6 +40,22 @@ enum WeightCopy {
 enum SavedInput {
     Fp8(Fp8Format, QuantizedMatrix),
     Plain(PlainMat),
+}
+
+/// `src` (`[rows, cols]`) as a GEMM operand in a plain `dtype`: f32 is read in place (the
+/// conversion would only copy it), other dtypes are converted by the backend into `slot`.
+fn plain_operand<'a>(
+    kernels: &dyn Kernels,
+    dtype: Dtype,
+    src: &'a [f32],
+    rows: usize,
+    cols: usize,
+    slot: &'a mut Option<PlainMat>,
+) -> Result<Operand<'a>> {
+    if dtype == Dtype::F32 {
+        return Ok(Operand::F32(Mat::new(src, rows, cols)?));
+    }
+    slot.insert(kernels.convert(dtype, src)?).operand(rows, cols)
 }
 
 fn internal(layer: &str, what: &str) -> Error {
@@ -269,13 +285,13 @@ impl LinearGemms {
             }
             (_, WeightCopy::Plain { w, .. }) => {
                 let dtype = self.dtype();
-                let xm = kernels.convert(dtype, x)?;
+                let mut xm = None;
                 let params = GemmParams {
                     bias,
                     ..GemmParams::default()
                 };
                 let report = kernels.gemm(
-                    &xm.operand(rows, inp)?,
+                    &plain_operand(kernels, dtype, x, rows, inp, &mut xm)?,
                     &w.operand(out, inp)?,
                     Output::F32(&mut y),
                     &params,
@@ -358,9 +374,9 @@ impl LinearGemms {
             }
             (_, WeightCopy::Plain { wt, .. }, SavedInput::Plain(xt)) => {
                 let dtype = self.dtype();
-                let dym = kernels.convert(dtype, dy)?;
+                let mut dym = None;
                 let dgrad = kernels.gemm(
-                    &dym.operand(rows, out)?,
+                    &plain_operand(kernels, dtype, dy, rows, out, &mut dym)?,
                     &wt.operand(inp, out)?,
                     Output::F32(&mut dx),
                     &GemmParams::default(),

@@ -5,7 +5,7 @@
 //! `[batch, heads, seq]`. Row `i` attends to keys `0..=i`.
 //!
 //! Forward, per (batch, head), for blocks of [`Q_BLOCK`] query rows:
-//! `S = scale * Q K^T` (f32, through [`crate::gemm::cpu::gemm`], keys up to the block's last row only),
+//! `S = scale * Q K^T` (f32, the CPU GEMM's products and sums, keys up to the block's last row only),
 //! `lse_i = log sum_{j<=i} exp(S_ij)` (max-subtracted, f32),
 //! `P_ij = exp(S_ij - lse_i)` for `j <= i`, else 0, rounded to `dtype`,
 //! `O = P V`, rounded to `dtype`.
@@ -23,8 +23,7 @@ use rayon::prelude::*;
 
 use super::check::{elements, len};
 use crate::error::{Error, Result};
-use crate::gemm::cpu::gemm;
-use crate::gemm::{GemmParams, Mat, Operand, Output};
+use crate::gemm::cpu::f32_nt_serial;
 use crate::tensor::Dtype;
 
 /// Query rows per block: a multiple of the GPU kernels' 64-row tiles.
@@ -83,22 +82,11 @@ fn transpose_into(src: &[f32], rows: usize, cols: usize, stride: usize, dst: &mu
     }
 }
 
-/// `out [m, n] = alpha * a [m, k] . b [n, k]^T (+ beta * out)` in f32 through the GEMM entry point.
+/// `out [m, n] = alpha * a [m, k] . b [n, k]^T (+ beta * out)` in f32, on this task's thread
+/// (the same bits as the GEMM entry point).
 #[allow(clippy::too_many_arguments)]
 fn matmul_nt(a: &[f32], b: &[f32], m: usize, n: usize, k: usize, alpha: f32, beta: f32, out: &mut [f32]) -> Result<()> {
-    let params = GemmParams {
-        alpha,
-        beta,
-        bias: None,
-        split_accumulator: false,
-    };
-    gemm(
-        &Operand::F32(Mat::new(a, m, k)?),
-        &Operand::F32(Mat::new(b, n, k)?),
-        Output::F32(out),
-        &params,
-    )?;
-    Ok(())
+    f32_nt_serial(a, b, (m, n, k), alpha, beta, out)
 }
 
 /// Turns scaled scores of query rows `i0..i0 + rows` (row stride `keys`) into causal probabilities

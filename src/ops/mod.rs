@@ -15,6 +15,7 @@ pub mod attention;
 mod check;
 pub mod elementwise;
 pub mod embedding;
+mod fast_exp;
 pub mod loss;
 pub mod norm;
 pub mod optim;

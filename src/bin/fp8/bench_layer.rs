@@ -9,7 +9,9 @@ use std::time::Instant;
 use clap::Args;
 use fp8_engine::amp::Precision;
 use fp8_engine::nn::{Module, Tensor, TransformerConfig, TransformerLayer};
+use fp8_engine::op_times::{self, OpTime, Phase};
 
+use crate::bench_layer_breakdown::Breakdown;
 use crate::error::CliError;
 
 /// Options of `fp8 bench layer`.
@@ -36,6 +38,10 @@ pub struct LayerArgs {
     /// Timed steps per precision (median reported), after one warm-up step.
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Also print the time per op family (GEMMs, casts, norms, ...), forward and backward,
+    /// averaged over the timed steps.
+    #[arg(long)]
+    breakdown: bool,
 }
 
 struct Row {
@@ -43,6 +49,8 @@ struct Row {
     seconds: f64,
     saved_bytes: usize,
     weight_cache_bytes: usize,
+    /// With `--breakdown`: every op's time over all timed steps, and those steps' total.
+    ops: Option<(Vec<OpTime>, f64)>,
 }
 
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -69,23 +77,32 @@ fn bench_one(args: &LayerArgs, precision: &Precision) -> Result<Row, CliError> {
     let mut saved_bytes = 0;
     let mut step = |layer: &mut TransformerLayer| -> Result<f64, CliError> {
         let start = Instant::now();
+        op_times::set_phase(Phase::Forward);
         layer.forward(&x, args.batch, args.seq)?;
         saved_bytes = layer.saved_activation_bytes();
+        op_times::set_phase(Phase::Backward);
         layer.backward(&dy)?;
         let seconds = start.elapsed().as_secs_f64();
+        op_times::set_phase(Phase::Other);
         layer.visit_parameters(&mut |p| p.mark_updated()); // each step casts the weights again
         Ok(seconds)
     };
     step(&mut layer)?;
-    let mut times = (0..args.runs.max(1))
+    op_times::take();
+    op_times::enable(args.breakdown);
+    let times = (0..args.runs.max(1))
         .map(|_| step(&mut layer))
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, _>>();
+    op_times::enable(false);
+    let mut times = times?;
+    let ops = args.breakdown.then(|| (op_times::take(), times.iter().sum::<f64>()));
     times.sort_by(f64::total_cmp);
     Ok(Row {
         precision: precision.name().to_string(),
         seconds: times[times.len() / 2],
         saved_bytes,
         weight_cache_bytes: layer.weight_cache_bytes(),
+        ops,
     })
 }
 
@@ -110,10 +127,14 @@ pub fn run(args: &LayerArgs, json: bool) -> Result<(), CliError> {
         let items: Vec<_> = rows
             .iter()
             .map(|r| {
-                serde_json::json!({
+                let mut item = serde_json::json!({
                     "precision": r.precision, "seconds": r.seconds, "gflop_per_s": flops / r.seconds / 1e9,
                     "saved_activation_bytes": r.saved_bytes, "weight_cache_bytes": r.weight_cache_bytes,
-                })
+                });
+                if let Some((ops, total)) = &r.ops {
+                    item["breakdown"] = Breakdown::new(ops, *total, args.runs.max(1)).json();
+                }
+                item
             })
             .collect();
         let doc = serde_json::json!({
@@ -140,6 +161,12 @@ pub fn run(args: &LayerArgs, json: bool) -> Result<(), CliError> {
                 r.saved_bytes as f64 / (1 << 20) as f64,
                 r.weight_cache_bytes as f64 / (1 << 20) as f64
             );
+        }
+        for r in &rows {
+            if let Some((ops, total)) = &r.ops {
+                println!();
+                Breakdown::new(ops, *total, args.runs.max(1)).print(&r.precision);
+            }
         }
     }
     Ok(())

@@ -14,6 +14,7 @@ mod bench_gemm_cuda;
 mod bench_gemm_inputs;
 mod bench_gemm_runner;
 mod bench_layer;
+mod bench_layer_breakdown;
 mod bench_memory;
 mod cast;
 mod decode;

@@ -1,0 +1,115 @@
+//! Wall-clock time per backend op, for `fp8 bench layer --breakdown`: off unless switched on,
+//! and then one clock read on each side of every CPU op call. Off, an op pays one
+//! thread-local flag read.
+//!
+//! Recording is per calling thread (an op's own worker threads run inside its call, so they
+//! count), which keeps concurrent callers (tests) apart. Times are grouped by the phase the
+//! caller names ([`set_phase`]), so forward and backward ops of the same name (a GEMM, a cast)
+//! are told apart.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// The part of a step an op ran in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Phase {
+    Forward,
+    Backward,
+    /// Anything else (optimizer, loss, ...).
+    Other,
+}
+
+/// The time one op spent in one phase.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpTime {
+    /// The op's name (a method of the backend's op list, e.g. `gemm`, `layernorm_forward`).
+    pub op: &'static str,
+    pub phase: Phase,
+    pub total: Duration,
+    pub calls: u64,
+}
+
+type Times = BTreeMap<(&'static str, Phase), (Duration, u64)>;
+
+thread_local! {
+    static ENABLED: Cell<bool> = const { Cell::new(false) };
+    static PHASE: Cell<Phase> = const { Cell::new(Phase::Other) };
+    static TIMES: RefCell<Times> = const { RefCell::new(BTreeMap::new()) };
+}
+
+/// Starts (`true`) or stops recording the ops this thread calls.
+pub fn enable(on: bool) {
+    ENABLED.set(on);
+}
+
+/// The phase this thread's following ops are counted in.
+pub fn set_phase(phase: Phase) {
+    PHASE.set(phase);
+}
+
+/// The times this thread recorded since the last call, sorted by op name and phase; clears them.
+pub fn take() -> Vec<OpTime> {
+    TIMES
+        .take()
+        .into_iter()
+        .map(|((op, phase), (total, calls))| OpTime {
+            op,
+            phase,
+            total,
+            calls,
+        })
+        .collect()
+}
+
+/// Runs `f`, adding its wall time to `op` when recording is on.
+#[inline]
+pub(crate) fn timed<R>(op: &'static str, f: impl FnOnce() -> R) -> R {
+    if !ENABLED.get() {
+        return f();
+    }
+    let start = Instant::now();
+    let result = f();
+    let elapsed = start.elapsed();
+    TIMES.with_borrow_mut(|times| {
+        let entry = times.entry((op, PHASE.get())).or_default();
+        entry.0 += elapsed;
+        entry.1 += 1;
+    });
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dispatch::Backend;
+
+    #[test]
+    fn records_ops_per_phase_only_while_enabled() {
+        let kernels = Backend::default();
+        let x = vec![0.5f32; 1024];
+        let mut y = vec![0.0f32; 1024];
+        kernels.kernels().gelu_forward(&x, &mut y).unwrap();
+        take();
+        enable(true);
+        set_phase(Phase::Forward);
+        kernels.kernels().gelu_forward(&x, &mut y).unwrap();
+        kernels.kernels().gelu_forward(&x, &mut y).unwrap();
+        set_phase(Phase::Backward);
+        kernels.kernels().gelu_backward(&x, &x, &mut y).unwrap();
+        enable(false);
+        kernels.kernels().gelu_backward(&x, &x, &mut y).unwrap();
+        let times = take();
+        let calls: Vec<_> = times.iter().map(|t| (t.op, t.phase, t.calls)).collect();
+        assert_eq!(
+            calls,
+            vec![
+                ("gelu_backward", Phase::Backward, 1),
+                ("gelu_forward", Phase::Forward, 2)
+            ]
+        );
+        assert!(times.iter().all(|t| t.total > Duration::ZERO));
+        assert!(take().is_empty());
+        set_phase(Phase::Other);
+    }
+}
