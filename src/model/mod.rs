@@ -6,6 +6,10 @@
 mod config;
 mod decoder;
 mod head;
+mod hf_names;
+mod llama;
 
 pub use config::{ModelConfig, Recompute};
 pub use decoder::DecoderModel;
+pub use hf_names::{HfSources, HfTensor, hf_names};
+pub use llama::LlamaModel;

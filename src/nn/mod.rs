@@ -13,12 +13,16 @@
 //! | [`LayerNormMLP`] | `norm.*`, `fc1.*`, `fc2.*` |
 //! | [`MultiheadAttention`] | `qkv.*`, `proj.*` |
 //! | [`TransformerLayer`] | `attn.*`, `mlp.*` |
+//! | [`GroupedQueryAttention`] | `qkv.*`, `o_proj.*` (rotary, grouped-query) |
+//! | [`LlamaLayer`] | `attn.*`, `mlp.*` (Llama family) |
 
 mod attention;
+mod gqa_attention;
 mod init;
 mod layernorm_linear;
 mod linear;
 mod linear_gemms;
+mod llama_layer;
 mod mlp;
 mod norm;
 mod param;
@@ -32,8 +36,10 @@ pub use crate::gemm::FP8_K_MULTIPLE as FP8_DIM_MULTIPLE;
 pub use crate::scaling::Fp8TensorStats;
 pub use crate::tensor::Tensor;
 pub use attention::MultiheadAttention;
+pub use gqa_attention::{GqaConfig, GroupedQueryAttention, KvCache};
 pub use layernorm_linear::LayerNormLinear;
 pub use linear::Linear;
+pub use llama_layer::LlamaLayer;
 pub use mlp::{Activation, LayerNormMLP};
 pub use norm::{LayerNorm, NormConfig, NormKind, RMSNorm};
 pub use param::{Module, Parameter};
