@@ -11,6 +11,7 @@ mod decoder;
 mod generate;
 mod head;
 mod hf_names;
+mod language_model;
 mod llama;
 mod text_eval;
 
@@ -18,5 +19,6 @@ pub use config::{ModelConfig, Recompute};
 pub use decoder::DecoderModel;
 pub use generate::Sampler;
 pub use hf_names::{HfSources, HfTensor, hf_names};
+pub use language_model::LanguageModel;
 pub use llama::LlamaModel;
 pub use text_eval::{TextLoss, text_windows, window_batch};

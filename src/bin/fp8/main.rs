@@ -20,6 +20,7 @@ mod decode;
 mod delayed_args;
 mod error;
 mod eval;
+mod fine_tune;
 mod formats;
 mod generate;
 mod info;
