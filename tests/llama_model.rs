@@ -103,6 +103,8 @@ fn low_precision_losses_stay_near_the_reference() {
             ("fp16", 0.01),
             ("fp8-current", 0.03),
             ("fp8-delayed", 0.03),
+            ("fp8-block", 0.03),
+            ("mxfp8", 0.03),
         ] {
             let mut model = load(name, precision);
             let loss = model.forward_loss(&inputs, &targets, 1, 32).unwrap();
