@@ -99,7 +99,8 @@ impl LlamaModel {
     /// The model of the checkpoint directory `dir` (already opened and checked), every weight
     /// widened to f32 once. Errors name a missing or mis-shaped tensor.
     pub fn from_hf(dir: &HfModelDir, precision: &Precision, recompute: Recompute) -> Result<Self> {
-        let mut model = LlamaModel::new(&dir.config, precision, recompute, 0)?;
+        // Every parameter is loaded next, so nothing is drawn (`load_hf` checks that each one is).
+        let mut model = crate::nn::without_draws(|| LlamaModel::new(&dir.config, precision, recompute, 0))?;
         model.load_hf(dir)?;
         Ok(model)
     }

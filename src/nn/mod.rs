@@ -29,7 +29,7 @@ mod param;
 mod replay;
 mod transformer;
 
-pub(crate) use init::{child_seed, normal as init_normal};
+pub(crate) use init::{child_seed, normal as init_normal, without_draws};
 
 /// FP8 GEMMs need every K (in, out features and the token count) to be a multiple of this.
 pub use crate::gemm::FP8_K_MULTIPLE as FP8_DIM_MULTIPLE;
