@@ -10,6 +10,7 @@ pub mod addition;
 pub mod rng;
 mod source;
 pub mod text;
+pub mod token_windows;
 
 pub use rng::{DataStream, SplitMix64};
 pub use source::Dataset;

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use super::addition::{AdditionConfig, AdditionTask};
 use super::text::TextDataset;
+use super::token_windows::TokenWindows;
 use super::{Batch, DataStream};
 use crate::error::Result;
 
@@ -14,6 +15,8 @@ pub enum Dataset {
     Addition(AdditionTask),
     /// Character-level text (held-out tail; no accuracy).
     Text(TextDataset),
+    /// A text tokenized by a model's tokenizer, for fine-tuning (held out: every window).
+    Tokens(TokenWindows),
 }
 
 impl Dataset {
@@ -37,6 +40,7 @@ impl Dataset {
         match self {
             Dataset::Addition(t) => t.vocab_size(),
             Dataset::Text(t) => t.vocab_size(),
+            Dataset::Tokens(t) => t.vocab_size(),
         }
     }
 
@@ -45,6 +49,7 @@ impl Dataset {
         match self {
             Dataset::Addition(t) => t.seq_len(),
             Dataset::Text(t) => t.seq_len(),
+            Dataset::Tokens(t) => t.seq_len(),
         }
     }
 
@@ -53,6 +58,7 @@ impl Dataset {
         match self {
             Dataset::Addition(t) => t.train_batch(stream, batch),
             Dataset::Text(t) => t.train_batch(stream, batch),
+            Dataset::Tokens(t) => t.train_batch(stream, batch),
         }
     }
 
@@ -61,6 +67,7 @@ impl Dataset {
         match self {
             Dataset::Addition(t) => t.heldout_batches(batch),
             Dataset::Text(t) => t.heldout_batches(batch),
+            Dataset::Tokens(t) => t.heldout_batches(batch),
         }
     }
 
@@ -73,7 +80,7 @@ impl Dataset {
     pub fn loss_floor(&self) -> Option<f64> {
         match self {
             Dataset::Addition(t) => Some(t.loss_floor()),
-            Dataset::Text(_) => None,
+            Dataset::Text(_) | Dataset::Tokens(_) => None,
         }
     }
 
@@ -98,6 +105,7 @@ impl Dataset {
                 t.vocab_size(),
                 t.train_len()
             ),
+            Dataset::Tokens(t) => t.describe(),
         }
     }
 }

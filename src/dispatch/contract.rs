@@ -43,7 +43,10 @@ pub(crate) fn contract(op: &str) -> Contract {
         | "attention_forward"
         | "attention_backward"
         | "swiglu_forward"
-        | "swiglu_backward" => REDUCTION,
+        | "swiglu_backward"
+        | "attention_cached"
+        | "rope_forward"
+        | "rope_backward" => REDUCTION,
         "gelu_forward" | "gelu_backward" => GELU,
         // An op with no stated bound yet is held to the strictest contract.
         _ => Contract::Exact,

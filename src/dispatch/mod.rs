@@ -23,7 +23,7 @@ mod shadow;
 mod shadow_tests;
 mod twin;
 
-pub(crate) use crate::ops::{AdamWStep, AttentionShape, NormShape};
+pub(crate) use crate::ops::{AdamWStep, AttentionShape, CachedAttentionShape, NormShape, RopeShape, RopeTable};
 pub(crate) use fp8_cast::Cast;
 pub(crate) use plain::PlainMat;
 #[cfg(test)]
@@ -148,6 +148,13 @@ kernels! {
     fn attention_backward(dout: &[f32], q: &[f32], k: &[f32], v: &[f32], out: &[f32], lse: &[f32],
         shape: AttentionShape, softmax_scale: f32, dtype: Dtype, dq: &mut [f32], dk: &mut [f32], dv: &mut [f32])
         -> () = crate::ops::attention_backward;
+    /// Causal attention of new queries against a key/value cache (generation), forward only.
+    fn attention_cached(q: &[f32], k: &[f32], v: &[f32], shape: CachedAttentionShape, softmax_scale: f32,
+        dtype: Dtype, out: &mut [f32]) -> () = crate::ops::attention_cached;
+    /// Rotary position embedding of `[rows, heads * head_dim]`, in place.
+    fn rope_forward(x: &mut [f32], shape: RopeShape, table: &RopeTable) -> () = cpu_rope_forward;
+    /// The rotary embedding's backward (the transposed rotation), in place.
+    fn rope_backward(dx: &mut [f32], shape: RopeShape, table: &RopeTable) -> () = cpu_rope_backward;
     /// The residual add, rounded to the dtype.
     fn residual_add(x: &[f32], f: &[f32], dtype: Dtype) -> Vec<f32> = crate::ops::elementwise::residual_add;
     /// `sums += column sums of x` (bias gradients).
@@ -205,6 +212,14 @@ fn cpu_cast_stats(name: String, src: &[f32], cast: &Cast) -> Result<Fp8TensorSta
 
 fn cpu_uncast_stats(name: String, values: &[f32], format: Fp8Format, amax: f32, scale: f32) -> Result<Fp8TensorStats> {
     Ok(fp8_cast::uncast_stats(name, values, format, amax, scale))
+}
+
+fn cpu_rope_forward(x: &mut [f32], shape: RopeShape, table: &RopeTable) -> Result<()> {
+    crate::ops::rope_forward(x, &shape, table)
+}
+
+fn cpu_rope_backward(dx: &mut [f32], shape: RopeShape, table: &RopeTable) -> Result<()> {
+    crate::ops::rope_backward(dx, &shape, table)
 }
 
 fn cpu_sum_squares(values: &[f32]) -> Result<f64> {

@@ -62,7 +62,9 @@ twin_by_value!(
     crate::tensor::Dtype,
     crate::scaling::TensorRole,
     crate::ops::NormShape,
-    crate::ops::AttentionShape
+    crate::ops::AttentionShape,
+    crate::ops::CachedAttentionShape,
+    crate::ops::RopeShape
 );
 
 /// Shared inputs: both ops read the same memory.

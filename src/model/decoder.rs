@@ -379,7 +379,7 @@ impl DecoderModel {
     }
 }
 
-fn argmax_rows(logits: &[f32], vocab: usize) -> Vec<u32> {
+pub(super) fn argmax_rows(logits: &[f32], vocab: usize) -> Vec<u32> {
     logits
         .chunks_exact(vocab.max(1))
         .map(|row| {

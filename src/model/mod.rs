@@ -2,10 +2,23 @@
 //! and learned position embeddings, N [`TransformerLayer`](crate::nn::TransformerLayer)s,
 //! a final norm and an output head (tied to the embedding or separate), with an
 //! f32 cross-entropy loss. It is what `fp8 train` trains.
+//!
+//! [`LlamaModel`] is the Llama family (Llama, Mistral, Qwen2) read from Hugging Face
+//! checkpoints: evaluation on text, cached generation, fine-tuning and saving back.
 
 mod config;
 mod decoder;
+mod generate;
 mod head;
+mod hf_names;
+mod language_model;
+mod llama;
+mod text_eval;
 
 pub use config::{ModelConfig, Recompute};
 pub use decoder::DecoderModel;
+pub use generate::Sampler;
+pub use hf_names::{HfSources, HfTensor, hf_names};
+pub use language_model::LanguageModel;
+pub use llama::LlamaModel;
+pub use text_eval::{TextLoss, text_windows, window_batch};

@@ -34,8 +34,40 @@ pub(crate) fn child_seed(seed: u64, index: u64) -> u64 {
     SplitMix64::new(seed ^ index.wrapping_mul(0xD1B5_4A32_D192_ED03)).next_u64()
 }
 
-/// `n` samples of a normal distribution with standard deviation `std`.
+thread_local! {
+    /// Set while a model whose every parameter a checkpoint is about to overwrite is built
+    /// ([`without_draws`]): drawing 1.2e9 normal samples for a 1B model takes over a minute.
+    static SKIP_DRAWS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `build` with [`normal`] returning zeros instead of drawing (on this thread). Only for
+/// parameters that are all replaced right after, e.g. by a checkpoint load.
+pub(crate) fn without_draws<T>(build: impl FnOnce() -> T) -> T {
+    let before = SKIP_DRAWS.with(|s| s.replace(true));
+    let out = build();
+    SKIP_DRAWS.with(|s| s.set(before));
+    out
+}
+
+/// `n` samples of a normal distribution with standard deviation `std` (zeros inside
+/// [`without_draws`]).
 pub(crate) fn normal(seed: u64, n: usize, std: f64) -> Vec<f32> {
+    if SKIP_DRAWS.with(|s| s.get()) {
+        return vec![0.0; n];
+    }
     let mut rng = SplitMix64::new(seed);
     (0..n).map(|_| (rng.normal() * std) as f32).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_draws_gives_zeros_only_inside() {
+        let drawn = normal(3, 8, 1.0);
+        assert!(drawn.iter().any(|v| *v != 0.0));
+        assert_eq!(without_draws(|| normal(3, 8, 1.0)), vec![0.0; 8]);
+        assert_eq!(normal(3, 8, 1.0), drawn);
+    }
 }

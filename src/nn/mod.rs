@@ -13,27 +13,33 @@
 //! | [`LayerNormMLP`] | `norm.*`, `fc1.*`, `fc2.*` |
 //! | [`MultiheadAttention`] | `qkv.*`, `proj.*` |
 //! | [`TransformerLayer`] | `attn.*`, `mlp.*` |
+//! | [`GroupedQueryAttention`] | `qkv.*`, `o_proj.*` (rotary, grouped-query) |
+//! | [`LlamaLayer`] | `attn.*`, `mlp.*` (Llama family) |
 
 mod attention;
+mod gqa_attention;
 mod init;
 mod layernorm_linear;
 mod linear;
 mod linear_gemms;
+mod llama_layer;
 mod mlp;
 mod norm;
 mod param;
 mod replay;
 mod transformer;
 
-pub(crate) use init::{child_seed, normal as init_normal};
+pub(crate) use init::{child_seed, normal as init_normal, without_draws};
 
 /// FP8 GEMMs need every K (in, out features and the token count) to be a multiple of this.
 pub use crate::gemm::FP8_K_MULTIPLE as FP8_DIM_MULTIPLE;
 pub use crate::scaling::Fp8TensorStats;
 pub use crate::tensor::Tensor;
 pub use attention::MultiheadAttention;
+pub use gqa_attention::{GqaConfig, GroupedQueryAttention, KvCache};
 pub use layernorm_linear::LayerNormLinear;
 pub use linear::Linear;
+pub use llama_layer::LlamaLayer;
 pub use mlp::{Activation, LayerNormMLP};
 pub use norm::{LayerNorm, NormConfig, NormKind, RMSNorm};
 pub use param::{Module, Parameter};

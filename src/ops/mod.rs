@@ -12,6 +12,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod attention_cached;
 mod check;
 pub mod elementwise;
 pub mod embedding;
@@ -25,6 +26,7 @@ pub mod rope;
 pub use crate::tensor::Dtype;
 pub use activation::{gelu_backward, gelu_forward, swiglu_backward, swiglu_forward};
 pub use attention::{AttentionShape, attention_backward, attention_forward};
+pub use attention_cached::{CachedAttentionShape, attention_cached};
 pub use embedding::{embedding_backward, embedding_forward};
 pub use loss::{cross_entropy_backward, cross_entropy_forward};
 pub use norm::{NormShape, layernorm_backward, layernorm_forward, rmsnorm_backward, rmsnorm_forward};

@@ -46,6 +46,33 @@ pub fn check_run(precisions: &[Precision], config: &RunConfig, data: &Dataset) -
     Ok(())
 }
 
+/// [`check_run`] for a model loaded from a checkpoint (`parameters` values, `vocab` outputs):
+/// batch shapes under every precision and the memory of the parameters, their optimizer state
+/// and the logits (the model's own shape rules were checked when it was built).
+pub fn check_fine_tune(
+    precisions: &[Precision],
+    config: &RunConfig,
+    data: &Dataset,
+    parameters: u128,
+    vocab: usize,
+) -> Result<()> {
+    let micro = micro_batch(config)?;
+    let tokens = (micro as u128).saturating_mul(data.seq_len() as u128);
+    let needed = parameters
+        .saturating_mul(u128::from(BYTES_PER_PARAMETER))
+        .saturating_add(tokens.saturating_mul(vocab as u128).saturating_mul(12));
+    let what = format!(
+        "fine-tuning ({parameters} parameters, {micro} sequences of {} tokens)",
+        data.seq_len()
+    );
+    crate::io::ensure_fits(&what, u64::try_from(needed).ok())?;
+    let heldout: Vec<usize> = data.heldout_batches(micro).iter().map(|b| b.batch).collect();
+    for precision in precisions.iter().filter(|p| p.is_fp8()) {
+        check_fp8_tokens(precision, micro, data.seq_len(), &heldout)?;
+    }
+    Ok(())
+}
+
 fn micro_batch(config: &RunConfig) -> Result<usize> {
     if config.micro_batches == 0 || config.batch == 0 || !config.batch.is_multiple_of(config.micro_batches) {
         return Err(Error::InvalidSetting {

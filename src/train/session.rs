@@ -24,8 +24,8 @@ use crate::amp::loss_scaler::{DynamicLossScaler, LossScalerConfig};
 use crate::data::{DataStream, Dataset, SplitMix64, counted, exact_match_accuracy};
 use crate::device::{Device, MemoryCategory, MemoryLedger};
 use crate::error::{Error, Result};
-use crate::model::{DecoderModel, ModelConfig};
-use crate::nn::{Fp8TensorStats, Module};
+use crate::model::{DecoderModel, LanguageModel, ModelConfig};
+use crate::nn::Fp8TensorStats;
 use crate::tensor::Dtype;
 
 /// Everything that fixes a run besides its precision.
@@ -55,6 +55,15 @@ pub struct RunConfig {
     pub loss_scale: Option<f32>,
     /// Also write the checkpoint every this many steps (the final one is always written).
     pub checkpoint_every: Option<u64>,
+    /// AdamW first-moment decay (`None`: 0.9).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beta1: Option<f32>,
+    /// AdamW second-moment decay (`None`: 0.999).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beta2: Option<f32>,
+    /// AdamW denominator epsilon (`None`: 1e-8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eps: Option<f32>,
 }
 
 impl Default for RunConfig {
@@ -72,6 +81,9 @@ impl Default for RunConfig {
             seed: 1,
             loss_scale: None,
             checkpoint_every: None,
+            beta1: None,
+            beta2: None,
+            eps: None,
         }
     }
 }
@@ -156,15 +168,35 @@ pub fn run(
     control: RunControl,
     on_step: StepCallback,
 ) -> Result<RunOutput> {
-    let micro_size = config.micro_batch_size()?;
     let model_config = config.model_for(data);
     let mut model = DecoderModel::new(&model_config, precision, config.seed)?;
+    run_model(&mut model, device, precision, config, data, dir, control, on_step)
+}
+
+/// [`run`] with a model built by the caller (e.g. a loaded checkpoint to fine-tune, which the
+/// caller can save afterwards); `config.model` is then only recorded, not used.
+#[allow(clippy::too_many_arguments)]
+pub fn run_model(
+    model: &mut dyn LanguageModel,
+    device: &Device,
+    precision: &Precision,
+    config: &RunConfig,
+    data: &Dataset,
+    dir: &Path,
+    control: RunControl,
+    on_step: StepCallback,
+) -> Result<RunOutput> {
+    let micro_size = config.micro_batch_size()?;
     model.to_device(device.kind())?;
     model.check_against_cpu(control.check_cpu);
+    let defaults = AdamWConfig::default();
     let mut optimizer = AdamW::new(AdamWConfig {
         lr: config.lr,
         weight_decay: config.weight_decay,
-        ..AdamWConfig::default()
+        beta1: config.beta1.unwrap_or(defaults.beta1),
+        beta2: config.beta2.unwrap_or(defaults.beta2),
+        eps: config.eps.unwrap_or(defaults.eps),
+        ..defaults
     })?;
     optimizer.to_device(device.kind());
     optimizer.check_against_cpu(control.check_cpu);
@@ -200,7 +232,7 @@ pub fn run(
     let metrics_path = dir.join("metrics.jsonl");
     let mut metrics = match control.resume {
         Some(path) => {
-            let loaded = load_checkpoint(path, &mut model, &mut optimizer, &mut scaler)?;
+            let loaded = load_checkpoint(path, model, &mut optimizer, &mut scaler)?;
             if let Some(difference) = super::resume_checks::run_difference(&loaded.config, &config_json) {
                 return Err(Error::CheckpointMismatch {
                     path: path.display().to_string(),
@@ -218,7 +250,7 @@ pub fn run(
 
     let ledger = device.ledger().clone();
     ledger.restart_peaks();
-    account_static(&ledger, &mut model, precision, &optimizer);
+    account_static(&ledger, model, precision, &optimizer);
     let mut curve = Vec::new();
     let (mut skipped, mut tokens, mut seconds, mut peak_activations) = (0u64, 0u64, 0f64, 0u64);
     let mut last_loss = f32::NAN;
@@ -230,7 +262,7 @@ pub fn run(
             .map(|_| data.train_batch(&mut progress.data, micro_size))
             .collect();
         let step_tokens: usize = batches.iter().map(|b| b.batch * b.seq).sum();
-        let losses = accumulate_gradients(&mut model, config.micro_batches, scaler.scale(), |m, micro| {
+        let losses = accumulate_gradients(model, config.micro_batches, scaler.scale(), |m, micro| {
             let b = &batches[micro.index];
             let loss = m.forward_loss(&b.inputs, &b.targets, b.batch, b.seq)?;
             let saved = m.saved_activation_bytes() as u64;
@@ -241,8 +273,8 @@ pub fn run(
             Ok(loss)
         })?;
         let lr = schedule.lr_at(progress.step);
-        let outcome = apply_gradients(&mut model, &mut scaler, &mut optimizer, lr, config.max_grad_norm)?;
-        account_static(&ledger, &mut model, precision, &optimizer);
+        let outcome = apply_gradients(model, &mut scaler, &mut optimizer, lr, config.max_grad_norm)?;
+        account_static(&ledger, model, precision, &optimizer);
         let elapsed = started.elapsed().as_secs_f64();
         skipped += u64::from(outcome.skipped);
         tokens += step_tokens as u64;
@@ -268,13 +300,13 @@ pub fn run(
             .is_some_and(|n| n > 0 && progress.step.is_multiple_of(n))
             && progress.step < last_step
         {
-            save_checkpoint(&checkpoint, &mut model, &optimizer, &scaler, &progress)?;
+            save_checkpoint(&checkpoint, model, &optimizer, &scaler, &progress)?;
         }
     }
 
     // The checkpoint first: a failing evaluation must not lose the trained model.
-    save_checkpoint(&checkpoint, &mut model, &optimizer, &scaler, &progress)?;
-    let heldout = evaluate(&mut model, data, micro_size)?;
+    save_checkpoint(&checkpoint, model, &optimizer, &scaler, &progress)?;
+    let heldout = evaluate(model, data, micro_size)?;
     let report = ledger.report();
     let memory_summary = memory_summary(&ledger);
     for category in MemoryCategory::ALL {
@@ -298,7 +330,7 @@ pub fn run(
 }
 
 /// Bytes that change only at optimizer steps: parameters, masters, gradients, moments, weight caches.
-fn account_static(ledger: &MemoryLedger, model: &mut DecoderModel, precision: &Precision, optimizer: &AdamW) {
+fn account_static(ledger: &MemoryLedger, model: &mut dyn LanguageModel, precision: &Precision, optimizer: &AdamW) {
     let values = model.parameter_count() as u64;
     let dtype = precision.compute_dtype();
     let compute_copies = if dtype == Dtype::F32 {
@@ -338,7 +370,7 @@ fn mean_loss(sum: f64, count: usize) -> f32 {
 }
 
 /// Runs the held-out split: loss over every counted target, the answer loss, exact-match accuracy.
-fn evaluate(model: &mut DecoderModel, data: &Dataset, batch: usize) -> Result<Evaluation> {
+fn evaluate(model: &mut dyn LanguageModel, data: &Dataset, batch: usize) -> Result<Evaluation> {
     let (mut loss_sum, mut total_counted) = (0f64, 0usize);
     let (mut answer_sum, mut answer_counted) = (0f64, 0usize);
     let (mut correct, mut scored) = (0f64, 0usize);

@@ -20,7 +20,10 @@ mod cast;
 mod decode;
 mod delayed_args;
 mod error;
+mod eval;
+mod fine_tune;
 mod formats;
+mod generate;
 mod info;
 mod inspect;
 mod number_text;
@@ -57,6 +60,8 @@ enum Command {
     Dequantize(quantize::DequantizeArgs),
     Inspect(inspect::InspectArgs),
     Train(Box<train::TrainArgs>),
+    Eval(eval::EvalArgs),
+    Generate(generate::GenerateArgs),
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
@@ -72,6 +77,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Dequantize(args) => quantize::run_dequantize(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Train(args) => train::run_train(*args),
+        Command::Eval(args) => eval::run(args),
+        Command::Generate(args) => generate::run(args),
     }
 }
 

@@ -12,18 +12,21 @@ use fp8_engine::amp::{Precision, PrecisionChoice, resolve};
 use fp8_engine::data::Dataset;
 use fp8_engine::data::addition::AdditionConfig;
 use fp8_engine::device::{Device, DeviceChoice};
-use fp8_engine::model::{ModelConfig, Recompute};
+use fp8_engine::hf::HfModelDir;
+use fp8_engine::model::{LlamaModel, ModelConfig, Recompute};
 use fp8_engine::scaling::Recipe;
 use fp8_engine::train::metrics::{Summary, read_summary, write_summary};
 use fp8_engine::train::plot::plot_losses;
-use fp8_engine::train::session::{RunConfig, RunControl, RunOutput, run};
+use fp8_engine::train::session::{RunConfig, RunControl, RunOutput, run, run_model};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::delayed_args::DelayedArgs;
 use crate::error::CliError;
+use crate::fine_tune;
 use crate::table::Table;
 
-/// Train the small decoder model and compare precisions.
+/// Train the small decoder model, or fine-tune a Hugging Face model (--init-from), and compare
+/// precisions.
 #[derive(Args)]
 pub struct TrainArgs {
     /// One precision: auto, fp32, bf16, fp16, fp8-delayed, fp8-current, fp8-block, mxfp8.
@@ -124,6 +127,31 @@ pub struct TrainArgs {
     /// Exit 0 even when a run ends with a NaN or infinite training loss (diverged).
     #[arg(long)]
     allow_non_finite_loss: bool,
+    /// Fine-tune this Hugging Face model directory (Llama, Mistral, Qwen2) on --text, tokenized
+    /// by the model's tokenizer into windows of --seq tokens (the model flags are ignored).
+    #[arg(long, value_name = "DIR", requires = "text")]
+    init_from: Option<PathBuf>,
+    /// With --init-from: sequential (window i of batch b is window b*batch+i, wrapping) or
+    /// shuffled (a seeded permutation of the windows per pass).
+    #[arg(long, default_value = "sequential", requires = "init_from")]
+    data_order: String,
+    /// With --init-from: write the fine-tuned model here as a Hugging Face directory (config,
+    /// f32 safetensors with the HF names, tokenizer files); one sub-directory per precision with
+    /// --compare.
+    #[arg(long, value_name = "DIR", requires = "init_from")]
+    save_hf: Option<PathBuf>,
+    /// AdamW decoupled weight decay (on matrices).
+    #[arg(long, default_value_t = 0.01)]
+    weight_decay: f32,
+    /// AdamW first-moment decay (default 0.9).
+    #[arg(long)]
+    beta1: Option<f32>,
+    /// AdamW second-moment decay (default 0.999).
+    #[arg(long)]
+    beta2: Option<f32>,
+    /// AdamW denominator epsilon (default 1e-8).
+    #[arg(long)]
+    eps: Option<f32>,
     /// fp8-delayed's recipe settings.
     #[command(flatten, next_help_heading = "fp8-delayed scaling")]
     delayed: DelayedArgs,
@@ -224,11 +252,14 @@ pub(crate) fn run_config(args: &TrainArgs) -> Result<RunConfig, CliError> {
             (None, Some(path)) => saved_warmup(path)?.unwrap_or(args.steps / 10),
             (None, None) => args.steps / 10,
         },
-        weight_decay: 0.01,
+        weight_decay: args.weight_decay,
         max_grad_norm: clip_norm(args.clip)?,
         seed: args.seed,
         loss_scale: args.loss_scale,
         checkpoint_every: args.checkpoint_every,
+        beta1: args.beta1,
+        beta2: args.beta2,
+        eps: args.eps,
     })
 }
 
@@ -260,9 +291,19 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
         return Err(CliError("--resume continues one run: give a single --precision".into()));
     }
     let config = run_config(&args)?;
-    let data = match &args.text {
-        Some(path) => Dataset::text_limited(path, args.seq, args.max_text_bytes)?,
-        None => Dataset::addition(
+    let init = args.init_from.as_deref().map(HfModelDir::open).transpose()?;
+    let data = match (&args.text, &init) {
+        (Some(path), Some(hf)) => {
+            let windows = fine_tune::TextWindows {
+                seq: args.seq,
+                order: &args.data_order,
+                seed: args.seed,
+                max_bytes: args.max_text_bytes,
+            };
+            fine_tune::token_data(path, hf, &windows)?
+        }
+        (Some(path), None) => Dataset::text_limited(path, args.seq, args.max_text_bytes)?,
+        (None, _) => Dataset::addition(
             AdditionConfig {
                 digits: args.digits,
                 prompt_loss: !args.answer_loss_only,
@@ -272,15 +313,20 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
         )?,
     };
     // Everything that can be checked is checked before the first step.
-    fp8_engine::train::preflight::check_run(&precisions, &config, &data)?;
+    match &init {
+        Some(hf) => fine_tune::preflight(&precisions, &config, &data, hf)?,
+        None => fp8_engine::train::preflight::check_run(&precisions, &config, &data)?,
+    }
     fs::create_dir_all(&args.out).map_err(|e| CliError(format!("{}: cannot create: {e}", args.out.display())))?;
     check_outputs(&args, &precisions)?;
+    let (layers, hidden) = match &init {
+        Some(hf) => (hf.config.num_hidden_layers, hf.config.hidden_size),
+        None => (config.model.layers, config.model.hidden),
+    };
     eprintln!(
-        "fp8 train: {} on {}; model {} layers x {} wide, {} steps x {} sequences; output in {}",
+        "fp8 train: {} on {}; model {layers} layers x {hidden} wide, {} steps x {} sequences; output in {}",
         data.describe(),
         device.describe(),
-        config.model.layers,
-        config.model.hidden,
         config.steps,
         config.batch,
         args.out.display()
@@ -299,7 +345,35 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
             stop_after: args.stop_after,
             check_cpu: args.check_cpu,
         };
-        let output = run(&device, precision, &config, &data, &dir, control, &mut on_step)?;
+        let output = match &init {
+            Some(hf) => {
+                let mut model = LlamaModel::from_hf(hf, precision, config.model.recompute)?;
+                let output = run_model(
+                    &mut model,
+                    &device,
+                    precision,
+                    &config,
+                    &data,
+                    &dir,
+                    control,
+                    &mut on_step,
+                )?;
+                if let (Some(save), Some(source)) = (&args.save_hf, &args.init_from) {
+                    let target = match precisions.len() {
+                        1 => save.clone(),
+                        _ => save.join(precision.name()),
+                    };
+                    model.save_hf(source, &target)?;
+                    eprintln!(
+                        "fp8 train: saved {} as a Hugging Face model in {}",
+                        precision.name(),
+                        target.display()
+                    );
+                }
+                output
+            }
+            None => run(&device, precision, &config, &data, &dir, control, &mut on_step)?,
+        };
         bar.finish_and_clear();
         outputs.push((precision.clone(), output));
     }

@@ -1,0 +1,99 @@
+//! `fp8 eval`: the loss and perplexity of a Hugging Face checkpoint on a text file.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use clap::Args;
+use fp8_engine::amp::Precision;
+use fp8_engine::hf::HfModelDir;
+use fp8_engine::model::{LlamaModel, Recompute};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::error::CliError;
+
+/// Mean next-token loss of a model on a text file.
+///
+/// The file is tokenized whole without special tokens and cut into consecutive
+/// non-overlapping windows of --seq tokens (a final shorter window is dropped);
+/// the loss is the mean cross-entropy over every predicted position (seq - 1 per
+/// window). Prints the tokens evaluated, the loss and the perplexity.
+#[derive(Args)]
+#[command(after_help = "Example:\n  fp8 eval --model Llama-3.2-1B --text wiki.txt --seq 512 --precision fp8-current")]
+pub struct EvalArgs {
+    /// Hugging Face model directory (config.json, safetensors, tokenizer.json).
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// UTF-8 text file to evaluate on.
+    #[arg(long, value_name = "FILE")]
+    pub text: PathBuf,
+    /// Tokens per window (default: the model's max_position_embeddings, at most 1024).
+    #[arg(long, value_name = "N")]
+    pub seq: Option<usize>,
+    /// fp32, bf16, fp16, fp8-delayed, fp8-current, fp8-block or mxfp8.
+    #[arg(long, default_value = "fp32")]
+    pub precision: String,
+    /// Print one JSON object: {"tokens":..,"loss":..,"perplexity":..}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A model directory's model under `precision`, and its tokenizer.
+pub fn load_model(
+    dir: &std::path::Path,
+    precision: &str,
+) -> Result<(LlamaModel, fp8_engine::hf::HfTokenizer), CliError> {
+    let precision = Precision::from_str(precision)?;
+    let hf = HfModelDir::open(dir)?;
+    let tokenizer = hf.tokenizer()?;
+    let model = LlamaModel::from_hf(&hf, &precision, Recompute::None)?;
+    Ok((model, tokenizer))
+}
+
+/// Reads a UTF-8 text file.
+pub fn read_text(path: &std::path::Path) -> Result<String, CliError> {
+    let bytes = fp8_engine::io::read_regular(path, fp8_engine::data::text::DEFAULT_MAX_TEXT_BYTES, "")?;
+    String::from_utf8(bytes).map_err(|err| {
+        CliError(format!(
+            "{}: not UTF-8 text (byte {})",
+            path.display(),
+            err.utf8_error().valid_up_to()
+        ))
+    })
+}
+
+pub fn run(args: EvalArgs) -> Result<(), CliError> {
+    let (mut model, tokenizer) = load_model(&args.model, &args.precision)?;
+    let text = read_text(&args.text)?;
+    let ids = tokenizer.encode(&text, false)?;
+    let seq = args.seq.unwrap_or(model.config().max_position_embeddings.min(1024));
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("fp8 eval {bar:30} {pos}/{len} windows {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let result = model.evaluate_text(&ids, seq, &mut |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    });
+    bar.finish_and_clear();
+    let result = result?;
+    if args.json {
+        let json = serde_json::json!({
+            "tokens": result.tokens,
+            "loss": result.loss,
+            "perplexity": result.perplexity(),
+        });
+        println!("{json}");
+    } else {
+        println!(
+            "tokens {} ({} windows of {seq}, {} predicted; {} in the file)",
+            result.tokens,
+            result.windows,
+            result.predicted,
+            ids.len()
+        );
+        println!("loss {:.6}", result.loss);
+        println!("perplexity {:.4}", result.perplexity());
+    }
+    Ok(())
+}
