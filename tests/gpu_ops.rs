@@ -2,9 +2,12 @@
 //! `embedding.cu`, `loss.cu`, `optim.cu`, `attention.cu`) against its CPU twin
 //! on random inputs of awkward shapes, held to the op's contract of
 //! `docs/numerics.md`: same bits where the contract says so, else the stated
-//! bound, each printed as err/bound. Without a usable GPU this prints one
-//! line, "gpu_ops: skipped: <why>", and passes.
+//! bound, each printed as err/bound; and the device arenas of training state.
+//! Without a usable GPU this prints one line, "gpu_ops: skipped: <why>", and
+//! passes.
 
+#[path = "gpu_ops/arena.rs"]
+mod arena;
 #[path = "gpu_ops/compare.rs"]
 mod compare;
 #[path = "gpu_ops/elementwise.rs"]
@@ -89,6 +92,7 @@ fn main() -> ExitCode {
     let mut results: Vec<(String, Check)> = Vec::new();
     elementwise::run(&mut ctx, &mut results);
     rows::run(&mut ctx, &mut results);
+    arena::run(&mut ctx, &mut results);
     for (label, r) in &results {
         match r {
             Ok(ratio) => println!("ok {label}: err/bound={ratio:.3e}"),

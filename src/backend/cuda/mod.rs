@@ -2,9 +2,11 @@
 //! never panics without a driver, a device with its stream, kernel modules
 //! loaded from the embedded fatbins, tracked allocations, the launchers
 //! of the memory-bound FP8 kernels, and those of the layer ops (convert, norm,
-//! activation, embedding, loss, optim, attention: not yet run on a GPU).
+//! activation, embedding, loss, optim, attention: not yet run on a GPU) with
+//! the device arenas of training state.
 
 pub mod activation;
+pub mod arena;
 pub mod attention;
 mod buffer;
 mod context;
