@@ -59,7 +59,7 @@ pub(crate) fn rows_per_partial(cols: usize) -> usize {
 }
 
 /// Blocks of a grid-stride elementwise kernel over `n` elements: one element
-/// per thread up to 32 resident blocks per SM (more only loops), at least one.
+/// per thread, at most 32 blocks per SM (beyond that each thread loops), at least one.
 pub(crate) fn stride_blocks(multiprocessors: u32, n: usize) -> u32 {
     let cap = multiprocessors.max(1) as u64 * 32;
     (n as u64).div_ceil(super::launch::THREADS as u64).clamp(1, cap) as u32
