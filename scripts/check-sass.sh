@@ -2,7 +2,9 @@
 # Compile-time check of the Hopper FP8 GEMM: the sm_90a SASS of the wgmma
 # fatbin must contain QGMMA (FP8 wgmma) in every kernel, each of which must get
 # exactly 168 registers (what its setmaxnreg split assumes), and no kernel of
-# any file may spill.
+# any file may spill. Every layer-op kernel (convert, norm, activation,
+# embedding, loss, optim, attention) must exist in the SASS of all seven
+# targets without local memory; their register counts are printed per target.
 # Installs cuobjdump + nvdisasm 13.x from PyPI into .cache/cuobjdump (once).
 # Reads the newest build: target/{release,debug}/build/fp8-engine-*/out/.
 # Usage: scripts/check-sass.sh [OUT_DIR]      (quiet on success: one summary line per kernel)
@@ -69,5 +71,46 @@ for k in $kernels; do
         fail=1
     fi
 done
+# 4. The layer-op kernels: present in every target's SASS, no local memory.
+targets="sm_75 sm_80 sm_86 sm_89 sm_90a sm_100a sm_120"
+declare -A layer_ops=(
+    [convert]="fp8_convert_f32 fp8_convert_bf16 fp8_convert_f16 fp8_convert_transpose_f32 fp8_convert_transpose_bf16 fp8_convert_transpose_f16 fp8_residual_add fp8_column_sum"
+    [norm]="fp8_layernorm_forward fp8_rmsnorm_forward fp8_layernorm_backward fp8_rmsnorm_backward fp8_norm_param_grads"
+    [activation]="fp8_gelu_forward fp8_gelu_backward fp8_swiglu_forward fp8_swiglu_backward"
+    [embedding]="fp8_embedding_gather fp8_embedding_scatter_add"
+    [loss]="fp8_cross_entropy_rows fp8_cross_entropy_mean fp8_cross_entropy_backward fp8_argmax"
+    [optim]="fp8_adamw fp8_sum_squares fp8_sum_squares_total fp8_unscale_check"
+    [attention]="fp8_attention_forward fp8_attention_backward_dq fp8_attention_backward_dkdv"
+)
+op_kernels=0
+for module in convert norm activation embedding loss optim attention; do
+    file="$out/$module.fatbin"
+    [[ -f "$file" ]] || { echo "check-sass: $file missing" >&2; fail=1; continue; }
+    declare -A regs_of=()
+    for arch in $targets; do
+        usage=$(cuobjdump --dump-resource-usage -arch "$arch" "$file" 2>/dev/null || true)
+        for k in ${layer_ops[$module]}; do
+            line=$(grep -A1 "Function $k:" <<<"$usage" | tail -1)
+            if [[ -z "$line" ]]; then
+                echo "check-sass: $k missing from the $arch SASS of $module.fatbin" >&2
+                fail=1
+                continue
+            fi
+            local_mem=$(grep -oE "LOCAL:[0-9]+" <<<"$line" | cut -d: -f2)
+            if [[ "${local_mem:-0}" -ne 0 ]]; then
+                echo "check-sass: $k ($arch) uses $local_mem bytes of local memory" >&2
+                fail=1
+            fi
+            regs_of[$k]="${regs_of[$k]:-}$(grep -oE "REG:[0-9]+" <<<"$line" | cut -d: -f2) "
+        done
+    done
+    for k in ${layer_ops[$module]}; do
+        printf 'check-sass: %-34s regs %s(%s)\n' "$k" "${regs_of[$k]:-none }" "$targets"
+        op_kernels=$((op_kernels + 1))
+    done
+    unset regs_of
+done
+
 [[ "$fail" -eq 0 ]] || exit 1
+echo "check-sass: ok: $op_kernels layer-op kernels in all 7 targets without local memory"
 echo "check-sass: ok: $(wc -w <<<"$kernels") sm_90a kernels with QGMMA and 168 registers, wgmma not serialized, no spills or local memory"

@@ -3,9 +3,9 @@
 # (ignored, < 64 MiB): the GPU test binaries (tests/gpu_*.rs and hopper_host;
 # train_run is CPU-only), the `fp8` tool and run.sh. run.sh checks the driver
 # first, then runs every step under `timeout` in the order of
-# docs/gpu-validation.md (load everything, memory-bound kernels, portable
-# GEMMs, the Hopper probes and random cases, the self-check, sanitizers on the
-# small Hopper cases, benches) and writes $OUT/summary.txt: one PASS / FAIL /
+# docs/gpu-validation.md (load everything, memory-bound kernels, the layer
+# ops against their CPU twins, portable GEMMs, the Hopper probes and random
+# cases, the self-check, sanitizers on the small Hopper cases, benches) and writes $OUT/summary.txt: one PASS / FAIL /
 # SKIP line per step with its worst err/bound. The step limits add up to under
 # 15 minutes. Copy the folder to a GPU machine (driver 580+, no toolkit needed)
 # and run `OUT=/some/dir bash gpu-bundle/run.sh`.
@@ -110,10 +110,12 @@ gpu_step() { # gpu_step step|step_out NAME ...: a step that needs a GPU, SKIP wi
 }
 
 # The order localizes failures: loading, memory-bound kernels (bit-exact), the
-# portable GEMMs (the self-check's reference), the Hopper probes (exact, one tile
-# first), its random cases, then the self-check, sanitizers and benches.
+# layer ops (bit-exact or within their contract's bound), the portable GEMMs
+# (the self-check's reference), the Hopper probes (exact, one tile first), its
+# random cases, then the self-check, sanitizers and benches.
 step info 45 ./fp8 info --load-all
 step gpu_kernels 60 ./gpu_kernels
+step gpu_ops 60 ./gpu_ops
 step gpu_gemm 75 ./gpu_gemm
 step gpu_layers 15 ./gpu_layers
 step hopper_probes 90 ./hopper_host hopper_probes --test-threads=1 --nocapture

@@ -171,4 +171,7 @@ typedef struct Fp8WgmmaGemmParams {
     uint32_t pad0;
 } Fp8WgmmaGemmParams;
 
+/* The layer ops' parameters (a header of their own). */
+#include "fp8_ops_params.h"
+
 #endif /* FP8_PARAMS_H */

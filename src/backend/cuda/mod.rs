@@ -1,11 +1,18 @@
 //! CUDA backend on `cudarc` (driver API, loaded at run time): discovery that
 //! never panics without a driver, a device with its stream, kernel modules
-//! loaded from the embedded fatbins, tracked allocations, and the launchers
-//! of the memory-bound FP8 kernels.
+//! loaded from the embedded fatbins, tracked allocations, the launchers
+//! of the memory-bound FP8 kernels, and those of the layer ops (convert, norm,
+//! activation, embedding, loss, optim, attention: not yet run on a GPU) with
+//! the device arenas of training state.
 
+pub mod activation;
+pub mod arena;
+pub mod attention;
 mod buffer;
 mod context;
+pub mod convert;
 pub mod cublaslt;
+pub mod embedding;
 mod error;
 pub mod error_bound;
 pub mod gemm;
@@ -16,6 +23,10 @@ pub mod gemm_portable;
 pub mod hopper;
 pub mod kernel_inventory;
 mod launch;
+pub mod loss;
+pub mod norm;
+mod op_args;
+pub mod optim;
 pub mod params;
 pub mod quantize;
 

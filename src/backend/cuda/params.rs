@@ -33,6 +33,12 @@ pub const FP8_WGMMA_ERROR_HANG: u32 = 3;
 pub const FP8_WGMMA_HANG_STAGE_SHIFT: u32 = 8;
 pub const FP8_WGMMA_HANG_PARITY_SHIFT: u32 = 16;
 pub const FP8_WGMMA_HANG_ROLE_SHIFT: u32 = 20;
+pub const FP8_DTYPE_F32: u32 = 0;
+pub const FP8_DTYPE_BF16: u32 = 1;
+pub const FP8_DTYPE_F16: u32 = 2;
+pub const FP8_OPS_THREADS: u32 = 256;
+pub const FP8_SUMSQ_PER_BLOCK: u32 = 8192;
+pub const FP8_ADAMW_ITEM: u32 = 4096;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct Fp8CastParams {
@@ -298,3 +304,237 @@ impl Default for Fp8WgmmaGemmParams {
         }
     }
 }
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct Fp8EltwiseParams {
+    pub a: u64,
+    pub b: u64,
+    pub out: u64,
+    pub flag: u64,
+    pub rows: u64,
+    pub cols: u64,
+    pub scalar: f32,
+    pub dtype: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Fp8EltwiseParams"][::core::mem::size_of::<Fp8EltwiseParams>() - 56usize];
+    ["Alignment of Fp8EltwiseParams"][::core::mem::align_of::<Fp8EltwiseParams>() - 8usize];
+    ["Offset of field: Fp8EltwiseParams::a"][::core::mem::offset_of!(Fp8EltwiseParams, a) - 0usize];
+    ["Offset of field: Fp8EltwiseParams::b"][::core::mem::offset_of!(Fp8EltwiseParams, b) - 8usize];
+    ["Offset of field: Fp8EltwiseParams::out"][::core::mem::offset_of!(Fp8EltwiseParams, out) - 16usize];
+    ["Offset of field: Fp8EltwiseParams::flag"][::core::mem::offset_of!(Fp8EltwiseParams, flag) - 24usize];
+    ["Offset of field: Fp8EltwiseParams::rows"][::core::mem::offset_of!(Fp8EltwiseParams, rows) - 32usize];
+    ["Offset of field: Fp8EltwiseParams::cols"][::core::mem::offset_of!(Fp8EltwiseParams, cols) - 40usize];
+    ["Offset of field: Fp8EltwiseParams::scalar"][::core::mem::offset_of!(Fp8EltwiseParams, scalar) - 48usize];
+    ["Offset of field: Fp8EltwiseParams::dtype"][::core::mem::offset_of!(Fp8EltwiseParams, dtype) - 52usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct Fp8NormParams {
+    pub x: u64,
+    pub gamma: u64,
+    pub beta: u64,
+    pub y: u64,
+    pub mean: u64,
+    pub rstd: u64,
+    pub dy: u64,
+    pub dx: u64,
+    pub partials: u64,
+    pub dgamma: u64,
+    pub dbeta: u64,
+    pub y_fp8: u64,
+    pub scale: u64,
+    pub amax: u64,
+    pub rows: u64,
+    pub cols: u64,
+    pub eps: f32,
+    pub zero_centered: u32,
+    pub format: u32,
+    pub rows_per_block: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Fp8NormParams"][::core::mem::size_of::<Fp8NormParams>() - 144usize];
+    ["Alignment of Fp8NormParams"][::core::mem::align_of::<Fp8NormParams>() - 8usize];
+    ["Offset of field: Fp8NormParams::x"][::core::mem::offset_of!(Fp8NormParams, x) - 0usize];
+    ["Offset of field: Fp8NormParams::gamma"][::core::mem::offset_of!(Fp8NormParams, gamma) - 8usize];
+    ["Offset of field: Fp8NormParams::beta"][::core::mem::offset_of!(Fp8NormParams, beta) - 16usize];
+    ["Offset of field: Fp8NormParams::y"][::core::mem::offset_of!(Fp8NormParams, y) - 24usize];
+    ["Offset of field: Fp8NormParams::mean"][::core::mem::offset_of!(Fp8NormParams, mean) - 32usize];
+    ["Offset of field: Fp8NormParams::rstd"][::core::mem::offset_of!(Fp8NormParams, rstd) - 40usize];
+    ["Offset of field: Fp8NormParams::dy"][::core::mem::offset_of!(Fp8NormParams, dy) - 48usize];
+    ["Offset of field: Fp8NormParams::dx"][::core::mem::offset_of!(Fp8NormParams, dx) - 56usize];
+    ["Offset of field: Fp8NormParams::partials"][::core::mem::offset_of!(Fp8NormParams, partials) - 64usize];
+    ["Offset of field: Fp8NormParams::dgamma"][::core::mem::offset_of!(Fp8NormParams, dgamma) - 72usize];
+    ["Offset of field: Fp8NormParams::dbeta"][::core::mem::offset_of!(Fp8NormParams, dbeta) - 80usize];
+    ["Offset of field: Fp8NormParams::y_fp8"][::core::mem::offset_of!(Fp8NormParams, y_fp8) - 88usize];
+    ["Offset of field: Fp8NormParams::scale"][::core::mem::offset_of!(Fp8NormParams, scale) - 96usize];
+    ["Offset of field: Fp8NormParams::amax"][::core::mem::offset_of!(Fp8NormParams, amax) - 104usize];
+    ["Offset of field: Fp8NormParams::rows"][::core::mem::offset_of!(Fp8NormParams, rows) - 112usize];
+    ["Offset of field: Fp8NormParams::cols"][::core::mem::offset_of!(Fp8NormParams, cols) - 120usize];
+    ["Offset of field: Fp8NormParams::eps"][::core::mem::offset_of!(Fp8NormParams, eps) - 128usize];
+    ["Offset of field: Fp8NormParams::zero_centered"][::core::mem::offset_of!(Fp8NormParams, zero_centered) - 132usize];
+    ["Offset of field: Fp8NormParams::format"][::core::mem::offset_of!(Fp8NormParams, format) - 136usize];
+    ["Offset of field: Fp8NormParams::rows_per_block"]
+        [::core::mem::offset_of!(Fp8NormParams, rows_per_block) - 140usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct Fp8EmbeddingParams {
+    pub ids: u64,
+    pub order: u64,
+    pub starts: u64,
+    pub group_ids: u64,
+    pub src: u64,
+    pub dst: u64,
+    pub tokens: u64,
+    pub dim: u64,
+    pub groups: u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Fp8EmbeddingParams"][::core::mem::size_of::<Fp8EmbeddingParams>() - 72usize];
+    ["Alignment of Fp8EmbeddingParams"][::core::mem::align_of::<Fp8EmbeddingParams>() - 8usize];
+    ["Offset of field: Fp8EmbeddingParams::ids"][::core::mem::offset_of!(Fp8EmbeddingParams, ids) - 0usize];
+    ["Offset of field: Fp8EmbeddingParams::order"][::core::mem::offset_of!(Fp8EmbeddingParams, order) - 8usize];
+    ["Offset of field: Fp8EmbeddingParams::starts"][::core::mem::offset_of!(Fp8EmbeddingParams, starts) - 16usize];
+    ["Offset of field: Fp8EmbeddingParams::group_ids"]
+        [::core::mem::offset_of!(Fp8EmbeddingParams, group_ids) - 24usize];
+    ["Offset of field: Fp8EmbeddingParams::src"][::core::mem::offset_of!(Fp8EmbeddingParams, src) - 32usize];
+    ["Offset of field: Fp8EmbeddingParams::dst"][::core::mem::offset_of!(Fp8EmbeddingParams, dst) - 40usize];
+    ["Offset of field: Fp8EmbeddingParams::tokens"][::core::mem::offset_of!(Fp8EmbeddingParams, tokens) - 48usize];
+    ["Offset of field: Fp8EmbeddingParams::dim"][::core::mem::offset_of!(Fp8EmbeddingParams, dim) - 56usize];
+    ["Offset of field: Fp8EmbeddingParams::groups"][::core::mem::offset_of!(Fp8EmbeddingParams, groups) - 64usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct Fp8CrossEntropyParams {
+    pub logits: u64,
+    pub targets: u64,
+    pub lse: u64,
+    pub row_loss: u64,
+    pub loss: u64,
+    pub dlogits: u64,
+    pub rows: u64,
+    pub vocab: u64,
+    pub ignore: u32,
+    pub count: u32,
+    pub grad: f32,
+    pub rows_per_block: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Fp8CrossEntropyParams"][::core::mem::size_of::<Fp8CrossEntropyParams>() - 80usize];
+    ["Alignment of Fp8CrossEntropyParams"][::core::mem::align_of::<Fp8CrossEntropyParams>() - 8usize];
+    ["Offset of field: Fp8CrossEntropyParams::logits"][::core::mem::offset_of!(Fp8CrossEntropyParams, logits) - 0usize];
+    ["Offset of field: Fp8CrossEntropyParams::targets"]
+        [::core::mem::offset_of!(Fp8CrossEntropyParams, targets) - 8usize];
+    ["Offset of field: Fp8CrossEntropyParams::lse"][::core::mem::offset_of!(Fp8CrossEntropyParams, lse) - 16usize];
+    ["Offset of field: Fp8CrossEntropyParams::row_loss"]
+        [::core::mem::offset_of!(Fp8CrossEntropyParams, row_loss) - 24usize];
+    ["Offset of field: Fp8CrossEntropyParams::loss"][::core::mem::offset_of!(Fp8CrossEntropyParams, loss) - 32usize];
+    ["Offset of field: Fp8CrossEntropyParams::dlogits"]
+        [::core::mem::offset_of!(Fp8CrossEntropyParams, dlogits) - 40usize];
+    ["Offset of field: Fp8CrossEntropyParams::rows"][::core::mem::offset_of!(Fp8CrossEntropyParams, rows) - 48usize];
+    ["Offset of field: Fp8CrossEntropyParams::vocab"][::core::mem::offset_of!(Fp8CrossEntropyParams, vocab) - 56usize];
+    ["Offset of field: Fp8CrossEntropyParams::ignore"]
+        [::core::mem::offset_of!(Fp8CrossEntropyParams, ignore) - 64usize];
+    ["Offset of field: Fp8CrossEntropyParams::count"][::core::mem::offset_of!(Fp8CrossEntropyParams, count) - 68usize];
+    ["Offset of field: Fp8CrossEntropyParams::grad"][::core::mem::offset_of!(Fp8CrossEntropyParams, grad) - 72usize];
+    ["Offset of field: Fp8CrossEntropyParams::rows_per_block"]
+        [::core::mem::offset_of!(Fp8CrossEntropyParams, rows_per_block) - 76usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct Fp8AdamWItemParams {
+    pub offset: u64,
+    pub len: u32,
+    pub decayed: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Fp8AdamWItemParams"][::core::mem::size_of::<Fp8AdamWItemParams>() - 16usize];
+    ["Alignment of Fp8AdamWItemParams"][::core::mem::align_of::<Fp8AdamWItemParams>() - 8usize];
+    ["Offset of field: Fp8AdamWItemParams::offset"][::core::mem::offset_of!(Fp8AdamWItemParams, offset) - 0usize];
+    ["Offset of field: Fp8AdamWItemParams::len"][::core::mem::offset_of!(Fp8AdamWItemParams, len) - 8usize];
+    ["Offset of field: Fp8AdamWItemParams::decayed"][::core::mem::offset_of!(Fp8AdamWItemParams, decayed) - 12usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct Fp8AdamWParams {
+    pub value: u64,
+    pub grad: u64,
+    pub m: u64,
+    pub v: u64,
+    pub items: u64,
+    pub n_items: u64,
+    pub decay: f32,
+    pub step_size: f32,
+    pub bc2_sqrt: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub c1: f32,
+    pub c2: f32,
+    pub eps: f32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Fp8AdamWParams"][::core::mem::size_of::<Fp8AdamWParams>() - 80usize];
+    ["Alignment of Fp8AdamWParams"][::core::mem::align_of::<Fp8AdamWParams>() - 8usize];
+    ["Offset of field: Fp8AdamWParams::value"][::core::mem::offset_of!(Fp8AdamWParams, value) - 0usize];
+    ["Offset of field: Fp8AdamWParams::grad"][::core::mem::offset_of!(Fp8AdamWParams, grad) - 8usize];
+    ["Offset of field: Fp8AdamWParams::m"][::core::mem::offset_of!(Fp8AdamWParams, m) - 16usize];
+    ["Offset of field: Fp8AdamWParams::v"][::core::mem::offset_of!(Fp8AdamWParams, v) - 24usize];
+    ["Offset of field: Fp8AdamWParams::items"][::core::mem::offset_of!(Fp8AdamWParams, items) - 32usize];
+    ["Offset of field: Fp8AdamWParams::n_items"][::core::mem::offset_of!(Fp8AdamWParams, n_items) - 40usize];
+    ["Offset of field: Fp8AdamWParams::decay"][::core::mem::offset_of!(Fp8AdamWParams, decay) - 48usize];
+    ["Offset of field: Fp8AdamWParams::step_size"][::core::mem::offset_of!(Fp8AdamWParams, step_size) - 52usize];
+    ["Offset of field: Fp8AdamWParams::bc2_sqrt"][::core::mem::offset_of!(Fp8AdamWParams, bc2_sqrt) - 56usize];
+    ["Offset of field: Fp8AdamWParams::beta1"][::core::mem::offset_of!(Fp8AdamWParams, beta1) - 60usize];
+    ["Offset of field: Fp8AdamWParams::beta2"][::core::mem::offset_of!(Fp8AdamWParams, beta2) - 64usize];
+    ["Offset of field: Fp8AdamWParams::c1"][::core::mem::offset_of!(Fp8AdamWParams, c1) - 68usize];
+    ["Offset of field: Fp8AdamWParams::c2"][::core::mem::offset_of!(Fp8AdamWParams, c2) - 72usize];
+    ["Offset of field: Fp8AdamWParams::eps"][::core::mem::offset_of!(Fp8AdamWParams, eps) - 76usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct Fp8AttentionParams {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub out: u64,
+    pub lse: u64,
+    pub dout: u64,
+    pub delta: u64,
+    pub dq: u64,
+    pub dk: u64,
+    pub dv: u64,
+    pub batch: u32,
+    pub seq: u32,
+    pub heads: u32,
+    pub head_dim: u32,
+    pub scale: f32,
+    pub dtype: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Fp8AttentionParams"][::core::mem::size_of::<Fp8AttentionParams>() - 104usize];
+    ["Alignment of Fp8AttentionParams"][::core::mem::align_of::<Fp8AttentionParams>() - 8usize];
+    ["Offset of field: Fp8AttentionParams::q"][::core::mem::offset_of!(Fp8AttentionParams, q) - 0usize];
+    ["Offset of field: Fp8AttentionParams::k"][::core::mem::offset_of!(Fp8AttentionParams, k) - 8usize];
+    ["Offset of field: Fp8AttentionParams::v"][::core::mem::offset_of!(Fp8AttentionParams, v) - 16usize];
+    ["Offset of field: Fp8AttentionParams::out"][::core::mem::offset_of!(Fp8AttentionParams, out) - 24usize];
+    ["Offset of field: Fp8AttentionParams::lse"][::core::mem::offset_of!(Fp8AttentionParams, lse) - 32usize];
+    ["Offset of field: Fp8AttentionParams::dout"][::core::mem::offset_of!(Fp8AttentionParams, dout) - 40usize];
+    ["Offset of field: Fp8AttentionParams::delta"][::core::mem::offset_of!(Fp8AttentionParams, delta) - 48usize];
+    ["Offset of field: Fp8AttentionParams::dq"][::core::mem::offset_of!(Fp8AttentionParams, dq) - 56usize];
+    ["Offset of field: Fp8AttentionParams::dk"][::core::mem::offset_of!(Fp8AttentionParams, dk) - 64usize];
+    ["Offset of field: Fp8AttentionParams::dv"][::core::mem::offset_of!(Fp8AttentionParams, dv) - 72usize];
+    ["Offset of field: Fp8AttentionParams::batch"][::core::mem::offset_of!(Fp8AttentionParams, batch) - 80usize];
+    ["Offset of field: Fp8AttentionParams::seq"][::core::mem::offset_of!(Fp8AttentionParams, seq) - 84usize];
+    ["Offset of field: Fp8AttentionParams::heads"][::core::mem::offset_of!(Fp8AttentionParams, heads) - 88usize];
+    ["Offset of field: Fp8AttentionParams::head_dim"][::core::mem::offset_of!(Fp8AttentionParams, head_dim) - 92usize];
+    ["Offset of field: Fp8AttentionParams::scale"][::core::mem::offset_of!(Fp8AttentionParams, scale) - 96usize];
+    ["Offset of field: Fp8AttentionParams::dtype"][::core::mem::offset_of!(Fp8AttentionParams, dtype) - 100usize];
+};

@@ -1,0 +1,79 @@
+// Dtype conversion (f32 values to f32/bf16/fp16 storage, optionally
+// transposed through shared memory), the residual add rounded to the dtype,
+// and the column sum of a bias gradient. Twins: dispatch::plain::convert and
+// convert_transposed, ops::elementwise::residual_add and column_sum_accumulate;
+// every result is the same bits as the twin's.
+#include "ops_device.cuh"
+
+using namespace fp8ops;
+
+// Transpose tile: 32 x 32 elements, 256 threads as 32 columns x 8 rows.
+constexpr int TILE = 32;
+
+template <typename T> __device__ void convert(const Fp8EltwiseParams& p) {
+    const float* src = reinterpret_cast<const float*>(p.a);
+    T* dst = reinterpret_cast<T*>(p.out);
+    const uint64_t n = p.rows * p.cols;
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        dst[i] = fp8::from_f32<T>(src[i]);
+}
+
+// dst [cols, rows] = src [rows, cols]^T: a tile is read row-wise (coalesced),
+// staged in shared memory (one padding column: no bank conflicts) and written
+// row-wise of the transpose (coalesced).
+template <typename T> __device__ void convert_transpose(const Fp8EltwiseParams& p) {
+    __shared__ float tile[TILE][TILE + 1];
+    const float* src = reinterpret_cast<const float*>(p.a);
+    T* dst = reinterpret_cast<T*>(p.out);
+    const uint64_t rows = p.rows, cols = p.cols;
+    const uint64_t tile_cols = (cols + TILE - 1) / TILE;
+    const uint64_t r0 = (blockIdx.x / tile_cols) * TILE, c0 = (blockIdx.x % tile_cols) * TILE;
+    const int tx = threadIdx.x % TILE, ty = threadIdx.x / TILE;
+    for (int r = ty; r < TILE; r += THREADS / TILE) {
+        const uint64_t row = r0 + r, col = c0 + tx;
+        if (row < rows && col < cols) tile[r][tx] = src[row * cols + col];
+    }
+    __syncthreads();
+    for (int c = ty; c < TILE; c += THREADS / TILE) {
+        const uint64_t col = c0 + c, row = r0 + tx;
+        if (row < rows && col < cols) dst[col * rows + row] = fp8::from_f32<T>(tile[tx][c]);
+    }
+}
+
+#define CONVERT_KERNELS(SUFFIX, T)                                                                       \
+    extern "C" __global__ void __launch_bounds__(THREADS) fp8_convert_##SUFFIX(const Fp8EltwiseParams p) { \
+        convert<T>(p);                                                                                   \
+    }                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                \
+        fp8_convert_transpose_##SUFFIX(const Fp8EltwiseParams p) {                                       \
+        convert_transpose<T>(p);                                                                         \
+    }
+
+CONVERT_KERNELS(f32, float)
+CONVERT_KERNELS(bf16, __nv_bfloat16)
+CONVERT_KERNELS(f16, __half)
+
+// out = round_dtype(a + b) over rows * cols elements (rows = 1 for a flat tensor).
+extern "C" __global__ void __launch_bounds__(THREADS) fp8_residual_add(const Fp8EltwiseParams p) {
+    const float* a = reinterpret_cast<const float*>(p.a);
+    const float* b = reinterpret_cast<const float*>(p.b);
+    float* out = reinterpret_cast<float*>(p.out);
+    const uint64_t n = p.rows * p.cols;
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        out[i] = round_to(add(a[i], b[i]), p.dtype);
+}
+
+// out[c] += a[r, c] for r = 0, 1, ... in order: one thread per column adds
+// the rows in the CPU twin's order, so the sums are the twin's bits (and
+// deterministic, no atomics). A warp reads 32 consecutive columns of a row.
+extern "C" __global__ void __launch_bounds__(THREADS) fp8_column_sum(const Fp8EltwiseParams p) {
+    const float* a = reinterpret_cast<const float*>(p.a);
+    float* out = reinterpret_cast<float*>(p.out);
+    const uint64_t c = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= p.cols) return;
+    float s = out[c];
+    for (uint64_t r = 0; r < p.rows; ++r) s = add(s, a[r * p.cols + c]);
+    out[c] = s;
+}

@@ -1,0 +1,252 @@
+//! Launchers of `cuda/attention.cu`: the causal attention core, forward and
+//! backward, a simple correct fused kernel (one block per query row forward
+//! and for dq, one per key row for dk/dv; scores of a row in shared memory).
+//! Twins: `ops::attention_forward/backward`, with the probabilities rounded to
+//! the compute dtype at the same point (`docs/numerics.md`, Attention); within
+//! the reduction bound for f32, the dtype's tolerance for bf16/fp16.
+
+use super::buffer::DeviceBuffer;
+use super::context::CudaDevice;
+use super::launch::launch_grid;
+use super::op_args::{GRID_YZ_LIMIT, SHARED_LIMIT, check_len, dtype_code, elements, to_u32};
+use super::params::Fp8AttentionParams;
+use crate::error::{Error, Result};
+use crate::memory::MemoryCategory;
+use crate::ops::AttentionShape;
+use crate::tensor::Dtype;
+
+const MODULE: &str = "attention";
+
+/// The launch of one attention kernel: grid `(seq, heads, batch)` and its dynamic shared bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AttentionLaunch {
+    pub grid: (u32, u32, u32),
+    pub shared_bytes: u32,
+}
+
+/// Static shared memory the kernels keep next to the dynamic rows (a block
+/// reduction's 8 floats), rounded up; the 48 KiB limit counts both.
+const STATIC_SHARED: usize = 256;
+
+/// Checks the shape's limits and sizes the launch of a kernel that keeps
+/// `rows_in_shared` f32 rows of `seq` values in shared memory (1 forward and
+/// dq, 2 for dk/dv).
+pub(crate) fn plan(kernel: &'static str, shape: &AttentionShape, rows_in_shared: usize) -> Result<AttentionLaunch> {
+    let shared = shape.seq.saturating_mul(rows_in_shared * size_of::<f32>());
+    let limit = SHARED_LIMIT - STATIC_SHARED;
+    if shared > limit {
+        return Err(Error::KernelArgs {
+            kernel,
+            detail: format!(
+                "seq {} needs {shared} bytes of shared memory per block, the simple kernel has {limit}",
+                shape.seq
+            ),
+        });
+    }
+    if shape.heads > GRID_YZ_LIMIT || shape.batch > GRID_YZ_LIMIT {
+        return Err(Error::KernelArgs {
+            kernel,
+            detail: format!(
+                "{} heads x {} sequences exceed the grid's {GRID_YZ_LIMIT} per dimension",
+                shape.heads, shape.batch
+            ),
+        });
+    }
+    Ok(AttentionLaunch {
+        grid: (
+            to_u32(kernel, "seq", shape.seq)?,
+            shape.heads as u32,
+            shape.batch as u32,
+        ),
+        shared_bytes: shared as u32,
+    })
+}
+
+/// `(tokens * hidden, batch * heads * seq)`: the lengths of q/k/v/out and of lse.
+fn lengths(kernel: &'static str, shape: &AttentionShape) -> Result<(usize, usize)> {
+    let tokens = elements(kernel, shape.batch, shape.seq)?;
+    let hidden = elements(kernel, shape.heads, shape.head_dim)?;
+    Ok((
+        elements(kernel, tokens, hidden)?,
+        elements(kernel, tokens, shape.heads)?,
+    ))
+}
+
+fn base_params(kernel: &'static str, shape: &AttentionShape, scale: f32, dtype: Dtype) -> Result<Fp8AttentionParams> {
+    Ok(Fp8AttentionParams {
+        batch: to_u32(kernel, "batch", shape.batch)?,
+        seq: to_u32(kernel, "seq", shape.seq)?,
+        heads: to_u32(kernel, "heads", shape.heads)?,
+        head_dim: to_u32(kernel, "head_dim", shape.head_dim)?,
+        scale,
+        dtype: dtype_code(dtype),
+        ..Default::default()
+    })
+}
+
+/// An empty batch does nothing; heads without features are the twin's error.
+fn nothing_to_do(shape: &AttentionShape) -> Result<bool> {
+    let empty = shape.batch == 0 || shape.seq == 0 || shape.heads == 0;
+    if !empty && shape.head_dim == 0 {
+        return Err(Error::InvalidShape {
+            what: "attention",
+            reason: format!("head_dim is 0 ({shape:?})"),
+        });
+    }
+    Ok(empty)
+}
+
+impl CudaDevice {
+    /// Causal attention forward: `out` (rounded to `dtype`) and `lse [batch, heads, seq]`.
+    /// Twin of `ops::attention_forward`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_forward(
+        &self,
+        q: &DeviceBuffer<f32>,
+        k: &DeviceBuffer<f32>,
+        v: &DeviceBuffer<f32>,
+        shape: AttentionShape,
+        softmax_scale: f32,
+        dtype: Dtype,
+        out: &mut DeviceBuffer<f32>,
+        lse: &mut DeviceBuffer<f32>,
+    ) -> Result<()> {
+        const K: &str = "attention_forward";
+        let (n, stats) = lengths(K, &shape)?;
+        for (what, len) in [("q", q.len()), ("k", k.len()), ("v", v.len()), ("out", out.len())] {
+            check_len(K, what, len, n)?;
+        }
+        check_len(K, "lse", lse.len(), stats)?;
+        if nothing_to_do(&shape)? {
+            return Ok(());
+        }
+        let launch = plan(K, &shape, 1)?;
+        let mut p = base_params(K, &shape, softmax_scale, dtype)?;
+        p.q = q.address(self);
+        p.k = k.address(self);
+        p.v = v.address(self);
+        p.out = out.address_mut(self);
+        p.lse = lse.address_mut(self);
+        launch_grid(
+            self,
+            MODULE,
+            "fp8_attention_forward",
+            launch.grid,
+            launch.shared_bytes,
+            p,
+        )
+    }
+
+    /// Causal attention backward from the forward's `out` and `lse`: overwrites `dq`, `dk`, `dv`
+    /// (rounded to `dtype`). Twin of `ops::attention_backward`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_backward(
+        &self,
+        dout: &DeviceBuffer<f32>,
+        q: &DeviceBuffer<f32>,
+        k: &DeviceBuffer<f32>,
+        v: &DeviceBuffer<f32>,
+        out: &DeviceBuffer<f32>,
+        lse: &DeviceBuffer<f32>,
+        shape: AttentionShape,
+        softmax_scale: f32,
+        dtype: Dtype,
+        dq: &mut DeviceBuffer<f32>,
+        dk: &mut DeviceBuffer<f32>,
+        dv: &mut DeviceBuffer<f32>,
+    ) -> Result<()> {
+        const K: &str = "attention_backward";
+        let (n, stats) = lengths(K, &shape)?;
+        for (what, len) in [
+            ("dout", dout.len()),
+            ("q", q.len()),
+            ("k", k.len()),
+            ("v", v.len()),
+            ("out", out.len()),
+            ("dq", dq.len()),
+            ("dk", dk.len()),
+            ("dv", dv.len()),
+        ] {
+            check_len(K, what, len, n)?;
+        }
+        check_len(K, "lse", lse.len(), stats)?;
+        if nothing_to_do(&shape)? {
+            return Ok(());
+        }
+        let dq_launch = plan(K, &shape, 1)?;
+        let dkdv_launch = plan(K, &shape, 2)?;
+        let mut delta = self.alloc_zeros::<f32>(stats, MemoryCategory::Workspace)?;
+        let mut p = base_params(K, &shape, softmax_scale, dtype)?;
+        p.q = q.address(self);
+        p.k = k.address(self);
+        p.v = v.address(self);
+        p.out = out.address(self);
+        p.lse = lse.address(self);
+        p.dout = dout.address(self);
+        p.delta = delta.address_mut(self);
+        p.dq = dq.address_mut(self);
+        p.dk = dk.address_mut(self);
+        p.dv = dv.address_mut(self);
+        // Stream order: dq writes delta before dk/dv reads it.
+        launch_grid(
+            self,
+            MODULE,
+            "fp8_attention_backward_dq",
+            dq_launch.grid,
+            dq_launch.shared_bytes,
+            p,
+        )?;
+        launch_grid(
+            self,
+            MODULE,
+            "fp8_attention_backward_dkdv",
+            dkdv_launch.grid,
+            dkdv_launch.shared_bytes,
+            p,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(batch: usize, seq: usize, heads: usize, head_dim: usize) -> AttentionShape {
+        AttentionShape {
+            batch,
+            seq,
+            heads,
+            head_dim,
+        }
+    }
+
+    #[test]
+    fn the_grid_is_rows_by_heads_by_sequences_and_shared_memory_holds_the_rows() {
+        let l = plan("a", &shape(2, 1024, 12, 64), 1).unwrap();
+        assert_eq!(
+            l,
+            AttentionLaunch {
+                grid: (1024, 12, 2),
+                shared_bytes: 4096
+            }
+        );
+        assert_eq!(plan("a", &shape(2, 1024, 12, 64), 2).unwrap().shared_bytes, 8192);
+    }
+
+    #[test]
+    fn sequences_past_the_shared_memory_of_the_simple_kernel_are_refused() {
+        assert!(plan("a", &shape(1, 12 * 1024 - 64, 1, 64), 1).is_ok());
+        assert!(plan("a", &shape(1, 12 * 1024 - 63, 1, 64), 1).is_err());
+        assert!(plan("a", &shape(1, 6 * 1024 - 32, 1, 64), 2).is_ok());
+        assert!(plan("a", &shape(1, 6 * 1024 - 31, 1, 64), 2).is_err());
+        assert!(plan("a", &shape(70_000, 16, 1, 64), 1).is_err());
+    }
+
+    #[test]
+    fn empty_batches_do_nothing_and_featureless_heads_are_the_twins_error() {
+        assert!(nothing_to_do(&shape(0, 4, 2, 8)).unwrap());
+        assert!(!nothing_to_do(&shape(1, 4, 2, 8)).unwrap());
+        assert!(nothing_to_do(&shape(1, 4, 2, 0)).is_err());
+        assert_eq!(lengths("a", &shape(2, 3, 4, 5)).unwrap(), (2 * 3 * 4 * 5, 2 * 3 * 4));
+    }
+}

@@ -1,0 +1,138 @@
+//! Launchers of `cuda/convert.cu`: dtype conversion (optionally transposed),
+//! the residual add and the column sum. Each is the GPU twin of a CPU op with
+//! the same bits: `dispatch::plain::convert` / `convert_transposed` (f32 values
+//! to bf16/fp16 storage, round to nearest even), `ops::elementwise::residual_add`
+//! and `ops::elementwise::column_sum_accumulate`.
+
+use super::buffer::{DeviceBuffer, DeviceElement};
+use super::context::CudaDevice;
+use super::launch::{launch, tile_blocks};
+use super::op_args::{check_len, dtype_code, elements, stride_blocks};
+use super::params::Fp8EltwiseParams;
+use crate::error::Result;
+use crate::tensor::Dtype;
+
+const MODULE: &str = "convert";
+/// Side of the transpose kernel's square tile (`TILE` in `cuda/convert.cu`).
+const TRANSPOSE_TILE: usize = 32;
+
+/// Blocks of the transposing conversion: one per 32 x 32 tile.
+pub(crate) fn transpose_tiles(rows: usize, cols: usize) -> usize {
+    rows.div_ceil(TRANSPOSE_TILE) * cols.div_ceil(TRANSPOSE_TILE)
+}
+
+/// Blocks of the column sum: one thread per column.
+pub(crate) fn column_sum_blocks(cols: usize) -> usize {
+    cols.div_ceil(super::launch::THREADS as usize).max(1)
+}
+
+impl CudaDevice {
+    /// `dst = T(src)` for `[rows, cols]` f32 values, or `dst [cols, rows] = T(src)^T` when
+    /// `transpose`. Twin of `dispatch::plain::convert` / `convert_transposed`: same bits.
+    pub fn convert<T: DeviceElement>(
+        &self,
+        src: &DeviceBuffer<f32>,
+        rows: usize,
+        cols: usize,
+        transpose: bool,
+        dst: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        const K: &str = "convert";
+        let n = elements(K, rows, cols)?;
+        check_len(K, "source", src.len(), n)?;
+        check_len(K, "destination", dst.len(), n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let params = Fp8EltwiseParams {
+            a: src.address(self),
+            out: dst.address_mut(self),
+            rows: rows as u64,
+            cols: cols as u64,
+            ..Default::default()
+        };
+        if transpose {
+            let blocks = tile_blocks(K, transpose_tiles(rows, cols) as u64)?;
+            launch(
+                self,
+                MODULE,
+                &format!("fp8_convert_transpose_{}", T::SUFFIX),
+                blocks,
+                params,
+            )
+        } else {
+            let blocks = stride_blocks(self.info().multiprocessors, n);
+            launch(self, MODULE, &format!("fp8_convert_{}", T::SUFFIX), blocks, params)
+        }
+    }
+
+    /// `out = x + f`, rounded to `dtype`. Twin of `ops::elementwise::residual_add`: same bits.
+    pub fn residual_add(
+        &self,
+        x: &DeviceBuffer<f32>,
+        f: &DeviceBuffer<f32>,
+        dtype: Dtype,
+        out: &mut DeviceBuffer<f32>,
+    ) -> Result<()> {
+        const K: &str = "residual_add";
+        check_len(K, "residual branch f", f.len(), x.len())?;
+        check_len(K, "output", out.len(), x.len())?;
+        if x.is_empty() {
+            return Ok(());
+        }
+        let params = Fp8EltwiseParams {
+            a: x.address(self),
+            b: f.address(self),
+            out: out.address_mut(self),
+            rows: 1,
+            cols: x.len() as u64,
+            dtype: dtype_code(dtype),
+            ..Default::default()
+        };
+        let blocks = stride_blocks(self.info().multiprocessors, x.len());
+        launch(self, MODULE, "fp8_residual_add", blocks, params)
+    }
+
+    /// `sums[c] += x[r, c]` over the rows of `x [rows, cols]` in order (bias gradients).
+    /// Twin of `ops::elementwise::column_sum_accumulate`: the same additions in the same
+    /// order, so the same bits; deterministic (no atomics).
+    pub fn column_sum(&self, x: &DeviceBuffer<f32>, cols: usize, sums: &mut DeviceBuffer<f32>) -> Result<()> {
+        const K: &str = "column_sum";
+        check_len(K, "column sums", sums.len(), cols)?;
+        let rows = x.len() / cols.max(1);
+        check_len(K, "column-summed input", x.len(), elements(K, rows, cols)?)?;
+        if x.is_empty() || cols == 0 {
+            return Ok(());
+        }
+        let params = Fp8EltwiseParams {
+            a: x.address(self),
+            out: sums.address_mut(self),
+            rows: rows as u64,
+            cols: cols as u64,
+            ..Default::default()
+        };
+        let blocks = tile_blocks(K, column_sum_blocks(cols) as u64)?;
+        launch(self, MODULE, "fp8_column_sum", blocks, params)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transpose_tiles_cover_partial_edges() {
+        assert_eq!(transpose_tiles(1, 1), 1);
+        assert_eq!(transpose_tiles(32, 32), 1);
+        assert_eq!(transpose_tiles(33, 32), 2);
+        assert_eq!(transpose_tiles(65, 100), 3 * 4);
+    }
+
+    #[test]
+    fn column_sum_has_a_thread_per_column() {
+        assert_eq!(column_sum_blocks(1), 1);
+        assert_eq!(column_sum_blocks(256), 1);
+        assert_eq!(column_sum_blocks(257), 2);
+        assert_eq!(column_sum_blocks(4096), 16);
+    }
+}
