@@ -1,7 +1,7 @@
 //! Launchers of `cuda/activation.cu`: tanh-GELU and SwiGLU, forward and
 //! backward. Twins: `ops::gelu_forward/backward`, `ops::swiglu_forward/backward`,
-//! within the activation bound of `docs/numerics.md` (same operations in the
-//! same order; CUDA's `tanhf`/`expf` are within 2 ulp of the correctly rounded value).
+//! the same bits: the kernels repeat the twins' f32 operations in the same order,
+//! their `exp` (`ops::fast_exp`) included (`docs/numerics.md`, Activations).
 
 use super::buffer::DeviceBuffer;
 use super::context::CudaDevice;
