@@ -395,6 +395,12 @@ impl Module for LlamaModel {
         });
     }
 
+    fn frozen_parameter_count(&mut self) -> usize {
+        let mut count = 0;
+        self.visit_all_parameters(&mut |p| count += if p.is_frozen() { p.len() } else { 0 });
+        count
+    }
+
     fn visit_linears(&mut self, f: &mut dyn FnMut(&mut Linear)) {
         for layer in &mut self.layers {
             layer.visit_linears(f);

@@ -169,6 +169,12 @@ pub trait Module {
     /// after `to_device`, which resets it. Modules without an override run unchecked.
     fn check_against_cpu(&mut self, _on: bool) {}
 
+    /// Number of frozen values (weights held but not trained, e.g. LoRA's base model); modules
+    /// without frozen parameters have none.
+    fn frozen_parameter_count(&mut self) -> usize {
+        0
+    }
+
     /// Total number of trainable values.
     fn parameter_count(&mut self) -> usize {
         let mut count = 0;
