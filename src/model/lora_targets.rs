@@ -143,7 +143,7 @@ pub fn trainable_parameters(config: &HfConfig, rank: usize, targets: &[LoraTarge
 }
 
 /// The layer index `i` of an engine layer named `layers.{i}.<suffix>`.
-fn layer_of<'a>(name: &'a str) -> Option<(usize, &'a str)> {
+fn layer_of(name: &str) -> Option<(usize, &str)> {
     let rest = name.strip_prefix("layers.")?;
     let (index, suffix) = rest.split_once('.')?;
     Some((index.parse().ok()?, suffix))
