@@ -271,7 +271,7 @@ impl DecoderModel {
                     rows,
                     h,
                     self.dtype,
-                    dtable,
+                    Some(dtable),
                 )?;
                 Tensor::new(dh, rows, h)?
             }

@@ -28,7 +28,8 @@ pub(super) fn forward(
     Ok(logits)
 }
 
-/// Returns dh `[rows, hidden]` and accumulates `dtable += dlogits^T h`.
+/// Returns dh `[rows, hidden]` and accumulates `dtable += dlogits^T h` (skipped for a frozen
+/// table, `None`).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn backward(
     kernels: &dyn Kernels,
@@ -38,7 +39,7 @@ pub(super) fn backward(
     rows: usize,
     hidden: usize,
     dtype: Dtype,
-    dtable: &mut [f32],
+    dtable: Option<&mut [f32]>,
 ) -> Result<Vec<f32>> {
     let vocab = table.len() / hidden.max(1);
     let dl = kernels.convert(dtype, dlogits)?;
@@ -50,6 +51,10 @@ pub(super) fn backward(
         Output::F32(&mut dh),
         &GemmParams::default(),
     )?;
+    let Some(dtable) = dtable else {
+        dtype.round_slice(&mut dh);
+        return Ok(dh);
+    };
     let dl_t = kernels.convert_transposed(dtype, dlogits, rows, vocab)?;
     let h_t = kernels.convert_transposed(dtype, h, rows, hidden)?;
     kernels.gemm(

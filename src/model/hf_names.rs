@@ -16,7 +16,7 @@ use crate::amp::Precision;
 use crate::error::{Error, Result};
 use crate::hf::{HfConfig, HfModelDir};
 use crate::io::{read_regular, write_atomic};
-use crate::nn::Module;
+use crate::nn::Parameter;
 use crate::tools::safetensors_io::{OutTensor, serialize};
 
 /// Files copied next to a saved checkpoint when the source has them.
@@ -96,6 +96,16 @@ fn internal(name: &str, reason: String) -> Error {
 }
 
 impl LlamaModel {
+    /// Every checkpoint parameter, frozen or not: all but the LoRA adapters (`MODULE.lora_A.weight`,
+    /// `MODULE.lora_B.weight`), which are no tensors of the base checkpoint.
+    fn visit_base_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
+        self.visit_all_parameters(&mut |p| {
+            if !(p.name().ends_with(".lora_A.weight") || p.name().ends_with(".lora_B.weight")) {
+                f(p)
+            }
+        });
+    }
+
     /// The model of the checkpoint directory `dir` (already opened and checked), every weight
     /// widened to f32 once. Errors name a missing or mis-shaped tensor.
     pub fn from_hf(dir: &HfModelDir, precision: &Precision, recompute: Recompute) -> Result<Self> {
@@ -110,7 +120,7 @@ impl LlamaModel {
         let sources: HashMap<String, Vec<(String, usize)>> = hf_names(self.config()).into_iter().collect();
         let mut result = Ok(());
         let mut loaded = 0usize;
-        self.visit_parameters(&mut |p| {
+        self.visit_base_parameters(&mut |p| {
             if result.is_err() {
                 return;
             }
@@ -160,7 +170,7 @@ impl LlamaModel {
         let map: HashMap<String, Vec<(String, usize)>> = hf_names(self.config()).into_iter().collect();
         let mut out = Vec::new();
         let mut result = Ok(());
-        self.visit_parameters(&mut |p| {
+        self.visit_base_parameters(&mut |p| {
             let Some(names) = map.get(p.name()) else {
                 result = Err(internal(p.name(), "no Hugging Face tensor maps to it".into()));
                 return;

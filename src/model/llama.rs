@@ -245,7 +245,9 @@ impl LlamaModel {
         let dnormed = match &mut self.head {
             Some(head) => head.backward(&Tensor::new(dlogits, rows, vocab)?)?,
             None => {
+                let frozen = self.tokens.is_frozen();
                 let (table, dtable) = self.tokens.value_and_grad_mut();
+                let dtable = (!frozen).then_some(dtable);
                 let dh = head::backward(
                     self.backend.kernels(),
                     &dlogits,
@@ -263,9 +265,11 @@ impl LlamaModel {
         for layer in self.layers.iter_mut().rev() {
             dx = layer.backward(&dx, &self.rope)?;
         }
-        self.backend
-            .kernels()
-            .embedding_backward(&saved.ids, dx.data(), h, self.tokens.grad_mut())?;
+        if let Some(dtable) = self.tokens.trainable_grad() {
+            self.backend
+                .kernels()
+                .embedding_backward(&saved.ids, dx.data(), h, dtable)?;
+        }
         Ok(())
     }
 
@@ -341,7 +345,9 @@ impl LlamaModel {
     fn evaluation<T>(&mut self, pass: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
         let mut slots = Vec::new();
         self.visit_fp8_slots(&mut |_, slot| slots.push(slot.clone()));
+        self.visit_linears(&mut |l| l.set_lora_dropout(false));
         let result = pass(self);
+        self.visit_linears(&mut |l| l.set_lora_dropout(true));
         let mut it = slots.into_iter();
         self.visit_fp8_slots(&mut |_, slot| {
             if let Some(saved) = it.next() {
@@ -364,8 +370,9 @@ impl LlamaModel {
     }
 }
 
-impl Module for LlamaModel {
-    fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
+impl LlamaModel {
+    /// Every parameter, frozen or not (LoRA adapters included), in the checkpoint order.
+    pub fn visit_all_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
         f(&mut self.tokens);
         for layer in &mut self.layers {
             layer.visit_parameters(f);
@@ -373,6 +380,33 @@ impl Module for LlamaModel {
         self.final_norm.visit_parameters(f);
         if let Some(head) = &mut self.head {
             head.visit_parameters(f);
+        }
+    }
+}
+
+impl Module for LlamaModel {
+    /// The trainable parameters: all of them, or only the LoRA adapters once
+    /// [`LlamaModel::enable_lora`] froze the rest.
+    fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
+        self.visit_all_parameters(&mut |p| {
+            if !p.is_frozen() {
+                f(p)
+            }
+        });
+    }
+
+    fn frozen_parameter_count(&mut self) -> usize {
+        let mut count = 0;
+        self.visit_all_parameters(&mut |p| count += if p.is_frozen() { p.len() } else { 0 });
+        count
+    }
+
+    fn visit_linears(&mut self, f: &mut dyn FnMut(&mut Linear)) {
+        for layer in &mut self.layers {
+            layer.visit_linears(f);
+        }
+        if let Some(head) = &mut self.head {
+            f(head);
         }
     }
 

@@ -13,6 +13,8 @@ mod head;
 mod hf_names;
 mod language_model;
 mod llama;
+mod lora_targets;
+mod peft;
 mod text_eval;
 
 pub use config::{ModelConfig, Recompute};
@@ -21,4 +23,6 @@ pub use generate::Sampler;
 pub use hf_names::{HfSources, HfTensor, hf_names};
 pub use language_model::LanguageModel;
 pub use llama::LlamaModel;
+pub use lora_targets::{LoraConfig, LoraTarget, trainable_parameters as lora_trainable_parameters};
+pub use peft::{ADAPTER_CONFIG, ADAPTER_WEIGHTS, read_adapter_config};
 pub use text_eval::{TextLoss, text_windows, window_batch};

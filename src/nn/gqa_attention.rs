@@ -414,6 +414,11 @@ impl Module for GroupedQueryAttention {
         self.qkv.collect_fp8_stats(out);
         self.out_proj.collect_fp8_stats(out);
     }
+
+    fn visit_linears(&mut self, f: &mut dyn FnMut(&mut Linear)) {
+        self.qkv.visit_linears(f);
+        f(&mut self.out_proj);
+    }
 }
 
 #[cfg(test)]

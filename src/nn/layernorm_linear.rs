@@ -125,6 +125,10 @@ impl Module for LayerNormLinear {
     fn collect_fp8_stats(&self, out: &mut Vec<Fp8TensorStats>) {
         self.linear.collect_fp8_stats(out);
     }
+
+    fn visit_linears(&mut self, f: &mut dyn FnMut(&mut Linear)) {
+        f(&mut self.linear);
+    }
 }
 
 impl LayerNormLinear {

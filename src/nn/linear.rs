@@ -2,6 +2,7 @@
 
 use super::init;
 use super::linear_gemms::LinearGemms;
+use super::lora::LoraAdapter;
 use super::param::{Module, Parameter};
 use crate::amp::Precision;
 use crate::dispatch::Backend;
@@ -24,6 +25,8 @@ pub struct Linear {
     weight: Parameter,
     bias: Option<Parameter>,
     gemms: LinearGemms,
+    /// LoRA adapters, each on its own range of output rows (`nn::lora`).
+    adapters: Vec<LoraAdapter>,
 }
 
 impl Linear {
@@ -53,6 +56,7 @@ impl Linear {
             out_features,
             weight,
             bias,
+            adapters: Vec::new(),
         })
     }
 
@@ -114,7 +118,10 @@ impl Linear {
         x.expect(&self.name, "input", None, self.in_features)?;
         self.gemms.expect_on("linear forward", x)?;
         let bias = self.bias.as_ref().map(|b| b.value());
-        let y = self.gemms.forward(x.data(), x.rows(), &self.weight, bias, replay)?;
+        let mut y = self.gemms.forward(x.data(), x.rows(), &self.weight, bias, replay)?;
+        for adapter in &mut self.adapters {
+            adapter.forward_add(x.data(), x.rows(), &mut y, self.out_features, replay)?;
+        }
         Tensor::new(y, x.rows(), self.out_features)
     }
 
@@ -122,14 +129,72 @@ impl Linear {
     pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
         dy.expect(&self.name, "output gradient", None, self.out_features)?;
         self.gemms.expect_on("linear backward", dy)?;
-        let bias_grad = self.bias.as_mut().map(|b| b.grad_mut());
-        let dx = self.gemms.backward(dy.data(), &mut self.weight, bias_grad)?;
+        let bias_grad = self.bias.as_mut().and_then(|b| b.trainable_grad());
+        let mut dx = self
+            .gemms
+            .backward(dy.data(), self.weight.trainable_grad(), bias_grad)?;
+        for adapter in &mut self.adapters {
+            adapter.backward_add(dy.data(), self.out_features, &mut dx)?;
+        }
         Tensor::new(dx, dy.rows(), self.in_features)
+    }
+
+    /// Adds a LoRA adapter on its rows of the output (the ranges of a layer's adapters must not
+    /// overlap, and it must take this layer's input).
+    pub fn add_adapter(&mut self, adapter: LoraAdapter) -> Result<()> {
+        let (offset, out) = adapter.rows();
+        let overlaps = self.adapters.iter().any(|a| {
+            let (o, n) = a.rows();
+            offset < o + n && o < offset + out
+        });
+        if offset + out > self.out_features || adapter.a().shape()[1] != self.in_features || overlaps {
+            return Err(crate::error::Error::LayerShape {
+                layer: self.name.clone(),
+                detail: format!(
+                    "adapter {} on rows {offset}..{} with {} inputs does not fit a free row range of this {}x{} \
+                     layer",
+                    adapter.module(),
+                    offset + out,
+                    adapter.a().shape()[1],
+                    self.out_features,
+                    self.in_features
+                ),
+            });
+        }
+        self.adapters.push(adapter);
+        Ok(())
+    }
+
+    /// The LoRA adapters, in the order they were added.
+    pub fn adapters(&self) -> &[LoraAdapter] {
+        &self.adapters
+    }
+
+    /// The LoRA adapters, mutable (to load trained values).
+    pub fn adapters_mut(&mut self) -> &mut [LoraAdapter] {
+        &mut self.adapters
+    }
+
+    /// Turns the adapters' dropout on (training) or off (evaluation).
+    pub fn set_lora_dropout(&mut self, on: bool) {
+        self.adapters.iter_mut().for_each(|a| a.set_dropout_active(on));
+    }
+
+    /// Folds every adapter into the weight (`LoraAdapter::merge_into`) and removes them.
+    pub fn merge_adapters(&mut self) {
+        let adapters = std::mem::take(&mut self.adapters);
+        for adapter in &adapters {
+            adapter.merge_into(self.weight.value_mut());
+        }
+        if !adapters.is_empty() {
+            self.weight.mark_updated();
+        }
     }
 
     /// Drops the saved input (a recomputing parent makes it again, an evaluation-only forward needs none).
     pub fn clear_saved(&mut self) {
         self.gemms.clear_saved();
+        self.adapters.iter_mut().for_each(LoraAdapter::clear_saved);
     }
 }
 
@@ -139,30 +204,43 @@ impl Module for Linear {
         if let Some(bias) = &mut self.bias {
             f(bias);
         }
+        for adapter in &mut self.adapters {
+            adapter.visit_parameters(f);
+        }
     }
 
     fn to_device(&mut self, device: DeviceKind) -> Result<()> {
         self.gemms.set_backend(Backend::on(device));
+        self.adapters
+            .iter_mut()
+            .for_each(|a| a.set_backend(Backend::on(device)));
         Ok(())
     }
 
     fn check_against_cpu(&mut self, on: bool) {
         self.gemms.check_against_cpu(on);
+        self.adapters.iter_mut().for_each(|a| a.check_against_cpu(on));
     }
 
     fn visit_fp8_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {
         self.gemms.visit_slots(f);
+        self.adapters.iter_mut().for_each(|a| a.visit_slots(f));
     }
 
     fn saved_activation_bytes(&self) -> usize {
-        self.gemms.saved_bytes()
+        self.gemms.saved_bytes() + self.adapters.iter().map(LoraAdapter::saved_bytes).sum::<usize>()
     }
 
     fn weight_cache_bytes(&self) -> usize {
-        self.gemms.weight_cache_bytes()
+        self.gemms.weight_cache_bytes() + self.adapters.iter().map(LoraAdapter::weight_cache_bytes).sum::<usize>()
     }
 
     fn collect_fp8_stats(&self, out: &mut Vec<Fp8TensorStats>) {
         self.gemms.collect_stats(out);
+        self.adapters.iter().for_each(|a| a.collect_stats(out));
+    }
+
+    fn visit_linears(&mut self, f: &mut dyn FnMut(&mut Linear)) {
+        f(self);
     }
 }

@@ -319,11 +319,12 @@ impl LinearGemms {
         Ok(y)
     }
 
-    /// dX (rounded to the compute dtype); accumulates `dW` into `weight.grad` and `db` into `bias_grad`.
+    /// dX (rounded to the compute dtype); accumulates `dW` into `weight_grad` and `db` into
+    /// `bias_grad` (a frozen weight passes `None` and skips the wgrad GEMM).
     pub(crate) fn backward(
         &mut self,
         dy: &[f32],
-        weight: &mut Parameter,
+        weight_grad: Option<&mut [f32]>,
         bias_grad: Option<&mut [f32]>,
     ) -> Result<Vec<f32>> {
         let (inp, out) = (self.in_features, self.out_features);
@@ -363,12 +364,14 @@ impl LinearGemms {
                     Output::F32(&mut dx),
                     &GemmParams::default(),
                 )?;
-                kernels.gemm(
-                    &Operand::Fp8(dy_format, fp8_cast::columnwise(&dyq.tensor)),
-                    &Operand::Fp8(*x_format, xt),
-                    Output::F32(weight.grad_mut()),
-                    &accumulate,
-                )?;
+                if let Some(dw) = weight_grad {
+                    kernels.gemm(
+                        &Operand::Fp8(dy_format, fp8_cast::columnwise(&dyq.tensor)),
+                        &Operand::Fp8(*x_format, xt),
+                        Output::F32(dw),
+                        &accumulate,
+                    )?;
+                }
                 let stats = kernels.cast_stats(self.stat_name(TensorRole::OutputGrad), dy, &dyq)?;
                 (dgrad.amax, Some((dyq.amax, stats)))
             }
@@ -381,13 +384,15 @@ impl LinearGemms {
                     Output::F32(&mut dx),
                     &GemmParams::default(),
                 )?;
-                let dyt = kernels.convert_transposed(dtype, dy, rows, out)?;
-                kernels.gemm(
-                    &dyt.operand(out, rows)?,
-                    &xt.operand(inp, rows)?,
-                    Output::F32(weight.grad_mut()),
-                    &accumulate,
-                )?;
+                if let Some(dw) = weight_grad {
+                    let dyt = kernels.convert_transposed(dtype, dy, rows, out)?;
+                    kernels.gemm(
+                        &dyt.operand(out, rows)?,
+                        &xt.operand(inp, rows)?,
+                        Output::F32(dw),
+                        &accumulate,
+                    )?;
+                }
                 (dgrad.amax, None)
             }
             _ => {

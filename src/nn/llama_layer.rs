@@ -140,4 +140,9 @@ impl Module for LlamaLayer {
         self.attn.collect_fp8_stats(out);
         self.mlp.collect_fp8_stats(out);
     }
+
+    fn visit_linears(&mut self, f: &mut dyn FnMut(&mut crate::nn::Linear)) {
+        self.attn.visit_linears(f);
+        self.mlp.visit_linears(f);
+    }
 }

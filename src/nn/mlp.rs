@@ -194,4 +194,9 @@ impl Module for LayerNormMLP {
         self.fc1.collect_fp8_stats(out);
         self.fc2.collect_fp8_stats(out);
     }
+
+    fn visit_linears(&mut self, f: &mut dyn FnMut(&mut Linear)) {
+        f(&mut self.fc1);
+        f(&mut self.fc2);
+    }
 }

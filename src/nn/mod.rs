@@ -15,6 +15,7 @@
 //! | [`TransformerLayer`] | `attn.*`, `mlp.*` |
 //! | [`GroupedQueryAttention`] | `qkv.*`, `o_proj.*` (rotary, grouped-query) |
 //! | [`LlamaLayer`] | `attn.*`, `mlp.*` (Llama family) |
+//! | [`LoraAdapter`] (on a [`Linear`]) | `MODULE.lora_A.weight [r, in]`, `MODULE.lora_B.weight [out, r]` |
 
 mod attention;
 mod gqa_attention;
@@ -23,6 +24,7 @@ mod layernorm_linear;
 mod linear;
 mod linear_gemms;
 mod llama_layer;
+mod lora;
 mod mlp;
 mod norm;
 mod param;
@@ -40,6 +42,7 @@ pub use gqa_attention::{GqaConfig, GroupedQueryAttention, KvCache};
 pub use layernorm_linear::LayerNormLinear;
 pub use linear::Linear;
 pub use llama_layer::LlamaLayer;
+pub use lora::{LoraAdapter, LoraSettings};
 pub use mlp::{Activation, LayerNormMLP};
 pub use norm::{LayerNorm, NormConfig, NormKind, RMSNorm};
 pub use param::{Module, Parameter};

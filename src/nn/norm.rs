@@ -149,8 +149,17 @@ impl NormCore {
         };
         let mut dx = vec![0.0; dy.len()];
         let zc = self.config.zero_centered_gamma;
+        // A frozen norm (LoRA) still needs dX; its weight gradients go to a scratch buffer.
+        let (mut gamma_scratch, mut beta_scratch) = (Vec::new(), Vec::new());
+        let frozen = self.gamma.is_frozen();
         let (gamma, dgamma) = self.gamma.value_and_grad_mut();
         let gamma = &*gamma;
+        let dgamma = if frozen {
+            gamma_scratch.resize(self.hidden, 0.0);
+            &mut gamma_scratch[..]
+        } else {
+            dgamma
+        };
         match &mut self.beta {
             Some(beta) => self.backend.kernels().layernorm_backward(
                 dy.data(),
@@ -162,7 +171,13 @@ impl NormCore {
                 zc,
                 &mut dx,
                 dgamma,
-                beta.grad_mut(),
+                match beta.is_frozen() {
+                    true => {
+                        beta_scratch.resize(self.hidden, 0.0);
+                        &mut beta_scratch[..]
+                    }
+                    false => beta.grad_mut(),
+                },
             )?,
             None => self.backend.kernels().rmsnorm_backward(
                 dy.data(),

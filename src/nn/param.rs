@@ -3,6 +3,7 @@
 //! which the optimizer bumps after every update, so a copy is made once per step
 //! and reused across micro-batches.
 
+use super::linear::Linear;
 use crate::error::{Error, Result};
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
@@ -18,6 +19,8 @@ pub struct Parameter {
     /// f32 gradient, accumulated across micro-batches until `zero_grad`.
     grad: Tensor,
     version: u64,
+    /// Frozen (LoRA's base weights): no gradient buffer, no optimizer state.
+    frozen: bool,
 }
 
 /// The `[rows, cols]` a parameter of `shape` is stored as: a vector is one row, a matrix itself,
@@ -48,6 +51,7 @@ impl Parameter {
             name,
             shape: shape.to_vec(),
             version: 0,
+            frozen: false,
         })
     }
 
@@ -118,6 +122,22 @@ impl Parameter {
         self.version += 1;
     }
 
+    /// Freezes the parameter: drops its gradient buffer; layers skip its gradient from now on.
+    pub fn freeze(&mut self) {
+        self.frozen = true;
+        self.grad = Tensor::zeros(0, 0);
+    }
+
+    /// Whether [`Parameter::freeze`] was called.
+    pub fn is_frozen(&self) -> bool {
+        self.frozen
+    }
+
+    /// The gradient to accumulate into, or `None` for a frozen parameter.
+    pub fn trainable_grad(&mut self) -> Option<&mut [f32]> {
+        (!self.frozen).then(|| self.grad.data_mut())
+    }
+
     /// Clears the gradient before the first micro-batch of a step.
     pub fn zero_grad(&mut self) {
         self.grad.data_mut().fill(0.0);
@@ -149,6 +169,12 @@ pub trait Module {
     /// after `to_device`, which resets it. Modules without an override run unchecked.
     fn check_against_cpu(&mut self, _on: bool) {}
 
+    /// Number of frozen values (weights held but not trained, e.g. LoRA's base model); modules
+    /// without frozen parameters have none.
+    fn frozen_parameter_count(&mut self) -> usize {
+        0
+    }
+
     /// Total number of trainable values.
     fn parameter_count(&mut self) -> usize {
         let mut count = 0;
@@ -178,4 +204,8 @@ pub trait Module {
 
     /// Appends the FP8 statistics of the last forward and backward, one entry per FP8 tensor slot.
     fn collect_fp8_stats(&self, _out: &mut Vec<Fp8TensorStats>) {}
+
+    /// Calls `f` on every [`Linear`] inside, in a fixed order (LoRA attaches its adapters
+    /// through it). Modules without linear layers do nothing.
+    fn visit_linears(&mut self, _f: &mut dyn FnMut(&mut Linear)) {}
 }

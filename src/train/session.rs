@@ -339,14 +339,16 @@ fn account_static(ledger: &MemoryLedger, model: &mut dyn LanguageModel, precisio
         values * dtype.bytes() as u64
     };
     let cache = model.weight_cache_bytes() as u64;
+    // Frozen weights (LoRA's base) are held in f32 with no gradient or moments.
+    let frozen = model.frozen_parameter_count() as u64 * 4;
     set_usage(ledger, MemoryCategory::MasterWeights, values * 4);
     set_usage(ledger, MemoryCategory::Gradients, values * 4);
     set_usage(ledger, MemoryCategory::OptimizerState, optimizer.state_bytes() as u64);
     if precision.is_fp8() {
-        set_usage(ledger, MemoryCategory::Parameters, compute_copies);
+        set_usage(ledger, MemoryCategory::Parameters, frozen + compute_copies);
         set_usage(ledger, MemoryCategory::Fp8Copies, cache);
     } else {
-        set_usage(ledger, MemoryCategory::Parameters, compute_copies.max(cache));
+        set_usage(ledger, MemoryCategory::Parameters, frozen + compute_copies.max(cache));
     }
 }
 

@@ -35,6 +35,10 @@ pub struct EvalArgs {
     /// Print one JSON object: {"tokens":..,"loss":..,"perplexity":..}.
     #[arg(long)]
     pub json: bool,
+    /// Evaluate with the LoRA adapters of this PEFT directory (adapter_config.json +
+    /// adapter_model.safetensors, as `fp8 train --lora-rank` writes to OUT/PRECISION/adapter).
+    #[arg(long, value_name = "DIR")]
+    pub lora: Option<PathBuf>,
 }
 
 /// A model directory's model under `precision`, and its tokenizer.
@@ -63,6 +67,9 @@ pub fn read_text(path: &std::path::Path) -> Result<String, CliError> {
 
 pub fn run(args: EvalArgs) -> Result<(), CliError> {
     let (mut model, tokenizer) = load_model(&args.model, &args.precision)?;
+    if let Some(dir) = &args.lora {
+        model.load_adapter(dir)?;
+    }
     let text = read_text(&args.text)?;
     let ids = tokenizer.encode(&text, false)?;
     let seq = args.seq.unwrap_or(model.config().max_position_embeddings.min(1024));

@@ -1,12 +1,14 @@
 //! `fp8 train --init-from DIR --text FILE`: the data and checks of a fine-tune of a loaded
 //! Hugging Face model (the loop itself is the one `fp8 train` runs for its own model).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use fp8_engine::amp::Precision;
 use fp8_engine::data::Dataset;
 use fp8_engine::data::token_windows::{DataOrder, TokenWindows};
 use fp8_engine::hf::HfModelDir;
+use fp8_engine::model::{LlamaModel, LoraConfig};
+use fp8_engine::nn::LoraSettings;
 use fp8_engine::train::session::RunConfig;
 
 use crate::error::CliError;
@@ -46,4 +48,54 @@ pub fn preflight(
     let c = &hf.config;
     fp8_engine::train::preflight::check_fine_tune(precisions, config, data, c.parameter_count(), c.vocab_size)?;
     Ok(())
+}
+
+/// `--lora-rank R [--lora-alpha A] [--lora-dropout P] [--lora-targets LIST]` or `--lora-from DIR`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LoraArgs {
+    /// Train LoRA adapters of this rank on --lora-targets, every other weight frozen (no
+    /// gradient, no optimizer state); under FP8 the rank must be a multiple of 16. The adapters
+    /// are written in PEFT's layout to OUT/PRECISION/adapter; --save-hf writes the merged model.
+    #[arg(long, value_name = "R", requires = "init_from", conflicts_with = "lora_from")]
+    lora_rank: Option<usize>,
+    /// LoRA alpha: the update is scaled by alpha / rank (default: the rank, a scale of 1).
+    #[arg(long, value_name = "A", requires = "lora_rank")]
+    lora_alpha: Option<f32>,
+    /// LoRA dropout on the adapters' input during training (masks drawn from --seed).
+    #[arg(long, value_name = "P", default_value_t = 0.0, requires = "lora_rank")]
+    lora_dropout: f32,
+    /// Projections that get adapters, comma-separated: q_proj, k_proj, v_proj, o_proj,
+    /// gate_proj, up_proj, down_proj.
+    #[arg(
+        long,
+        value_name = "LIST",
+        default_value = "q_proj,k_proj,v_proj,o_proj",
+        requires = "lora_rank"
+    )]
+    lora_targets: String,
+    /// Continue training the LoRA adapters of this PEFT directory (its rank, alpha, dropout
+    /// and targets).
+    #[arg(long, value_name = "DIR", requires = "init_from")]
+    lora_from: Option<PathBuf>,
+}
+
+impl LoraArgs {
+    /// Adds the adapters the flags ask for to `model` (freezing the rest), seeded by `seed`;
+    /// returns their configuration, or `None` for a full fine-tune.
+    pub fn attach(&self, model: &mut LlamaModel, seed: u64) -> Result<Option<LoraConfig>, CliError> {
+        if let Some(dir) = &self.lora_from {
+            return Ok(Some(model.load_adapter(dir)?));
+        }
+        let Some(rank) = self.lora_rank else {
+            return Ok(None);
+        };
+        let settings = LoraSettings {
+            rank,
+            alpha: self.lora_alpha.unwrap_or(rank as f32),
+            dropout: self.lora_dropout,
+        };
+        let lora = LoraConfig::new(settings, &self.lora_targets)?;
+        model.enable_lora(&lora, seed)?;
+        Ok(Some(lora))
+    }
 }

@@ -140,6 +140,9 @@ pub struct TrainArgs {
     /// --compare.
     #[arg(long, value_name = "DIR", requires = "init_from")]
     save_hf: Option<PathBuf>,
+    /// LoRA options (with --init-from).
+    #[command(flatten, next_help_heading = "LoRA (with --init-from)")]
+    lora: fine_tune::LoraArgs,
     /// AdamW decoupled weight decay (on matrices).
     #[arg(long, default_value_t = 0.01)]
     weight_decay: f32,
@@ -348,6 +351,7 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
         let output = match &init {
             Some(hf) => {
                 let mut model = LlamaModel::from_hf(hf, precision, config.model.recompute)?;
+                let lora = args.lora.attach(&mut model, args.seed)?;
                 let output = run_model(
                     &mut model,
                     &device,
@@ -358,6 +362,16 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
                     control,
                     &mut on_step,
                 )?;
+                if let (Some(lora), Some(source)) = (&lora, &args.init_from) {
+                    let adapter = dir.join("adapter");
+                    model.save_adapter(lora, &source.display().to_string(), &adapter)?;
+                    eprintln!(
+                        "fp8 train: wrote the LoRA adapters (PEFT layout) to {}",
+                        adapter.display()
+                    );
+                    // --save-hf writes the merged model: W + (alpha / r) B A.
+                    model.merge_lora();
+                }
                 if let (Some(save), Some(source)) = (&args.save_hf, &args.init_from) {
                     let target = match precisions.len() {
                         1 => save.clone(),

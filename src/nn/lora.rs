@@ -1,0 +1,280 @@
+//! LoRA adapters: `y = W x + (alpha / r) B (A dropout(x))` added to a slice of a frozen
+//! [`super::Linear`]'s outputs.
+//!
+//! A layer that fuses several projections (q/k/v, gate/up) carries one adapter per projection,
+//! each on its own row range of the fused output, as PEFT keeps one `lora_A`/`lora_B` pair per
+//! module. `A` `[r, in]` starts Kaiming-uniform with PEFT's `a = sqrt(5)`, which is
+//! `U(-1/sqrt(in), 1/sqrt(in))`; `B` `[out, r]` starts at zero, so a fresh adapter changes
+//! nothing. Both are f32 masters; their two GEMMs run in the layer's precision through the same
+//! [`LinearGemms`] as every other linear layer (FP8 needs `r` to be a multiple of 16).
+//! Dropout masks come from the adapter's seed and its count of training forwards, so a run is
+//! reproducible and a recompute replays the same mask.
+
+use super::init::{SplitMix64, child_seed};
+use super::linear_gemms::LinearGemms;
+use super::param::Parameter;
+use crate::amp::Precision;
+use crate::error::{Error, Result};
+use crate::scaling::{DelayedSlot, Fp8TensorStats};
+use crate::tensor::Dtype;
+
+/// Rank, scale and dropout shared by every adapter of a run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LoraSettings {
+    /// Rank `r` (inner dimension of `B A`).
+    pub rank: usize,
+    /// `alpha`: the update is scaled by `alpha / r`.
+    pub alpha: f32,
+    /// Probability that an input feature is zeroed before `A` (training forwards only).
+    pub dropout: f32,
+}
+
+impl LoraSettings {
+    /// Checks rank > 0, finite alpha and dropout in `[0, 1)`.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |setting: &'static str, value: String, reason: &str| {
+            Err(Error::InvalidSetting {
+                setting,
+                value,
+                reason: reason.into(),
+            })
+        };
+        if self.rank == 0 {
+            return bad("lora-rank", "0".into(), "the rank must be at least 1");
+        }
+        if !self.alpha.is_finite() {
+            return bad("lora-alpha", self.alpha.to_string(), "must be finite");
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return bad("lora-dropout", self.dropout.to_string(), "must be in [0, 1)");
+        }
+        Ok(())
+    }
+
+    /// `alpha / r` in f64 (the merge uses it as is, the forward rounds it to f32 once).
+    pub fn scale_f64(&self) -> f64 {
+        self.alpha as f64 / self.rank as f64
+    }
+}
+
+/// One adapter on output rows `offset..offset + out` of its layer.
+pub struct LoraAdapter {
+    module: String,
+    offset: usize,
+    out: usize,
+    in_features: usize,
+    settings: LoraSettings,
+    a: Parameter,
+    b: Parameter,
+    gemm_a: LinearGemms,
+    gemm_b: LinearGemms,
+    dtype: Dtype,
+    seed: u64,
+    /// Training forwards run so far: the dropout mask of forward `n` is drawn from `(seed, n)`.
+    forwards: u64,
+    /// Whether dropout applies (training); evaluation turns it off.
+    dropout_active: bool,
+    /// Multiplier per input value (0 or `1 / (1 - p)`) of the last training forward.
+    mask: Option<Vec<f32>>,
+}
+
+impl LoraAdapter {
+    /// An adapter named `module` (its parameters are `module.lora_A.weight` `[r, in]` and
+    /// `module.lora_B.weight` `[out, r]`) on rows `offset..offset + out` of a layer with
+    /// `in_features` inputs.
+    pub fn new(
+        module: &str,
+        offset: usize,
+        out: usize,
+        in_features: usize,
+        settings: &LoraSettings,
+        precision: &Precision,
+        seed: u64,
+    ) -> Result<Self> {
+        settings.validate()?;
+        let r = settings.rank;
+        let bound = 1.0 / (in_features.max(1) as f64).sqrt();
+        let mut rng = SplitMix64::new(child_seed(seed, 1));
+        let a_init = (0..r * in_features)
+            .map(|_| ((rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * bound)
+            .map(|v| v as f32)
+            .collect();
+        Ok(LoraAdapter {
+            module: module.to_string(),
+            offset,
+            out,
+            in_features,
+            settings: *settings,
+            a: Parameter::new(format!("{module}.lora_A.weight"), &[r, in_features], a_init)?,
+            b: Parameter::new(format!("{module}.lora_B.weight"), &[out, r], vec![0.0; out * r])?,
+            gemm_a: LinearGemms::new(&format!("{module}.lora_A"), in_features, r, precision)?,
+            gemm_b: LinearGemms::new(&format!("{module}.lora_B"), r, out, precision)?,
+            dtype: precision.compute_dtype(),
+            seed: child_seed(seed, 2),
+            forwards: 0,
+            dropout_active: true,
+            mask: None,
+        })
+    }
+
+    /// The module name, e.g. `model.layers.0.self_attn.q_proj`.
+    pub fn module(&self) -> &str {
+        &self.module
+    }
+
+    /// First output row of the layer this adapter adds to, and how many rows.
+    pub fn rows(&self) -> (usize, usize) {
+        (self.offset, self.out)
+    }
+
+    /// `A` `[r, in]`.
+    pub fn a(&self) -> &Parameter {
+        &self.a
+    }
+
+    /// `B` `[out, r]`.
+    pub fn b(&self) -> &Parameter {
+        &self.b
+    }
+
+    /// Rank, alpha, dropout.
+    pub fn settings(&self) -> &LoraSettings {
+        &self.settings
+    }
+
+    pub(crate) fn set_dropout_active(&mut self, on: bool) {
+        self.dropout_active = on;
+    }
+
+    pub(crate) fn set_backend(&mut self, backend: crate::dispatch::Backend) {
+        self.gemm_a.set_backend(backend.clone());
+        self.gemm_b.set_backend(backend);
+    }
+
+    pub(crate) fn check_against_cpu(&mut self, on: bool) {
+        self.gemm_a.check_against_cpu(on);
+        self.gemm_b.check_against_cpu(on);
+    }
+
+    /// The dropout multipliers of training forward `n`.
+    fn mask_of(&self, n: u64, len: usize) -> Vec<f32> {
+        let p = self.settings.dropout as f64;
+        let keep = (1.0 / (1.0 - p)) as f32;
+        let mut rng = SplitMix64::new(child_seed(self.seed, n));
+        (0..len)
+            .map(|_| {
+                let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+                if u < p { 0.0 } else { keep }
+            })
+            .collect()
+    }
+
+    /// Adds `(alpha / r) B (A dropout(x))` to rows `offset..offset + out` of every row of `y`
+    /// (`[rows, y_cols]`, already rounded to the compute dtype), rounding the sum again.
+    pub(crate) fn forward_add(
+        &mut self,
+        x: &[f32],
+        rows: usize,
+        y: &mut [f32],
+        y_cols: usize,
+        replay: bool,
+    ) -> Result<()> {
+        let dropout = self.dropout_active && self.settings.dropout > 0.0;
+        let dropped;
+        let input = if dropout {
+            if !replay {
+                self.forwards += 1;
+            }
+            let mask = self.mask_of(self.forwards, x.len());
+            let mut d: Vec<f32> = x.iter().zip(&mask).map(|(v, m)| v * m).collect();
+            self.dtype.round_slice(&mut d);
+            self.mask = Some(mask);
+            dropped = d;
+            &dropped[..]
+        } else {
+            self.mask = None;
+            x
+        };
+        let h = self.gemm_a.forward(input, rows, &self.a, None, replay)?;
+        let u = self.gemm_b.forward(&h, rows, &self.b, None, replay)?;
+        let scale = self.settings.scale_f64() as f32;
+        for (y_row, u_row) in y.chunks_exact_mut(y_cols).zip(u.chunks_exact(self.out)) {
+            for (yv, uv) in y_row[self.offset..self.offset + self.out].iter_mut().zip(u_row) {
+                *yv = self.dtype.round(*yv + scale * uv);
+            }
+        }
+        Ok(())
+    }
+
+    /// Accumulates dA and dB from `dy` `[rows, dy_cols]` (the layer's output gradient) and adds
+    /// this adapter's share to `dx` `[rows, in]`, rounding it again.
+    pub(crate) fn backward_add(&mut self, dy: &[f32], dy_cols: usize, dx: &mut [f32]) -> Result<()> {
+        let scale = self.settings.scale_f64() as f32;
+        let mut du: Vec<f32> = dy
+            .chunks_exact(dy_cols)
+            .flat_map(|row| row[self.offset..self.offset + self.out].iter().map(|g| scale * g))
+            .collect();
+        self.dtype.round_slice(&mut du);
+        let dh = self.gemm_b.backward(&du, Some(self.b.grad_mut()), None)?;
+        let dxd = self.gemm_a.backward(&dh, Some(self.a.grad_mut()), None)?;
+        if dxd.len() != dx.len() {
+            return Err(Error::LengthMismatch {
+                what: "LoRA input gradient",
+                src: dxd.len(),
+                dst: dx.len(),
+            });
+        }
+        match self.mask.take() {
+            Some(mask) => dx
+                .iter_mut()
+                .zip(dxd.iter().zip(&mask))
+                .for_each(|(d, (g, m))| *d = self.dtype.round(*d + g * m)),
+            None => dx.iter_mut().zip(&dxd).for_each(|(d, g)| *d = self.dtype.round(*d + g)),
+        }
+        Ok(())
+    }
+
+    /// `W + (alpha / r) B A` for this adapter's rows of `weight` (`[layer out, in]`, f32): each
+    /// value is `W + s * sum_k B[o,k] A[k,i]` computed in f64 (products of two f32 are exact in
+    /// f64; the sum runs over `k` ascending; `s = alpha / r` in f64) and rounded to f32 once.
+    pub fn merge_into(&self, weight: &mut [f32]) {
+        let (r, inp, s) = (self.settings.rank, self.in_features, self.settings.scale_f64());
+        let (a, b) = (self.a.value(), self.b.value());
+        for o in 0..self.out {
+            let row = &mut weight[(self.offset + o) * inp..(self.offset + o + 1) * inp];
+            for (i, w) in row.iter_mut().enumerate() {
+                let delta: f64 = (0..r).map(|k| b[o * r + k] as f64 * a[k * inp + i] as f64).sum();
+                *w = (*w as f64 + s * delta) as f32;
+            }
+        }
+    }
+
+    pub(crate) fn clear_saved(&mut self) {
+        self.gemm_a.clear_saved();
+        self.gemm_b.clear_saved();
+        self.mask = None;
+    }
+
+    pub(crate) fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
+        f(&mut self.a);
+        f(&mut self.b);
+    }
+
+    pub(crate) fn visit_slots(&mut self, f: &mut dyn FnMut(&str, &mut DelayedSlot)) {
+        self.gemm_a.visit_slots(f);
+        self.gemm_b.visit_slots(f);
+    }
+
+    pub(crate) fn saved_bytes(&self) -> usize {
+        self.gemm_a.saved_bytes() + self.gemm_b.saved_bytes() + self.mask.as_ref().map_or(0, |m| m.len() * 4)
+    }
+
+    pub(crate) fn weight_cache_bytes(&self) -> usize {
+        self.gemm_a.weight_cache_bytes() + self.gemm_b.weight_cache_bytes()
+    }
+
+    pub(crate) fn collect_stats(&self, out: &mut Vec<Fp8TensorStats>) {
+        self.gemm_a.collect_stats(out);
+        self.gemm_b.collect_stats(out);
+    }
+}
