@@ -156,6 +156,13 @@ mod tests {
         let s = cheapest_fit(&c, &start(), 24 * GIB).expect("7B fits 24 GiB with LoRA and an FP8 base");
         assert!(s.plan.total_bytes() <= 24 * GIB);
         assert!(s.changes.contains(&Change::Lora), "{:?}", s.changes);
+        // Every cheaper change, all of them at once, does not fit.
+        let cheaper = PlanSettings {
+            recompute: true,
+            micro_batch: 1,
+            ..start()
+        };
+        assert!(plan(&c, &cheaper).total_bytes() > 24 * GIB);
         // Full training of 7B (16 bytes a value for masters, gradients and moments) never fits.
         let full = cheapest_fit(
             &c,
