@@ -195,7 +195,9 @@ pub fn parse_bytes(text: &str) -> Option<u64> {
     };
     let value: f64 = number.parse().ok()?;
     let bytes = (value * factor).round();
-    (bytes.is_finite() && bytes >= 0.0 && bytes < 18_446_744_073_709_551_616.0).then_some(bytes as u64)
+    (0.0..18_446_744_073_709_551_616.0)
+        .contains(&bytes)
+        .then_some(bytes as u64)
 }
 
 #[cfg(test)]
