@@ -25,6 +25,7 @@ pub mod memory;
 pub mod model;
 pub mod nn;
 pub mod ops;
+pub mod plan;
 pub mod quantize;
 pub mod scaling;
 pub mod tensor;

@@ -172,9 +172,50 @@ pub fn human_bytes(bytes: u64) -> String {
     format!("{value:.decimals$} {}", UNITS[unit])
 }
 
+/// A byte count as people write it: `24GiB`, `24 GiB`, `80GB`, `512MiB`, `1048576`. Binary units
+/// (KiB, MiB, GiB, TiB) are powers of 1024, decimal ones (KB, MB, GB, TB) of 1000; a fraction is
+/// allowed with a unit (`1.5GiB`). `None` for anything else or a count past 2^64.
+pub fn parse_bytes(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let factor: f64 = match unit.trim() {
+        "" | "B" => return number.parse().ok(),
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        "TiB" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        "KB" | "kB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        _ => return None,
+    };
+    let value: f64 = number.parse().ok()?;
+    let bytes = (value * factor).round();
+    (0.0..18_446_744_073_709_551_616.0)
+        .contains(&bytes)
+        .then_some(bytes as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_counts_parse_in_binary_and_decimal_units() {
+        assert_eq!(parse_bytes("24GiB"), Some(24 << 30));
+        assert_eq!(parse_bytes("24 GiB"), Some(24 << 30));
+        assert_eq!(parse_bytes("1.5GiB"), Some(3 << 29));
+        assert_eq!(parse_bytes("80GB"), Some(80_000_000_000));
+        assert_eq!(parse_bytes("512MiB"), Some(512 << 20));
+        assert_eq!(parse_bytes("1048576"), Some(1 << 20));
+        for bad in ["", "GiB", "24 GiBs", "-1GiB", "1.5", "1e3", "99999999999TiB"] {
+            assert_eq!(parse_bytes(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn peaks_follow_the_highest_current_per_category_and_in_total() {

@@ -7,8 +7,10 @@
 use crate::amp::Precision;
 use crate::data::Dataset;
 use crate::error::{Error, Result};
-use crate::model::{DecoderModel, ModelConfig};
+use crate::hf::HfConfig;
+use crate::model::{DecoderModel, ModelConfig, Recompute};
 use crate::nn::FP8_DIM_MULTIPLE;
+use crate::plan::{BasePrecision, PlanSettings, plan};
 
 use super::session::RunConfig;
 
@@ -46,23 +48,35 @@ pub fn check_run(precisions: &[Precision], config: &RunConfig, data: &Dataset) -
     Ok(())
 }
 
-/// [`check_run`] for a model loaded from a checkpoint (`parameters` values, `vocab` outputs):
-/// batch shapes under every precision and the memory of the parameters, their optimizer state
-/// and the logits (the model's own shape rules were checked when it was built).
-pub fn check_fine_tune(
-    precisions: &[Precision],
-    config: &RunConfig,
-    data: &Dataset,
-    parameters: u128,
-    vocab: usize,
-) -> Result<()> {
+/// [`check_run`] for a model loaded from a checkpoint of `model`'s config: batch shapes under
+/// every precision, and the memory planner's peak ([`crate::plan`]) of the largest precision
+/// against the host's available memory, before any weight is read.
+pub fn check_fine_tune(precisions: &[Precision], config: &RunConfig, data: &Dataset, model: &HfConfig) -> Result<()> {
     let micro = micro_batch(config)?;
-    let tokens = (micro as u128).saturating_mul(data.seq_len() as u128);
-    let needed = parameters
-        .saturating_mul(u128::from(BYTES_PER_PARAMETER))
-        .saturating_add(tokens.saturating_mul(vocab as u128).saturating_mul(12));
+    let recompute = match config.model.recompute {
+        Recompute::None => false,
+        Recompute::Every => true,
+        // The planner knows all or nothing; every-N keeps more than "every" and less than "none".
+        Recompute::EveryNth(_) => false,
+    };
+    let needed = precisions
+        .iter()
+        .map(|precision| {
+            let settings = PlanSettings {
+                precision: precision.clone(),
+                base: BasePrecision::Same,
+                lora: None,
+                micro_batch: micro,
+                seq: data.seq_len(),
+                recompute,
+            };
+            plan(model, &settings).total_bytes()
+        })
+        .max()
+        .unwrap_or(0);
     let what = format!(
-        "fine-tuning ({parameters} parameters, {micro} sequences of {} tokens)",
+        "fine-tuning ({} parameters, {micro} sequences of {} tokens; `fp8 plan` shows the bytes by category)",
+        model.parameter_count(),
         data.seq_len()
     );
     crate::io::ensure_fits(&what, u64::try_from(needed).ok())?;

@@ -45,8 +45,7 @@ pub fn preflight(
     data: &Dataset,
     hf: &HfModelDir,
 ) -> Result<(), CliError> {
-    let c = &hf.config;
-    fp8_engine::train::preflight::check_fine_tune(precisions, config, data, c.parameter_count(), c.vocab_size)?;
+    fp8_engine::train::preflight::check_fine_tune(precisions, config, data, &hf.config)?;
     Ok(())
 }
 

@@ -27,6 +27,7 @@ mod generate;
 mod info;
 mod inspect;
 mod number_text;
+mod plan;
 mod quantize;
 mod raw_io;
 mod recipe;
@@ -62,6 +63,7 @@ enum Command {
     Train(Box<train::TrainArgs>),
     Eval(eval::EvalArgs),
     Generate(generate::GenerateArgs),
+    Plan(plan::PlanArgs),
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
@@ -79,6 +81,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Train(args) => train::run_train(*args),
         Command::Eval(args) => eval::run(args),
         Command::Generate(args) => generate::run(args),
+        Command::Plan(args) => plan::run(args),
     }
 }
 

@@ -1,0 +1,206 @@
+//! The memory planner against the memory ledger: small Llama-family models trained on the CPU
+//! backend under several precisions, micro-batches and recompute settings; the planned peak must
+//! be within 5% of the peak the ledger measured.
+
+use fp8_engine::amp::Precision;
+use fp8_engine::data::Dataset;
+use fp8_engine::data::token_windows::{DataOrder, TokenWindows};
+use fp8_engine::device::{Device, DeviceChoice};
+use fp8_engine::hf::HfConfig;
+use fp8_engine::model::{LlamaModel, ModelConfig, Recompute};
+use fp8_engine::plan::{BasePrecision, PlanSettings, plan};
+use fp8_engine::train::session::{RunConfig, RunControl, run_model};
+
+fn config(tied: bool, bias: bool) -> HfConfig {
+    let arch = if bias { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" };
+    HfConfig::from_json(&format!(
+        r#"{{"architectures": ["{arch}"], "hidden_size": 64, "intermediate_size": 160,
+            "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "vocab_size": 96, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0, "tie_word_embeddings": {tied}, "hidden_act": "silu"}}"#
+    ))
+    .unwrap()
+}
+
+/// Peak bytes of a 2-step run (the second forward sees the optimizer state and every cache).
+fn measured_peak(c: &HfConfig, precision: &Precision, micro_batch: usize, seq: usize, recompute: bool) -> u64 {
+    let ids: Vec<u32> = (0..4096u32).map(|i| (i * 7 + i / 5) % c.vocab_size as u32).collect();
+    let windows = TokenWindows::new(&ids, seq, c.vocab_size, DataOrder::Sequential, 1, "test".into()).unwrap();
+    let data = Dataset::Tokens(windows);
+    let recompute = if recompute { Recompute::Every } else { Recompute::None };
+    let mut model = LlamaModel::new(c, precision, recompute, 7).unwrap();
+    let run = RunConfig {
+        model: ModelConfig::default(),
+        steps: 2,
+        batch: 2 * micro_batch,
+        micro_batches: 2,
+        lr: 1e-3,
+        warmup: 0,
+        ..RunConfig::default()
+    };
+    let dir = std::env::temp_dir().join(format!(
+        "fp8-plan-{}-{}-{micro_batch}-{seq}-{recompute:?}-{}",
+        std::process::id(),
+        precision.name(),
+        c.tie_word_embeddings
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let device = Device::select(DeviceChoice::Cpu).unwrap();
+    let out = run_model(
+        &mut model,
+        &device,
+        precision,
+        &run,
+        &data,
+        &dir,
+        RunControl::default(),
+        &mut |_| {},
+    )
+    .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    out.summary.peak_bytes
+}
+
+#[test]
+fn planned_peak_is_within_5_percent_of_the_ledger() {
+    let mut worst = 0f64;
+    for (tied, bias) in [(false, false), (true, true)] {
+        let c = config(tied, bias);
+        for precision in ["fp32", "bf16", "fp16", "fp8-delayed", "fp8-block", "mxfp8"] {
+            for (micro_batch, seq, recompute) in [(1, 16, false), (2, 32, false), (4, 16, true), (1, 64, true)] {
+                let precision: Precision = precision.parse().unwrap();
+                let measured = measured_peak(&c, &precision, micro_batch, seq, recompute);
+                let planned = plan(
+                    &c,
+                    &PlanSettings {
+                        precision: precision.clone(),
+                        base: BasePrecision::Same,
+                        lora: None,
+                        micro_batch,
+                        seq,
+                        recompute,
+                    },
+                )
+                .total_bytes() as f64;
+                let error = (planned - measured as f64).abs() / measured as f64;
+                worst = worst.max(error);
+                assert!(
+                    error <= 0.05,
+                    "{} tied={tied} micro-batch {micro_batch} seq {seq} recompute {recompute}: planned {planned}, measured {measured}",
+                    precision.name()
+                );
+            }
+        }
+    }
+    eprintln!("worst relative error {worst:.4}");
+}
+
+fn fp8(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_fp8"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn fixture(rel: &str) -> String {
+    format!("{}/tests/fixtures/{rel}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn plan_json(args: &[&str]) -> serde_json::Value {
+    let out = fp8(&[&["plan", "--json"], args].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn cli_counts_the_published_llama_shapes_exactly() {
+    for (file, count) in [
+        ("llama-2-7b.json", 6_738_415_616u64),
+        ("llama-2-13b.json", 13_015_864_320),
+        ("codellama-34b.json", 33_743_970_304),
+        ("llama-2-70b.json", 68_976_648_192),
+    ] {
+        let v = plan_json(&["--model", &fixture(&format!("plan/{file}"))]);
+        assert_eq!(v["parameters"], count, "{file}");
+        assert_eq!(v["trainable_parameters"], count, "{file}");
+        let sum: u64 = v["bytes"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|b| b.as_u64().unwrap())
+            .sum();
+        assert_eq!(v["total_bytes"], sum, "{file}");
+        assert_eq!(v["bytes"].as_object().unwrap().len(), 7, "{file}");
+        assert!(v.get("fits").is_none());
+    }
+}
+
+#[test]
+fn cli_says_whether_it_fits_and_suggests_the_cheapest_change() {
+    let model = fixture("plan/llama-2-7b.json");
+    let lora = plan_json(&[
+        "--model",
+        &model,
+        "--lora-rank",
+        "16",
+        "--base-precision",
+        "fp8",
+        "--recompute",
+        "every",
+        "--gpu-memory",
+        "12GiB",
+    ]);
+    assert_eq!(lora["trainable_parameters"], 16_777_216u64);
+    assert_eq!(lora["fits"], true);
+    assert!(lora.get("suggestion").is_none());
+    let full = plan_json(&["--model", &model, "--gpu-memory", "24GiB"]);
+    assert_eq!(full["fits"], false);
+    let suggestion = &full["suggestion"];
+    assert!(suggestion["total_bytes"].as_u64().unwrap() <= 24 << 30, "{suggestion}");
+    let changes = suggestion["changes"].to_string();
+    assert!(changes.contains("--lora-rank 16"), "{changes}");
+    // Human-readable output names every category and the verdict.
+    let out = fp8(&["plan", "--model", &model, "--gpu-memory", "24GiB"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("does not fit in 24.0 GiB") && text.contains("cheapest change that fits"),
+        "{text}"
+    );
+    for bad in [
+        vec!["--gpu-memory", "lots"],
+        vec!["--base-precision", "int4"],
+        vec!["--lora-rank", "8", "--lora-targets", "qkv"],
+        vec!["--micro-batch", "0"],
+    ] {
+        let out = fp8(&[&["plan", "--model", &model], &bad[..]].concat());
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!out.status.success() && err.contains(bad[1]), "{bad:?}: {err}");
+    }
+}
+
+#[test]
+fn train_refuses_a_fine_tune_the_plan_says_will_not_fit_before_loading() {
+    let out_dir = std::env::temp_dir().join(format!("fp8-plan-refuse-{}", std::process::id()));
+    // 2^26 sequences of 16 tokens per micro-batch: the logits alone are terabytes.
+    let out = fp8(&[
+        "train",
+        "--init-from",
+        &fixture("hf/models/llama"),
+        "--text",
+        &fixture("hf/text/finetune.txt"),
+        "--seq",
+        "16",
+        "--batch",
+        "67108864",
+        "--steps",
+        "1",
+        "--precision",
+        "fp32",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("fp8 plan") && err.contains("bytes"), "{err}");
+    assert!(!out_dir.exists(), "nothing is written before the check");
+}
