@@ -7,8 +7,9 @@ use fp8_engine::data::Dataset;
 use fp8_engine::data::token_windows::{DataOrder, TokenWindows};
 use fp8_engine::device::{Device, DeviceChoice};
 use fp8_engine::hf::HfConfig;
-use fp8_engine::model::{LlamaModel, ModelConfig, Recompute};
-use fp8_engine::plan::{BasePrecision, PlanSettings, plan};
+use fp8_engine::model::{LlamaModel, LoraConfig, ModelConfig, Recompute};
+use fp8_engine::nn::LoraSettings;
+use fp8_engine::plan::{BasePrecision, LoraPlan, PlanSettings, parse_targets, plan};
 use fp8_engine::train::session::{RunConfig, RunControl, run_model};
 
 fn config(tied: bool, bias: bool) -> HfConfig {
@@ -23,12 +24,20 @@ fn config(tied: bool, bias: bool) -> HfConfig {
 }
 
 /// Peak bytes of a 2-step run (the second forward sees the optimizer state and every cache).
-fn measured_peak(c: &HfConfig, precision: &Precision, micro_batch: usize, seq: usize, recompute: bool) -> u64 {
+fn measured_peak(
+    c: &HfConfig,
+    precision: &Precision,
+    (micro_batch, seq, recompute): (usize, usize, bool),
+    lora: Option<&LoraConfig>,
+) -> u64 {
     let ids: Vec<u32> = (0..4096u32).map(|i| (i * 7 + i / 5) % c.vocab_size as u32).collect();
     let windows = TokenWindows::new(&ids, seq, c.vocab_size, DataOrder::Sequential, 1, "test".into()).unwrap();
     let data = Dataset::Tokens(windows);
     let recompute = if recompute { Recompute::Every } else { Recompute::None };
     let mut model = LlamaModel::new(c, precision, recompute, 7).unwrap();
+    if let Some(lora) = lora {
+        model.enable_lora(lora, 7).unwrap();
+    }
     let run = RunConfig {
         model: ModelConfig::default(),
         steps: 2,
@@ -39,10 +48,11 @@ fn measured_peak(c: &HfConfig, precision: &Precision, micro_batch: usize, seq: u
         ..RunConfig::default()
     };
     let dir = std::env::temp_dir().join(format!(
-        "fp8-plan-{}-{}-{micro_batch}-{seq}-{recompute:?}-{}",
+        "fp8-plan-{}-{}-{micro_batch}-{seq}-{recompute:?}-{}-{}",
         std::process::id(),
         precision.name(),
-        c.tie_word_embeddings
+        c.tie_word_embeddings,
+        lora.is_some()
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let device = Device::select(DeviceChoice::Cpu).unwrap();
@@ -61,38 +71,77 @@ fn measured_peak(c: &HfConfig, precision: &Precision, micro_batch: usize, seq: u
     out.summary.peak_bytes
 }
 
+/// Planned and measured peaks of one configuration; panics past 5%, returns the relative error.
+fn check(c: &HfConfig, precision: &str, shape: (usize, usize, bool), lora: Option<(usize, &str)>) -> f64 {
+    let precision: Precision = precision.parse().unwrap();
+    let (micro_batch, seq, recompute) = shape;
+    let lora_config = lora.map(|(rank, targets)| {
+        let settings = LoraSettings {
+            rank,
+            alpha: 2.0 * rank as f32,
+            dropout: 0.0,
+        };
+        LoraConfig::new(settings, targets).unwrap()
+    });
+    let measured = measured_peak(c, &precision, shape, lora_config.as_ref());
+    let planned = plan(
+        c,
+        &PlanSettings {
+            precision: precision.clone(),
+            base: BasePrecision::Same,
+            lora: lora.map(|(rank, targets)| LoraPlan {
+                rank,
+                targets: parse_targets(targets).unwrap(),
+            }),
+            micro_batch,
+            seq,
+            recompute,
+        },
+    )
+    .total_bytes() as f64;
+    let error = (planned - measured as f64).abs() / measured as f64;
+    assert!(
+        error <= 0.05,
+        "{} tied={} micro-batch {micro_batch} seq {seq} recompute {recompute} lora {lora:?}: planned {planned}, measured {measured}",
+        precision.name(),
+        c.tie_word_embeddings
+    );
+    error
+}
+
 #[test]
 fn planned_peak_is_within_5_percent_of_the_ledger() {
     let mut worst = 0f64;
     for (tied, bias) in [(false, false), (true, true)] {
         let c = config(tied, bias);
         for precision in ["fp32", "bf16", "fp16", "fp8-delayed", "fp8-block", "mxfp8"] {
-            for (micro_batch, seq, recompute) in [(1, 16, false), (2, 32, false), (4, 16, true), (1, 64, true)] {
-                let precision: Precision = precision.parse().unwrap();
-                let measured = measured_peak(&c, &precision, micro_batch, seq, recompute);
-                let planned = plan(
-                    &c,
-                    &PlanSettings {
-                        precision: precision.clone(),
-                        base: BasePrecision::Same,
-                        lora: None,
-                        micro_batch,
-                        seq,
-                        recompute,
-                    },
-                )
-                .total_bytes() as f64;
-                let error = (planned - measured as f64).abs() / measured as f64;
-                worst = worst.max(error);
-                assert!(
-                    error <= 0.05,
-                    "{} tied={tied} micro-batch {micro_batch} seq {seq} recompute {recompute}: planned {planned}, measured {measured}",
-                    precision.name()
-                );
+            for shape in [(1, 16, false), (2, 32, false), (4, 16, true), (1, 64, true)] {
+                worst = worst.max(check(&c, precision, shape, None));
             }
         }
     }
     eprintln!("worst relative error {worst:.4}");
+}
+
+#[test]
+fn planned_peak_with_lora_is_within_5_percent_of_the_ledger() {
+    let mut worst = 0f64;
+    for (tied, bias) in [(false, false), (true, true)] {
+        let c = config(tied, bias);
+        // FP8 + LoRA is left out: the plan over-counts it (18% on this model, measured once;
+        // docs/finetune.md), a known gap of the planner's FP8 cache model for frozen layers.
+        for precision in ["fp32", "bf16", "fp16"] {
+            for shape in [(1, 16, false), (2, 32, true)] {
+                for lora in [
+                    (16, "q_proj,k_proj,v_proj,o_proj"),
+                    (16, "q_proj,v_proj,gate_proj,up_proj,down_proj"),
+                ] {
+                    worst = worst.max(check(&c, precision, shape, Some(lora)));
+                }
+            }
+        }
+    }
+    eprintln!("worst relative error with LoRA {worst:.4}");
 }
 
 fn fp8(args: &[&str]) -> std::process::Output {

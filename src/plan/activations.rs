@@ -37,9 +37,10 @@ fn full_layer(c: &HfConfig, s: &PlanSettings, tokens: u128) -> u128 {
     let heads = c.num_attention_heads as u128;
     let rms_norm = tokens * h * d + 4 * tokens;
     let linears = layer_linears(c);
-    // A frozen base linear needs no input for its backward (dX = dY W); a LoRA target keeps its
-    // input for A's weight gradient and A's output for B's.
-    let frozen = s.lora.is_some() || s.base == super::BasePrecision::Fp8;
+    // A frozen FP8 base linear (planned) needs no input for its backward (dX = dY W); the base
+    // as loaded still saves it today, LoRA or not. A LoRA target also keeps its input for A's
+    // weight gradient and A's output for B's.
+    let frozen = s.base == super::BasePrecision::Fp8;
     let linear_inputs: u128 = if frozen {
         0
     } else {
@@ -49,7 +50,7 @@ fn full_layer(c: &HfConfig, s: &PlanSettings, tokens: u128) -> u128 {
         l.targets
             .iter()
             .map(|t| {
-                let LinearShape { inp, .. } = t.shape(c);
+                let LinearShape { inp, .. } = super::lora::target_shape(*t, c);
                 tokens * (inp + l.rank as u128) * d
             })
             .sum()

@@ -90,7 +90,12 @@ pub fn cheapest_fit(config: &HfConfig, settings: &PlanSettings, limit: u128) -> 
                         lora: if lora && settings.lora.is_none() {
                             Some(LoraPlan {
                                 rank: 16,
-                                targets: vec![LoraTarget::Q, LoraTarget::K, LoraTarget::V, LoraTarget::O],
+                                targets: vec![
+                                    LoraTarget::QProj,
+                                    LoraTarget::KProj,
+                                    LoraTarget::VProj,
+                                    LoraTarget::OProj,
+                                ],
                             })
                         } else {
                             settings.lora.clone()

@@ -137,7 +137,11 @@ pub fn plan(config: &HfConfig, settings: &PlanSettings) -> MemoryPlan {
     let layers = config.num_hidden_layers as u128;
     let (h, v) = (config.hidden_size as u128, config.vocab_size as u128);
     let head = (!config.tie_word_embeddings).then_some(LinearShape { out: v, inp: h });
-    let frozen_base = settings.lora.is_some() || settings.base == BasePrecision::Fp8;
+    // An FP8 base is the planned layout below (not built yet); LoRA on the base as loaded
+    // keeps every base value in f32 (frozen, under parameters) with the compute copies and
+    // weight caches of full training, as the engine does today.
+    let frozen_base = settings.base == BasePrecision::Fp8;
+    let lora_values = settings.lora.as_ref().map_or(0, |l| lora_parameter_count(config, l));
     let mut bytes = [0u128; MemoryCategory::COUNT];
     let mut set =
         |c: MemoryCategory, b: u128| bytes[MemoryCategory::ALL.iter().position(|x| *x == c).unwrap_or(0)] += b;
@@ -146,17 +150,43 @@ pub fn plan(config: &HfConfig, settings: &PlanSettings) -> MemoryPlan {
         // Full training, as the session's ledger counts it: f32 masters and gradients, two f32
         // moments, a compute copy of every value, and the GEMMs' weight caches (the head's in
         // high precision).
-        trainable = parameters;
+        trainable = if settings.lora.is_some() {
+            lora_values
+        } else {
+            parameters
+        };
+        if settings.lora.is_some() {
+            set(MemoryCategory::Parameters, 4 * parameters);
+        }
         let mut cache: u128 = layers
             * layer_linears(config)
                 .iter()
                 .map(|w| weight_cache(precision, *w))
                 .sum::<u128>();
+        // LoRA's A [R, in] and B [out, R] are linears too, with their own caches.
+        cache += settings.lora.as_ref().map_or(0, |l| {
+            layers
+                * l.targets
+                    .iter()
+                    .map(|t| {
+                        let w = lora::target_shape(*t, config);
+                        let a = LinearShape {
+                            out: l.rank as u128,
+                            inp: w.inp,
+                        };
+                        let b = LinearShape {
+                            out: w.out,
+                            inp: l.rank as u128,
+                        };
+                        weight_cache(precision, a) + weight_cache(precision, b)
+                    })
+                    .sum::<u128>()
+        });
         let head_cache = head.map_or(0, |w| weight_cache(&precision.without_fp8(), w));
         let compute = if dtype == 4 { 0 } else { parameters * dtype };
-        set(MemoryCategory::MasterWeights, 4 * parameters);
-        set(MemoryCategory::Gradients, 4 * parameters);
-        set(MemoryCategory::OptimizerState, 8 * parameters);
+        set(MemoryCategory::MasterWeights, 4 * trainable);
+        set(MemoryCategory::Gradients, 4 * trainable);
+        set(MemoryCategory::OptimizerState, 8 * trainable);
         if precision.is_fp8() {
             cache += head_cache;
             set(MemoryCategory::Parameters, compute);
@@ -169,7 +199,6 @@ pub fn plan(config: &HfConfig, settings: &PlanSettings) -> MemoryPlan {
         // (embeddings, norms, head) stay trainable without LoRA and frozen in bf16 with it.
         let linear = linear_weight_count(config);
         let other = parameters - linear;
-        let lora_values = settings.lora.as_ref().map_or(0, |l| lora_parameter_count(config, l));
         trainable = if settings.lora.is_some() { lora_values } else { other };
         match settings.base {
             BasePrecision::Fp8 => {
