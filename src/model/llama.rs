@@ -9,6 +9,7 @@ use crate::data::IGNORE_INDEX as IGNORE;
 use crate::dispatch::{Backend, RopeTable};
 use crate::error::{Error, Result};
 use crate::hf::HfConfig;
+use crate::nn::VisitLinears;
 use crate::nn::{
     Fp8TensorStats, GqaConfig, KvCache, Linear, LlamaLayer, Module, NormConfig, NormKind, Parameter, RMSNorm, Tensor,
 };
@@ -401,15 +402,6 @@ impl Module for LlamaModel {
         count
     }
 
-    fn visit_linears(&mut self, f: &mut dyn FnMut(&mut Linear)) {
-        for layer in &mut self.layers {
-            layer.visit_linears(f);
-        }
-        if let Some(head) = &mut self.head {
-            f(head);
-        }
-    }
-
     fn to_device(&mut self, device: DeviceKind) -> Result<()> {
         self.backend = Backend::on(device);
         for layer in &mut self.layers {
@@ -459,6 +451,17 @@ impl Module for LlamaModel {
     fn collect_fp8_stats(&self, out: &mut Vec<Fp8TensorStats>) {
         for layer in &self.layers {
             layer.collect_fp8_stats(out);
+        }
+    }
+}
+
+impl VisitLinears for LlamaModel {
+    fn visit_linears(&mut self, f: &mut dyn FnMut(&mut Linear)) {
+        for layer in &mut self.layers {
+            layer.visit_linears(f);
+        }
+        if let Some(head) = &mut self.head {
+            f(head);
         }
     }
 }

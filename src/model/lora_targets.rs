@@ -9,7 +9,7 @@ use std::str::FromStr;
 use super::llama::LlamaModel;
 use crate::error::{Error, Result};
 use crate::hf::HfConfig;
-use crate::nn::{Linear, LoraAdapter, LoraSettings, Module, child_seed};
+use crate::nn::{Linear, LoraAdapter, LoraSettings, VisitLinears, child_seed};
 
 /// A projection LoRA can adapt, by its Hugging Face module name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -10,6 +10,7 @@
 use super::init::child_seed;
 use super::layernorm_linear::LayerNormLinear;
 use super::linear::Linear;
+use super::linears::VisitLinears;
 use super::no_forward;
 use super::norm::NormConfig;
 use super::param::{Module, Parameter};
@@ -414,7 +415,9 @@ impl Module for GroupedQueryAttention {
         self.qkv.collect_fp8_stats(out);
         self.out_proj.collect_fp8_stats(out);
     }
+}
 
+impl VisitLinears for GroupedQueryAttention {
     fn visit_linears(&mut self, f: &mut dyn FnMut(&mut Linear)) {
         self.qkv.visit_linears(f);
         f(&mut self.out_proj);

@@ -2,6 +2,7 @@
 
 use super::init::child_seed;
 use super::linear::Linear;
+use super::linears::VisitLinears;
 use super::norm::{Norm, NormConfig};
 use super::param::{Module, Parameter};
 use super::replay::Replay;
@@ -125,7 +126,9 @@ impl Module for LayerNormLinear {
     fn collect_fp8_stats(&self, out: &mut Vec<Fp8TensorStats>) {
         self.linear.collect_fp8_stats(out);
     }
+}
 
+impl VisitLinears for LayerNormLinear {
     fn visit_linears(&mut self, f: &mut dyn FnMut(&mut Linear)) {
         f(&mut self.linear);
     }

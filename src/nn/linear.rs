@@ -239,8 +239,4 @@ impl Module for Linear {
         self.gemms.collect_stats(out);
         self.adapters.iter().for_each(|a| a.collect_stats(out));
     }
-
-    fn visit_linears(&mut self, f: &mut dyn FnMut(&mut Linear)) {
-        f(self);
-    }
 }

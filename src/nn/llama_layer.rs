@@ -3,6 +3,7 @@
 
 use super::gqa_attention::{GqaConfig, GroupedQueryAttention, KvCache};
 use super::init::child_seed;
+use super::linears::VisitLinears;
 use super::mlp::{Activation, LayerNormMLP};
 use super::param::{Module, Parameter};
 use super::replay::Replay;
@@ -140,7 +141,9 @@ impl Module for LlamaLayer {
         self.attn.collect_fp8_stats(out);
         self.mlp.collect_fp8_stats(out);
     }
+}
 
+impl VisitLinears for LlamaLayer {
     fn visit_linears(&mut self, f: &mut dyn FnMut(&mut crate::nn::Linear)) {
         self.attn.visit_linears(f);
         self.mlp.visit_linears(f);

@@ -2,6 +2,7 @@
 
 use super::init::child_seed;
 use super::linear::Linear;
+use super::linears::VisitLinears;
 use super::no_forward;
 use super::norm::{Norm, NormConfig};
 use super::param::{Module, Parameter};
@@ -194,7 +195,9 @@ impl Module for LayerNormMLP {
         self.fc1.collect_fp8_stats(out);
         self.fc2.collect_fp8_stats(out);
     }
+}
 
+impl VisitLinears for LayerNormMLP {
     fn visit_linears(&mut self, f: &mut dyn FnMut(&mut Linear)) {
         f(&mut self.fc1);
         f(&mut self.fc2);

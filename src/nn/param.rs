@@ -3,7 +3,6 @@
 //! which the optimizer bumps after every update, so a copy is made once per step
 //! and reused across micro-batches.
 
-use super::linear::Linear;
 use crate::error::{Error, Result};
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
@@ -204,8 +203,4 @@ pub trait Module {
 
     /// Appends the FP8 statistics of the last forward and backward, one entry per FP8 tensor slot.
     fn collect_fp8_stats(&self, _out: &mut Vec<Fp8TensorStats>) {}
-
-    /// Calls `f` on every [`Linear`] inside, in a fixed order (LoRA attaches its adapters
-    /// through it). Modules without linear layers do nothing.
-    fn visit_linears(&mut self, _f: &mut dyn FnMut(&mut Linear)) {}
 }

@@ -183,7 +183,8 @@ pub fn plan(config: &HfConfig, settings: &PlanSettings) -> MemoryPlan {
                     .sum::<u128>()
         });
         let head_cache = head.map_or(0, |w| weight_cache(&precision.without_fp8(), w));
-        let compute = if dtype == 4 { 0 } else { parameters * dtype };
+        // A compute-dtype copy of every trainable value (frozen values are read as they are).
+        let compute = if dtype == 4 { 0 } else { trainable * dtype };
         set(MemoryCategory::MasterWeights, 4 * trainable);
         set(MemoryCategory::Gradients, 4 * trainable);
         set(MemoryCategory::OptimizerState, 8 * trainable);
