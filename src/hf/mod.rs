@@ -1,6 +1,6 @@
 //! Hugging Face model directories: `config.json` (both dialects), memory-mapped
 //! `model.safetensors` or sharded checkpoints with the fine-grained FP8 layout,
-//! and `tokenizer.json`.
+//! `tokenizer.json`, and the stop tokens of `generation_config.json`.
 //!
 //! ```no_run
 //! use fp8_engine::hf::HfModelDir;
@@ -15,6 +15,7 @@
 
 mod config;
 mod fp8_export;
+mod generation_config;
 mod shards;
 mod tokenizer;
 mod weights;
@@ -23,6 +24,7 @@ use std::path::{Path, PathBuf};
 
 pub use config::{Architecture, Fp8Quantization, HfConfig, RopeConfig, RopeScaling};
 pub use fp8_export::{Fp8ExportSummary, HF_FP8_BLOCK, write_hf_fp8};
+pub use generation_config::stop_ids;
 pub use shards::{Shards, TensorEntry};
 pub use tokenizer::{HfTokenizer, MAX_TOKENIZER_BYTES, TokenStream};
 pub use weights::{ExpectedTensor, check_checkpoint, expected_tensors, read_f32, scale_inv_name};

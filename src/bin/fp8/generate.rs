@@ -50,7 +50,7 @@ pub fn run(args: GenerateArgs) -> Result<(), CliError> {
     let mut sampler = Sampler::new(args.temperature, args.top_p, args.seed)?;
     let (mut model, tokenizer) = load_model(&args.model, &args.precision)?;
     let prompt = tokenizer.encode(&args.prompt, true)?;
-    let stop = tokenizer.eos().to_vec();
+    let stop = fp8_engine::hf::stop_ids(&args.model, &tokenizer)?;
     let mut stream = tokenizer.stream(true);
     let stdout = std::io::stdout();
     let json = args.json;
