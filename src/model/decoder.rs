@@ -203,17 +203,8 @@ impl DecoderModel {
             x = layer.forward(&x, batch, seq)?;
         }
         let normed = self.final_norm.forward(&x)?;
-        let logits = match &mut self.head {
-            Some(head) => head.forward(&normed)?.into_data(),
-            None => head::forward(
-                self.backend.kernels(),
-                normed.data(),
-                self.tokens.value(),
-                normed.rows(),
-                self.config.hidden,
-                self.dtype,
-            )?,
-        };
+        let kernels = self.backend.kernels();
+        let logits = head::logits(kernels, self.head.as_mut(), &normed, self.tokens.value(), self.dtype)?;
         Ok((normed, logits))
     }
 
@@ -259,23 +250,9 @@ impl DecoderModel {
             dloss,
             &mut dlogits,
         )?;
-        let dnormed = match &mut self.head {
-            Some(head) => head.backward(&Tensor::new(dlogits, rows, vocab)?)?,
-            None => {
-                let (table, dtable) = self.tokens.value_and_grad_mut();
-                let dh = head::backward(
-                    self.backend.kernels(),
-                    &dlogits,
-                    saved.normed.data(),
-                    table,
-                    rows,
-                    h,
-                    self.dtype,
-                    Some(dtable),
-                )?;
-                Tensor::new(dh, rows, h)?
-            }
-        };
+        let kernels = self.backend.kernels();
+        let head = self.head.as_mut();
+        let dnormed = head::logits_backward(kernels, head, dlogits, &saved.normed, &mut self.tokens, self.dtype)?;
         let mut dx = self.final_norm.backward(&dnormed)?;
         for layer in self.layers.iter_mut().rev() {
             dx = layer.backward(&dx)?;

@@ -5,10 +5,52 @@
 use crate::dispatch::Kernels;
 use crate::error::Result;
 use crate::gemm::{GemmParams, Output};
-use crate::tensor::Dtype;
+use crate::nn::{Linear, Parameter};
+use crate::tensor::{Dtype, Tensor};
+
+/// f32 logits `[rows, vocab]` of the final-norm output: through the untied `head`, or tied to
+/// the token embedding `table`.
+pub(super) fn logits(
+    kernels: &dyn Kernels,
+    head: Option<&mut Linear>,
+    normed: &Tensor,
+    table: &[f32],
+    dtype: Dtype,
+) -> Result<Vec<f32>> {
+    match head {
+        Some(head) => Ok(head.forward(normed)?.into_data()),
+        None => forward(kernels, normed.data(), table, normed.rows(), normed.cols(), dtype),
+    }
+}
+
+/// The gradient of the final-norm output from `dlogits` `[rows, vocab]`: through the untied
+/// `head`, or through the tied `tokens` table, whose gradient it accumulates unless frozen.
+pub(super) fn logits_backward(
+    kernels: &dyn Kernels,
+    head: Option<&mut Linear>,
+    dlogits: Vec<f32>,
+    normed: &Tensor,
+    tokens: &mut Parameter,
+    dtype: Dtype,
+) -> Result<Tensor> {
+    let (rows, hidden) = (normed.rows(), normed.cols());
+    match head {
+        Some(head) => {
+            let vocab = dlogits.len() / rows.max(1);
+            head.backward(&Tensor::new(dlogits, rows, vocab)?)
+        }
+        None => {
+            let frozen = tokens.is_frozen();
+            let (table, dtable) = tokens.value_and_grad_mut();
+            let dtable = (!frozen).then_some(dtable);
+            let dh = backward(kernels, &dlogits, normed.data(), table, rows, hidden, dtype, dtable)?;
+            Tensor::new(dh, rows, hidden)
+        }
+    }
+}
 
 /// `h [rows, hidden]`, `table [vocab, hidden]` -> logits `[rows, vocab]`.
-pub(super) fn forward(
+fn forward(
     kernels: &dyn Kernels,
     h: &[f32],
     table: &[f32],
@@ -31,7 +73,7 @@ pub(super) fn forward(
 /// Returns dh `[rows, hidden]` and accumulates `dtable += dlogits^T h` (skipped for a frozen
 /// table, `None`).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn backward(
+fn backward(
     kernels: &dyn Kernels,
     dlogits: &[f32],
     h: &[f32],
