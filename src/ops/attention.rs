@@ -123,7 +123,7 @@ enum LseMode<'a> {
 }
 
 /// True for an empty batch; an error for heads without features, which no kernel takes.
-fn nothing_to_do(shape: &AttentionShape) -> Result<bool> {
+pub(crate) fn nothing_to_do(shape: &AttentionShape) -> Result<bool> {
     let empty = shape.batch == 0 || shape.seq == 0 || shape.heads == 0;
     if !empty && shape.head_dim == 0 {
         return Err(Error::InvalidShape {

@@ -12,7 +12,13 @@ use super::check::{len, rows_per_task};
 use crate::error::{Error, Result};
 
 /// Rows and the number of rows that count, after checking every length and target.
-fn check(what: &'static str, logits: usize, targets: &[u32], vocab: usize, ignore: u32) -> Result<(usize, usize)> {
+pub(crate) fn check(
+    what: &'static str,
+    logits: usize,
+    targets: &[u32],
+    vocab: usize,
+    ignore: u32,
+) -> Result<(usize, usize)> {
     if vocab == 0 {
         return Err(Error::InvalidShape {
             what,

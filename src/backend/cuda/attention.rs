@@ -13,6 +13,8 @@ use super::params::Fp8AttentionParams;
 use crate::error::{Error, Result};
 use crate::memory::MemoryCategory;
 use crate::ops::AttentionShape;
+// The twin's own test: an empty batch does nothing, heads without features are an error.
+use crate::ops::attention::nothing_to_do;
 use crate::tensor::Dtype;
 
 const MODULE: &str = "attention";
@@ -82,18 +84,6 @@ fn base_params(kernel: &'static str, shape: &AttentionShape, scale: f32, dtype: 
         dtype: dtype_code(dtype),
         ..Default::default()
     })
-}
-
-/// An empty batch does nothing; heads without features are the twin's error.
-fn nothing_to_do(shape: &AttentionShape) -> Result<bool> {
-    let empty = shape.batch == 0 || shape.seq == 0 || shape.heads == 0;
-    if !empty && shape.head_dim == 0 {
-        return Err(Error::InvalidShape {
-            what: "attention",
-            reason: format!("head_dim is 0 ({shape:?})"),
-        });
-    }
-    Ok(empty)
 }
 
 impl CudaDevice {

@@ -10,12 +10,13 @@ use super::context::CudaDevice;
 use super::launch::launch;
 use super::op_args::{check_len, elements, row_blocks, rows_per_partial, stride_blocks, to_u32};
 use super::params::{Fp8CrossEntropyParams, Fp8EltwiseParams};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::memory::MemoryCategory;
 
 const MODULE: &str = "loss";
 
-/// The twin's checks of a cross-entropy call; returns the rows that count (target != ignore).
+/// The twin's own checks of a cross-entropy call (`ops::loss::check`, so the errors are the
+/// same); returns the rows that count (target != ignore).
 pub(crate) fn counted_rows(
     what: &'static str,
     logits: usize,
@@ -23,39 +24,7 @@ pub(crate) fn counted_rows(
     vocab: usize,
     ignore: u32,
 ) -> Result<usize> {
-    if vocab == 0 {
-        return Err(Error::InvalidShape {
-            what,
-            reason: "vocab is 0".into(),
-        });
-    }
-    let rows = targets.len();
-    let expected = crate::backend::cuda::op_args::elements("cross_entropy", rows, vocab)?;
-    if logits != expected {
-        return Err(Error::ShapeMismatch {
-            what: "cross-entropy logits [rows, vocab]",
-            rows,
-            cols: vocab,
-            expected,
-            got: logits,
-        });
-    }
-    let mut count = 0;
-    for (position, &t) in targets.iter().enumerate() {
-        if t == ignore {
-            continue;
-        }
-        if t as usize >= vocab {
-            return Err(Error::IndexOutOfRange {
-                what: "cross-entropy target",
-                index: t.into(),
-                position,
-                len: vocab,
-            });
-        }
-        count += 1;
-    }
-    Ok(count)
+    crate::ops::loss::check(what, logits, targets, vocab, ignore).map(|(_, count)| count)
 }
 
 /// The gradient factor of every counted row: `dloss / max(count, 1)`, as the twin rounds it.
