@@ -2,22 +2,12 @@
 //! `transformers` computes (tests/fixtures/hf/models/*/commands.json, written by
 //! scripts/fixtures/make_llama_references.py: eval loss in float64, greedy tokens).
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod hf_cli;
+use hf_cli::{fixture, fp8, reference};
 
 use serde_json::Value;
 
 const MODELS: [&str; 3] = ["llama", "mistral", "qwen2"];
-
-fn fixture(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/hf")
-        .join(rel)
-}
-
-fn fp8(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fp8")).args(args).output().unwrap()
-}
 
 fn ok_json(args: &[&str]) -> Value {
     let out = fp8(args);
@@ -28,12 +18,6 @@ fn ok_json(args: &[&str]) -> Value {
     );
     serde_json::from_slice(&out.stdout).unwrap()
 }
-
-fn reference(name: &str) -> Value {
-    let text = std::fs::read_to_string(fixture(&format!("models/{name}/commands.json"))).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
 fn eval(name: &str, precision: &str) -> Value {
     let model = fixture(&format!("models/{name}"));
     let text = fixture("text/finetune.txt");

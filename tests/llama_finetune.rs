@@ -3,8 +3,11 @@
 //! (tests/fixtures/hf/models/*/commands.json, scripts/fixtures/make_llama_references.py), the
 //! existing training options on a loaded model, and `--save-hf` round trips.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod hf_cli;
+use hf_cli::{fixture, fp8, losses, reference};
+
+use std::path::Path;
+use std::process::Output;
 use std::str::FromStr;
 
 use fp8_engine::amp::Precision;
@@ -12,24 +15,6 @@ use fp8_engine::hf::HfModelDir;
 use fp8_engine::model::{LlamaModel, Recompute};
 use fp8_engine::nn::Module;
 use serde_json::Value;
-
-fn fixture(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/hf")
-        .join(rel)
-}
-
-fn fp8(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fp8")).args(args).output().unwrap()
-}
-
-fn losses(dir: &Path) -> Vec<f64> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap()["loss"].as_f64().unwrap())
-        .collect()
-}
 
 /// `fp8 train --init-from MODEL --text finetune.txt` with the reference's settings plus `extra`.
 fn fine_tune(model: &str, out: &Path, extra: &[&str]) -> Output {
@@ -77,11 +62,6 @@ fn fine_tune(model: &str, out: &Path, extra: &[&str]) -> Output {
     ];
     args.extend_from_slice(extra);
     fp8(&args)
-}
-
-fn reference(name: &str) -> Value {
-    let text = std::fs::read_to_string(fixture(&format!("models/{name}/commands.json"))).unwrap();
-    serde_json::from_str(&text).unwrap()
 }
 
 fn ok(out: &Output) {

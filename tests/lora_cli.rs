@@ -2,34 +2,19 @@
 //! drops below the base model's, the PEFT adapter reloads in `fp8 eval --lora`, the merged
 //! `--save-hf` model evaluates like the adapters, and resume, accumulation and recompute work.
 
+mod hf_cli;
+use hf_cli::{fixture, fp8, losses};
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use fp8_engine::hf::HfModelDir;
 use fp8_engine::model::{LoraTarget, lora_trainable_parameters};
 use serde_json::Value;
 
-fn fixture(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/hf")
-        .join(rel)
-}
-
-fn fp8(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fp8")).args(args).output().unwrap()
-}
-
 fn ok(out: &Output) -> String {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn losses(dir: &Path) -> Vec<f64> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap()["loss"].as_f64().unwrap())
-        .collect()
 }
 
 /// The fine-tuning text cut in two: the first 900 bytes to train on, the rest held out.
