@@ -138,6 +138,14 @@ pub enum Error {
         expected: String,
         got: String,
     },
+    /// A collective operation of a data-parallel group failed (`docs/distributed.md`): ranks
+    /// disagreed on the call, a rank stopped, or the transport failed.
+    #[error("collective {op} on rank {rank}: {reason}")]
+    Collective {
+        op: &'static str,
+        rank: usize,
+        reason: String,
+    },
 }
 
 /// Shorthand used throughout the crate.

@@ -16,6 +16,7 @@ pub mod convert;
 pub mod data;
 pub mod device;
 mod dispatch;
+pub mod dist;
 pub mod error;
 pub mod format;
 pub mod gemm;

@@ -6,7 +6,9 @@ use crate::amp::Precision;
 use crate::data::IGNORE_INDEX as IGNORE;
 use crate::dispatch::Backend;
 use crate::error::{Error, Result};
-use crate::nn::{Fp8TensorStats, LayerNorm, Linear, Module, NormConfig, Parameter, RMSNorm, Tensor, TransformerLayer};
+use crate::nn::{
+    Fp8TensorStats, LayerNorm, Linear, Module, NormConfig, Parameter, RMSNorm, Tensor, TransformerLayer, VisitLinears,
+};
 use crate::scaling::DelayedSlot;
 use crate::tensor::{DeviceKind, Dtype};
 
@@ -433,6 +435,17 @@ impl Module for DecoderModel {
     fn collect_fp8_stats(&self, out: &mut Vec<Fp8TensorStats>) {
         for layer in &self.layers {
             layer.collect_fp8_stats(out);
+        }
+    }
+}
+
+impl VisitLinears for DecoderModel {
+    fn visit_linears(&mut self, f: &mut dyn FnMut(&mut Linear)) {
+        for layer in &mut self.layers {
+            layer.visit_linears(f);
+        }
+        if let Some(head) = &mut self.head {
+            f(head);
         }
     }
 }

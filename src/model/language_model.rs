@@ -4,10 +4,11 @@
 use super::decoder::DecoderModel;
 use super::llama::LlamaModel;
 use crate::error::Result;
-use crate::nn::Module;
+use crate::nn::{Module, VisitLinears};
 
-/// A causal language model with a loss, its backward and a forward-only evaluation.
-pub trait LanguageModel: Module {
+/// A causal language model with a loss, its backward and a forward-only evaluation; its
+/// linear layers can be visited (the training step drives their delayed-scaling updates).
+pub trait LanguageModel: Module + VisitLinears {
     /// Forward on `inputs` `[batch, seq]` and the mean cross-entropy against `targets`; keeps
     /// what [`backward`](Self::backward) needs.
     fn forward_loss(&mut self, inputs: &[u32], targets: &[u32], batch: usize, seq: usize) -> Result<f32>;

@@ -4,6 +4,7 @@
 use super::init::child_seed;
 use super::layernorm_linear::LayerNormLinear;
 use super::linear::Linear;
+use super::linears::VisitLinears;
 use super::no_forward;
 use super::norm::NormConfig;
 use super::param::{Module, Parameter};
@@ -294,5 +295,15 @@ impl Module for MultiheadAttention {
     fn collect_fp8_stats(&self, out: &mut Vec<Fp8TensorStats>) {
         self.qkv_ref().collect_fp8_stats(out);
         self.proj.collect_fp8_stats(out);
+    }
+}
+
+impl VisitLinears for MultiheadAttention {
+    fn visit_linears(&mut self, f: &mut dyn FnMut(&mut Linear)) {
+        match &mut self.qkv {
+            QkvProjection::Plain(linear) => f(linear),
+            QkvProjection::Normed(fused) => fused.visit_linears(f),
+        }
+        f(&mut self.proj);
     }
 }

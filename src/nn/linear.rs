@@ -30,6 +30,12 @@ pub struct Linear {
 }
 
 impl Linear {
+    /// Calls `f` on every GEMM set of the layer: its own, then each adapter's.
+    pub(crate) fn visit_gemms(&mut self, f: &mut dyn FnMut(&mut LinearGemms)) {
+        f(&mut self.gemms);
+        self.adapters.iter_mut().for_each(|a| a.visit_gemms(f));
+    }
+
     /// A layer named `name` (parameters `name.weight`, `name.bias`), weights drawn from
     /// N(0, 1/in) with `seed`, bias zero. FP8 needs `in` and `out` multiples of 16.
     pub fn new(

@@ -92,6 +92,9 @@ pub(crate) struct LinearGemms {
     forward_input_scale: f32,
     stats: [Option<Fp8TensorStats>; 5],
     backend: Backend,
+    /// Delayed scaling updated once per optimizer step by the training step (which may
+    /// max-reduce the amaxes across ranks first) instead of after every forward and backward.
+    update_per_step: bool,
 }
 
 impl LinearGemms {
@@ -125,6 +128,7 @@ impl LinearGemms {
             forward_input_scale: 1.0,
             stats: Default::default(),
             backend: Backend::default(),
+            update_per_step: false,
         })
     }
 
@@ -163,6 +167,13 @@ impl LinearGemms {
 
     /// The delayed-scaling update (`docs/numerics.md`) of the forward or backward slots.
     fn update(&mut self, roles: &[TensorRole]) -> Result<()> {
+        if self.update_per_step {
+            return Ok(());
+        }
+        self.update_now(roles)
+    }
+
+    fn update_now(&mut self, roles: &[TensorRole]) -> Result<()> {
         if let (Some(slots), Precision::Fp8(Fp8Recipe::Delayed(recipe))) = (&mut self.slots, &self.precision) {
             let indices: Vec<usize> = roles.iter().map(|&r| role_index(r)).collect();
             let formats: Vec<Fp8Format> = roles.iter().map(|&r| recipe.format.for_role(r)).collect();
@@ -440,6 +451,38 @@ impl LinearGemms {
         for (i, (_, name)) in ROLES.iter().enumerate() {
             slots.with_slot(i, |slot| f(&format!("{}.{name}", self.layer), slot));
         }
+    }
+
+    /// From now on (`on = false`: no longer) the forward and backward only record amaxes and the
+    /// training step runs the delayed update of all five slots with [`Self::update_step`]: the
+    /// amax of a slot over a step is then the max over its micro-batches (`docs/distributed.md`).
+    pub(crate) fn set_update_per_step(&mut self, on: bool) {
+        self.update_per_step = on;
+    }
+
+    /// Appends this step's amax of each of the five slots (nothing without delayed scaling).
+    pub(crate) fn push_current_amaxes(&self, out: &mut Vec<f32>) {
+        if let Some(slots) = &self.slots {
+            out.extend((0..ROLES.len()).map(|i| slots.current_amax(i)));
+        }
+    }
+
+    /// Overwrites the five current amaxes with the next values of `amaxes` (the order of
+    /// [`Self::push_current_amaxes`]).
+    pub(crate) fn set_current_amaxes(&mut self, amaxes: &mut dyn Iterator<Item = f32>) {
+        if let Some(slots) = &mut self.slots {
+            for i in 0..ROLES.len() {
+                if let Some(amax) = amaxes.next() {
+                    slots.set_current_amax(i, amax);
+                }
+            }
+        }
+    }
+
+    /// The delayed update of all five slots (forward and backward roles) at the end of a step.
+    pub(crate) fn update_step(&mut self) -> Result<()> {
+        let roles: Vec<TensorRole> = ROLES.iter().map(|(role, _)| *role).collect();
+        self.update_now(&roles)
     }
 
     pub(crate) fn collect_stats(&self, out: &mut Vec<Fp8TensorStats>) {

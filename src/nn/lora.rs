@@ -265,6 +265,12 @@ impl LoraAdapter {
         self.gemm_b.visit_slots(f);
     }
 
+    /// Calls `f` on the adapter's two GEMM sets (A's, then B's).
+    pub(crate) fn visit_gemms(&mut self, f: &mut dyn FnMut(&mut LinearGemms)) {
+        f(&mut self.gemm_a);
+        f(&mut self.gemm_b);
+    }
+
     pub(crate) fn saved_bytes(&self) -> usize {
         self.gemm_a.saved_bytes() + self.gemm_b.saved_bytes() + self.mask.as_ref().map_or(0, |m| m.len() * 4)
     }

@@ -2,6 +2,8 @@
 
 use super::attention::MultiheadAttention;
 use super::init::child_seed;
+use super::linear::Linear;
+use super::linears::VisitLinears;
 use super::mlp::{Activation, LayerNormMLP};
 use super::norm::{NormConfig, NormKind};
 use super::param::{Module, Parameter};
@@ -193,5 +195,12 @@ impl Module for TransformerLayer {
     fn collect_fp8_stats(&self, out: &mut Vec<Fp8TensorStats>) {
         self.attn.collect_fp8_stats(out);
         self.mlp.collect_fp8_stats(out);
+    }
+}
+
+impl VisitLinears for TransformerLayer {
+    fn visit_linears(&mut self, f: &mut dyn FnMut(&mut Linear)) {
+        self.attn.visit_linears(f);
+        self.mlp.visit_linears(f);
     }
 }

@@ -46,6 +46,16 @@ impl SlotBank {
         self.scale[i]
     }
 
+    /// This step's amax of slot `i` so far (its `history[0]`).
+    pub fn current_amax(&self, i: usize) -> f32 {
+        self.history[i * self.len]
+    }
+
+    /// Overwrites the current amax of slot `i` (a cross-rank reduction's result).
+    pub fn set_current_amax(&mut self, i: usize, amax: f32) {
+        self.history[i * self.len] = amax;
+    }
+
     /// What a cast of slot `i` leaves behind, as [`DelayedSlot::record_cast`]: the amax
     /// max-accumulated into the slot's `history[0]`, `scale_inv = 1/scale`.
     pub fn record_cast(&mut self, i: usize, amax: f32) {

@@ -10,7 +10,8 @@
 //!
 //! so the caller's closure seeds its backward pass with
 //! [`MicroBatch::backward_seed`] instead of 1, and its layers *add* into
-//! `Parameter::grad` (they are zeroed once, here, before the first micro-batch).
+//! `Parameter::grad`, which is zeroed here before each micro-batch; the micro-batch
+//! gradients are then summed in micro-batch order (see [`accumulate_gradients`]).
 //! Weights do not change between micro-batches (no `mark_updated` until the
 //! optimizer step), so every layer's compute copy of its weights (bf16/fp16,
 //! FP8 codes and transposes, keyed by `Parameter::version`) is made in the
@@ -24,7 +25,7 @@ use crate::nn::Module;
 pub struct MicroBatch {
     /// 0-based index within the step.
     pub index: usize,
-    /// Micro-batches in the step.
+    /// Micro-batches in the step (over all ranks).
     pub count: usize,
     /// What backward starts from: `loss_scale / count` (the loss divided by the count, then scaled).
     pub backward_seed: f32,
@@ -42,9 +43,47 @@ pub struct AccumulatedLoss {
 /// Zeroes the gradients of `model`, then runs `forward_backward(model, micro)` for each of
 /// `count` micro-batches; the closure returns its micro-batch's unscaled mean loss. The first
 /// error stops the step and is returned (gradients are then partial: do not step on them).
+///
+/// The step's gradient is `((g_0 + g_1) + g_2) + ...`: each micro-batch's gradient `g_i` is
+/// computed on its own (into zeroed gradients) and added to the sum of the earlier ones, one
+/// f32 addition per value, in micro-batch order. This is the rank-order sum of a data-parallel
+/// all-reduce, so N ranks of one micro-batch each get the same bits (`docs/distributed.md`);
+/// it costs one gradient-sized buffer while a step has more than one micro-batch.
 pub fn accumulate_gradients<M, F>(
     model: &mut M,
     count: usize,
+    loss_scale: f32,
+    forward_backward: F,
+) -> Result<AccumulatedLoss>
+where
+    M: Module + ?Sized,
+    F: FnMut(&mut M, MicroBatch) -> Result<f32>,
+{
+    let share = Share {
+        first: 0,
+        count,
+        total: count,
+    };
+    accumulate_share(model, share, loss_scale, forward_backward)
+}
+
+/// Which micro-batches of a step one rank runs: `first..first + count` of `total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Share {
+    /// Index of the rank's first micro-batch in the step.
+    pub first: usize,
+    /// Micro-batches the rank runs.
+    pub count: usize,
+    /// Micro-batches of the step over all ranks (the loss is divided by it).
+    pub total: usize,
+}
+
+/// [`accumulate_gradients`] over one rank's `share` of the step's micro-batches: the seed is
+/// `loss_scale / share.total`, [`MicroBatch::index`] counts from `share.first`, and
+/// [`AccumulatedLoss::mean`] is the mean of this rank's losses only.
+pub fn accumulate_share<M, F>(
+    model: &mut M,
+    share: Share,
     loss_scale: f32,
     mut forward_backward: F,
 ) -> Result<AccumulatedLoss>
@@ -52,11 +91,12 @@ where
     M: Module + ?Sized,
     F: FnMut(&mut M, MicroBatch) -> Result<f32>,
 {
-    if count == 0 {
+    let Share { first, count, total } = share;
+    if count == 0 || total < first + count {
         return Err(Error::InvalidSetting {
             setting: "micro_batches",
-            value: "0".to_string(),
-            reason: "a step needs at least one micro-batch".to_string(),
+            value: format!("{count} of {total} from {first}"),
+            reason: "a step needs at least one micro-batch, inside the step's count".to_string(),
         });
     }
     if !(loss_scale.is_finite() && loss_scale > 0.0) {
@@ -64,18 +104,41 @@ where
     }
     model.zero_grad();
     // Rounded once in f64: exact for power-of-two counts and scales.
-    let backward_seed = (loss_scale as f64 / count as f64) as f32;
+    let backward_seed = (loss_scale as f64 / total as f64) as f32;
     let mut micro = Vec::with_capacity(count);
-    for index in 0..count {
+    let mut earlier: Vec<Vec<f32>> = Vec::new();
+    for index in first..first + count {
+        if index > first {
+            // The sum so far leaves the gradients, which start this micro-batch at zero.
+            earlier.clear();
+            model.visit_parameters(&mut |p| {
+                earlier.push(p.grad().to_vec());
+                p.zero_grad();
+            });
+        }
         let batch = MicroBatch {
             index,
-            count,
+            count: total,
             backward_seed,
         };
         micro.push(forward_backward(model, batch)?);
+        if index > first {
+            let mut sums = earlier.iter();
+            model.visit_parameters(&mut |p| {
+                if let Some(sum) = sums.next() {
+                    p.grad_mut().iter_mut().zip(sum).for_each(|(g, s)| *g = *s + *g);
+                }
+            });
+        }
     }
-    let mean = (micro.iter().map(|&l| l as f64).sum::<f64>() / count as f64) as f32;
+    let mean = mean_loss(&micro);
     Ok(AccumulatedLoss { mean, micro })
+}
+
+/// The step's mean loss from every micro-batch's loss in step order (all ranks' together):
+/// summed in f64, divided by the count, rounded to f32 once.
+pub fn mean_loss(micro: &[f32]) -> f32 {
+    (micro.iter().map(|&l| l as f64).sum::<f64>() / micro.len().max(1) as f64) as f32
 }
 
 #[cfg(test)]

@@ -187,45 +187,17 @@ impl AdamW {
     /// bumps each parameter's version so compute copies are refreshed. Fails, changing
     /// nothing, if the module's parameters are not the ones the state was made for.
     pub fn step(&mut self, module: &mut dyn Module, lr: f32) -> Result<()> {
-        if !(lr.is_finite() && lr >= 0.0) {
-            return Err(Error::InvalidSetting {
-                setting: "lr",
-                value: lr.to_string(),
-                reason: "must be finite and >= 0".to_string(),
-            });
-        }
+        Self::check_lr(lr)?;
         self.check_or_init_moments(module)?;
         let t = self.state.step + 1;
-        let c = &self.config;
-        let (lr64, b1, b2) = (lr as f64, c.beta1 as f64, c.beta2 as f64);
-        let decay = (1.0 - lr64 * c.weight_decay as f64) as f32;
-        let step_size = (lr64 / (1.0 - b1.powf(t as f64))) as f32;
-        let bc2_sqrt = (1.0 - b2.powf(t as f64)).sqrt() as f32;
-        let step = AdamWStep {
-            decay,
-            step_size,
-            bc2_sqrt,
-            beta1: c.beta1,
-            beta2: c.beta2,
-            c1: (1.0 - b1) as f32,
-            c2: (1.0 - b2) as f32,
-            eps: c.eps,
-        };
+        let step = step_scalars(&self.config, lr, t);
         let mut moments = self.state.moments.iter_mut();
-        let decay_vectors = c.decay_vectors;
+        let decay_vectors = self.config.decay_vectors;
         let kernels = self.backend.kernels();
         let mut result = Ok(());
         module.visit_parameters(&mut |p| {
             let Some(state) = moments.next() else { return };
-            // Multiplying by 1 is exact, so an undecayed parameter takes the same path.
-            let step = AdamWStep {
-                decay: if decay_vectors || p.shape().len() >= 2 {
-                    step.decay
-                } else {
-                    1.0
-                },
-                ..step
-            };
+            let step = for_parameter(step, decay_vectors, p.shape());
             let (value, grad) = p.value_and_grad_mut();
             if result.is_ok() {
                 result = kernels.adamw(value, grad, &mut state.m, &mut state.v, &step);
@@ -235,6 +207,18 @@ impl AdamW {
         result?;
         self.state.step = t;
         Ok(())
+    }
+
+    /// Checks `lr` as [`AdamW::step`] does.
+    pub(crate) fn check_lr(lr: f32) -> Result<()> {
+        if lr.is_finite() && lr >= 0.0 {
+            return Ok(());
+        }
+        Err(Error::InvalidSetting {
+            setting: "lr",
+            value: lr.to_string(),
+            reason: "must be finite and >= 0".to_string(),
+        })
     }
 
     /// Makes zero moments at the first step; afterwards checks that the module still has the
@@ -288,6 +272,35 @@ impl AdamW {
             }
         }
         Ok(())
+    }
+}
+
+/// The per-step scalars of step `t` (1-based) at learning rate `lr`, each computed in f64 and
+/// rounded to f32 once (the formulas of the module documentation).
+pub(crate) fn step_scalars(config: &AdamWConfig, lr: f32, t: u64) -> AdamWStep {
+    let (lr64, b1, b2) = (lr as f64, config.beta1 as f64, config.beta2 as f64);
+    AdamWStep {
+        decay: (1.0 - lr64 * config.weight_decay as f64) as f32,
+        step_size: (lr64 / (1.0 - b1.powf(t as f64))) as f32,
+        bc2_sqrt: (1.0 - b2.powf(t as f64)).sqrt() as f32,
+        beta1: config.beta1,
+        beta2: config.beta2,
+        c1: (1.0 - b1) as f32,
+        c2: (1.0 - b2) as f32,
+        eps: config.eps,
+    }
+}
+
+/// `step` for a parameter of `shape`: matrices decay, vectors only with `decay_vectors`.
+/// Multiplying by 1 is exact, so an undecayed parameter takes the same path.
+pub(crate) fn for_parameter(step: AdamWStep, decay_vectors: bool, shape: &[usize]) -> AdamWStep {
+    AdamWStep {
+        decay: if decay_vectors || shape.len() >= 2 {
+            step.decay
+        } else {
+            1.0
+        },
+        ..step
     }
 }
 

@@ -20,6 +20,7 @@ pub mod memory;
 pub mod metrics;
 pub mod plot;
 pub mod preflight;
+mod rank_optimizer;
 pub mod resume_checks;
 pub mod schedule;
 pub mod session;

@@ -12,17 +12,20 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::accumulate::accumulate_gradients;
+use super::accumulate::{AccumulatedLoss, Share, accumulate_share};
 use super::adamw::{AdamW, AdamWConfig};
-use super::checkpoint::{TrainProgress, load_checkpoint, save_checkpoint};
+use super::checkpoint::{TrainProgress, load_checkpoint};
 use super::memory::{memory_summary, set_usage};
 use super::metrics::{MetricsWriter, PrecisionSummary, StepMetrics};
+use super::rank_optimizer::RankOptimizer;
 use super::schedule::{LrSchedule, ScheduleKind};
-use super::step::apply_gradients;
-use crate::amp::Precision;
+use super::step::apply_gradients_with;
 use crate::amp::loss_scaler::{DynamicLossScaler, LossScalerConfig};
+use crate::amp::{Fp8Recipe, Precision};
 use crate::data::{DataStream, Dataset, SplitMix64, counted, exact_match_accuracy};
 use crate::device::{Device, MemoryCategory, MemoryLedger};
+use crate::dist::grad_sync::all_reduce_gradients;
+use crate::dist::{Collective, DataParallel, Parallel, SingleRank, amax};
 use crate::error::{Error, Result};
 use crate::model::{DecoderModel, LanguageModel, ModelConfig};
 use crate::nn::Fp8TensorStats;
@@ -35,9 +38,10 @@ pub struct RunConfig {
     pub model: ModelConfig,
     /// Optimizer steps.
     pub steps: u64,
-    /// Sequences per step, over all micro-batches.
+    /// Sequences per step, over all micro-batches (and all ranks of a data-parallel run).
     pub batch: usize,
-    /// Micro-batches per step (`batch` must be a multiple).
+    /// Micro-batches per step over all ranks (`batch` must be a multiple; in a data-parallel
+    /// run, a multiple of the world size: each rank runs `micro_batches / world_size`).
     pub micro_batches: usize,
     /// Peak learning rate.
     pub lr: f32,
@@ -103,6 +107,8 @@ pub struct RunOutput {
     pub memory_summary: String,
     /// Where the final checkpoint was written.
     pub checkpoint: PathBuf,
+    /// Peak bytes of optimizer state this rank held (all of it, or its ZeRO-1 shard).
+    pub optimizer_state_bytes: u64,
 }
 
 /// Called after every step with its metrics.
@@ -120,6 +126,8 @@ pub struct RunControl<'a> {
     /// On the CPU device this compares the CPU with itself: a self-test of the check. Results
     /// are unchanged either way (the primary backend's results are kept).
     pub check_cpu: bool,
+    /// This run is one rank of a data-parallel group (`docs/distributed.md`); `None`: one rank.
+    pub parallel: Option<&'a Parallel<'a>>,
 }
 
 fn invalid(setting: &'static str, value: impl ToString, reason: impl Into<String>) -> Error {
@@ -152,6 +160,23 @@ impl RunConfig {
             ));
         }
         Ok(self.batch / self.micro_batches)
+    }
+
+    /// The micro-batches rank `rank` of `world` runs: consecutive ones, in rank order.
+    fn rank_share(&self, world: usize, rank: usize) -> Result<Share> {
+        if !self.micro_batches.is_multiple_of(world) {
+            return Err(invalid(
+                "micro_batches",
+                self.micro_batches,
+                format!("must be a multiple of the world size {world} (each rank runs the same number)"),
+            ));
+        }
+        let count = self.micro_batches / world;
+        Ok(Share {
+            first: rank * count,
+            count,
+            total: self.micro_batches,
+        })
     }
 }
 
@@ -187,6 +212,19 @@ pub fn run_model(
     on_step: StepCallback,
 ) -> Result<RunOutput> {
     let micro_size = config.micro_batch_size()?;
+    let single = SingleRank;
+    let (collective, dp): (&dyn Collective, DataParallel) = match control.parallel {
+        Some(p) => (p.collective, p.options.clone()),
+        None => (&single, DataParallel::default()),
+    };
+    dp.validate()?;
+    let (world, rank) = (collective.world_size(), collective.rank());
+    let share = config.rank_share(world, rank)?;
+    // Amaxes are max-reduced across ranks unless the delayed recipe turns it off.
+    let reduce_amax = match precision {
+        Precision::Fp8(Fp8Recipe::Delayed(recipe)) => recipe.reduce_amax,
+        _ => false,
+    };
     model.to_device(device.kind())?;
     model.check_against_cpu(control.check_cpu);
     let defaults = AdamWConfig::default();
@@ -230,27 +268,33 @@ pub fn run_model(
         config: config_json.clone(),
     };
     let metrics_path = dir.join("metrics.jsonl");
-    let mut metrics = match control.resume {
-        Some(path) => {
-            let loaded = load_checkpoint(path, model, &mut optimizer, &mut scaler)?;
-            if let Some(difference) = super::resume_checks::run_difference(&loaded.config, &config_json) {
-                return Err(Error::CheckpointMismatch {
-                    path: path.display().to_string(),
-                    reason: format!("it was written by another run: {difference}"),
-                });
-            }
-            progress = TrainProgress {
-                config: config_json.clone(),
-                ..loaded
-            };
-            MetricsWriter::resume(&metrics_path, progress.step)?
+    if let Some(path) = control.resume {
+        // Every rank loads the whole checkpoint (any world size wrote it the same way).
+        let loaded = load_checkpoint(path, model, &mut optimizer, &mut scaler)?;
+        if let Some(difference) = super::resume_checks::run_difference(&loaded.config, &config_json) {
+            return Err(Error::CheckpointMismatch {
+                path: path.display().to_string(),
+                reason: format!("it was written by another run: {difference}"),
+            });
         }
-        None => MetricsWriter::create(&metrics_path)?,
+        progress = TrainProgress {
+            config: config_json.clone(),
+            ..loaded
+        };
+    }
+    // Rank 0 alone writes the metrics (every rank computes the same ones).
+    let mut metrics = match (rank, control.resume) {
+        (1.., _) => None,
+        (0, Some(_)) => Some(MetricsWriter::resume(&metrics_path, progress.step)?),
+        (0, None) => Some(MetricsWriter::create(&metrics_path)?),
     };
+    let mut optimizer = RankOptimizer::new(optimizer, dp.zero, model, collective)?;
+    // Delayed scaling is updated once per step, after the amax reduce (`dist::amax`).
+    amax::set_update_per_step(model, true);
 
     let ledger = device.ledger().clone();
     ledger.restart_peaks();
-    account_static(&ledger, model, precision, &optimizer);
+    account_static(&ledger, model, precision, optimizer.state_bytes());
     let mut curve = Vec::new();
     let (mut skipped, mut tokens, mut seconds, mut peak_activations) = (0u64, 0u64, 0f64, 0u64);
     let mut last_loss = f32::NAN;
@@ -261,8 +305,9 @@ pub fn run_model(
         let batches: Vec<_> = (0..config.micro_batches)
             .map(|_| data.train_batch(&mut progress.data, micro_size))
             .collect();
+        // Every rank draws the whole step from the shared stream and runs its own share.
         let step_tokens: usize = batches.iter().map(|b| b.batch * b.seq).sum();
-        let losses = accumulate_gradients(model, config.micro_batches, scaler.scale(), |m, micro| {
+        let local = accumulate_share(model, share, scaler.scale(), |m, micro| {
             let b = &batches[micro.index];
             let loss = m.forward_loss(&b.inputs, &b.targets, b.batch, b.seq)?;
             let saved = m.saved_activation_bytes() as u64;
@@ -272,9 +317,24 @@ pub fn run_model(
             set_usage(&ledger, MemoryCategory::Activations, m.saved_activation_bytes() as u64);
             Ok(loss)
         })?;
+        let micro_losses = gather_losses(collective, &local.micro)?;
+        let losses = AccumulatedLoss {
+            mean: super::accumulate::mean_loss(&micro_losses),
+            micro: micro_losses,
+        };
+        all_reduce_gradients(model, collective, dp.bucket_bytes, dp.wire)?;
+        amax::reduce_and_update(model, collective, reduce_amax)?;
         let lr = schedule.lr_at(progress.step);
-        let outcome = apply_gradients(model, &mut scaler, &mut optimizer, lr, config.max_grad_norm)?;
-        account_static(&ledger, model, precision, &optimizer);
+        let outcome = apply_gradients_with(
+            model,
+            &mut scaler,
+            optimizer.backend(),
+            lr,
+            config.max_grad_norm,
+            &mut |finite| agree_finite(collective, finite),
+            &mut |m, lr| optimizer.step(m, lr, collective),
+        )?;
+        account_static(&ledger, model, precision, optimizer.state_bytes());
         let elapsed = started.elapsed().as_secs_f64();
         skipped += u64::from(outcome.skipped);
         tokens += step_tokens as u64;
@@ -291,7 +351,9 @@ pub fn run_model(
             tokens_per_s: step_tokens as f64 / elapsed.max(1e-9),
             fp8,
         };
-        metrics.append(&record)?;
+        if let Some(metrics) = &mut metrics {
+            metrics.append(&record)?;
+        }
         on_step(&record);
         curve.push((progress.step, losses.mean));
         progress.step += 1;
@@ -300,13 +362,18 @@ pub fn run_model(
             .is_some_and(|n| n > 0 && progress.step.is_multiple_of(n))
             && progress.step < last_step
         {
-            save_checkpoint(&checkpoint, model, &optimizer, &scaler, &progress)?;
+            optimizer.save(&checkpoint, model, &scaler, &progress, collective)?;
         }
     }
 
     // The checkpoint first: a failing evaluation must not lose the trained model.
-    save_checkpoint(&checkpoint, model, &optimizer, &scaler, &progress)?;
-    let heldout = evaluate(model, data, micro_size)?;
+    optimizer.save(&checkpoint, model, &scaler, &progress, collective)?;
+    amax::set_update_per_step(model, false);
+    // Every rank holds the same model: rank 0 alone evaluates it.
+    let heldout = match rank {
+        0 => evaluate(model, data, micro_size)?,
+        _ => Evaluation::NOT_RUN,
+    };
     let report = ledger.report();
     let memory_summary = memory_summary(&ledger);
     for category in MemoryCategory::ALL {
@@ -326,11 +393,16 @@ pub fn run_model(
         peak_activation_bytes: peak_activations,
         memory_summary,
         checkpoint,
+        optimizer_state_bytes: report
+            .categories
+            .iter()
+            .find(|(c, _)| *c == MemoryCategory::OptimizerState)
+            .map_or(0, |(_, u)| u.peak),
     })
 }
 
 /// Bytes that change only at optimizer steps: parameters, masters, gradients, moments, weight caches.
-fn account_static(ledger: &MemoryLedger, model: &mut dyn LanguageModel, precision: &Precision, optimizer: &AdamW) {
+fn account_static(ledger: &MemoryLedger, model: &mut dyn LanguageModel, precision: &Precision, optimizer_bytes: usize) {
     let values = model.parameter_count() as u64;
     let dtype = precision.compute_dtype();
     let compute_copies = if dtype == Dtype::F32 {
@@ -343,13 +415,34 @@ fn account_static(ledger: &MemoryLedger, model: &mut dyn LanguageModel, precisio
     let frozen = model.frozen_parameter_count() as u64 * 4;
     set_usage(ledger, MemoryCategory::MasterWeights, values * 4);
     set_usage(ledger, MemoryCategory::Gradients, values * 4);
-    set_usage(ledger, MemoryCategory::OptimizerState, optimizer.state_bytes() as u64);
+    set_usage(ledger, MemoryCategory::OptimizerState, optimizer_bytes as u64);
     if precision.is_fp8() {
         set_usage(ledger, MemoryCategory::Parameters, frozen + compute_copies);
         set_usage(ledger, MemoryCategory::Fp8Copies, cache);
     } else {
         set_usage(ledger, MemoryCategory::Parameters, frozen + compute_copies.max(cache));
     }
+}
+
+/// Every rank's micro-batch losses in step order (rank order); this rank's alone on one rank.
+fn gather_losses(collective: &dyn Collective, local: &[f32]) -> Result<Vec<f32>> {
+    if collective.world_size() == 1 {
+        return Ok(local.to_vec());
+    }
+    let mut all = vec![0.0f32; local.len() * collective.world_size()];
+    collective.all_gather(local, &mut all)?;
+    Ok(all)
+}
+
+/// The group's "every gradient is finite": false on every rank if false on any, so every rank
+/// skips the same steps (the gradients are equal after the all-reduce; this makes it a rule).
+fn agree_finite(collective: &dyn Collective, finite: bool) -> Result<bool> {
+    if collective.world_size() == 1 {
+        return Ok(finite);
+    }
+    let mut found_inf = [if finite { 0.0f32 } else { 1.0 }];
+    collective.all_reduce_max(&mut found_inf)?;
+    Ok(found_inf[0] == 0.0)
 }
 
 /// Held-out results of the trained model.
@@ -360,6 +453,15 @@ struct Evaluation {
     answer_loss: f32,
     /// Exact-match accuracy (NaN for text).
     accuracy: f64,
+}
+
+impl Evaluation {
+    /// What a rank that does not evaluate reports.
+    const NOT_RUN: Evaluation = Evaluation {
+        loss: f32::NAN,
+        answer_loss: f32::NAN,
+        accuracy: f64::NAN,
+    };
 }
 
 /// Weighted mean of per-batch mean losses (NaN when nothing was counted).

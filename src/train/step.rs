@@ -4,6 +4,7 @@
 //! let the loss scaler grow or back off.
 
 use crate::amp::loss_scaler::DynamicLossScaler;
+use crate::dispatch::Backend;
 use crate::error::Result;
 use crate::nn::Module;
 
@@ -33,8 +34,32 @@ pub fn apply_gradients(
     lr: f32,
     max_grad_norm: Option<f32>,
 ) -> Result<StepOutcome> {
-    let loss_scale = scaler.scale();
     let backend = optimizer.backend();
+    let mut update = |m: &mut dyn Module, lr: f32| optimizer.step(m, lr);
+    apply_gradients_with(
+        model,
+        scaler,
+        backend,
+        lr,
+        max_grad_norm,
+        &mut |finite| Ok(finite),
+        &mut update,
+    )
+}
+
+/// [`apply_gradients`] with the pieces a data-parallel step replaces: `agree` turns this
+/// rank's "every gradient is finite" into the group's decision (identity on one rank), and
+/// `update` is the optimizer step (plain or sharded AdamW); norms and unscaling run on `backend`.
+pub(crate) fn apply_gradients_with(
+    model: &mut dyn Module,
+    scaler: &mut DynamicLossScaler,
+    backend: Backend,
+    lr: f32,
+    max_grad_norm: Option<f32>,
+    agree: &mut dyn FnMut(bool) -> Result<bool>,
+    update: &mut dyn FnMut(&mut dyn Module, f32) -> Result<()>,
+) -> Result<StepOutcome> {
+    let loss_scale = scaler.scale();
     let mut finite = true;
     let mut result = Ok(());
     if let Some(inv_scale) = scaler.inv_scale() {
@@ -45,14 +70,15 @@ pub fn apply_gradients(
                 Err(e) => result = Err(e),
             },
         );
+        result?;
+        finite = agree(finite)?;
     }
-    result?;
     let grad_norm = if finite {
         let norm = match max_grad_norm {
             Some(max) => clip_grad_norm_on(backend, model, max)?,
             None => grad_norm_on(backend, model)?,
         };
-        optimizer.step(model, lr)?;
+        update(model, lr)?;
         norm
     } else {
         grad_norm_on(backend, model)?

@@ -19,6 +19,7 @@ mod bench_memory;
 mod cast;
 mod decode;
 mod delayed_args;
+mod dist_args;
 mod error;
 mod eval;
 mod fine_tune;

@@ -21,6 +21,7 @@ use fp8_engine::train::session::{RunConfig, RunControl, RunOutput, run, run_mode
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::delayed_args::DelayedArgs;
+use crate::dist_args::{DistArgs, run_parallel};
 use crate::error::CliError;
 use crate::fine_tune;
 use crate::table::Table;
@@ -41,7 +42,7 @@ pub struct TrainArgs {
     /// Sequences per step (over all micro-batches).
     #[arg(long, default_value_t = 32)]
     batch: usize,
-    /// Micro-batches per step (gradient accumulation).
+    /// Micro-batches per step (gradient accumulation); per rank with --world-size.
     #[arg(long, default_value_t = 1)]
     micro_batches: usize,
     /// Peak learning rate.
@@ -158,6 +159,9 @@ pub struct TrainArgs {
     /// fp8-delayed's recipe settings.
     #[command(flatten, next_help_heading = "fp8-delayed scaling")]
     delayed: DelayedArgs,
+    /// Data parallelism (CPU ranks as threads).
+    #[command(flatten, next_help_heading = "Data parallel")]
+    dist: DistArgs,
 }
 
 fn precisions(args: &TrainArgs, device: &Device) -> Result<Vec<Precision>, CliError> {
@@ -183,6 +187,7 @@ fn precisions(args: &TrainArgs, device: &Device) -> Result<Vec<Precision>, CliEr
                 .validate()
                 .map_err(|e| CliError(format!("fp8-delayed (--history-len, --algo, --margin): {e}")))?;
         }
+        let precision = args.dist.apply(precision);
         if out.contains(&precision) {
             return Err(CliError(format!("precision {} is listed twice", precision.name())));
         }
@@ -246,7 +251,7 @@ pub(crate) fn run_config(args: &TrainArgs) -> Result<RunConfig, CliError> {
         },
         steps: args.steps,
         batch: args.batch,
-        micro_batches: args.micro_batches,
+        micro_batches: args.dist.total_micro_batches(args.micro_batches)?,
         lr: args.lr,
         schedule: args.schedule.clone(),
         warmup: match (args.warmup, &args.resume) {
@@ -294,6 +299,13 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
         return Err(CliError("--resume continues one run: give a single --precision".into()));
     }
     let config = run_config(&args)?;
+    if args.dist.parallel() && (args.init_from.is_some() || !matches!(device, Device::Cpu(_))) {
+        return Err(CliError(
+            "--world-size, --zero and --grad-wire run the built-in model on CPU ranks (--device cpu, no --init-from)"
+                .into(),
+        ));
+    }
+    args.dist.options()?;
     let init = args.init_from.as_deref().map(HfModelDir::open).transpose()?;
     let data = match (&args.text, &init) {
         (Some(path), Some(hf)) => {
@@ -347,6 +359,7 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
             resume: args.resume.as_deref(),
             stop_after: args.stop_after,
             check_cpu: args.check_cpu,
+            ..RunControl::default()
         };
         let output = match &init {
             Some(hf) => {
@@ -385,6 +398,9 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
                     );
                 }
                 output
+            }
+            None if args.dist.parallel() => {
+                run_parallel(&args.dist, precision, &config, &data, &dir, control, &mut on_step)?
             }
             None => run(&device, precision, &config, &data, &dir, control, &mut on_step)?,
         };

@@ -1,0 +1,56 @@
+//! The gradient all-reduce of a data-parallel step: every rank's gradients become the sum over
+//! ranks, in buckets of about `bucket_bytes` (one collective call each), from the last
+//! parameter backwards.
+//!
+//! Not overlapped with backward yet: a model's backward is one call with no hook that says
+//! when a parameter's gradient is final, so the buckets are reduced after it, in the order a
+//! hook would release them (`docs/distributed.md`, Overlap). Bucketing never changes a value:
+//! every element is reduced once, by the same rank-order formula, whatever bucket holds it.
+
+use super::collective::{Collective, Wire};
+use super::shard::bucket_ranges;
+use crate::error::Result;
+use crate::nn::Module;
+
+/// What [`all_reduce_gradients`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GradSync {
+    /// Collective calls made (buckets).
+    pub buckets: usize,
+    /// Bytes each rank sent into the reductions (values times the wire's bytes).
+    pub bytes: usize,
+}
+
+/// Sums the gradients of `model` over the ranks of `collective` (rank order, `wire` format),
+/// bucketed by `bucket_bytes` of f32 gradient. World size 1 with an f32 wire is a no-op.
+pub fn all_reduce_gradients<M: Module + ?Sized>(
+    model: &mut M,
+    collective: &dyn Collective,
+    bucket_bytes: usize,
+    wire: Wire,
+) -> Result<GradSync> {
+    if collective.world_size() == 1 && wire == Wire::F32 {
+        return Ok(GradSync::default());
+    }
+    let mut lens = Vec::new();
+    let mut flat = Vec::new();
+    model.visit_parameters(&mut |p| {
+        lens.push(p.grad().len());
+        flat.extend_from_slice(p.grad());
+    });
+    let buckets = bucket_ranges(&lens, (bucket_bytes / 4).max(1));
+    for range in &buckets {
+        collective.all_reduce_sum(&mut flat[range.clone()], wire)?;
+    }
+    let mut offset = 0;
+    model.visit_parameters(&mut |p| {
+        let grad = p.grad_mut();
+        let n = grad.len();
+        grad.copy_from_slice(&flat[offset..offset + n]);
+        offset += n;
+    });
+    Ok(GradSync {
+        buckets: buckets.len(),
+        bytes: flat.len() * wire.bytes(),
+    })
+}

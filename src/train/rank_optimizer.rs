@@ -1,0 +1,75 @@
+//! The optimizer one rank of a run holds: the whole AdamW, or its ZeRO-1 shard
+//! ([`crate::dist::zero`]). Checkpoints always hold the whole state, written once, by rank 0.
+
+use std::path::Path;
+
+use super::adamw::AdamW;
+use super::checkpoint::{TrainProgress, save_checkpoint};
+use crate::amp::loss_scaler::DynamicLossScaler;
+use crate::dispatch::Backend;
+use crate::dist::{Collective, Zero1AdamW};
+use crate::error::Result;
+use crate::nn::Module;
+
+/// AdamW, whole or sharded over the ranks.
+pub(crate) enum RankOptimizer {
+    Whole(AdamW),
+    Sharded(Zero1AdamW),
+}
+
+impl RankOptimizer {
+    /// `full` as it is (ZeRO stage 0) or this rank's shard of it (stage 1).
+    pub(crate) fn new(full: AdamW, zero: u8, model: &mut dyn Module, collective: &dyn Collective) -> Result<Self> {
+        Ok(match zero {
+            0 => RankOptimizer::Whole(full),
+            _ => RankOptimizer::Sharded(Zero1AdamW::from_full(&full, model, collective)?),
+        })
+    }
+
+    pub(crate) fn backend(&self) -> Backend {
+        match self {
+            RankOptimizer::Whole(adamw) => adamw.backend(),
+            RankOptimizer::Sharded(zero) => zero.backend(),
+        }
+    }
+
+    /// Bytes of optimizer state this rank holds.
+    pub(crate) fn state_bytes(&self) -> usize {
+        match self {
+            RankOptimizer::Whole(adamw) => adamw.state_bytes(),
+            RankOptimizer::Sharded(zero) => zero.state_bytes(),
+        }
+    }
+
+    /// One update of `model` (sharded: the owned values, then an all-gather of all of them).
+    pub(crate) fn step(&mut self, model: &mut dyn Module, lr: f32, collective: &dyn Collective) -> Result<()> {
+        match self {
+            RankOptimizer::Whole(adamw) => adamw.step(model, lr),
+            RankOptimizer::Sharded(zero) => zero.step(model, lr, collective),
+        }
+    }
+
+    /// Writes the checkpoint with the whole optimizer state: every rank takes part in gathering
+    /// a sharded state, rank 0 alone writes the file.
+    pub(crate) fn save(
+        &self,
+        path: &Path,
+        model: &mut dyn Module,
+        scaler: &DynamicLossScaler,
+        progress: &TrainProgress,
+        collective: &dyn Collective,
+    ) -> Result<()> {
+        let gathered;
+        let whole = match self {
+            RankOptimizer::Whole(adamw) => adamw,
+            RankOptimizer::Sharded(zero) => {
+                gathered = zero.to_full(model, collective)?;
+                &gathered
+            }
+        };
+        if collective.rank() == 0 {
+            save_checkpoint(path, model, whole, scaler, progress)?;
+        }
+        Ok(())
+    }
+}

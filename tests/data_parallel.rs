@@ -1,0 +1,298 @@
+//! Data parallelism on CPU ranks (docs/distributed.md): N ranks with one micro-batch each give
+//! per-step losses, gradient norms and final checkpoints bit-identical to one rank with N
+//! micro-batches, for every precision, with and without ZeRO-1, whatever the bucket size; skip
+//! decisions agree; ZeRO-1 divides the optimizer state; checkpoints resume at any world size;
+//! bad settings are errors, not panics.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use fp8_engine::Error;
+use fp8_engine::amp::Precision;
+use fp8_engine::data::Dataset;
+use fp8_engine::data::addition::AdditionConfig;
+use fp8_engine::device::{Device, DeviceChoice};
+use fp8_engine::dist::{DataParallel, Wire, run_data_parallel};
+use fp8_engine::model::{DecoderModel, LanguageModel, ModelConfig};
+use fp8_engine::train::metrics::{StepMetrics, read_metrics};
+use fp8_engine::train::session::{RunConfig, RunControl, RunOutput, run};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("fp8-dp-{}-{name}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+fn data() -> Dataset {
+    let config = AdditionConfig {
+        digits: 2,
+        heldout_size: 32,
+        ..AdditionConfig::default()
+    };
+    Dataset::addition(config, 7).expect("task")
+}
+
+/// A 32-wide, 1-layer decoder; 32 sequences a step, so 4 ranks get 8 sequences (a multiple of
+/// 16 tokens, as FP8 GEMMs need).
+fn config(micro_batches: usize, steps: u64) -> RunConfig {
+    RunConfig {
+        model: ModelConfig {
+            hidden: 32,
+            heads: 2,
+            layers: 1,
+            ffn_hidden: 64,
+            ..ModelConfig::default()
+        },
+        steps,
+        batch: 32,
+        micro_batches,
+        warmup: 1,
+        seed: 11,
+        ..RunConfig::default()
+    }
+}
+
+fn precision(name: &str) -> Precision {
+    name.parse().expect("precision name")
+}
+
+fn single(p: &Precision, config: &RunConfig, dir: &Path, control: RunControl) -> RunOutput {
+    let cpu = Device::select(DeviceChoice::Cpu).expect("cpu");
+    run(&cpu, p, config, &data(), dir, control, &mut |_| {}).expect("single-rank run")
+}
+
+fn parallel(
+    world: usize,
+    options: &DataParallel,
+    p: &Precision,
+    config: &RunConfig,
+    dir: &Path,
+    control: RunControl,
+) -> Result<Vec<RunOutput>, Error> {
+    let data = data();
+    let model_config = config.model_for(&data);
+    let build = || -> fp8_engine::Result<Box<dyn LanguageModel>> {
+        Ok(Box::new(DecoderModel::new(&model_config, p, config.seed)?))
+    };
+    run_data_parallel(world, options, &build, p, config, &data, dir, control, &mut |_| {})
+}
+
+fn metrics(dir: &Path) -> Vec<StepMetrics> {
+    read_metrics(&dir.join("metrics.jsonl")).expect("metrics")
+}
+
+/// Losses, norms, loss scales and FP8 statistics of every step, and the final checkpoint
+/// (weights, moments, scaling slots), bit for bit.
+fn assert_same_run(what: &str, a: &Path, b: &Path) {
+    let (ma, mb) = (metrics(a), metrics(b));
+    assert_eq!(ma.len(), mb.len(), "{what}: steps");
+    for (x, y) in ma.iter().zip(&mb) {
+        assert_eq!(
+            x.loss.to_bits(),
+            y.loss.to_bits(),
+            "{what}: step {} loss {} vs {}",
+            x.step,
+            x.loss,
+            y.loss
+        );
+        assert_eq!(
+            x.grad_norm.to_bits(),
+            y.grad_norm.to_bits(),
+            "{what}: step {} grad norm",
+            x.step
+        );
+        assert_eq!(
+            x.loss_scale.to_bits(),
+            y.loss_scale.to_bits(),
+            "{what}: step {} loss scale",
+            x.step
+        );
+        assert_eq!(x.fp8, y.fp8, "{what}: step {} FP8 statistics", x.step);
+    }
+    let ca = fs::read(a.join("checkpoint.safetensors")).expect("checkpoint");
+    let cb = fs::read(b.join("checkpoint.safetensors")).expect("checkpoint");
+    assert!(ca == cb, "{what}: final checkpoints differ");
+}
+
+#[test]
+fn world_size_n_matches_n_micro_batches_bit_for_bit_for_every_precision() {
+    for name in ["fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8"] {
+        let p = precision(name);
+        for world in [2usize, 4] {
+            let config = config(world, 3);
+            let reference = scratch(&format!("{name}-micro{world}"));
+            let one = single(&p, &config, &reference, RunControl::default());
+            for zero in [0u8, 1] {
+                let dir = scratch(&format!("{name}-world{world}-zero{zero}"));
+                let options = DataParallel {
+                    zero,
+                    ..DataParallel::default()
+                };
+                let outs = parallel(world, &options, &p, &config, &dir, RunControl::default()).expect("dp run");
+                assert_eq!(outs.len(), world);
+                let what = format!("{name} world {world} zero {zero}");
+                assert_same_run(&what, &reference, &dir);
+                for (rank, out) in outs.iter().enumerate() {
+                    let curve: Vec<u32> = out.curve.iter().map(|c| c.1.to_bits()).collect();
+                    let want: Vec<u32> = one.curve.iter().map(|c| c.1.to_bits()).collect();
+                    assert_eq!(curve, want, "{what}: rank {rank} sees the global losses");
+                }
+                assert_eq!(
+                    outs[0].summary.heldout_loss.to_bits(),
+                    one.summary.heldout_loss.to_bits(),
+                    "{what}: held-out loss"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bucket_size_and_skipped_steps_change_nothing_between_ranks() {
+    // A huge initial loss scale overflows the first steps' gradients: every rank skips them
+    // together, as the single rank does, and the scale backs off the same way.
+    let p = precision("fp32");
+    let config = RunConfig {
+        loss_scale: Some(1e38),
+        ..config(2, 4)
+    };
+    let reference = scratch("skip-micro2");
+    let one = single(&p, &config, &reference, RunControl::default());
+    assert!(one.skipped_steps >= 1, "the huge scale must force skips");
+    for bucket_bytes in [4usize, 1000, 64 << 20] {
+        let dir = scratch(&format!("skip-world2-bucket{bucket_bytes}"));
+        let options = DataParallel {
+            bucket_bytes,
+            ..DataParallel::default()
+        };
+        let outs = parallel(2, &options, &p, &config, &dir, RunControl::default()).expect("dp run");
+        assert!(outs.iter().all(|o| o.skipped_steps == one.skipped_steps));
+        assert_same_run(&format!("bucket {bucket_bytes}"), &reference, &dir);
+    }
+}
+
+#[test]
+fn bf16_wire_is_deterministic_and_close_but_not_the_f32_sum() {
+    let p = precision("fp32");
+    let config = config(2, 3);
+    let options = DataParallel {
+        wire: Wire::Bf16,
+        ..DataParallel::default()
+    };
+    let (a, b) = (scratch("wire-a"), scratch("wire-b"));
+    parallel(2, &options, &p, &config, &a, RunControl::default()).expect("dp run");
+    parallel(2, &options, &p, &config, &b, RunControl::default()).expect("dp run");
+    assert_same_run("bf16 wire twice", &a, &b);
+    let f32_dir = scratch("wire-f32");
+    parallel(
+        2,
+        &DataParallel::default(),
+        &p,
+        &config,
+        &f32_dir,
+        RunControl::default(),
+    )
+    .expect("dp run");
+    let (bf, f) = (metrics(&a), metrics(&f32_dir));
+    assert_eq!(
+        bf[0].loss.to_bits(),
+        f[0].loss.to_bits(),
+        "the first forward precedes any reduce"
+    );
+    assert_ne!(
+        bf[0].grad_norm.to_bits(),
+        f[0].grad_norm.to_bits(),
+        "bf16 rounds the gradients"
+    );
+    assert!((bf[0].grad_norm / f[0].grad_norm - 1.0).abs() < 1e-2);
+}
+
+#[test]
+fn zero1_shards_the_optimizer_state() {
+    let p = precision("bf16");
+    let config = config(4, 1);
+    let whole = parallel(
+        4,
+        &DataParallel::default(),
+        &p,
+        &config,
+        &scratch("mem-zero0"),
+        RunControl::default(),
+    )
+    .expect("dp run");
+    let options = DataParallel {
+        zero: 1,
+        ..DataParallel::default()
+    };
+    let sharded = parallel(4, &options, &p, &config, &scratch("mem-zero1"), RunControl::default()).expect("dp run");
+    let full = whole[0].optimizer_state_bytes;
+    assert!(full > 0);
+    assert!(whole.iter().all(|o| o.optimizer_state_bytes == full));
+    let shards: Vec<u64> = sharded.iter().map(|o| o.optimizer_state_bytes).collect();
+    assert_eq!(
+        shards.iter().sum::<u64>(),
+        full,
+        "the shards cover the state once: {shards:?}"
+    );
+    for s in &shards {
+        assert!(*s <= full.div_ceil(4) + 8, "{s} of {full}");
+    }
+    assert!(sharded[1].summary.peak_bytes < whole[1].summary.peak_bytes);
+}
+
+#[test]
+fn checkpoints_resume_at_any_world_size() {
+    let p = precision("fp8-delayed");
+    let config = config(2, 4);
+    let straight = scratch("resume-straight");
+    single(&p, &config, &straight, RunControl::default());
+    let stop = RunControl {
+        stop_after: Some(2),
+        ..RunControl::default()
+    };
+    // Two ranks with ZeRO-1 write the checkpoint; one rank continues it; and the other way.
+    let resumed = scratch("resume-2-to-1");
+    let zero1 = DataParallel {
+        zero: 1,
+        ..DataParallel::default()
+    };
+    parallel(2, &zero1, &p, &config, &resumed, stop).expect("first half");
+    let ckpt = resumed.join("checkpoint.safetensors");
+    let go_on = RunControl {
+        resume: Some(&ckpt),
+        ..RunControl::default()
+    };
+    single(&p, &config, &resumed, go_on);
+    assert_same_run("2 ranks (ZeRO-1) then 1", &straight, &resumed);
+
+    let resumed = scratch("resume-1-to-2");
+    single(&p, &config, &resumed, stop);
+    let ckpt = resumed.join("checkpoint.safetensors");
+    let go_on = RunControl {
+        resume: Some(&ckpt),
+        ..RunControl::default()
+    };
+    parallel(2, &zero1, &p, &config, &resumed, go_on).expect("second half");
+    assert_same_run("1 rank then 2 (ZeRO-1)", &straight, &resumed);
+}
+
+#[test]
+fn bad_settings_are_errors() {
+    let p = precision("fp32");
+    let dir = scratch("bad");
+    let err = |world, options: &DataParallel, config: &RunConfig| {
+        parallel(world, options, &p, config, &dir, RunControl::default()).expect_err("must fail")
+    };
+    let e = err(3, &DataParallel::default(), &config(2, 1));
+    assert!(e.to_string().contains("multiple of the world size 3"), "{e}");
+    let e = err(3, &DataParallel::default(), &config(3, 1));
+    assert!(e.to_string().contains("batch"), "32 sequences in 3 micro-batches: {e}");
+    let e = err(0, &DataParallel::default(), &config(2, 1));
+    assert!(e.to_string().contains("world_size"), "{e}");
+    let zero2 = DataParallel {
+        zero: 2,
+        ..DataParallel::default()
+    };
+    assert!(err(2, &zero2, &config(2, 1)).to_string().contains("zero"));
+}
