@@ -149,12 +149,46 @@ fn world_size_n_matches_n_micro_batches_bit_for_bit_for_every_precision() {
 }
 
 #[test]
+fn without_the_amax_reduce_delayed_scaling_drifts_from_one_rank() {
+    use fp8_engine::scaling::{DelayedScaling, Recipe};
+    let unreduced = Precision::Fp8(Recipe::Delayed(DelayedScaling {
+        reduce_amax: false,
+        ..DelayedScaling::default()
+    }));
+    let config = config(2, 3);
+    let reference = scratch("unreduced-micro2");
+    single(&unreduced, &config, &reference, RunControl::default());
+    let dir = scratch("unreduced-world2");
+    parallel(
+        2,
+        &DataParallel::default(),
+        &unreduced,
+        &config,
+        &dir,
+        RunControl::default(),
+    )
+    .expect("dp run");
+    let (a, b) = (metrics(&reference), metrics(&dir));
+    assert_eq!(
+        a[0].loss.to_bits(),
+        b[0].loss.to_bits(),
+        "step 0 casts with scale 1 everywhere"
+    );
+    let differ = a
+        .iter()
+        .zip(&b)
+        .skip(1)
+        .any(|(x, y)| x.loss.to_bits() != y.loss.to_bits());
+    assert!(differ, "each rank's own scales must change the later losses");
+}
+
+#[test]
 fn bucket_size_and_skipped_steps_change_nothing_between_ranks() {
-    // A huge initial loss scale overflows the first steps' gradients: every rank skips them
-    // together, as the single rank does, and the scale backs off the same way.
-    let p = precision("fp32");
+    // A huge initial loss scale overflows the first steps' fp16 gradients: every rank skips
+    // them together, as the single rank does, and the scale backs off the same way.
+    let p = precision("fp16");
     let config = RunConfig {
-        loss_scale: Some(1e38),
+        loss_scale: Some(2f32.powi(40)),
         ..config(2, 4)
     };
     let reference = scratch("skip-micro2");

@@ -342,6 +342,7 @@ pub fn run_model(
         last_loss = losses.mean;
         let mut fp8: Vec<Fp8TensorStats> = Vec::new();
         model.collect_fp8_stats(&mut fp8);
+        last_micro_batch_stats(collective, &mut fp8)?;
         let record = StepMetrics {
             step: progress.step,
             loss: losses.mean,
@@ -432,6 +433,34 @@ fn gather_losses(collective: &dyn Collective, local: &[f32]) -> Result<Vec<f32>>
     let mut all = vec![0.0f32; local.len() * collective.world_size()];
     collective.all_gather(local, &mut all)?;
     Ok(all)
+}
+
+/// The FP8 statistics of the step's last micro-batch, which the last rank ran (one rank: its
+/// own), so the metrics of N ranks are those of one rank with N micro-batches. Every value
+/// travels as raw bits (f64 and u64 as two f32 words each), so nothing is rounded.
+fn last_micro_batch_stats(collective: &dyn Collective, stats: &mut [Fp8TensorStats]) -> Result<()> {
+    let world = collective.world_size();
+    if world == 1 {
+        return Ok(());
+    }
+    let words = |bits: u64| [f32::from_bits((bits >> 32) as u32), f32::from_bits(bits as u32)];
+    let mut buffer: Vec<f32> = Vec::with_capacity(8 * stats.len());
+    for s in stats.iter() {
+        buffer.extend([s.amax, s.scale]);
+        buffer.extend(words(s.saturated.to_bits()));
+        buffer.extend(words(s.underflow.to_bits()));
+        buffer.extend(words(s.nonfinite));
+    }
+    collective.broadcast(&mut buffer, world - 1)?;
+    let bits = |w: &[f32]| (u64::from(w[0].to_bits()) << 32) | u64::from(w[1].to_bits());
+    for (s, w) in stats.iter_mut().zip(buffer.chunks_exact(8)) {
+        s.amax = w[0];
+        s.scale = w[1];
+        s.saturated = f64::from_bits(bits(&w[2..4]));
+        s.underflow = f64::from_bits(bits(&w[4..6]));
+        s.nonfinite = bits(&w[6..8]);
+    }
+    Ok(())
 }
 
 /// The group's "every gradient is finite": false on every rank if false on any, so every rank
