@@ -330,3 +330,77 @@ fn bad_settings_are_errors() {
     };
     assert!(err(2, &zero2, &config(2, 1)).to_string().contains("zero"));
 }
+
+fn fp8(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_fp8"))
+        .args(args)
+        .output()
+        .expect("run fp8")
+}
+
+#[test]
+fn the_cli_runs_ranks_and_refuses_uneven_splits() {
+    let small = [
+        "train",
+        "--steps",
+        "2",
+        "--hidden",
+        "32",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--batch",
+        "32",
+        "--quiet",
+        "--precision",
+        "fp8-delayed",
+        "--device",
+        "cpu",
+    ];
+    let (ranks, micro) = (scratch("cli-world2"), scratch("cli-micro2"));
+    let mut args = small.to_vec();
+    args.extend([
+        "--world-size",
+        "2",
+        "--zero",
+        "1",
+        "--bucket-mb",
+        "0.001",
+        "--out",
+        ranks.to_str().unwrap(),
+    ]);
+    let out = fp8(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("rank 1/2") && stderr.contains("ZeRO-1"), "{stderr}");
+    let mut args = small.to_vec();
+    args.extend(["--micro-batches", "2", "--out", micro.to_str().unwrap()]);
+    assert!(fp8(&args).status.success());
+    let (a, b) = (metrics(&ranks.join("fp8-delayed")), metrics(&micro.join("fp8-delayed")));
+    let losses = |m: &[StepMetrics]| m.iter().map(|s| s.loss.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        losses(&a),
+        losses(&b),
+        "--world-size 2 and --micro-batches 2 train the same"
+    );
+
+    let bad = scratch("cli-bad");
+    for (flags, says) in [
+        (vec!["--world-size", "3"], "multiple"),
+        (vec!["--world-size", "0"], "--world-size 0"),
+        (vec!["--world-size", "2", "--grad-wire", "f8"], "grad_wire"),
+        (vec!["--world-size", "2", "--zero", "3"], "zero"),
+    ] {
+        let mut args = small.to_vec();
+        args.extend(flags.iter().copied());
+        args.extend(["--out", bad.to_str().unwrap()]);
+        let out = fp8(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flags:?}: {stderr}");
+        assert!(
+            stderr.contains(says) && !stderr.contains("panicked"),
+            "{flags:?}: {stderr}"
+        );
+    }
+}

@@ -123,10 +123,11 @@ where
         };
         micro.push(forward_backward(model, batch)?);
         if index > first {
+            // f32 addition commutes: g_i + sum is the bit-exact (sum + g_i) of the contract.
             let mut sums = earlier.iter();
             model.visit_parameters(&mut |p| {
                 if let Some(sum) = sums.next() {
-                    p.grad_mut().iter_mut().zip(sum).for_each(|(g, s)| *g = *s + *g);
+                    p.grad_mut().iter_mut().zip(sum).for_each(|(g, s)| *g += *s);
                 }
             });
         }

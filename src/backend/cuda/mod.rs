@@ -24,6 +24,7 @@ pub mod hopper;
 pub mod kernel_inventory;
 mod launch;
 pub mod loss;
+pub mod nccl;
 pub mod norm;
 mod op_args;
 pub mod optim;
