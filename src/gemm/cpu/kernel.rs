@@ -18,7 +18,7 @@
 
 use gemm::Parallelism;
 
-/// Longest K the crate sums in one chain on every CPU (its K blocks are never shorter).
+/// Longest K the crate sums as one block on every CPU (its K blocks are never shorter).
 const K_CHUNK: usize = 512;
 
 /// Length of each of the `ceil(k / K_CHUNK)` chunks of `k` (the last one may be shorter).
