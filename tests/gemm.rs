@@ -608,6 +608,7 @@ fn unsupported_inputs_are_typed_errors() {
         data: &xs[..10],
         rows: 4,
         cols: 32,
+        transposed: false,
     };
     assert!(matches!(
         gemm::cpu::gemm(&Operand::F32(liar), &Operand::F32(pa), Output::F32(&mut d), &p),
@@ -672,4 +673,69 @@ fn empty_and_nan_edges() {
     let report = gemm::cpu::gemm(&a, &b, Output::F32(&mut d), &GemmParams::default()).unwrap();
     assert!(d[0].is_nan() && d[1] == 16.0, "{d:?}");
     assert!(report.amax.is_nan());
+}
+
+/// A plain operand read from its stored transpose (`Mat::transposed`, how the backward reads
+/// `X`, `dY` and `W`) gives the bits of the same GEMM on a K-major copy, for every plain dtype,
+/// on either side, with a K that is cut into chunks; `k_major` makes that copy.
+#[test]
+fn transposed_plain_operands_match_k_major_copies() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let (m, n, k) = (70, 45, 600);
+    let a: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0..2.0)).collect();
+    let b: Vec<f32> = (0..n * k).map(|_| rng.random_range(-2.0..2.0)).collect();
+    let transpose =
+        |x: &[f32], rows: usize| -> Vec<f32> { (0..k).flat_map(|kk| (0..rows).map(move |r| x[r * k + kk])).collect() };
+    let (at, bt) = (transpose(&a, m), transpose(&b, n));
+    let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.25).collect();
+    let p = GemmParams {
+        bias: Some(&bias),
+        ..GemmParams::default()
+    };
+    let run = |x: &Operand, y: &Operand| {
+        let mut d = vec![0.0f32; m * n];
+        gemm::cpu::gemm(x, y, Output::F32(&mut d), &p).unwrap();
+        d.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+    };
+    // f32
+    let (ak, bk) = (Mat::new(&a, m, k).unwrap(), Mat::new(&b, n, k).unwrap());
+    let (atm, btm) = (Mat::transposed(&at, m, k).unwrap(), Mat::transposed(&bt, n, k).unwrap());
+    assert_eq!(atm.k_major().as_ref(), a.as_slice());
+    assert_eq!(btm.k_major().as_ref(), b.as_slice());
+    let want = run(&Operand::F32(ak), &Operand::F32(bk));
+    assert_eq!(run(&Operand::F32(atm), &Operand::F32(bk)), want, "f32, A transposed");
+    assert_eq!(run(&Operand::F32(ak), &Operand::F32(btm)), want, "f32, B transposed");
+    assert_eq!(
+        run(&Operand::F32(atm), &Operand::F32(btm)),
+        want,
+        "f32, both transposed"
+    );
+    // bf16 and f16: the same values narrowed first.
+    let h = |x: &[f32]| x.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>();
+    let (ah, bh, ath, bth) = (h(&a), h(&b), h(&at), h(&bt));
+    let want = run(
+        &Operand::Bf16(Mat::new(&ah, m, k).unwrap()),
+        &Operand::Bf16(Mat::new(&bh, n, k).unwrap()),
+    );
+    let got = run(
+        &Operand::Bf16(Mat::transposed(&ath, m, k).unwrap()),
+        &Operand::Bf16(Mat::transposed(&bth, n, k).unwrap()),
+    );
+    assert_eq!(got, want, "bf16, both transposed");
+    let f = |x: &[f32]| x.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>();
+    let (af, btf) = (f(&a), f(&bt));
+    let want = run(
+        &Operand::F16(Mat::new(&af, m, k).unwrap()),
+        &Operand::F16(Mat::new(&f(&b), n, k).unwrap()),
+    );
+    let got = run(
+        &Operand::F16(Mat::new(&af, m, k).unwrap()),
+        &Operand::F16(Mat::transposed(&btf, n, k).unwrap()),
+    );
+    assert_eq!(got, want, "f16, B transposed");
+    // A transposed matrix is checked like any other: rows * cols values.
+    assert!(matches!(
+        Mat::transposed(&at[..10], m, k),
+        Err(Error::ShapeMismatch { got: 10, .. })
+    ));
 }

@@ -44,6 +44,15 @@ impl PlainMat {
         })
     }
 
+    /// The `rows x cols` transpose of this `cols x rows` matrix as a GEMM operand, read in place.
+    pub(crate) fn operand_transposed(&self, rows: usize, cols: usize) -> Result<Operand<'_>> {
+        Ok(match self {
+            PlainMat::F32(d) => Operand::F32(Mat::transposed(d, rows, cols)?),
+            PlainMat::Bf16(d) => Operand::Bf16(Mat::transposed(d, rows, cols)?),
+            PlainMat::F16(d) => Operand::F16(Mat::transposed(d, rows, cols)?),
+        })
+    }
+
     /// Every element widened to f64 (exact for each dtype), for comparing two results.
     pub(crate) fn widened(&self) -> Vec<f64> {
         match self {

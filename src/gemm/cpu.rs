@@ -2,12 +2,14 @@
 //! f16 products are exact in f32), f32 accumulation, block scales applied per
 //! block of K at promotion.
 //!
-//! How it runs: both operands are decoded to f32 without their scales (exact),
+//! How it runs: both operands are decoded to f32 without their scales (exact;
+//! a plain operand stored transposed stays so and is read with swapped strides),
 //! the output is cut into tiles (rayon tasks), and each task multiplies its
 //! panels with the f32 GEMM crate (`gemm`, one thread per tile):
 //!
 //! * plain inputs, or per-tensor scales without split accumulation: one
-//!   product over the whole K, then `* alpha * sA * sB`;
+//!   product over the whole K (in chunks of at most 512, `kernel.rs`), then
+//!   `* alpha * sA * sB`;
 //! * per-tensor scales with `split_accumulator`: the crate's 128-wide partial
 //!   sums are added to the tile's f32 accumulator one K block at a time (the
 //!   GPU's promotion), then `* alpha * sA * sB`;
@@ -64,22 +66,26 @@ pub fn gemm(a: &Operand, b: &Operand, out: Output, params: &GemmParams) -> Resul
     // One tile: let the crate spread it over the threads instead.
     let threads_per_tile = tiles.len() == 1;
     let (sa, sb) = (RowScales::of(a), RowScales::of(b));
+    let ((a_rows, a_k), (b_rows, b_k)) = (a.strides(), b.strides());
     let amax = tiles
         .into_par_iter()
         .map(|tile: OutTile| {
             let (i0, j0, rows, cols) = tile.shape();
             let a_panel = Panel {
                 data: &av,
-                stride: plan.k,
+                row_stride: a_rows,
+                k_stride: a_k,
                 first: i0,
                 rows,
                 k0: 0,
                 k: plan.k,
             };
             let b_panel = Panel {
+                data: &bv,
+                row_stride: b_rows,
+                k_stride: b_k,
                 first: j0,
                 rows: cols,
-                data: &bv,
                 ..a_panel
             };
             let mut scratch = Scratch::take();
@@ -224,7 +230,8 @@ pub(crate) fn f32_nt_serial(
     }
     let panel = |data, rows| Panel {
         data,
-        stride: k,
+        row_stride: k,
+        k_stride: 1,
         first: 0,
         rows,
         k0: 0,
@@ -271,7 +278,8 @@ pub fn f32_crate_gemm(a: Mat<f32>, b: Mat<f32>, d: &mut [f32]) -> Result<()> {
     }
     let panel = |data, rows| Panel {
         data,
-        stride: k,
+        row_stride: k,
+        k_stride: 1,
         first: 0,
         rows,
         k0: 0,

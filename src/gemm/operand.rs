@@ -1,25 +1,41 @@
 //! The GEMM's operands, output, parameters, and the checks every backend shares.
 
+use std::borrow::Cow;
+
 use half::{bf16, f16};
 
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::tensor::{QuantizedMatrix, ScaleKind};
 
-/// A borrowed row-major `rows x cols` matrix of plain values.
+/// A borrowed `rows x cols` matrix of plain values: row-major, or read in place from its
+/// stored transpose.
 #[derive(Clone, Copy, Debug)]
 pub struct Mat<'a, T> {
-    /// `rows * cols` values, row-major.
+    /// `rows * cols` values: row-major, or the row-major `cols x rows` transpose when
+    /// `transposed` is set.
     pub data: &'a [T],
     /// Rows (M for A, N for B).
     pub rows: usize,
     /// Columns (K, the reduction dimension).
     pub cols: usize,
+    /// `data` holds the `cols x rows` transpose (K-minor): the GEMM reads it with swapped
+    /// strides instead of a transposed copy (the backward reads `X`, `dY` and `W` this way).
+    pub transposed: bool,
 }
 
 impl<'a, T> Mat<'a, T> {
-    /// Checks that `data` holds `rows * cols` values.
+    /// Checks that `data` holds `rows * cols` values, row-major.
     pub fn new(data: &'a [T], rows: usize, cols: usize) -> Result<Self> {
+        Self::checked(data, rows, cols, false)
+    }
+
+    /// The `rows x cols` transpose of the row-major `cols x rows` matrix `data`, read in place.
+    pub fn transposed(data: &'a [T], rows: usize, cols: usize) -> Result<Self> {
+        Self::checked(data, rows, cols, true)
+    }
+
+    fn checked(data: &'a [T], rows: usize, cols: usize, transposed: bool) -> Result<Self> {
         let expected = rows.saturating_mul(cols);
         if data.len() != expected {
             return Err(Error::ShapeMismatch {
@@ -30,11 +46,40 @@ impl<'a, T> Mat<'a, T> {
                 got: data.len(),
             });
         }
-        Ok(Mat { data, rows, cols })
+        Ok(Mat {
+            data,
+            rows,
+            cols,
+            transposed,
+        })
+    }
+
+    /// `(row stride, K stride)` of element `(r, k)` at `r * row + k * k_stride` in `data`.
+    pub fn strides(&self) -> (usize, usize) {
+        match self.transposed {
+            false => (self.cols, 1),
+            true => (1, self.rows),
+        }
     }
 }
 
-/// One GEMM input, K-major (`rows x K`).
+impl<'a, T: Copy> Mat<'a, T> {
+    /// The values row-major (K-major), as a backend that cannot read strides needs them:
+    /// borrowed when they already are, else a transposed copy.
+    pub fn k_major(&self) -> Cow<'a, [T]> {
+        if !self.transposed || self.rows <= 1 || self.cols <= 1 {
+            return Cow::Borrowed(self.data);
+        }
+        let (rows, cols) = (self.rows, self.cols);
+        let mut out = Vec::with_capacity(self.data.len());
+        for r in 0..rows {
+            out.extend((0..cols).map(|c| self.data[c * rows + r]));
+        }
+        Cow::Owned(out)
+    }
+}
+
+/// One GEMM input, `rows x K`: K-major, or a plain matrix read from its stored transpose.
 #[derive(Clone, Copy, Debug)]
 pub enum Operand<'a> {
     /// FP8 codes with their scales (per tensor, 1x128, 128x128 or MXFP8).
@@ -75,6 +120,16 @@ impl Operand<'_> {
                 expected: expected.unwrap_or(usize::MAX),
                 got,
             }),
+        }
+    }
+
+    /// `(row stride, K stride)` of the values the CPU GEMM reads (FP8 codes are K-major).
+    pub fn strides(&self) -> (usize, usize) {
+        match self {
+            Operand::Fp8(_, m) => (m.cols(), 1),
+            Operand::F32(m) => m.strides(),
+            Operand::Bf16(m) => m.strides(),
+            Operand::F16(m) => m.strides(),
         }
     }
 

@@ -6,13 +6,14 @@
 //!
 //! | precision | forward `Y = X W^T` | dgrad `dX = dY W` | wgrad `dW += dY^T X` |
 //! |---|---|---|---|
-//! | fp32/bf16/fp16 | X x W (dtype) | dY x W^T copy | dY^T x X^T |
+//! | fp32/bf16/fp16 | X x W (dtype) | dY x W read transposed | dY, X read transposed |
 //! | FP8 | E4M3 X x E4M3 W | E5M2 dY x E4M3 W^T copy | E5M2 dY^T x E4M3 X^T |
 //!
-//! (E4M3 for gradients too under the block and MXFP8 defaults.) The transposed copies come
+//! (E4M3 for gradients too under the block and MXFP8 defaults.) The FP8 transposed copies come
 //! from the same cast as the row-wise ones (fused cast + transpose or column-wise block
-//! quantizers). Weight copies are made once per parameter version: once per optimizer step,
-//! reused by every micro-batch.
+//! quantizers); plain operands are read in place with swapped strides (`gemm::Mat::transposed`),
+//! so the plain policies keep one weight copy and the input in its own layout. Weight copies
+//! are made once per parameter version: once per optimizer step, reused by every micro-batch.
 
 use super::no_forward;
 use super::param::Parameter;
@@ -30,13 +31,12 @@ use crate::tensor::QuantizedMatrix;
 enum WeightCopy {
     /// Row-wise `[out, in]` for forward, column-wise `[in, out]` for dgrad.
     Fp8(Cast),
-    Plain {
-        w: PlainMat,
-        wt: PlainMat,
-    },
+    /// `[out, in]` in the compute dtype; dgrad reads it transposed.
+    Plain(PlainMat),
 }
 
-/// What the forward keeps for wgrad: `X^T`, K-major over tokens.
+/// What the forward keeps for wgrad: FP8 `X^T`, K-major over tokens, or the plain `X`
+/// (`[tokens, in]`, read transposed).
 enum SavedInput {
     Fp8(Fp8Format, QuantizedMatrix),
     Plain(PlainMat),
@@ -240,10 +240,7 @@ impl LinearGemms {
                 }
                 WeightCopy::Fp8(cast)
             }
-            _ => WeightCopy::Plain {
-                w: kernels.convert(self.dtype(), weight.value())?,
-                wt: kernels.convert_transposed(self.dtype(), weight.value(), out, inp)?,
-            },
+            _ => WeightCopy::Plain(kernels.convert(self.dtype(), weight.value())?),
         };
         self.weight = Some((weight.version(), copy));
         Ok(())
@@ -294,24 +291,20 @@ impl LinearGemms {
                     columnwise.ok_or_else(|| internal(&self.layer, "the input cast made no column-wise copy"))?;
                 (SavedInput::Fp8(format, columnwise), report, Some((amax, stats)))
             }
-            (_, WeightCopy::Plain { w, .. }) => {
-                let dtype = self.dtype();
-                let mut xm = None;
+            (_, WeightCopy::Plain(w)) => {
+                // One conversion (a copy for f32): the forward's operand, then wgrad's.
+                let xm = kernels.convert(self.dtype(), x)?;
                 let params = GemmParams {
                     bias,
                     ..GemmParams::default()
                 };
                 let report = kernels.gemm(
-                    &plain_operand(kernels, dtype, x, rows, inp, &mut xm)?,
+                    &xm.operand(rows, inp)?,
                     &w.operand(out, inp)?,
                     Output::F32(&mut y),
                     &params,
                 )?;
-                (
-                    SavedInput::Plain(kernels.convert_transposed(dtype, x, rows, inp)?),
-                    report,
-                    None,
-                )
+                (SavedInput::Plain(xm), report, None)
             }
             _ => return Err(internal(&self.layer, "the weight copy does not follow the precision")),
         };
@@ -386,23 +379,25 @@ impl LinearGemms {
                 let stats = kernels.cast_stats(self.stat_name(TensorRole::OutputGrad), dy, &dyq)?;
                 (dgrad.amax, Some((dyq.amax, stats)))
             }
-            (_, WeightCopy::Plain { wt, .. }, SavedInput::Plain(xt)) => {
+            (_, WeightCopy::Plain(w), SavedInput::Plain(x)) => {
                 let dtype = self.dtype();
                 let mut dym = None;
+                let dyo = plain_operand(kernels, dtype, dy, rows, out, &mut dym)?;
+                // dX = dY W: B is W^T, `[in, out]`, read from W `[out, in]`.
                 let dgrad = kernels.gemm(
-                    &plain_operand(kernels, dtype, dy, rows, out, &mut dym)?,
-                    &wt.operand(inp, out)?,
+                    &dyo,
+                    &w.operand_transposed(inp, out)?,
                     Output::F32(&mut dx),
                     &GemmParams::default(),
                 )?;
                 if let Some(dw) = weight_grad {
-                    let dyt = kernels.convert_transposed(dtype, dy, rows, out)?;
-                    kernels.gemm(
-                        &dyt.operand(out, rows)?,
-                        &xt.operand(inp, rows)?,
-                        Output::F32(dw),
-                        &accumulate,
-                    )?;
+                    // dW = dY^T X: A is dY^T `[out, tokens]`, B is X^T `[in, tokens]`, both read
+                    // from their `[tokens, ...]` storage.
+                    let dyt = match &dym {
+                        Some(dym) => dym.operand_transposed(out, rows)?,
+                        None => Operand::F32(Mat::transposed(dy, out, rows)?),
+                    };
+                    kernels.gemm(&dyt, &x.operand_transposed(inp, rows)?, Output::F32(dw), &accumulate)?;
                 }
                 (dgrad.amax, None)
             }
@@ -441,7 +436,7 @@ impl LinearGemms {
         match &self.weight {
             None => 0,
             Some((_, WeightCopy::Fp8(cast))) => fp8_cast::tensor_bytes(&cast.tensor),
-            Some((_, WeightCopy::Plain { w, wt })) => w.bytes() + wt.bytes(),
+            Some((_, WeightCopy::Plain(w))) => w.bytes(),
         }
     }
 

@@ -115,12 +115,13 @@ pub(crate) fn weight_scale_bytes(recipe: &Recipe, w: LinearShape) -> u128 {
 }
 
 /// Bytes of the cached compute copies of one trainable weight under `precision`: the FP8 codes of
-/// `W` and `W^T` with their scales, or the 16/32-bit copies of `W` and `W^T`.
+/// `W` and `W^T` with their scales, or the one 16/32-bit copy of `W` (read transposed by dgrad).
 fn weight_cache(precision: &Precision, w: LinearShape) -> u128 {
     let t = LinearShape { out: w.inp, inp: w.out };
     match precision {
         Precision::Fp8(recipe) => 2 * w.out * w.inp + weight_scale_bytes(recipe, w) + weight_scale_bytes(recipe, t),
-        other => 2 * w.out * w.inp * other.compute_dtype().bytes() as u128,
+        // One copy: the backward reads it transposed in place (`nn::linear_gemms`).
+        other => w.out * w.inp * other.compute_dtype().bytes() as u128,
     }
 }
 

@@ -241,8 +241,9 @@ impl HostUpload {
                     cols: q.cols(),
                 }
             }
-            Operand::Bf16(m) => HostUpload::Bf16(device.upload(m.data, category)?, m.rows, m.cols),
-            Operand::F16(m) => HostUpload::F16(device.upload(m.data, category)?, m.rows, m.cols),
+            // The CUDA GEMM reads K-major operands: a transposed one is copied K-major first.
+            Operand::Bf16(m) => HostUpload::Bf16(device.upload(&m.k_major(), category)?, m.rows, m.cols),
+            Operand::F16(m) => HostUpload::F16(device.upload(&m.k_major(), category)?, m.rows, m.cols),
             Operand::F32(m) => {
                 return Err(Error::KernelArgs {
                     kernel: "gemm_mma",
