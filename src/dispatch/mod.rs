@@ -316,9 +316,10 @@ impl Backend {
         }
     }
 
-    /// Checks that `tensor`, an input of `op`, lives on this backend's device.
+    /// Checks that `tensor`, an input of `op`, lives on this backend's device, or in host
+    /// memory: the staged CUDA arms (`cuda_ops`) take host tensors and upload them.
     pub(crate) fn expect_on(&self, op: &'static str, tensor: &Tensor) -> Result<()> {
-        if tensor.device() == self.device() {
+        if tensor.device() == self.device() || tensor.device() == DeviceKind::Cpu {
             return Ok(());
         }
         Err(Error::DeviceMismatch {

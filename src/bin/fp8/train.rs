@@ -183,6 +183,7 @@ fn precisions(args: &TrainArgs, device: &Device) -> Result<Vec<Precision>, CliEr
                 .validate()
                 .map_err(|e| CliError(format!("fp8-delayed (--history-len, --algo, --margin): {e}")))?;
         }
+        cuda_gemm_exists(&precision, device)?;
         if out.contains(&precision) {
             return Err(CliError(format!("precision {} is listed twice", precision.name())));
         }
@@ -198,6 +199,25 @@ fn precisions(args: &TrainArgs, device: &Device) -> Result<Vec<Precision>, CliEr
         ));
     }
     Ok(out)
+}
+
+/// Refuses, before any training, a precision whose GEMMs the CUDA backend lacks (f32 and
+/// MXFP8 operands: `docs/cuda-backend.md`, GEMM operands).
+fn cuda_gemm_exists(precision: &Precision, device: &Device) -> Result<(), CliError> {
+    if !matches!(device, Device::Cuda(_)) {
+        return Ok(());
+    }
+    let missing = match precision {
+        Precision::Fp32 => "f32 (no f32 CUDA GEMM yet)",
+        Precision::Fp8(Recipe::Mxfp8(_)) => "MXFP8 (no E8M0-scaled CUDA GEMM yet)",
+        _ => return Ok(()),
+    };
+    Err(CliError(format!(
+        "precision {} cannot train on {}: the CUDA backend has no GEMM for {missing}; \
+         use --compare bf16,fp8-delayed on the GPU, or --device cpu",
+        precision.name(),
+        device.describe()
+    )))
 }
 
 /// Opens the device: without a usable GPU, `cuda` is an error and `auto` falls back to the CPU.

@@ -199,22 +199,55 @@ pub(crate) fn delayed_update(
     if slots.is_empty() {
         return Ok(());
     }
-    let views: Vec<_> = slots.iter().map(|&i| bank.view(i)).collect();
-    let len = views[0].history.len();
-    let history: Vec<f32> = views.iter().flat_map(|v| v.history.iter().copied()).collect();
-    let scale: Vec<f32> = views.iter().map(|v| v.scale).collect();
+    let compact = Compact::gather(bank, slots);
     let scaled_max: Vec<f32> = formats.iter().map(|&f| recipe.scaled_max(f)).collect();
-    let (mut history_d, mut scale_d, max_d) = (s.up(&history)?, s.up(&scale)?, s.up(&scaled_max)?);
-    s.device()
-        .delayed_update(&mut history_d, len, &mut scale_d, &max_d, recipe.amax_compute_algo)?;
-    let (history, scale) = (s.down_vec(&history_d)?, s.down_vec(&scale_d)?);
-    for (j, &i) in slots.iter().enumerate() {
-        bank.with_slot(i, |slot| {
-            slot.scale = scale[j];
-            slot.history.copy_from_slice(&history[j * len..(j + 1) * len]);
-        });
-    }
+    let (mut history_d, mut scale_d) = (s.up(&compact.history)?, s.up(&compact.scale)?);
+    let max_d = s.up(&scaled_max)?;
+    s.device().delayed_update(
+        &mut history_d,
+        compact.len,
+        &mut scale_d,
+        &max_d,
+        recipe.amax_compute_algo,
+    )?;
+    let updated = Compact {
+        history: s.down_vec(&history_d)?,
+        scale: s.down_vec(&scale_d)?,
+        len: compact.len,
+    };
+    updated.scatter(bank, slots);
     Ok(())
+}
+
+/// Some slots of a bank as one bank of their own, in the kernel's layout: histories
+/// `[slots, len]` (this step's amax in column 0) and scales.
+#[derive(Debug, PartialEq)]
+struct Compact {
+    history: Vec<f32>,
+    scale: Vec<f32>,
+    len: usize,
+}
+
+impl Compact {
+    fn gather(bank: &SlotBank, slots: &[usize]) -> Self {
+        let views: Vec<_> = slots.iter().map(|&i| bank.view(i)).collect();
+        Compact {
+            history: views.iter().flat_map(|v| v.history.iter().copied()).collect(),
+            scale: views.iter().map(|v| v.scale).collect(),
+            len: views.first().map_or(1, |v| v.history.len()),
+        }
+    }
+
+    /// Stores each compact slot's scale and history back into its slot of `bank`.
+    fn scatter(&self, bank: &mut SlotBank, slots: &[usize]) {
+        for (j, &i) in slots.iter().enumerate() {
+            bank.with_slot(i, |slot| {
+                slot.scale = self.scale[j];
+                slot.history
+                    .copy_from_slice(&self.history[j * self.len..(j + 1) * self.len]);
+            });
+        }
+    }
 }
 
 /// The statistics of a cast. Staged, the source and the codes are host slices already, so
@@ -238,4 +271,44 @@ pub(crate) fn uncast_stats(
 ) -> Result<Fp8TensorStats> {
     staged(k)?;
     Ok(fp8_cast::uncast_stats(name, values, format, amax, scale))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bank whose slots hold distinct scales and histories (this step's amax in column 0).
+    fn bank() -> SlotBank {
+        let mut bank = SlotBank::new(5, 3);
+        for i in 0..5 {
+            bank.with_slot(i, |slot| {
+                slot.scale = 1.5 + i as f32;
+                slot.history = vec![0.25 * (i + 1) as f32, 3.0 - i as f32, 0.5];
+            });
+        }
+        bank
+    }
+
+    #[test]
+    fn updating_the_gathered_slots_as_one_bank_then_scattering_is_the_banks_own_update() {
+        let recipe = DelayedScaling::default();
+        let (slots, formats) = ([3, 0, 4], [Fp8Format::E4M3, Fp8Format::E5M2, Fp8Format::E4M3]);
+        let mut expected = bank();
+        expected.update(&slots, &formats, &recipe);
+        // What the kernel sees: the chosen slots as a bank of their own, slot k in formats[k].
+        let mut got = bank();
+        let compact = Compact::gather(&got, &slots);
+        assert_eq!((compact.len, compact.scale.clone()), (3, vec![4.5, 1.5, 5.5]));
+        let mut alone = SlotBank::new(slots.len(), compact.len);
+        for k in 0..slots.len() {
+            alone.with_slot(k, |slot| {
+                slot.scale = compact.scale[k];
+                slot.history = compact.history[k * 3..(k + 1) * 3].to_vec();
+            });
+        }
+        alone.update(&[0, 1, 2], &formats, &recipe);
+        Compact::gather(&alone, &[0, 1, 2]).scatter(&mut got, &slots);
+        assert_eq!(got.values(), expected.values());
+        assert_ne!(got.values(), bank().values(), "the update changed something");
+    }
 }

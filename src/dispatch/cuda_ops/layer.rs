@@ -289,16 +289,16 @@ pub(crate) fn attention_backward(
 /// No kernel: generation's cached attention (grouped key/value heads) runs on the CPU backend.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_cached(
-    k: &CudaKernels,
+    kernels: &CudaKernels,
     _q: &[f32],
-    _k: &[f32],
+    _keys: &[f32],
     _v: &[f32],
     _shape: CachedAttentionShape,
     _softmax_scale: f32,
     _dtype: Dtype,
     _out: &mut [f32],
 ) -> Result<()> {
-    Err(unsupported(k, "attention_cached"))
+    Err(unsupported(kernels, "attention_cached"))
 }
 
 /// No kernel yet (`docs/cuda-backend.md`, Ops without a kernel).
