@@ -6,9 +6,11 @@
 # docs/gpu-validation.md (load everything, memory-bound kernels, the layer
 # ops against their CPU twins, portable GEMMs, the Hopper probes and random
 # cases, the self-check, sanitizers on the small Hopper cases, benches) and writes $OUT/summary.txt: one PASS / FAIL /
-# SKIP line per step with its worst err/bound. The step limits add up to under
-# 15 minutes. Copy the folder to a GPU machine (driver 580+, no toolkit needed)
-# and run `OUT=/some/dir bash gpu-bundle/run.sh`.
+# SKIP line per step with its worst err/bound. `run.sh layers` runs the second
+# part instead: layers and training on the staged CUDA backend in shadow mode,
+# and the layer bench (summary-layers.txt). Each part's step limits add up to
+# under 15 minutes. Copy the folder to a GPU machine (driver 580+, no toolkit
+# needed) and run `OUT=/some/dir bash gpu-bundle/run.sh [kernels|layers]`.
 # Usage: scripts/gpu-bundle.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,15 +40,23 @@ cat > "$out/run.sh" <<'RUN'
 # most its step's limit; the limits add up to under 15 minutes). Everything
 # goes under $OUT (default results/ here): summary.txt (one PASS/FAIL/SKIP
 # line per step, with the worst err/bound the step printed), the GEMM bench
-# outputs, and logs.tar.gz (one log per step).
+# outputs, and logs.tar.gz (one log per step). `run.sh layers` runs the layer
+# part instead: summary-layers.txt and logs-layers.tar.gz.
+part=${1:-kernels}
+case $part in
+    kernels) suffix="" ;;
+    layers) suffix="-layers" ;;
+    *) echo "usage: run.sh [kernels|layers]" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")"
 OUT=${OUT:-$PWD/results}
-mkdir -p "$OUT/logs"
-logs=$OUT/logs
-summary=$OUT/summary.txt
+logs=$OUT/logs$suffix
+mkdir -p "$logs"
+summary=$OUT/summary$suffix.txt
 {
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "commit: $(cat COMMIT)"
+    echo "part: $part"
 } > "$summary"
 status=0
 say() { echo "$*" | tee -a "$summary"; }
@@ -113,11 +123,12 @@ gpu_step() { # gpu_step step|step_out NAME ...: a step that needs a GPU, SKIP wi
 # layer ops (bit-exact or within their contract's bound), the portable GEMMs
 # (the self-check's reference), the Hopper probes (exact, one tile first), its
 # random cases, then the self-check, sanitizers and benches.
+if [[ $part == kernels ]]; then
+# part: kernels
 step info 45 ./fp8 info --load-all
 step gpu_kernels 60 ./gpu_kernels
 step gpu_ops 60 ./gpu_ops
 step gpu_gemm 75 ./gpu_gemm
-step gpu_layers 15 ./gpu_layers
 step hopper_probes 90 ./hopper_host hopper_probes --test-threads=1 --nocapture
 step hopper_random 90 ./hopper_host hopper_gemm_matches --test-threads=1 --nocapture
 gpu_step step_out self_check 30 self-check.txt env FP8_GEMM_PATH=hopper ./fp8 bench gemm --backend cuda \
@@ -139,15 +150,34 @@ gpu_step step_out bench_gemm_llm_hopper 80 bench-gemm-llm-hopper.jsonl \
     env FP8_GEMM_PATH=hopper ./fp8 bench gemm --backend cuda --suite llm --json
 gpu_step step_out bench_gemm_bf16_8192 30 bench-gemm-bf16-8192.txt \
     ./fp8 bench gemm --backend cuda --m 8192 --n 8192 --k 8192 --a-format bf16 --b-format bf16
+fi
+# end of part
+
+if [[ $part == layers ]]; then
+# part: layers
+# Every layer x precision and a short training run on the staged CUDA backend, every op
+# checked against its CPU twin, then the issue's layer FP8 vs bf16 (staged: copies included).
+step gpu_layers 150 ./gpu_layers
+step gpu_train 150 ./gpu_train
+# NCCL at world size 1 (skips without libnccl on the machine).
+step gpu_nccl 60 ./gpu_nccl
+gpu_step step_out bench_layer 240 bench-layer.txt ./fp8 bench layer --device cuda \
+    --hidden 4096 --heads 32 --ffn 16384 --seq 2048 --batch 2 --runs 3 --precision bf16,fp8-delayed
+fi
+# end of part
+
 say "result: $([[ $status == 0 ]] && echo "no failures" || echo FAILURES)"
-tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$logs"
+tar -czf "$OUT/logs$suffix.tar.gz" -C "$OUT" "logs$suffix" && rm -rf "$logs"
 exit $status
 RUN
 chmod +x "$out/run.sh"
 size=$(du -sm "$out" | cut -f1)
 echo "gpu-bundle: $out ($size MiB): $(ls "$out" | tr '\n' ' ')"
 if (( size >= 64 )); then echo "gpu-bundle: over the 64 MiB limit" >&2; exit 1; fi
-# The plan: every step's limit (timeout -k adds 10 s at most per step) under 15 minutes.
-limits=$(grep -oE "^ *(gpu_step )?step(_out)? [a-z_0-9]+ [0-9]+" "$out/run.sh" | awk '{s += $NF} END {print s}')
-echo "gpu-bundle: step limits add up to $limits s (15 min = 900 s)"
-if (( limits >= 900 )); then echo "gpu-bundle: step limits exceed 15 minutes" >&2; exit 1; fi
+# The plan: in each part, every step's limit (timeout -k adds 10 s at most per step) under 15 minutes.
+for part in kernels layers; do
+    limits=$(sed -n "/^# part: $part\$/,/^# end of part\$/p" "$out/run.sh" \
+        | grep -oE "^ *(gpu_step )?step(_out)? [a-z_0-9]+ [0-9]+" | awk '{s += $NF} END {print s + 0}')
+    echo "gpu-bundle: $part step limits add up to $limits s (15 min = 900 s)"
+    if (( limits == 0 || limits >= 900 )); then echo "gpu-bundle: $part step limits are 0 or exceed 15 minutes" >&2; exit 1; fi
+done

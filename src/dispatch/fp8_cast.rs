@@ -52,17 +52,22 @@ pub(crate) fn cast(
                 BlockDims::Rows1x128 => quantize_1x128(src, rows, cols, &rule, true)?,
                 BlockDims::Tiles128x128 => quantize_block_128x128(src, rows, cols, &rule, true)?,
             };
-            let scale = largest_scale(tensor.rowwise().scales());
-            (tensor, amax(src), scale)
+            return Ok(block_cast(tensor, amax(src)));
         }
         Fp8Recipe::Mxfp8(r) => {
             let format = crate::scaling::RecipeFormat::from(r.format).for_role(role);
             let tensor = quantize_mxfp8(src, rows, cols, format, true)?;
-            let scale = largest_scale(tensor.rowwise().scales());
-            (tensor, amax(src), scale)
+            return Ok(block_cast(tensor, amax(src)));
         }
     };
     Ok(Cast { tensor, amax, scale })
+}
+
+/// The cast of a block-scaled `tensor` (1x128, 128x128, MXFP8) of a source with `amax`: its
+/// scale is the largest block scale.
+pub(crate) fn block_cast(tensor: QuantizedTensor, amax: f32) -> Cast {
+    let scale = largest_scale(tensor.rowwise().scales());
+    Cast { tensor, amax, scale }
 }
 
 /// The transposed copy of a cast (always made by [`cast`]).

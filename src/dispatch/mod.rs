@@ -5,16 +5,19 @@
 //! implementation for a device. `nn`, `model` and `train` call ops only
 //! through here.
 //!
-//! The CUDA backend does not implement any op yet: each of its ops returns
-//! `Error::Unsupported` naming the op, never a panic and never a silent host
-//! fallback. The signatures take host slices today; when device buffers land
-//! (`tensor::Storage::Cuda`), the ops that move activations take tensors.
+//! The CUDA backend's arms (`cuda_ops`) are staged through host memory: each op
+//! uploads its host-slice inputs, runs its kernel(s) and downloads its outputs
+//! (`docs/cuda-backend.md`). Ops without a kernel return `Error::Unsupported`
+//! naming the op, never a panic and never a silent host fallback. The signatures
+//! take host slices today; when device buffers land (`tensor::Storage::Cuda`),
+//! the ops that move activations take tensors and the copies go away.
 //!
 //! Shadow mode ([`Backend::checked_against_cpu`], `shadow.rs`) runs every op
 //! on its backend and on the CPU twin, and compares them by the op's contract
 //! (`contract.rs`, `docs/numerics.md`).
 
 mod contract;
+mod cuda_ops;
 pub(crate) mod fp8_cast;
 pub mod op_times;
 mod plain;
@@ -42,7 +45,7 @@ use crate::scaling::{DelayedScaling, Fp8TensorStats, SlotBank, TensorRole};
 use crate::tensor::{DeviceKind, Dtype, Tensor};
 
 /// Declares the op trait from one list, with the CPU implementation of each op
-/// (a path to the reference function) and the CUDA arm (unsupported for now).
+/// (a path to the reference function) and the CUDA arm (`cuda_ops::<op>`, staged).
 macro_rules! kernels {
     ($( $(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $cpu:path; )*) => {
         /// Every op of the layers, model and trainer, implemented once per backend.
@@ -60,12 +63,9 @@ macro_rules! kernels {
 
         #[allow(clippy::too_many_arguments)]
         impl Kernels for CudaKernels {
-            $(
-                #[allow(unused_variables)]
-                fn $name(&self, $($arg: $ty),*) -> Result<$ret> {
-                    Err(Error::Unsupported { op: stringify!($name), device: DeviceKind::Cuda(self.ordinal).to_string() })
-                }
-            )*
+            $( fn $name(&self, $($arg: $ty),*) -> Result<$ret> {
+                op_times::timed(stringify!($name), || cuda_ops::$name(self, $($arg),*))
+            } )*
         }
 
         /// Each op: state saved, the primary op, its CPU twin on the saved state, then the
@@ -247,7 +247,7 @@ impl<T: Twin> Saved<T> {
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct CpuKernels;
 
-/// The CUDA backend of one GPU: no op implemented yet.
+/// The CUDA backend of one GPU (its device is opened on the first op, `cuda_ops::staged`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CudaKernels {
     ordinal: usize,
@@ -316,9 +316,10 @@ impl Backend {
         }
     }
 
-    /// Checks that `tensor`, an input of `op`, lives on this backend's device.
+    /// Checks that `tensor`, an input of `op`, lives on this backend's device, or in host
+    /// memory: the staged CUDA arms (`cuda_ops`) take host tensors and upload them.
     pub(crate) fn expect_on(&self, op: &'static str, tensor: &Tensor) -> Result<()> {
-        if tensor.device() == self.device() {
+        if tensor.device() == self.device() || tensor.device() == DeviceKind::Cpu {
             return Ok(());
         }
         Err(Error::DeviceMismatch {
@@ -334,20 +335,74 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_cuda_arm_names_the_op_and_the_device_and_runs_nothing() {
-        let mut y = vec![7.0f32; 4];
+    fn an_op_without_a_kernel_names_itself_and_the_device_and_runs_nothing() {
+        let table = RopeTable::new(&[1.0, 0.5], 4);
+        let shape = RopeShape {
+            rows: 2,
+            seq: 2,
+            heads: 1,
+            head_dim: 4,
+            first_position: 0,
+        };
+        let mut x = vec![7.0f32; 8];
         let err = Backend::on(DeviceKind::Cuda(3))
             .kernels()
-            .gelu_forward(&[1.0; 4], &mut y)
-            .expect_err("no CUDA op yet");
+            .rope_forward(&mut x, shape, &table)
+            .expect_err("rope has no CUDA kernel");
         assert_eq!(
             err,
             Error::Unsupported {
-                op: "gelu_forward",
+                op: "rope_forward",
                 device: "cuda:3".into()
             }
         );
-        assert_eq!(y, vec![7.0; 4], "an unsupported op must not touch its output");
+        assert_eq!(x, vec![7.0; 8], "an unsupported op must not touch its input");
+    }
+
+    #[test]
+    fn a_cuda_op_without_that_gpu_is_a_typed_error_and_touches_nothing() {
+        // No machine has GPU 99: the staged arm fails to open it before any copy.
+        let mut y = vec![7.0f32; 4];
+        let err = Backend::on(DeviceKind::Cuda(99))
+            .kernels()
+            .gelu_forward(&[1.0; 4], &mut y)
+            .expect_err("there is no GPU 99");
+        assert!(matches!(err, Error::NoGpu { .. } | Error::KernelsMissing), "{err}");
+        assert_eq!(y, vec![7.0; 4]);
+    }
+
+    #[test]
+    fn f32_and_mxfp8_gemm_operands_are_unsupported_on_cuda_before_any_device_is_opened() {
+        let data = vec![1.0f32; 16 * 16];
+        let a = Operand::F32(crate::gemm::Mat::new(&data, 16, 16).unwrap());
+        let mut d = vec![0.0f32; 16 * 16];
+        let err = Backend::on(DeviceKind::Cuda(99))
+            .kernels()
+            .gemm(&a, &a, Output::F32(&mut d), &GemmParams::default())
+            .unwrap_err();
+        assert_eq!(
+            err,
+            Error::Unsupported {
+                op: "gemm (f32 operands)",
+                device: "cuda:99".into()
+            }
+        );
+        let q = crate::quantize::quantize_mxfp8(&data, 16, 16, Fp8Format::E4M3, false).unwrap();
+        let b = Operand::Fp8(Fp8Format::E4M3, q.rowwise());
+        let err = Backend::on(DeviceKind::Cuda(99))
+            .kernels()
+            .gemm(&b, &b, Output::F32(&mut d), &GemmParams::default())
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Unsupported {
+                    op: "gemm (MXFP8 operands)",
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]

@@ -149,9 +149,8 @@ pub trait Module {
     fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter));
 
     /// Runs the module's ops on `device` from now on. The parameters stay in host storage until
-    /// device storage exists; the CUDA backend implements no op yet, so the first op run after a
-    /// move to CUDA is an `Error::Unsupported` naming it. Modules without an override can only
-    /// stay on the CPU.
+    /// device storage exists; the CUDA backend's ops are staged through host memory
+    /// (`docs/cuda-backend.md`). Modules without an override can only stay on the CPU.
     fn to_device(&mut self, device: DeviceKind) -> Result<()> {
         match device {
             DeviceKind::Cpu => Ok(()),

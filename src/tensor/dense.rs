@@ -9,14 +9,14 @@ pub(crate) enum Storage {
     /// Host memory: `rows * cols` f32 values, row-major, each exactly representable in the
     /// compute dtype wherever a GPU would store that dtype.
     Cpu(Vec<f32>),
-    /// GPU memory. No CUDA op exists yet, so no value of this arm can be made: every op the
-    /// CUDA backend lacks returns `Error::Unsupported` before it would allocate one.
-    #[allow(dead_code)] // uninhabited: nothing can construct it before the CUDA ops exist
+    /// GPU memory. The CUDA ops are staged through host memory today (`docs/cuda-backend.md`),
+    /// so no value of this arm is made yet.
+    #[allow(dead_code)] // uninhabited: nothing constructs it before device-resident tensors
     Cuda(CudaStorage),
 }
 
-/// A device buffer of a tensor. Uninhabited until the CUDA backend implements its first op,
-/// so code that matches on [`Storage`] is complete without a host fallback.
+/// A device buffer of a tensor. Uninhabited until tensors live on the device (the staged CUDA
+/// ops take host tensors), so code that matches on [`Storage`] is complete without a host fallback.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum CudaStorage {}
 

@@ -103,6 +103,11 @@ impl CudaDevice {
         Ok(DeviceBuffer::track(slice, category, self.ledger()))
     }
 
+    /// Sets every element of `buffer` to zero (on the stream).
+    pub fn zero<T: DeviceRepr + ValidAsZeroBits>(&self, buffer: &mut DeviceBuffer<T>) -> Result<()> {
+        self.stream().memset_zeros(&mut buffer.slice).call("cuMemsetD8")
+    }
+
     /// Overwrites `buffer` with `host` (same length).
     pub fn write<T: DeviceRepr>(&self, host: &[T], buffer: &mut DeviceBuffer<T>) -> Result<()> {
         self.stream().memcpy_htod(host, &mut buffer.slice).call("cuMemcpyHtoD")

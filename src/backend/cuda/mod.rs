@@ -29,6 +29,7 @@ pub mod norm;
 mod op_args;
 pub mod optim;
 pub mod params;
+pub(crate) mod pool;
 pub mod quantize;
 
 pub use buffer::{DeviceBuffer, DeviceElement};

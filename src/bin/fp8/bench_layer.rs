@@ -1,13 +1,15 @@
-//! `fp8 bench layer [--json] [--precision P,...] [--hidden --heads --ffn --seq --batch]`:
-//! forward + backward time of one `TransformerLayer` per precision on the CPU
-//! reference backend (the CUDA layer path does not exist yet). The default size is
-//! small enough to run in seconds; the GPU size of the issue is hidden 1024, 16
-//! heads, FFN 4096, sequence 2048.
+//! `fp8 bench layer [--json] [--device D] [--precision P,...] [--hidden --heads --ffn --seq --batch]`:
+//! forward + backward time of one `TransformerLayer` per precision, on the CPU
+//! reference backend or (`--device cuda`) the CUDA backend, whose ops are staged
+//! through host memory today, so GPU times include every upload and download
+//! (`docs/cuda-backend.md`). The default size is small enough to run in seconds;
+//! the GPU size of the issue is hidden 4096, 32 heads, FFN 16384, sequence 2048.
 
 use std::time::Instant;
 
 use clap::Args;
 use fp8_engine::amp::Precision;
+use fp8_engine::device::{Device, DeviceChoice, DeviceKind};
 use fp8_engine::nn::{Module, Tensor, TransformerConfig, TransformerLayer};
 use fp8_engine::op_times::{self, OpTime, Phase};
 
@@ -17,9 +19,13 @@ use crate::error::CliError;
 /// Options of `fp8 bench layer`.
 #[derive(Args, Clone)]
 pub struct LayerArgs {
-    /// Comma-separated precisions (fp32, bf16, fp16, fp8-delayed, fp8-current, fp8-block, mxfp8).
-    #[arg(long, default_value = "fp32,bf16,fp16,fp8-delayed,fp8-current,fp8-block,mxfp8")]
-    precision: String,
+    /// Comma-separated precisions (fp32, bf16, fp16, fp8-delayed, fp8-current, fp8-block, mxfp8);
+    /// default: all of them on the CPU, bf16,fp8-delayed on CUDA (no f32 or MXFP8 CUDA GEMM).
+    #[arg(long)]
+    precision: Option<String>,
+    /// Where the layer runs: cpu, cuda, cuda:N or auto.
+    #[arg(long, default_value = "cpu")]
+    device: String,
     /// Model width.
     #[arg(long, default_value_t = 128)]
     hidden: usize,
@@ -63,7 +69,7 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-fn bench_one(args: &LayerArgs, precision: &Precision) -> Result<Row, CliError> {
+fn bench_one(args: &LayerArgs, precision: &Precision, device: DeviceKind) -> Result<Row, CliError> {
     let config = TransformerConfig {
         hidden: args.hidden,
         heads: args.heads,
@@ -71,6 +77,7 @@ fn bench_one(args: &LayerArgs, precision: &Precision) -> Result<Row, CliError> {
         ..TransformerConfig::default()
     };
     let mut layer = TransformerLayer::new("layer", &config, precision, 1)?;
+    layer.to_device(device)?;
     let tokens = args.batch * args.seq;
     let x = Tensor::new(values(tokens * args.hidden, 1), tokens, args.hidden)?;
     let dy = Tensor::new(values(tokens * args.hidden, 2), tokens, args.hidden)?;
@@ -109,14 +116,22 @@ fn bench_one(args: &LayerArgs, precision: &Precision) -> Result<Row, CliError> {
 /// Runs the benchmark and prints a table or one JSON object.
 pub fn run(args: &LayerArgs, json: bool) -> Result<(), CliError> {
     crate::bench_memory::check_layer(args.hidden, args.heads, args.ffn, args.seq, args.batch)?;
+    let device = Device::select(args.device.parse::<DeviceChoice>()?)?;
+    let on_gpu = matches!(device, Device::Cuda(_));
+    let default = match on_gpu {
+        true => "bf16,fp8-delayed",
+        false => "fp32,bf16,fp16,fp8-delayed,fp8-current,fp8-block,mxfp8",
+    };
     let precisions = args
         .precision
+        .as_deref()
+        .unwrap_or(default)
         .split(',')
         .map(|name| name.trim().parse::<Precision>())
         .collect::<Result<Vec<_>, _>>()?;
     let rows = precisions
         .iter()
-        .map(|p| bench_one(args, p))
+        .map(|p| bench_one(args, p, device.kind()))
         .collect::<Result<Vec<_>, _>>()?;
     let tokens = args.batch.saturating_mul(args.seq);
     // GEMM FLOPs of forward + backward: 3x the forward's 2 * tokens * (4 h^2 + 2 h ffn) (qkv, proj, fc1,
@@ -129,6 +144,7 @@ pub fn run(args: &LayerArgs, json: bool) -> Result<(), CliError> {
             .map(|r| {
                 let mut item = serde_json::json!({
                     "precision": r.precision, "seconds": r.seconds, "gflop_per_s": flops / r.seconds / 1e9,
+                    "tflop_per_s": flops / r.seconds / 1e12,
                     "saved_activation_bytes": r.saved_bytes, "weight_cache_bytes": r.weight_cache_bytes,
                 });
                 if let Some((ops, total)) = &r.ops {
@@ -138,26 +154,36 @@ pub fn run(args: &LayerArgs, json: bool) -> Result<(), CliError> {
             })
             .collect();
         let doc = serde_json::json!({
-            "device": "cpu", "layer": {"hidden": args.hidden, "heads": args.heads, "ffn": args.ffn,
+            "device": device.describe(), "staged": on_gpu, "layer": {"hidden": args.hidden, "heads": args.heads, "ffn": args.ffn,
             "seq": args.seq, "batch": args.batch}, "runs": args.runs, "results": items,
         });
         println!("{doc}");
     } else {
         println!(
-            "TransformerLayer forward+backward on the CPU: hidden {}, heads {}, ffn {}, seq {}, batch {} \
+            "TransformerLayer forward+backward on {}: hidden {}, heads {}, ffn {}, seq {}, batch {} \
              (median of {})",
-            args.hidden, args.heads, args.ffn, args.seq, args.batch, args.runs
+            device.describe(),
+            args.hidden,
+            args.heads,
+            args.ffn,
+            args.seq,
+            args.batch,
+            args.runs
         );
+        if on_gpu {
+            println!("(staged CUDA ops: the times include every host<->device copy of every op)");
+        }
+        let (unit, per) = if on_gpu { ("TFLOP/s", 1e12) } else { ("GFLOP/s", 1e9) };
         println!(
             "{:<12} {:>10} {:>10} {:>14} {:>14}",
-            "precision", "ms", "GFLOP/s", "saved MiB", "weights MiB"
+            "precision", "ms", unit, "saved MiB", "weights MiB"
         );
         for r in &rows {
             println!(
                 "{:<12} {:>10.1} {:>10.2} {:>14.2} {:>14.2}",
                 r.precision,
                 r.seconds * 1e3,
-                flops / r.seconds / 1e9,
+                flops / r.seconds / per,
                 r.saved_bytes as f64 / (1 << 20) as f64,
                 r.weight_cache_bytes as f64 / (1 << 20) as f64
             );

@@ -33,7 +33,9 @@ pub struct TrainArgs {
     /// One precision: auto, fp32, bf16, fp16, fp8-delayed, fp8-current, fp8-block, mxfp8.
     #[arg(long, conflicts_with = "compare")]
     precision: Option<String>,
-    /// Comma-separated precisions run with the same seed and data (default: fp32,fp8-delayed).
+    /// Comma-separated precisions run with the same seed and data (default: fp32,fp8-delayed on the
+    /// CPU; on a GPU, which has no f32 GEMM yet: bf16,fp8-delayed on sm_89+, bf16 on sm_80/86,
+    /// fp16 on sm_75).
     #[arg(long)]
     compare: Option<String>,
     /// Optimizer steps.
@@ -102,7 +104,7 @@ pub struct TrainArgs {
     /// Largest --text file read, in bytes (tokenizing takes about 20 bytes of memory per byte).
     #[arg(long, default_value_t = fp8_engine::data::text::DEFAULT_MAX_TEXT_BYTES)]
     max_text_bytes: u64,
-    /// auto, cpu, cuda or cuda:N (on a GPU, training stops at the first op the CUDA backend lacks).
+    /// auto, cpu, cuda or cuda:N (the CUDA ops are staged through host memory: docs/cuda-backend.md).
     #[arg(long, default_value = "auto")]
     device: String,
     /// Shadow every op with its CPU twin and stop at the first result outside the op's contract
@@ -172,7 +174,7 @@ fn precisions(args: &TrainArgs, device: &Device) -> Result<Vec<Precision>, CliEr
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty())
             .collect(),
-        (None, None) => vec!["fp32".to_string(), "fp8-delayed".to_string()],
+        (None, None) => default_precisions(device),
     };
     let mut out = Vec::new();
     for name in names {
@@ -188,6 +190,7 @@ fn precisions(args: &TrainArgs, device: &Device) -> Result<Vec<Precision>, CliEr
                 .map_err(|e| CliError(format!("fp8-delayed (--history-len, --algo, --margin): {e}")))?;
         }
         let precision = args.dist.apply(precision);
+        cuda_gemm_exists(&precision, device)?;
         if out.contains(&precision) {
             return Err(CliError(format!("precision {} is listed twice", precision.name())));
         }
@@ -203,6 +206,44 @@ fn precisions(args: &TrainArgs, device: &Device) -> Result<Vec<Precision>, CliEr
         ));
     }
     Ok(out)
+}
+
+/// The default comparison: fp32 against fp8-delayed, or on a GPU (no f32 CUDA GEMM) the best
+/// 16-bit precision of the GPU against fp8-delayed where it has FP8 tensor cores; said once.
+fn default_precisions(device: &Device) -> Vec<String> {
+    let Device::Cuda(gpu) = device else {
+        return vec!["fp32".to_string(), "fp8-delayed".to_string()];
+    };
+    let names: &[&str] = match gpu.info().compute_capability {
+        cc if cc >= (8, 9) => &["bf16", "fp8-delayed"],
+        cc if cc >= (8, 0) => &["bf16"],
+        _ => &["fp16"],
+    };
+    eprintln!(
+        "fp8 train: default precisions on {}: {} (the CUDA backend has no f32 GEMM yet)",
+        device.describe(),
+        names.join(",")
+    );
+    names.iter().map(|n| n.to_string()).collect()
+}
+
+/// Refuses, before any training, a precision whose GEMMs the CUDA backend lacks (f32 and
+/// MXFP8 operands: `docs/cuda-backend.md`, GEMM operands).
+fn cuda_gemm_exists(precision: &Precision, device: &Device) -> Result<(), CliError> {
+    if !matches!(device, Device::Cuda(_)) {
+        return Ok(());
+    }
+    let missing = match precision {
+        Precision::Fp32 => "f32 (no f32 CUDA GEMM yet)",
+        Precision::Fp8(Recipe::Mxfp8(_)) => "MXFP8 (no E8M0-scaled CUDA GEMM yet)",
+        _ => return Ok(()),
+    };
+    Err(CliError(format!(
+        "precision {} cannot train on {}: the CUDA backend has no GEMM for {missing}; \
+         use --compare bf16,fp8-delayed on the GPU, or --device cpu",
+        precision.name(),
+        device.describe()
+    )))
 }
 
 /// Opens the device: without a usable GPU, `cuda` is an error and `auto` falls back to the CPU.

@@ -1,0 +1,314 @@
+//! Staged arms of the FP8 casts, the GEMM, the delayed-scaling update and the
+//! FP8 statistics (launchers in `backend::cuda::{quantize, gemm}`).
+
+use super::{Staged, staged};
+use crate::amp::Fp8Recipe;
+use crate::backend::cuda::gemm::gemm_host;
+use crate::dispatch::{Cast, CudaKernels, fp8_cast};
+use crate::error::{Error, Result};
+use crate::format::Fp8Format;
+use crate::gemm::{GemmParams, GemmReport, Operand, Output};
+use crate::quantize::ScaleRule;
+use crate::scaling::{BlockDims, DelayedScaling, Fp8TensorStats, RecipeFormat, SlotBank, TensorRole};
+use crate::tensor::{DeviceKind, QuantizedMatrix, QuantizedTensor, ScaleKind, Scales};
+
+/// Both copies of a per-tensor cast with `scale` (on the device), and the source's amax.
+fn per_tensor(s: &Staged, src: &[f32], (rows, cols): (usize, usize), format: Fp8Format, scale: f32) -> Result<Cast> {
+    let x = s.up(src)?;
+    let scale_d = s.up(&[scale])?;
+    let (mut codes, mut codes_t) = (s.scratch::<u8>(src.len())?, s.scratch::<u8>(src.len())?);
+    let (mut amax, mut scale_inv) = (s.zeros::<f32>(1)?, s.scratch::<f32>(1)?);
+    s.device().cast_amax(
+        &x,
+        rows,
+        cols,
+        format,
+        (&scale_d, 0),
+        &mut codes,
+        Some(&mut codes_t),
+        (&mut amax, 0),
+        Some(&mut scale_inv),
+    )?;
+    // With no element the kernel writes no scale_inv: the twin's is 1 / scale.
+    let scale_inv = match src.is_empty() {
+        true => 1.0 / scale,
+        false => s.down_vec(&scale_inv)?[0],
+    };
+    let rowwise = QuantizedMatrix::new(s.down_vec(&codes)?, rows, cols, Scales::PerTensor(scale_inv))?;
+    let columnwise = QuantizedMatrix::new(s.down_vec(&codes_t)?, cols, rows, Scales::PerTensor(scale_inv))?;
+    Ok(Cast {
+        tensor: QuantizedTensor::new(format, rowwise, Some(columnwise))?,
+        amax: s.down_vec(&amax)?[0],
+        scale,
+    })
+}
+
+/// The amax of `src`, reduced on the device.
+fn device_amax(s: &Staged, src: &[f32]) -> Result<f32> {
+    let x = s.up(src)?;
+    let mut amax = s.zeros::<f32>(1)?;
+    s.device().amax(&x, &mut amax)?;
+    Ok(s.down_vec(&amax)?[0])
+}
+
+/// The scale count of a `[rows, cols]` copy in `kind`.
+fn scale_count(kind: ScaleKind, rows: usize, cols: usize) -> usize {
+    let (r, c) = kind.scale_shape(rows, cols);
+    r * c
+}
+
+/// Both block-scaled copies (1x128, 128x128 or MXFP8) of `src`.
+fn block_copies(
+    s: &Staged,
+    src: &[f32],
+    (rows, cols): (usize, usize),
+    rule: &ScaleRule,
+    kind: ScaleKind,
+) -> Result<QuantizedTensor> {
+    let x = s.up(src)?;
+    let (mut q, mut qt) = (s.scratch::<u8>(src.len())?, s.scratch::<u8>(src.len())?);
+    let (n_row, n_col) = (scale_count(kind, rows, cols), scale_count(kind, cols, rows));
+    let (row_scales, col_scales) = match kind {
+        ScaleKind::Mxfp8 => {
+            let (mut e, mut et) = (s.scratch::<u8>(n_row)?, s.scratch::<u8>(n_col)?);
+            s.device().quantize_mxfp8(
+                &x,
+                rows,
+                cols,
+                rule.format,
+                Some((&mut q, &mut e)),
+                Some((&mut qt, &mut et)),
+            )?;
+            (Scales::Mxfp8(s.down_vec(&e)?), Scales::Mxfp8(s.down_vec(&et)?))
+        }
+        ScaleKind::Block1x128 | ScaleKind::Block128x128 => {
+            let (mut d, mut dt) = (s.scratch::<f32>(n_row)?, s.scratch::<f32>(n_col)?);
+            if kind == ScaleKind::Block1x128 {
+                s.device()
+                    .quantize_1x128(&x, rows, cols, rule, Some((&mut q, &mut d)), Some((&mut qt, &mut dt)))?;
+                (
+                    Scales::Block1x128(s.down_vec(&d)?),
+                    Scales::Block1x128(s.down_vec(&dt)?),
+                )
+            } else {
+                s.device()
+                    .quantize_128x128(&x, rows, cols, rule, (&mut q, &mut d), Some((&mut qt, &mut dt)))?;
+                (
+                    Scales::Block128x128(s.down_vec(&d)?),
+                    Scales::Block128x128(s.down_vec(&dt)?),
+                )
+            }
+        }
+        ScaleKind::PerTensor => {
+            return Err(Error::KernelArgs {
+                kernel: "quantize",
+                detail: "per-tensor scales are not a block layout".into(),
+            });
+        }
+    };
+    let rowwise = QuantizedMatrix::new(s.down_vec(&q)?, rows, cols, row_scales)?;
+    let columnwise = QuantizedMatrix::new(s.down_vec(&qt)?, cols, rows, col_scales)?;
+    QuantizedTensor::new(rule.format, rowwise, Some(columnwise))
+}
+
+/// [`fp8_cast::cast`] on the device: the same copies, amax and scale per recipe.
+pub(crate) fn quantize(
+    k: &CudaKernels,
+    recipe: &Fp8Recipe,
+    role: TensorRole,
+    src: &[f32],
+    rows: usize,
+    cols: usize,
+    delayed_scale: f32,
+) -> Result<Cast> {
+    let s = staged(k)?;
+    let shape = (rows, cols);
+    match recipe {
+        Fp8Recipe::Delayed(r) => per_tensor(&s, src, shape, r.format.for_role(role), delayed_scale),
+        Fp8Recipe::Current(r) => {
+            // Staged: the amax comes back to the host for the recipe's scale (the twin's rule).
+            let rule = ScaleRule::current(r, role);
+            rule.validate()?;
+            let scale = rule.scale(device_amax(&s, src)?);
+            per_tensor(&s, src, shape, rule.format, scale)
+        }
+        Fp8Recipe::Block(r) => {
+            let rule = ScaleRule::block(r, role);
+            let kind = match r.block_for(role) {
+                BlockDims::Rows1x128 => ScaleKind::Block1x128,
+                BlockDims::Tiles128x128 => ScaleKind::Block128x128,
+            };
+            let tensor = block_copies(&s, src, shape, &rule, kind)?;
+            Ok(fp8_cast::block_cast(tensor, device_amax(&s, src)?))
+        }
+        Fp8Recipe::Mxfp8(r) => {
+            let rule = ScaleRule {
+                format: RecipeFormat::from(r.format).for_role(role),
+                power_2_scale: false,
+                amax_epsilon: 0.0,
+            };
+            let tensor = block_copies(&s, src, shape, &rule, ScaleKind::Mxfp8)?;
+            Ok(fp8_cast::block_cast(tensor, device_amax(&s, src)?))
+        }
+    }
+}
+
+/// The GEMM through the CUDA GEMM dispatch (portable mma.sync kernels, or the Hopper path
+/// where `gemm_path` picks it, with its self-check). f32 and MXFP8 operands have no CUDA
+/// GEMM: `Unsupported` (`docs/cuda-backend.md`, GEMM operands).
+pub(crate) fn gemm(k: &CudaKernels, a: &Operand, b: &Operand, out: Output, params: &GemmParams) -> Result<GemmReport> {
+    let device = DeviceKind::Cuda(k.ordinal).to_string();
+    for op in [a, b] {
+        match op {
+            Operand::F32(_) => {
+                return Err(Error::Unsupported {
+                    op: "gemm (f32 operands)",
+                    device,
+                });
+            }
+            Operand::Fp8(_, q) if q.scales().kind() == ScaleKind::Mxfp8 => {
+                return Err(Error::Unsupported {
+                    op: "gemm (MXFP8 operands)",
+                    device,
+                });
+            }
+            _ => {}
+        }
+    }
+    let s = staged(k)?;
+    gemm_host(s.device(), a, b, out, params)
+}
+
+/// The delayed-scaling update of `slots` in one launch: the chosen slots' histories and
+/// scales go up as one compact bank, come back and are stored in their slots.
+pub(crate) fn delayed_update(
+    k: &CudaKernels,
+    bank: &mut SlotBank,
+    slots: &[usize],
+    formats: &[Fp8Format],
+    recipe: &DelayedScaling,
+) -> Result<()> {
+    if slots.len() != formats.len() || slots.iter().any(|&i| i >= bank.slots()) {
+        return Err(Error::LengthMismatch {
+            what: "delayed_update slots and formats",
+            src: slots.len(),
+            dst: formats.len(),
+        });
+    }
+    let s = staged(k)?;
+    if slots.is_empty() {
+        return Ok(());
+    }
+    let compact = Compact::gather(bank, slots);
+    let scaled_max: Vec<f32> = formats.iter().map(|&f| recipe.scaled_max(f)).collect();
+    let (mut history_d, mut scale_d) = (s.up(&compact.history)?, s.up(&compact.scale)?);
+    let max_d = s.up(&scaled_max)?;
+    s.device().delayed_update(
+        &mut history_d,
+        compact.len,
+        &mut scale_d,
+        &max_d,
+        recipe.amax_compute_algo,
+    )?;
+    let updated = Compact {
+        history: s.down_vec(&history_d)?,
+        scale: s.down_vec(&scale_d)?,
+        len: compact.len,
+    };
+    updated.scatter(bank, slots);
+    Ok(())
+}
+
+/// Some slots of a bank as one bank of their own, in the kernel's layout: histories
+/// `[slots, len]` (this step's amax in column 0) and scales.
+#[derive(Debug, PartialEq)]
+struct Compact {
+    history: Vec<f32>,
+    scale: Vec<f32>,
+    len: usize,
+}
+
+impl Compact {
+    fn gather(bank: &SlotBank, slots: &[usize]) -> Self {
+        let views: Vec<_> = slots.iter().map(|&i| bank.view(i)).collect();
+        Compact {
+            history: views.iter().flat_map(|v| v.history.iter().copied()).collect(),
+            scale: views.iter().map(|v| v.scale).collect(),
+            len: views.first().map_or(1, |v| v.history.len()),
+        }
+    }
+
+    /// Stores each compact slot's scale and history back into its slot of `bank`.
+    fn scatter(&self, bank: &mut SlotBank, slots: &[usize]) {
+        for (j, &i) in slots.iter().enumerate() {
+            bank.with_slot(i, |slot| {
+                slot.scale = self.scale[j];
+                slot.history
+                    .copy_from_slice(&self.history[j * self.len..(j + 1) * self.len]);
+            });
+        }
+    }
+}
+
+/// The statistics of a cast. Staged, the source and the codes are host slices already, so
+/// they are counted by the reference code on the host (uploading them only to count would
+/// move more bytes than the count reads); device-counted statistics come with
+/// device-resident tensors (`docs/cuda-backend.md`).
+pub(crate) fn cast_stats(k: &CudaKernels, name: String, src: &[f32], cast: &Cast) -> Result<Fp8TensorStats> {
+    staged(k)?;
+    Ok(fp8_cast::cast_stats(name, src, cast))
+}
+
+/// The statistics of a high-precision tensor as if cast per tensor: counted on the host, as
+/// [`cast_stats`].
+pub(crate) fn uncast_stats(
+    k: &CudaKernels,
+    name: String,
+    values: &[f32],
+    format: Fp8Format,
+    amax: f32,
+    scale: f32,
+) -> Result<Fp8TensorStats> {
+    staged(k)?;
+    Ok(fp8_cast::uncast_stats(name, values, format, amax, scale))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bank whose slots hold distinct scales and histories (this step's amax in column 0).
+    fn bank() -> SlotBank {
+        let mut bank = SlotBank::new(5, 3);
+        for i in 0..5 {
+            bank.with_slot(i, |slot| {
+                slot.scale = 1.5 + i as f32;
+                slot.history = vec![0.25 * (i + 1) as f32, 3.0 - i as f32, 0.5];
+            });
+        }
+        bank
+    }
+
+    #[test]
+    fn updating_the_gathered_slots_as_one_bank_then_scattering_is_the_banks_own_update() {
+        let recipe = DelayedScaling::default();
+        let (slots, formats) = ([3, 0, 4], [Fp8Format::E4M3, Fp8Format::E5M2, Fp8Format::E4M3]);
+        let mut expected = bank();
+        expected.update(&slots, &formats, &recipe);
+        // What the kernel sees: the chosen slots as a bank of their own, slot k in formats[k].
+        let mut got = bank();
+        let compact = Compact::gather(&got, &slots);
+        assert_eq!((compact.len, compact.scale.clone()), (3, vec![4.5, 1.5, 5.5]));
+        let mut alone = SlotBank::new(slots.len(), compact.len);
+        for k in 0..slots.len() {
+            alone.with_slot(k, |slot| {
+                slot.scale = compact.scale[k];
+                slot.history = compact.history[k * 3..(k + 1) * 3].to_vec();
+            });
+        }
+        alone.update(&[0, 1, 2], &formats, &recipe);
+        Compact::gather(&alone, &[0, 1, 2]).scatter(&mut got, &slots);
+        assert_eq!(got.values(), expected.values());
+        assert_ne!(got.values(), bank().values(), "the update changed something");
+    }
+}

@@ -1,0 +1,205 @@
+//! The CUDA arms of the op trait, STAGED through host memory: each op uploads its
+//! host-slice inputs into device buffers leased from a per-device pool, runs the
+//! existing launcher(s) of `backend::cuda` on the device's one stream, and
+//! downloads its outputs and in-place state (`docs/cuda-backend.md`). The op
+//! signatures stay the host-slice ones of [`super::Kernels`], so the layers,
+//! the model and the trainer run unchanged on either backend; device-resident
+//! tensors (`tensor::Storage::Cuda`) are the next step and remove the copies.
+//!
+//! Ops without a kernel (`attention_cached`, `rope_forward`, `rope_backward`)
+//! return `Error::Unsupported` naming the op before any device is opened, as do
+//! GEMMs of f32 or MXFP8 operands. None of this has run on a GPU yet.
+
+mod cast;
+mod layer;
+mod train;
+
+pub(super) use cast::{cast_stats, delayed_update, gemm, quantize, uncast_stats};
+pub(super) use layer::{
+    attention_backward, attention_cached, attention_forward, column_sum, convert, convert_transposed, gelu_backward,
+    gelu_forward, layernorm_backward, layernorm_forward, residual_add, rmsnorm_backward, rmsnorm_forward,
+    rope_backward, rope_forward, swiglu_backward, swiglu_forward,
+};
+pub(super) use train::{
+    adamw, cross_entropy_backward, cross_entropy_forward, embedding_backward, embedding_forward, sum_squares,
+    unscale_and_check,
+};
+
+use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+use half::{bf16, f16};
+
+use super::CudaKernels;
+use crate::backend::cuda::pool::SizePool;
+use crate::backend::cuda::{CudaDevice, DeviceBuffer};
+use crate::error::{Error, Result};
+use crate::memory::MemoryCategory;
+use crate::tensor::DeviceKind;
+
+/// Bytes of spare staging buffers kept per element type: enough for every tensor of one
+/// layer step at the layer shape (a 2 x 2048 x 16384 f32 activation is 256 MiB).
+const POOL_LIMIT_BYTES: u64 = 2 << 30;
+/// Spares kept per length: a layer stages at most a handful of tensors of one shape at once.
+const POOL_PER_LEN: usize = 8;
+
+/// One GPU opened for the staged arms: the device (context, stream, modules, ledger) and a
+/// pool of staging buffers per element type.
+pub(crate) struct Staged {
+    device: CudaDevice,
+    f32s: Mutex<SizePool<DeviceBuffer<f32>>>,
+    u8s: Mutex<SizePool<DeviceBuffer<u8>>>,
+    u32s: Mutex<SizePool<DeviceBuffer<u32>>>,
+    bf16s: Mutex<SizePool<DeviceBuffer<bf16>>>,
+    f16s: Mutex<SizePool<DeviceBuffer<f16>>>,
+}
+
+fn pool<T>() -> Mutex<SizePool<DeviceBuffer<T>>> {
+    Mutex::new(SizePool::new(size_of::<T>(), POOL_LIMIT_BYTES, POOL_PER_LEN))
+}
+
+/// The device of `kernels`, opened on first use and kept for the process (its stream, loaded
+/// modules and pool are reused by every later op). A device that cannot be opened is an
+/// error each time (`NoGpu`, `KernelsMissing`), never a panic.
+pub(crate) fn staged(kernels: &CudaKernels) -> Result<Arc<Staged>> {
+    static OPENED: OnceLock<Mutex<HashMap<usize, Arc<Staged>>>> = OnceLock::new();
+    let mut opened = OPENED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(staged) = opened.get(&kernels.ordinal) {
+        return Ok(staged.clone());
+    }
+    let staged = Arc::new(Staged {
+        device: CudaDevice::open(kernels.ordinal)?,
+        f32s: pool(),
+        u8s: pool(),
+        u32s: pool(),
+        bf16s: pool(),
+        f16s: pool(),
+    });
+    opened.insert(kernels.ordinal, staged.clone());
+    Ok(staged)
+}
+
+/// `Unsupported` for an op without a CUDA kernel, on the device of `kernels`.
+fn unsupported(kernels: &CudaKernels, op: &'static str) -> Error {
+    Error::Unsupported {
+        op,
+        device: DeviceKind::Cuda(kernels.ordinal).to_string(),
+    }
+}
+
+/// Element types the staging pools hold.
+pub(crate) trait Pooled: DeviceRepr + ValidAsZeroBits + Unpin + Copy {
+    fn pool(staged: &Staged) -> &Mutex<SizePool<DeviceBuffer<Self>>>;
+}
+
+macro_rules! pooled {
+    ($($t:ty => $field:ident),*) => {$(
+        impl Pooled for $t {
+            fn pool(staged: &Staged) -> &Mutex<SizePool<DeviceBuffer<Self>>> {
+                &staged.$field
+            }
+        }
+    )*};
+}
+pooled!(f32 => f32s, u8 => u8s, u32 => u32s, bf16 => bf16s, f16 => f16s);
+
+/// A device buffer borrowed from the pool, returned to it on drop.
+pub(crate) struct Lease<'a, T: Pooled> {
+    buffer: Option<DeviceBuffer<T>>,
+    staged: &'a Staged,
+}
+
+impl<T: Pooled> Deref for Lease<'_, T> {
+    type Target = DeviceBuffer<T>;
+    fn deref(&self) -> &DeviceBuffer<T> {
+        self.buffer.as_ref().expect("a lease holds its buffer until dropped")
+    }
+}
+
+impl<T: Pooled> DerefMut for Lease<'_, T> {
+    fn deref_mut(&mut self) -> &mut DeviceBuffer<T> {
+        self.buffer.as_mut().expect("a lease holds its buffer until dropped")
+    }
+}
+
+impl<T: Pooled> Drop for Lease<'_, T> {
+    fn drop(&mut self) {
+        if let Some(buffer) = self.buffer.take() {
+            // Work is ordered on the one stream, so a later op's use of this buffer runs after
+            // every kernel of this op that reads or writes it.
+            let rejected = T::pool(self.staged)
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .give(buffer.len(), buffer);
+            drop(rejected);
+        }
+    }
+}
+
+impl Staged {
+    /// The opened device.
+    pub(crate) fn device(&self) -> &CudaDevice {
+        &self.device
+    }
+
+    /// A buffer of `len` elements whose contents are unspecified (a kernel overwrites it).
+    pub(crate) fn scratch<T: Pooled>(&self, len: usize) -> Result<Lease<'_, T>> {
+        let spare = T::pool(self).lock().unwrap_or_else(|p| p.into_inner()).take(len);
+        let buffer = match spare {
+            Some(buffer) => buffer,
+            None => self.device.alloc_zeros::<T>(len, MemoryCategory::Workspace)?,
+        };
+        Ok(Lease {
+            buffer: Some(buffer),
+            staged: self,
+        })
+    }
+
+    /// A buffer holding a copy of `host`.
+    pub(crate) fn up<T: Pooled>(&self, host: &[T]) -> Result<Lease<'_, T>> {
+        let mut lease = self.scratch(host.len())?;
+        if !host.is_empty() {
+            self.device.write(host, &mut lease)?;
+        }
+        Ok(lease)
+    }
+
+    /// A buffer of `len` zeros.
+    pub(crate) fn zeros<T: Pooled>(&self, len: usize) -> Result<Lease<'_, T>> {
+        let mut lease = self.scratch(len)?;
+        if len > 0 {
+            self.device.zero(&mut lease)?;
+        }
+        Ok(lease)
+    }
+
+    /// Copies `buffer` into `host` (same length; waits for the stream and reports a kernel
+    /// error flag, as [`CudaDevice::download`]).
+    pub(crate) fn down<T: Pooled>(&self, buffer: &DeviceBuffer<T>, host: &mut [T]) -> Result<()> {
+        if host.len() != buffer.len() {
+            return Err(Error::LengthMismatch {
+                what: "staged download",
+                src: buffer.len(),
+                dst: host.len(),
+            });
+        }
+        if host.is_empty() {
+            return Ok(());
+        }
+        host.copy_from_slice(&self.device.download(buffer)?);
+        Ok(())
+    }
+
+    /// `buffer` as a new vector.
+    pub(crate) fn down_vec<T: Pooled>(&self, buffer: &DeviceBuffer<T>) -> Result<Vec<T>> {
+        if buffer.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.device.download(buffer)
+    }
+}
