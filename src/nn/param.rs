@@ -54,6 +54,27 @@ impl Parameter {
         })
     }
 
+    /// A frozen parameter of `shape` holding no values yet (a weight about to be replaced by
+    /// frozen FP8 codes): nothing is allocated.
+    pub(crate) fn placeholder(name: impl Into<String>, shape: &[usize]) -> Self {
+        let mut p = Parameter {
+            name: name.into(),
+            shape: shape.to_vec(),
+            value: Tensor::zeros(0, 0),
+            grad: Tensor::zeros(0, 0),
+            version: 0,
+            frozen: false,
+        };
+        p.freeze();
+        p
+    }
+
+    /// Freezes the parameter and drops its values (the layer holds them in another form).
+    pub(crate) fn release(&mut self) {
+        self.freeze();
+        self.value = Tensor::zeros(0, 0);
+    }
+
     /// Name, e.g. `layers.0.attn.qkv.weight`.
     pub fn name(&self) -> &str {
         &self.name

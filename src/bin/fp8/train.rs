@@ -370,7 +370,7 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
                         adapter.display()
                     );
                     // --save-hf writes the merged model: W + (alpha / r) B A.
-                    model.merge_lora();
+                    model.merge_lora()?;
                 }
                 if let (Some(save), Some(source)) = (&args.save_hf, &args.init_from) {
                     let target = match precisions.len() {
