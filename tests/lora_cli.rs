@@ -124,6 +124,29 @@ fn lora_fine_tuning_beats_the_base_on_held_out_text_and_saves_peft_and_merged_mo
 }
 
 #[test]
+fn lora_on_an_fp8_base_learns_the_held_out_text_under_both_base_scalings() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (train, held) = split_text(tmp.path());
+    let base = eval_loss(&fixture("models/llama"), &held, None);
+    for scaling in ["block", "tensor"] {
+        let out = tmp.path().join(scaling);
+        let run = lora_train(
+            &train,
+            &out,
+            &["--steps", "60", "--base-precision", "fp8", "--base-scaling", scaling],
+        );
+        ok(&run);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(stderr.contains("FP8 base"), "{stderr}");
+        // The adapters trained against the FP8 codes also lower the f32 base's held-out loss.
+        let tuned = eval_loss(&fixture("models/llama"), &held, Some(&out.join("fp32/adapter")));
+        assert!(tuned < base - 0.1, "{scaling}: held-out loss LoRA on FP8 base {tuned} vs base {base}");
+        let curve = losses(&out.join("fp32"));
+        assert!(curve[curve.len() - 1] < curve[0] - 0.1, "{scaling}: {curve:?}");
+    }
+}
+
+#[test]
 fn lora_runs_resume_accumulate_and_recompute_like_full_training() {
     let tmp = tempfile::tempdir().unwrap();
     let (train, _) = split_text(tmp.path());
