@@ -65,14 +65,25 @@ fn the_fp8_base_is_what_quantize_hf_writes_and_an_fp8_checkpoint_is_used_as_stor
         let bytes: usize = ours.iter().map(|(_, s)| s.data().len() + 4 * s.scales().len()).sum();
         assert_eq!(report.fp8_bytes, bytes);
         for (tensor, seg) in &ours {
-            assert_eq!(seg.data(), exported.shards.bytes(tensor).unwrap(), "{name}: codes of {tensor}");
+            assert_eq!(
+                seg.data(),
+                exported.shards.bytes(tensor).unwrap(),
+                "{name}: codes of {tensor}"
+            );
             let scales = exported.read_f32(&scale_inv_name(tensor)).unwrap();
-            assert_eq!(seg.scales(), &Scales::Block128x128(scales), "{name}: scales of {tensor}");
+            assert_eq!(
+                seg.scales(),
+                &Scales::Block128x128(scales),
+                "{name}: scales of {tensor}"
+            );
         }
 
         // The exported FP8 checkpoint: codes and scales taken as stored, nothing widened.
         let (mut again, report) = load(&exported, BaseScaling::Block);
-        assert_eq!((report.quantized, report.used_as_stored, report.peak_f32_values), (0, 7 * layers, 0));
+        assert_eq!(
+            (report.quantized, report.used_as_stored, report.peak_f32_values),
+            (0, 7 * layers, 0)
+        );
         assert_eq!(segments(&mut again), ours);
     }
 }
@@ -106,7 +117,10 @@ fn an_fp8_base_computes_what_the_f32_model_does_to_fp8_accuracy_under_both_scali
             let exact = hf.read_f32(&tensor).unwrap();
             let amax = exact.iter().fold(0f32, |m, v| m.max(v.abs()));
             for (c, e) in codes.iter().zip(&exact) {
-                assert!((c - e).abs() <= e.abs() / 16.0 + amax / 448.0 / 64.0, "{tensor}: {c} vs {e}");
+                assert!(
+                    (c - e).abs() <= e.abs() / 16.0 + amax / 448.0 / 64.0,
+                    "{tensor}: {c} vs {e}"
+                );
             }
         }
         // Only the embeddings, norms and head are parameters now.

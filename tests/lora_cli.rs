@@ -100,6 +100,27 @@ fn lora_fine_tuning_beats_the_base_on_held_out_text_and_saves_peft_and_merged_mo
         (merged_loss - tuned).abs() < 1e-4,
         "merged {merged_loss} vs adapters {tuned}"
     );
+    // `fp8 generate --lora` generates what the merged model generates (greedy).
+    let generate = |model: &Path, lora: Option<&Path>| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            "the",
+            "--max-new-tokens",
+            "12",
+            "--json",
+        ];
+        if let Some(dir) = lora {
+            args.extend(["--lora", dir.to_str().unwrap()]);
+        }
+        let json: Value = serde_json::from_str(ok(&fp8(&args)).trim()).unwrap();
+        json["tokens"].clone()
+    };
+    let with_adapter = generate(&fixture("models/llama"), Some(&adapter));
+    assert_eq!(with_adapter, generate(&merged, None));
+    assert_ne!(with_adapter, generate(&fixture("models/llama"), None));
     // The memory summary: gradients and two moments for the adapters only.
     let config = HfModelDir::open(&fixture("models/llama")).unwrap().config;
     let targets: Vec<LoraTarget> = LoraTarget::ALL.to_vec();
@@ -140,7 +161,10 @@ fn lora_on_an_fp8_base_learns_the_held_out_text_under_both_base_scalings() {
         assert!(stderr.contains("FP8 base"), "{stderr}");
         // The adapters trained against the FP8 codes also lower the f32 base's held-out loss.
         let tuned = eval_loss(&fixture("models/llama"), &held, Some(&out.join("fp32/adapter")));
-        assert!(tuned < base - 0.1, "{scaling}: held-out loss LoRA on FP8 base {tuned} vs base {base}");
+        assert!(
+            tuned < base - 0.1,
+            "{scaling}: held-out loss LoRA on FP8 base {tuned} vs base {base}"
+        );
         let curve = losses(&out.join("fp32"));
         assert!(curve[curve.len() - 1] < curve[0] - 0.1, "{scaling}: {curve:?}");
     }

@@ -51,13 +51,22 @@ fn internal(name: &str, reason: String) -> Error {
 }
 
 /// One checkpoint tensor `[rows, cols]` as a frozen segment; returns it and the f32 values held.
-fn load_segment(dir: &HfModelDir, name: &str, rows: usize, cols: usize, scaling: BaseScaling) -> Result<(QuantizedMatrix, usize)> {
+fn load_segment(
+    dir: &HfModelDir,
+    name: &str,
+    rows: usize,
+    cols: usize,
+    scaling: BaseScaling,
+) -> Result<(QuantizedMatrix, usize)> {
     let entry = dir.shards.entry(name)?;
     let hf_blocks = dir.config.fp8.as_ref().map(|q| q.block) == Some([HF_FP8_BLOCK, HF_FP8_BLOCK]);
     if entry.dtype == Dtype::F8_E4M3 && scaling == BaseScaling::Block && hf_blocks {
         let codes = dir.shards.bytes(name)?.to_vec();
         let scale_inv = dir.read_f32(&scale_inv_name(name))?;
-        return Ok((QuantizedMatrix::new(codes, rows, cols, Scales::Block128x128(scale_inv))?, 0));
+        return Ok((
+            QuantizedMatrix::new(codes, rows, cols, Scales::Block128x128(scale_inv))?,
+            0,
+        ));
     }
     let values = dir.read_f32(name)?;
     let held = values.len();
@@ -117,7 +126,10 @@ impl LlamaModel {
         if installed != sources.len() {
             return Err(internal(
                 "model",
-                format!("{installed} linears frozen to FP8, the checkpoint map has {}", sources.len()),
+                format!(
+                    "{installed} linears frozen to FP8, the checkpoint map has {}",
+                    sources.len()
+                ),
             ));
         }
         let loaded = model.load_hf_values(dir)?;

@@ -178,7 +178,10 @@ impl FrozenFp8Weight {
 
     /// Bytes held: one per value plus 4 per scale.
     pub fn bytes(&self) -> usize {
-        self.segments.iter().map(|s| s.data().len() + 4 * s.scales().len()).sum()
+        self.segments
+            .iter()
+            .map(|s| s.data().len() + 4 * s.scales().len())
+            .sum()
     }
 
     /// The f32 values the codes stand for (code times its scale_inv), row-major.
@@ -227,7 +230,13 @@ impl FrozenFp8Weight {
 
     /// `dX = dY W` for `dy` `[rows, out]`, summed over the segments (each `dY` slice cast on its
     /// own, against its transient `W^T`), rounded to `dtype`.
-    pub(crate) fn backward(&self, kernels: &dyn Kernels, run: &Precision, dy: &[f32], dtype: Dtype) -> Result<Vec<f32>> {
+    pub(crate) fn backward(
+        &self,
+        kernels: &dyn Kernels,
+        run: &Precision,
+        dy: &[f32],
+        dtype: Dtype,
+    ) -> Result<Vec<f32>> {
         let recipe = self.scaling.activation_recipe(run);
         let out = self.out_features();
         let rows = dy.len() / out.max(1);
@@ -265,7 +274,9 @@ mod tests {
 
     fn values(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
-            .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / (1u32 << 24) as f32 - 0.5)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
             .collect()
     }
 
@@ -275,10 +286,17 @@ mod tests {
             let (rows, cols) = (144, 272);
             let m = quantize_weight(&values(rows * cols, 3), rows, cols, scaling).unwrap();
             let t = transposed(&m).unwrap();
-            let (a, b) = (m.dequantize::<f32>(Fp8Format::E4M3).unwrap(), t.dequantize::<f32>(Fp8Format::E4M3).unwrap());
+            let (a, b) = (
+                m.dequantize::<f32>(Fp8Format::E4M3).unwrap(),
+                t.dequantize::<f32>(Fp8Format::E4M3).unwrap(),
+            );
             for r in 0..rows {
                 for c in 0..cols {
-                    assert_eq!(a[r * cols + c].to_bits(), b[c * rows + r].to_bits(), "{scaling:?} ({r},{c})");
+                    assert_eq!(
+                        a[r * cols + c].to_bits(),
+                        b[c * rows + r].to_bits(),
+                        "{scaling:?} ({r},{c})"
+                    );
                 }
             }
         }

@@ -234,7 +234,11 @@ impl Linear {
         let mut start = 0;
         for &rows in segment_rows {
             let end = (start + rows) * inp;
-            let values = self.weight.value().get(start * inp..end).ok_or_else(|| self.segments_error(segment_rows))?;
+            let values = self
+                .weight
+                .value()
+                .get(start * inp..end)
+                .ok_or_else(|| self.segments_error(segment_rows))?;
             segments.push(quantize_weight(values, rows, inp, scaling)?);
             start += rows;
         }

@@ -114,6 +114,15 @@ impl Parameter {
     /// Replaces the master values with `value` of the same length (checked by the caller).
     pub(crate) fn set_value(&mut self, value: Vec<f32>) {
         debug_assert_eq!(value.len(), self.value.len());
+        let (rows, cols) = (self.value.rows(), self.value.cols());
+        // On the host the vector becomes the storage (no second copy of a 1 GiB embedding while
+        // loading; `Tensor::new` only checks the length, checked here); elsewhere it is copied in.
+        if self.value.device() == DeviceKind::Cpu && value.len() == rows * cols {
+            if let Ok(t) = Tensor::new(value, rows, cols) {
+                self.value = t;
+            }
+            return;
+        }
         self.value.data_mut().copy_from_slice(&value);
     }
 

@@ -217,7 +217,10 @@ pub fn plan(config: &HfConfig, settings: &PlanSettings) -> MemoryPlan {
         let other = parameters - linear;
         trainable = if settings.lora.is_some() { lora_values } else { other };
         let segments = hf_linear_segments(config);
-        let scales: u128 = segments.iter().map(|w| 4 * w.out.div_ceil(128) * w.inp.div_ceil(128)).sum();
+        let scales: u128 = segments
+            .iter()
+            .map(|w| 4 * w.out.div_ceil(128) * w.inp.div_ceil(128))
+            .sum();
         set(MemoryCategory::Fp8Copies, linear + layers * scales);
         // The dgrad GEMM reads W^T K-major: made from one segment's codes at a time in backward
         // (a 128x128 block transposes with its own scale) and dropped after its GEMM.
