@@ -171,6 +171,34 @@ fn lora_on_an_fp8_base_learns_the_held_out_text_under_both_base_scalings() {
 }
 
 #[test]
+fn a_resumed_lora_run_with_dropout_draws_the_masks_of_the_uninterrupted_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (train, _) = split_text(tmp.path());
+    let extra = ["--steps", "6", "--lora-dropout", "0.1", "--micro-batches", "2"];
+    let whole = tmp.path().join("whole");
+    ok(&lora_train(&train, &whole, &extra));
+    let split = tmp.path().join("split");
+    ok(&lora_train(
+        &train,
+        &split,
+        &[&extra[..], &["--stop-after", "3"]].concat(),
+    ));
+    let checkpoint = split.join("fp32/checkpoint.safetensors");
+    ok(&lora_train(
+        &train,
+        &split,
+        &[&extra[..], &["--resume", checkpoint.to_str().unwrap()]].concat(),
+    ));
+    let (reference, resumed) = (losses(&whole.join("fp32")), losses(&split.join("fp32")));
+    assert_eq!(reference.len(), 6);
+    assert_eq!(resumed, reference, "bit-identical losses after resume with dropout");
+    // Dropout is on: the same run without it has other losses.
+    let plain = tmp.path().join("plain");
+    ok(&lora_train(&train, &plain, &["--steps", "6", "--micro-batches", "2"]));
+    assert_ne!(losses(&plain.join("fp32")), reference);
+}
+
+#[test]
 fn lora_runs_resume_accumulate_and_recompute_like_full_training() {
     let tmp = tempfile::tempdir().unwrap();
     let (train, _) = split_text(tmp.path());

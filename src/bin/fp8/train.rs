@@ -355,6 +355,13 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
             Some(hf) => {
                 let mut model = args.base.load(hf, precision, config.model.recompute)?;
                 let lora = args.lora.attach(&mut model, args.seed)?;
+                if let (Some(_), Some(path)) = (&lora, &args.resume) {
+                    // The dropout masks follow the count of training forwards: one per micro-batch
+                    // of every step the checkpoint has done.
+                    let steps = fp8_engine::train::checkpoint::read_progress(path)?.step;
+                    let forwards = steps.saturating_mul(config.micro_batches as u64);
+                    model.visit_adapters(&mut |a| a.set_training_forwards(forwards));
+                }
                 let output = run_model(
                     &mut model,
                     &device,
