@@ -142,9 +142,12 @@ impl LlamaModel {
                 result = Err(internal(p.name(), "no Hugging Face tensor maps to it".into()));
                 return;
             };
-            let mut values = Vec::with_capacity(p.len());
+            // A parameter of one tensor takes the widened vector as it is (no second copy of a
+            // 1 GiB embedding); a fused one stacks its tensors.
+            let mut values = Vec::new();
             for (name, _) in names {
                 match dir.read_f32(name) {
+                    Ok(v) if values.is_empty() => values = v,
                     Ok(v) => values.extend(v),
                     Err(err) => {
                         result = Err(err);
