@@ -3,6 +3,7 @@
 //! ```sh
 //! cargo run --release --example hf_load -- generate /tmp/llama-1b   # Llama-3.2-1B shapes, random bf16 (2.5 GB)
 //! cargo run --release --example hf_load -- load /tmp/llama-1b       # open + check, then widen every tensor to f32
+//! cargo run --release --example hf_load -- load-fp8 /tmp/llama-1b   # the model with an FP8 base (128x128 blocks)
 //! ```
 //! `load` prints the time to open (config, memory maps, header checks), the time to convert each
 //! tensor to f32 one at a time (what a loader does before handing weights to layers), and the peak
@@ -102,11 +103,37 @@ fn load(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// `LlamaModel::from_hf_fp8_base`: every decoder linear quantized to E4M3 at load, tensor by tensor.
+fn load_fp8(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let start = Instant::now();
+    let model = HfModelDir::open(dir)?;
+    let precision = "bf16".parse()?;
+    let (_, report) = fp8_engine::model::LlamaModel::from_hf_fp8_base(
+        &model,
+        &precision,
+        fp8_engine::model::Recompute::None,
+        fp8_engine::nn::BaseScaling::Block,
+    )?;
+    println!(
+        "{}: FP8 base in {:.1} s: {} tensors quantized, {:.0} MiB of codes and scales, at most {} values \
+         ({:.0} MiB) in f32 at once; peak RSS {:.0} MiB",
+        dir.display(),
+        start.elapsed().as_secs_f64(),
+        report.quantized,
+        report.fp8_bytes as f64 / (1 << 20) as f64,
+        report.peak_f32_values,
+        report.peak_f32_values as f64 * 4.0 / (1 << 20) as f64,
+        peak_rss_mib(),
+    );
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.as_slice() {
         [cmd, dir] if cmd == "generate" => generate(Path::new(dir)),
         [cmd, dir] if cmd == "load" => load(Path::new(dir)),
-        _ => Err("usage: hf_load generate DIR | hf_load load DIR".into()),
+        [cmd, dir] if cmd == "load-fp8" => load_fp8(Path::new(dir)),
+        _ => Err("usage: hf_load generate DIR | hf_load load DIR | hf_load load-fp8 DIR".into()),
     }
 }

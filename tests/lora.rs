@@ -207,7 +207,7 @@ fn merge_is_base_plus_scaled_b_times_a_in_f32() {
     assert_eq!(adapters.len(), 14);
     let (inputs, targets) = batch();
     let adapted = model.evaluate_losses(&inputs, &[&targets], 2, 8).unwrap().0[0];
-    model.merge_lora();
+    model.merge_lora().unwrap();
     let merged: std::collections::HashMap<String, Vec<f32>> = model
         .hf_tensors()
         .unwrap()

@@ -100,6 +100,27 @@ fn lora_fine_tuning_beats_the_base_on_held_out_text_and_saves_peft_and_merged_mo
         (merged_loss - tuned).abs() < 1e-4,
         "merged {merged_loss} vs adapters {tuned}"
     );
+    // `fp8 generate --lora` generates what the merged model generates (greedy).
+    let generate = |model: &Path, lora: Option<&Path>| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            "the",
+            "--max-new-tokens",
+            "12",
+            "--json",
+        ];
+        if let Some(dir) = lora {
+            args.extend(["--lora", dir.to_str().unwrap()]);
+        }
+        let json: Value = serde_json::from_str(ok(&fp8(&args)).trim()).unwrap();
+        json["tokens"].clone()
+    };
+    let with_adapter = generate(&fixture("models/llama"), Some(&adapter));
+    assert_eq!(with_adapter, generate(&merged, None));
+    assert_ne!(with_adapter, generate(&fixture("models/llama"), None));
     // The memory summary: gradients and two moments for the adapters only.
     let config = HfModelDir::open(&fixture("models/llama")).unwrap().config;
     let targets: Vec<LoraTarget> = LoraTarget::ALL.to_vec();
@@ -121,6 +142,60 @@ fn lora_fine_tuning_beats_the_base_on_held_out_text_and_saves_peft_and_merged_mo
         "{}",
         line("optimizer state")
     );
+}
+
+#[test]
+fn lora_on_an_fp8_base_learns_the_held_out_text_under_both_base_scalings() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (train, held) = split_text(tmp.path());
+    let base = eval_loss(&fixture("models/llama"), &held, None);
+    for scaling in ["block", "tensor"] {
+        let out = tmp.path().join(scaling);
+        let run = lora_train(
+            &train,
+            &out,
+            &["--steps", "60", "--base-precision", "fp8", "--base-scaling", scaling],
+        );
+        ok(&run);
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(stderr.contains("FP8 base"), "{stderr}");
+        // The adapters trained against the FP8 codes also lower the f32 base's held-out loss.
+        let tuned = eval_loss(&fixture("models/llama"), &held, Some(&out.join("fp32/adapter")));
+        assert!(
+            tuned < base - 0.1,
+            "{scaling}: held-out loss LoRA on FP8 base {tuned} vs base {base}"
+        );
+        let curve = losses(&out.join("fp32"));
+        assert!(curve[curve.len() - 1] < curve[0] - 0.1, "{scaling}: {curve:?}");
+    }
+}
+
+#[test]
+fn a_resumed_lora_run_with_dropout_draws_the_masks_of_the_uninterrupted_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (train, _) = split_text(tmp.path());
+    let extra = ["--steps", "6", "--lora-dropout", "0.1", "--micro-batches", "2"];
+    let whole = tmp.path().join("whole");
+    ok(&lora_train(&train, &whole, &extra));
+    let split = tmp.path().join("split");
+    ok(&lora_train(
+        &train,
+        &split,
+        &[&extra[..], &["--stop-after", "3"]].concat(),
+    ));
+    let checkpoint = split.join("fp32/checkpoint.safetensors");
+    ok(&lora_train(
+        &train,
+        &split,
+        &[&extra[..], &["--resume", checkpoint.to_str().unwrap()]].concat(),
+    ));
+    let (reference, resumed) = (losses(&whole.join("fp32")), losses(&split.join("fp32")));
+    assert_eq!(reference.len(), 6);
+    assert_eq!(resumed, reference, "bit-identical losses after resume with dropout");
+    // Dropout is on: the same run without it has other losses.
+    let plain = tmp.path().join("plain");
+    ok(&lora_train(&train, &plain, &["--steps", "6", "--micro-batches", "2"]));
+    assert_ne!(losses(&plain.join("fp32")), reference);
 }
 
 #[test]

@@ -98,6 +98,15 @@ impl Device {
         }
     }
 
+    /// Free memory of a GPU as its driver reports it now; `None` for the CPU (whose limit is the
+    /// host's available memory) or when the driver cannot say.
+    pub fn free_memory(&self) -> Option<u64> {
+        match self {
+            Device::Cpu(_) => None,
+            Device::Cuda(gpu) => gpu.memory_info().ok().map(|(free, _)| free),
+        }
+    }
+
     /// A short description: "cpu" or "cuda:0 (NVIDIA H100 ..., sm_90)".
     pub fn describe(&self) -> String {
         match self {

@@ -117,6 +117,20 @@ impl LlamaModel {
 
     /// Replaces every parameter with the checkpoint's values.
     pub fn load_hf(&mut self, dir: &HfModelDir) -> Result<()> {
+        let loaded = self.load_hf_values(dir)?;
+        let expected = hf_names(self.config()).len();
+        if loaded != expected {
+            return Err(internal(
+                "model",
+                format!("{loaded} parameters loaded, the checkpoint map has {expected}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Replaces every parameter a visitor sees (all but frozen FP8 weights) with the
+    /// checkpoint's values, one at a time; returns how many were loaded.
+    pub(crate) fn load_hf_values(&mut self, dir: &HfModelDir) -> Result<usize> {
         let sources: HashMap<String, Vec<(String, usize)>> = hf_names(self.config()).into_iter().collect();
         let mut result = Ok(());
         let mut loaded = 0usize;
@@ -128,9 +142,12 @@ impl LlamaModel {
                 result = Err(internal(p.name(), "no Hugging Face tensor maps to it".into()));
                 return;
             };
-            let mut values = Vec::with_capacity(p.len());
+            // A parameter of one tensor takes the widened vector as it is (no second copy of a
+            // 1 GiB embedding); a fused one stacks its tensors.
+            let mut values = Vec::new();
             for (name, _) in names {
                 match dir.read_f32(name) {
+                    Ok(v) if values.is_empty() => values = v,
                     Ok(v) => values.extend(v),
                     Err(err) => {
                         result = Err(err);
@@ -155,18 +172,14 @@ impl LlamaModel {
             loaded += 1;
         });
         result?;
-        if loaded != sources.len() {
-            return Err(internal(
-                "model",
-                format!("{loaded} parameters loaded, the checkpoint map has {}", sources.len()),
-            ));
-        }
-        Ok(())
+        Ok(loaded)
     }
 
     /// The parameters as `(HF name, shape, f32 values)`, each fused parameter cut back into its
     /// HF tensors.
     pub fn hf_tensors(&mut self) -> Result<Vec<HfTensor>> {
+        // A frozen FP8 base is saved as the f32 values its codes stand for.
+        self.thaw_fp8_base()?;
         let map: HashMap<String, Vec<(String, usize)>> = hf_names(self.config()).into_iter().collect();
         let mut out = Vec::new();
         let mut result = Ok(());

@@ -196,8 +196,14 @@ impl LlamaModel {
 
     /// Folds every adapter into its base weight (`W + (alpha / r) B A`, see
     /// [`LoraAdapter::merge_into`]) and removes them; the parameters stay frozen. Used before
-    /// saving the merged model.
-    pub fn merge_lora(&mut self) {
-        self.visit_linears(&mut |l| l.merge_adapters());
+    /// saving the merged model. A frozen FP8 weight with adapters is widened to f32 first.
+    pub fn merge_lora(&mut self) -> Result<()> {
+        let mut result = Ok(());
+        self.visit_linears(&mut |l| {
+            if result.is_ok() {
+                result = l.merge_adapters();
+            }
+        });
+        result
     }
 }

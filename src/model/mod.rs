@@ -8,6 +8,7 @@
 
 mod config;
 mod decoder;
+mod fp8_base;
 mod generate;
 mod head;
 mod hf_names;
@@ -19,6 +20,7 @@ mod text_eval;
 
 pub use config::{ModelConfig, Recompute};
 pub use decoder::DecoderModel;
+pub use fp8_base::Fp8BaseLoad;
 pub use generate::Sampler;
 pub use hf_names::{HfSources, HfTensor, hf_names};
 pub use language_model::LanguageModel;

@@ -40,6 +40,35 @@ thread_local! {
     static SKIP_DRAWS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+thread_local! {
+    /// Set while a model whose linear weights are all about to become frozen FP8 codes is built
+    /// ([`with_deferred_linear_weights`]): they get no f32 storage at all.
+    static DEFER_WEIGHTS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `build` with every [`super::Linear`] made with an empty placeholder weight (on this
+/// thread), except high-precision layers such as the head. Only for weights that are all
+/// replaced right after by frozen FP8 codes.
+pub(crate) fn with_deferred_linear_weights<T>(build: impl FnOnce() -> T) -> T {
+    let before = DEFER_WEIGHTS.with(|s| s.replace(true));
+    let out = build();
+    DEFER_WEIGHTS.with(|s| s.set(before));
+    out
+}
+
+/// Runs `build` with weights allocated as usual even inside [`with_deferred_linear_weights`].
+pub(crate) fn not_deferring<T>(build: impl FnOnce() -> T) -> T {
+    let before = DEFER_WEIGHTS.with(|s| s.replace(false));
+    let out = build();
+    DEFER_WEIGHTS.with(|s| s.set(before));
+    out
+}
+
+/// Whether linear weights are deferred ([`with_deferred_linear_weights`]).
+pub(crate) fn deferring_weights() -> bool {
+    DEFER_WEIGHTS.with(|s| s.get())
+}
+
 /// Runs `build` with [`normal`] returning zeros instead of drawing (on this thread). Only for
 /// parameters that are all replaced right after, e.g. by a checkpoint load.
 pub(crate) fn without_draws<T>(build: impl FnOnce() -> T) -> T {

@@ -1,5 +1,6 @@
 //! `Linear`: `Y = X W^T (+ b)` with its backward, under any precision.
 
+use super::frozen_fp8::{BaseScaling, FrozenFp8Weight, quantize_weight};
 use super::init;
 use super::linear_gemms::LinearGemms;
 use super::lora::LoraAdapter;
@@ -27,6 +28,9 @@ pub struct Linear {
     gemms: LinearGemms,
     /// LoRA adapters, each on its own range of output rows (`nn::lora`).
     adapters: Vec<LoraAdapter>,
+    /// The weight frozen as FP8 codes (`--base-precision fp8`); `weight` is then an empty
+    /// placeholder that no visitor sees.
+    frozen_fp8: Option<FrozenFp8Weight>,
 }
 
 impl Linear {
@@ -47,11 +51,15 @@ impl Linear {
         seed: u64,
     ) -> Result<Self> {
         let std = 1.0 / (in_features.max(1) as f64).sqrt();
-        let weight = Parameter::new(
-            format!("{name}.weight"),
-            &[out_features, in_features],
-            init::normal(seed, out_features * in_features, std),
-        )?;
+        let weight = if init::deferring_weights() {
+            Parameter::placeholder(format!("{name}.weight"), &[out_features, in_features])
+        } else {
+            Parameter::new(
+                format!("{name}.weight"),
+                &[out_features, in_features],
+                init::normal(seed, out_features * in_features, std),
+            )?
+        };
         let bias = bias
             .then(|| Parameter::new(format!("{name}.bias"), &[out_features], vec![0.0; out_features]))
             .transpose()?;
@@ -63,6 +71,7 @@ impl Linear {
             weight,
             bias,
             adapters: Vec::new(),
+            frozen_fp8: None,
         })
     }
 
@@ -76,7 +85,7 @@ impl Linear {
         precision: &Precision,
         seed: u64,
     ) -> Result<Self> {
-        Linear::new(name, in_features, out_features, bias, &precision.without_fp8(), seed)
+        init::not_deferring(|| Linear::new(name, in_features, out_features, bias, &precision.without_fp8(), seed))
     }
 
     /// The layer's name.
@@ -124,7 +133,18 @@ impl Linear {
         x.expect(&self.name, "input", None, self.in_features)?;
         self.gemms.expect_on("linear forward", x)?;
         let bias = self.bias.as_ref().map(|b| b.value());
-        let mut y = self.gemms.forward(x.data(), x.rows(), &self.weight, bias, replay)?;
+        let dtype = self.gemms.precision().compute_dtype();
+        let mut y = match &self.frozen_fp8 {
+            Some(w) => w.forward(
+                self.gemms.backend().kernels(),
+                self.gemms.precision(),
+                x.data(),
+                x.rows(),
+                bias,
+                dtype,
+            )?,
+            None => self.gemms.forward(x.data(), x.rows(), &self.weight, bias, replay)?,
+        };
         for adapter in &mut self.adapters {
             adapter.forward_add(x.data(), x.rows(), &mut y, self.out_features, replay)?;
         }
@@ -136,9 +156,19 @@ impl Linear {
         dy.expect(&self.name, "output gradient", None, self.out_features)?;
         self.gemms.expect_on("linear backward", dy)?;
         let bias_grad = self.bias.as_mut().and_then(|b| b.trainable_grad());
-        let mut dx = self
-            .gemms
-            .backward(dy.data(), self.weight.trainable_grad(), bias_grad)?;
+        let mut dx = match &self.frozen_fp8 {
+            Some(w) => {
+                let kernels = self.gemms.backend().kernels();
+                if let Some(db) = bias_grad {
+                    kernels.column_sum(dy.data(), self.out_features, db)?;
+                }
+                let dtype = self.gemms.precision().compute_dtype();
+                w.backward(kernels, self.gemms.precision(), dy.data(), dtype)?
+            }
+            None => self
+                .gemms
+                .backward(dy.data(), self.weight.trainable_grad(), bias_grad)?,
+        };
         for adapter in &mut self.adapters {
             adapter.backward_add(dy.data(), self.out_features, &mut dx)?;
         }
@@ -186,8 +216,12 @@ impl Linear {
         self.adapters.iter_mut().for_each(|a| a.set_dropout_active(on));
     }
 
-    /// Folds every adapter into the weight (`LoraAdapter::merge_into`) and removes them.
-    pub fn merge_adapters(&mut self) {
+    /// Folds every adapter into the weight (`LoraAdapter::merge_into`) and removes them; a frozen
+    /// FP8 weight is first widened back to f32 ([`Linear::thaw_fp8`]).
+    pub fn merge_adapters(&mut self) -> Result<()> {
+        if !self.adapters.is_empty() {
+            self.thaw_fp8()?;
+        }
         let adapters = std::mem::take(&mut self.adapters);
         for adapter in &adapters {
             adapter.merge_into(self.weight.value_mut());
@@ -195,6 +229,63 @@ impl Linear {
         if !adapters.is_empty() {
             self.weight.mark_updated();
         }
+        Ok(())
+    }
+
+    /// Quantizes the weight to frozen FP8 codes, one segment per run of `segment_rows` rows (the
+    /// checkpoint tensors a fused weight stacks), and drops the f32 values.
+    pub fn freeze_to_fp8(&mut self, segment_rows: &[usize], scaling: BaseScaling) -> Result<()> {
+        let inp = self.in_features;
+        let mut segments = Vec::with_capacity(segment_rows.len());
+        let mut start = 0;
+        for &rows in segment_rows {
+            let end = (start + rows) * inp;
+            let values = self
+                .weight
+                .value()
+                .get(start * inp..end)
+                .ok_or_else(|| self.segments_error(segment_rows))?;
+            segments.push(quantize_weight(values, rows, inp, scaling)?);
+            start += rows;
+        }
+        self.install_frozen_fp8(FrozenFp8Weight::new(scaling, inp, segments)?)
+    }
+
+    /// Replaces the weight with frozen FP8 codes of the same shape (the f32 values, if any, are dropped).
+    pub fn install_frozen_fp8(&mut self, weight: FrozenFp8Weight) -> Result<()> {
+        if weight.out_features() != self.out_features {
+            let rows: Vec<usize> = weight.segments().iter().map(|s| s.rows()).collect();
+            return Err(self.segments_error(&rows));
+        }
+        self.weight.release();
+        self.frozen_fp8 = Some(weight);
+        Ok(())
+    }
+
+    fn segments_error(&self, rows: &[usize]) -> crate::error::Error {
+        crate::error::Error::LayerShape {
+            layer: self.name.clone(),
+            detail: format!(
+                "FP8 weight segments of {rows:?} rows do not stack to this {}x{} weight",
+                self.out_features, self.in_features
+            ),
+        }
+    }
+
+    /// The frozen FP8 weight, when the layer holds one.
+    pub fn frozen_fp8(&self) -> Option<&FrozenFp8Weight> {
+        self.frozen_fp8.as_ref()
+    }
+
+    /// Widens a frozen FP8 weight back to a frozen f32 weight (the codes' exact values), e.g. to
+    /// merge adapters or save the model; nothing to do otherwise.
+    pub fn thaw_fp8(&mut self) -> Result<()> {
+        if let Some(w) = self.frozen_fp8.take() {
+            let shape = [self.out_features, self.in_features];
+            self.weight = Parameter::new(self.weight.name().to_string(), &shape, w.dequantize()?)?;
+            self.weight.freeze();
+        }
+        Ok(())
     }
 
     /// Drops the saved input (a recomputing parent makes it again, an evaluation-only forward needs none).
@@ -206,7 +297,9 @@ impl Linear {
 
 impl Module for Linear {
     fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
-        f(&mut self.weight);
+        if self.frozen_fp8.is_none() {
+            f(&mut self.weight);
+        }
         if let Some(bias) = &mut self.bias {
             f(bias);
         }
@@ -238,7 +331,9 @@ impl Module for Linear {
     }
 
     fn weight_cache_bytes(&self) -> usize {
-        self.gemms.weight_cache_bytes() + self.adapters.iter().map(LoraAdapter::weight_cache_bytes).sum::<usize>()
+        self.gemms.weight_cache_bytes()
+            + self.frozen_fp8.as_ref().map_or(0, FrozenFp8Weight::bytes)
+            + self.adapters.iter().map(LoraAdapter::weight_cache_bytes).sum::<usize>()
     }
 
     fn collect_fp8_stats(&self, out: &mut Vec<Fp8TensorStats>) {

@@ -151,6 +151,11 @@ impl LinearGemms {
         &self.precision
     }
 
+    /// The backend the ops run on (a frozen FP8 weight runs its GEMMs there too).
+    pub(crate) fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
     fn dtype(&self) -> Dtype {
         self.precision.compute_dtype()
     }

@@ -142,6 +142,17 @@ impl LoraAdapter {
         &self.settings
     }
 
+    /// Training forwards run so far (the dropout mask of the next one is drawn from this + 1).
+    pub fn training_forwards(&self) -> u64 {
+        self.forwards
+    }
+
+    /// Sets the count of training forwards run so far, so that a resumed run draws the masks the
+    /// uninterrupted run would have drawn next (one forward per micro-batch of each step).
+    pub fn set_training_forwards(&mut self, forwards: u64) {
+        self.forwards = forwards;
+    }
+
     pub(crate) fn set_dropout_active(&mut self, on: bool) {
         self.dropout_active = on;
     }

@@ -18,6 +18,7 @@
 //! | [`LoraAdapter`] (on a [`Linear`]) | `MODULE.lora_A.weight [r, in]`, `MODULE.lora_B.weight [out, r]` |
 
 mod attention;
+mod frozen_fp8;
 mod gqa_attention;
 mod init;
 mod layernorm_linear;
@@ -32,13 +33,14 @@ mod param;
 mod replay;
 mod transformer;
 
-pub(crate) use init::{child_seed, normal as init_normal, without_draws};
+pub(crate) use init::{child_seed, normal as init_normal, with_deferred_linear_weights, without_draws};
 
 /// FP8 GEMMs need every K (in, out features and the token count) to be a multiple of this.
 pub use crate::gemm::FP8_K_MULTIPLE as FP8_DIM_MULTIPLE;
 pub use crate::scaling::Fp8TensorStats;
 pub use crate::tensor::Tensor;
 pub use attention::MultiheadAttention;
+pub use frozen_fp8::{BaseScaling, FrozenFp8Weight, quantize_weight as quantize_frozen_weight};
 pub use gqa_attention::{GqaConfig, GroupedQueryAttention, KvCache};
 pub use layernorm_linear::LayerNormLinear;
 pub use linear::Linear;

@@ -54,6 +54,27 @@ impl Parameter {
         })
     }
 
+    /// A frozen parameter of `shape` holding no values yet (a weight about to be replaced by
+    /// frozen FP8 codes): nothing is allocated.
+    pub(crate) fn placeholder(name: impl Into<String>, shape: &[usize]) -> Self {
+        let mut p = Parameter {
+            name: name.into(),
+            shape: shape.to_vec(),
+            value: Tensor::zeros(0, 0),
+            grad: Tensor::zeros(0, 0),
+            version: 0,
+            frozen: false,
+        };
+        p.freeze();
+        p
+    }
+
+    /// Freezes the parameter and drops its values (the layer holds them in another form).
+    pub(crate) fn release(&mut self) {
+        self.freeze();
+        self.value = Tensor::zeros(0, 0);
+    }
+
     /// Name, e.g. `layers.0.attn.qkv.weight`.
     pub fn name(&self) -> &str {
         &self.name
@@ -93,6 +114,15 @@ impl Parameter {
     /// Replaces the master values with `value` of the same length (checked by the caller).
     pub(crate) fn set_value(&mut self, value: Vec<f32>) {
         debug_assert_eq!(value.len(), self.value.len());
+        let (rows, cols) = (self.value.rows(), self.value.cols());
+        // On the host the vector becomes the storage (no second copy of a 1 GiB embedding while
+        // loading; `Tensor::new` only checks the length, checked here); elsewhere it is copied in.
+        if self.value.device() == DeviceKind::Cpu && value.len() == rows * cols {
+            if let Ok(t) = Tensor::new(value, rows, cols) {
+                self.value = t;
+            }
+            return;
+        }
         self.value.data_mut().copy_from_slice(&value);
     }
 

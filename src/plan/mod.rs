@@ -5,8 +5,8 @@
 //! For full training (no LoRA, base in the run's precision) the plan follows the CPU backend's
 //! ledger term by term (`train::session` accounts parameters, masters, gradients, AdamW moments
 //! and weight caches after every step, and the activations saved by each forward), so the planned
-//! peak matches the measured one (tests/plan.rs). LoRA and the FP8-only frozen base are planned
-//! from their definitions (docs/finetune.md says what each term assumes).
+//! peak matches the measured one (tests/plan.rs); so do LoRA and the FP8-only frozen base
+//! (docs/finetune.md says what each term assumes).
 
 mod activations;
 mod fit;
@@ -25,7 +25,8 @@ use crate::scaling::Recipe;
 pub enum BasePrecision {
     /// The run's own compute dtype (full training keeps f32 masters; a LoRA base keeps bf16).
     Same,
-    /// Every linear weight frozen as FP8 codes with 128x128 block scales, one layout kept.
+    /// Every decoder linear weight frozen as E4M3 codes with 128x128 block scales, one layout
+    /// kept (`--base-precision fp8`; per-tensor scales differ only by the few scale bytes).
     Fp8,
 }
 
@@ -125,6 +126,35 @@ fn weight_cache(precision: &Precision, w: LinearShape) -> u128 {
     }
 }
 
+/// Bytes of the weight caches of every LoRA adapter's A `[R, in]` and B `[out, R]` (they are
+/// linears of the run's precision).
+fn adapter_caches(config: &HfConfig, settings: &PlanSettings) -> u128 {
+    settings.lora.as_ref().map_or(0, |l| {
+        config.num_hidden_layers as u128
+            * l.targets
+                .iter()
+                .map(|t| {
+                    let w = lora::target_shape(*t, config);
+                    let a = LinearShape {
+                        out: l.rank as u128,
+                        inp: w.inp,
+                    };
+                    let b = LinearShape {
+                        out: w.out,
+                        inp: l.rank as u128,
+                    };
+                    weight_cache(&settings.precision, a) + weight_cache(&settings.precision, b)
+                })
+                .sum::<u128>()
+    })
+}
+
+/// The checkpoint tensors of one layer's linears, `[out, in]` each: q, k, v, o, gate, up, down.
+pub(crate) fn hf_linear_segments(c: &HfConfig) -> [LinearShape; 7] {
+    use LoraTarget::*;
+    [QProj, KProj, VProj, OProj, GateProj, UpProj, DownProj].map(|t| lora::target_shape(t, c))
+}
+
 /// Values of the linear weights of the whole model (what an FP8 base or LoRA freezes).
 pub fn linear_weight_count(c: &HfConfig) -> u128 {
     c.num_hidden_layers as u128 * layer_linears(c).iter().map(|w| w.out * w.inp).sum::<u128>()
@@ -138,9 +168,8 @@ pub fn plan(config: &HfConfig, settings: &PlanSettings) -> MemoryPlan {
     let layers = config.num_hidden_layers as u128;
     let (h, v) = (config.hidden_size as u128, config.vocab_size as u128);
     let head = (!config.tie_word_embeddings).then_some(LinearShape { out: v, inp: h });
-    // An FP8 base is the planned layout below (not built yet); LoRA on the base as loaded
-    // keeps every base value in f32 (frozen, under parameters) with the compute copies and
-    // weight caches of full training, as the engine does today.
+    // LoRA on the base as loaded keeps every base value in f32 (frozen, under parameters) with
+    // the compute copies and weight caches of full training.
     let frozen_base = settings.base == BasePrecision::Fp8;
     let lora_values = settings.lora.as_ref().map_or(0, |l| lora_parameter_count(config, l));
     let mut bytes = [0u128; MemoryCategory::COUNT];
@@ -165,24 +194,7 @@ pub fn plan(config: &HfConfig, settings: &PlanSettings) -> MemoryPlan {
                 .map(|w| weight_cache(precision, *w))
                 .sum::<u128>();
         // LoRA's A [R, in] and B [out, R] are linears too, with their own caches.
-        cache += settings.lora.as_ref().map_or(0, |l| {
-            layers
-                * l.targets
-                    .iter()
-                    .map(|t| {
-                        let w = lora::target_shape(*t, config);
-                        let a = LinearShape {
-                            out: l.rank as u128,
-                            inp: w.inp,
-                        };
-                        let b = LinearShape {
-                            out: w.out,
-                            inp: l.rank as u128,
-                        };
-                        weight_cache(precision, a) + weight_cache(precision, b)
-                    })
-                    .sum::<u128>()
-        });
+        cache += adapter_caches(config, settings);
         let head_cache = head.map_or(0, |w| weight_cache(&precision.without_fp8(), w));
         // A compute-dtype copy of every trainable value (frozen values are read as they are).
         let compute = if dtype == 4 { 0 } else { trainable * dtype };
@@ -197,35 +209,38 @@ pub fn plan(config: &HfConfig, settings: &PlanSettings) -> MemoryPlan {
             set(MemoryCategory::Parameters, compute.max(cache + head_cache));
         }
     } else {
-        // Frozen linears: FP8 codes (one layout, 128x128 scales) or bf16; the other values
-        // (embeddings, norms, head) stay trainable without LoRA and frozen in bf16 with it.
+        // An FP8 base, as `LlamaModel::from_hf_fp8_base` holds it: every decoder linear weight
+        // frozen as E4M3 codes (1 byte a value) with 128x128 block scales per checkpoint tensor
+        // (the segments of a fused q/k/v or gate/up linear are quantized apart). With LoRA every
+        // other value (embeddings, norms, head) is frozen too and stays in f32; without it they
+        // are trained.
         let linear = linear_weight_count(config);
         let other = parameters - linear;
         trainable = if settings.lora.is_some() { lora_values } else { other };
-        match settings.base {
-            BasePrecision::Fp8 => {
-                let scales: u128 = layers
-                    * layer_linears(config)
-                        .iter()
-                        .map(|w| 4 * w.out.div_ceil(128) * w.inp.div_ceil(128))
-                        .sum::<u128>();
-                set(MemoryCategory::Fp8Copies, linear + scales);
-                // Hopper's FP8 GEMM reads both operands K-major, so dgrad needs W^T: made per
-                // layer in backward from the block codes (a 128x128 block transposes with its
-                // scale) into workspace the size of the largest linear.
-                let largest = layer_linears(config).iter().map(|w| w.out * w.inp).max().unwrap_or(0);
-                set(MemoryCategory::Workspace, largest);
-            }
-            BasePrecision::Same => set(MemoryCategory::Parameters, 2 * linear),
-        }
-        let frozen_other = if settings.lora.is_some() { other } else { 0 };
+        let segments = hf_linear_segments(config);
+        let scales: u128 = segments
+            .iter()
+            .map(|w| 4 * w.out.div_ceil(128) * w.inp.div_ceil(128))
+            .sum();
+        set(MemoryCategory::Fp8Copies, linear + layers * scales);
+        // The dgrad GEMM reads W^T K-major: made from one segment's codes at a time in backward
+        // (a 128x128 block transposes with its own scale) and dropped after its GEMM.
         set(
-            MemoryCategory::Parameters,
-            2 * frozen_other + trainable * if dtype == 4 { 0 } else { dtype },
+            MemoryCategory::Workspace,
+            segments.iter().map(|w| w.out * w.inp).max().unwrap_or(0),
         );
+        let cache = adapter_caches(config, settings) + head.map_or(0, |w| weight_cache(&precision.without_fp8(), w));
+        let frozen_other = if settings.lora.is_some() { other } else { 0 };
+        let compute = if dtype == 4 { 0 } else { trainable * dtype };
         set(MemoryCategory::MasterWeights, 4 * trainable);
         set(MemoryCategory::Gradients, 4 * trainable);
         set(MemoryCategory::OptimizerState, 8 * trainable);
+        if precision.is_fp8() {
+            set(MemoryCategory::Parameters, 4 * frozen_other + compute);
+            set(MemoryCategory::Fp8Copies, cache);
+        } else {
+            set(MemoryCategory::Parameters, 4 * frozen_other + compute.max(cache));
+        }
     }
     set(MemoryCategory::Activations, activations::saved_bytes(config, settings));
     MemoryPlan {

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::hf::HfConfig;
 use crate::model::{DecoderModel, ModelConfig, Recompute};
 use crate::nn::FP8_DIM_MULTIPLE;
-use crate::plan::{BasePrecision, PlanSettings, plan};
+use crate::plan::{BasePrecision, LoraPlan, PlanSettings, plan};
 
 use super::session::RunConfig;
 
@@ -50,8 +50,16 @@ pub fn check_run(precisions: &[Precision], config: &RunConfig, data: &Dataset) -
 
 /// [`check_run`] for a model loaded from a checkpoint of `model`'s config: batch shapes under
 /// every precision, and the memory planner's peak ([`crate::plan`]) of the largest precision
-/// against the host's available memory, before any weight is read.
-pub fn check_fine_tune(precisions: &[Precision], config: &RunConfig, data: &Dataset, model: &HfConfig) -> Result<()> {
+/// against the host's available memory, before any weight is read; `base` and `lora` are planned
+/// as the run will hold them.
+pub fn check_fine_tune(
+    precisions: &[Precision],
+    config: &RunConfig,
+    data: &Dataset,
+    model: &HfConfig,
+    base: BasePrecision,
+    lora: Option<LoraPlan>,
+) -> Result<()> {
     let micro = micro_batch(config)?;
     let recompute = match config.model.recompute {
         Recompute::None => false,
@@ -64,8 +72,8 @@ pub fn check_fine_tune(precisions: &[Precision], config: &RunConfig, data: &Data
         .map(|precision| {
             let settings = PlanSettings {
                 precision: precision.clone(),
-                base: BasePrecision::Same,
-                lora: None,
+                base,
+                lora: lora.clone(),
                 micro_batch: micro,
                 seq: data.seq_len(),
                 recompute,

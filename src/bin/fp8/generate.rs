@@ -44,11 +44,18 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    /// Generate with the LoRA adapters of this PEFT directory (adapter_config.json +
+    /// adapter_model.safetensors, as `fp8 train --lora-rank` writes to OUT/PRECISION/adapter).
+    #[arg(long, value_name = "DIR")]
+    pub lora: Option<PathBuf>,
 }
 
 pub fn run(args: GenerateArgs) -> Result<(), CliError> {
     let mut sampler = Sampler::new(args.temperature, args.top_p, args.seed)?;
     let (mut model, tokenizer) = load_model(&args.model, &args.precision)?;
+    if let Some(dir) = &args.lora {
+        model.load_adapter(dir)?;
+    }
     let prompt = tokenizer.encode(&args.prompt, true)?;
     let stop = fp8_engine::hf::stop_ids(&args.model, &tokenizer)?;
     let mut stream = tokenizer.stream(true);

@@ -7,6 +7,7 @@ use std::str::FromStr;
 
 use clap::Args;
 use fp8_engine::amp::Precision;
+use fp8_engine::device::{Device, DeviceChoice};
 use fp8_engine::hf::HfConfig;
 use fp8_engine::memory::{MemoryCategory, human_bytes, parse_bytes};
 use fp8_engine::plan::{
@@ -51,9 +52,14 @@ pub struct PlanArgs {
     /// none or every.
     #[arg(long, default_value = "none")]
     pub recompute: String,
-    /// The memory to fit in, e.g. 24GiB or 80GB.
+    /// The memory to fit in, e.g. 24GiB or 80GB (default: the free memory of GPU 0 when
+    /// --device finds one; without a GPU the plan is printed with no verdict).
     #[arg(long, value_name = "BYTES")]
     pub gpu_memory: Option<String>,
+    /// Where the default limit comes from: auto (GPU 0's free memory if a GPU is usable) or cpu
+    /// (no default limit).
+    #[arg(long, default_value = "auto")]
+    pub device: String,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -158,20 +164,46 @@ fn describe(s: &Suggestion) -> String {
     s.changes.iter().map(|c| c.flags()).collect::<Vec<_>>().join(" ")
 }
 
-pub fn run(args: PlanArgs) -> Result<(), CliError> {
-    let config = read_config(&args.model)?;
-    let settings = settings(&args)?;
-    let limit = args
-        .gpu_memory
-        .as_deref()
-        .map(|text| {
-            parse_bytes(text).ok_or_else(|| {
+/// The limit to plan against: `--gpu-memory` when given, else the free memory `device_free`
+/// reports (a GPU's, with its description), else none.
+fn limit(
+    gpu_memory: Option<&str>,
+    device_free: impl FnOnce() -> Option<(u64, String)>,
+) -> Result<Option<(u64, String)>, CliError> {
+    match gpu_memory {
+        Some(text) => parse_bytes(text)
+            .map(|bytes| Some((bytes, "--gpu-memory".to_string())))
+            .ok_or_else(|| {
                 CliError(format!(
                     "--gpu-memory {text}: expected a byte count such as 24GiB, 80GB or 1073741824"
                 ))
-            })
-        })
-        .transpose()?;
+            }),
+        None => Ok(device_free()),
+    }
+}
+
+/// Free memory of the GPU `--device` names, if one is usable.
+fn device_free(device: &str) -> Result<impl FnOnce() -> Option<(u64, String)>, CliError> {
+    let choice = match device {
+        "auto" => Some(DeviceChoice::Cuda(0)),
+        "cpu" => None,
+        other => return Err(CliError(format!("--device {other}: expected auto or cpu"))),
+    };
+    Ok(move || {
+        let gpu = Device::select(choice?).ok()?;
+        let free = gpu.free_memory()?;
+        Some((free, format!("the free memory of {}", gpu.describe())))
+    })
+}
+
+pub fn run(args: PlanArgs) -> Result<(), CliError> {
+    let config = read_config(&args.model)?;
+    let settings = settings(&args)?;
+    let limit = limit(args.gpu_memory.as_deref(), device_free(&args.device)?)?;
+    if let (Some((bytes, source)), None) = (&limit, &args.gpu_memory) {
+        eprintln!("fp8 plan: limit {} ({source})", human_bytes(*bytes));
+    }
+    let limit = limit.map(|(bytes, _)| bytes);
     let p = plan(&config, &settings);
     let fits = limit.map(|l| p.total_bytes() <= u128::from(l));
     let suggestion = match (limit, fits) {
@@ -213,4 +245,26 @@ pub fn run(args: PlanArgs) -> Result<(), CliError> {
         None => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limit_is_the_flag_else_the_devices_free_memory_else_none() {
+        let gpu = || Some((80u64 << 30, "the free memory of cuda:0".to_string()));
+        // The flag wins over the device.
+        assert_eq!(limit(Some("24GiB"), gpu).unwrap().unwrap().0, 24 << 30);
+        // No flag: the device's free memory, said where it came from.
+        let (bytes, source) = limit(None, gpu).unwrap().unwrap();
+        assert_eq!(bytes, 80 << 30);
+        assert!(source.contains("cuda:0"));
+        // No flag and no GPU: no limit, so no verdict.
+        assert_eq!(limit(None, || None).unwrap(), None);
+        assert!(limit(Some("lots"), gpu).is_err());
+        // --device cpu never asks a GPU.
+        assert_eq!(device_free("cpu").unwrap()(), None);
+        assert!(device_free("tpu").is_err());
+    }
 }

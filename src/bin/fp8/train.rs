@@ -13,7 +13,7 @@ use fp8_engine::data::Dataset;
 use fp8_engine::data::addition::AdditionConfig;
 use fp8_engine::device::{Device, DeviceChoice};
 use fp8_engine::hf::HfModelDir;
-use fp8_engine::model::{LlamaModel, ModelConfig, Recompute};
+use fp8_engine::model::{ModelConfig, Recompute};
 use fp8_engine::scaling::Recipe;
 use fp8_engine::train::metrics::{Summary, read_summary, write_summary};
 use fp8_engine::train::plot::plot_losses;
@@ -146,6 +146,9 @@ pub struct TrainArgs {
     /// LoRA options (with --init-from).
     #[command(flatten, next_help_heading = "LoRA (with --init-from)")]
     lora: fine_tune::LoraArgs,
+    /// How the base weights are held (with --init-from).
+    #[command(flatten, next_help_heading = "Base weights (with --init-from)")]
+    base: fine_tune::BaseArgs,
     /// AdamW decoupled weight decay (on matrices).
     #[arg(long, default_value_t = 0.01)]
     weight_decay: f32,
@@ -370,7 +373,7 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
     };
     // Everything that can be checked is checked before the first step.
     match &init {
-        Some(hf) => fine_tune::preflight(&precisions, &config, &data, hf)?,
+        Some(hf) => fine_tune::preflight(&precisions, &config, &data, hf, &args.base, &args.lora)?,
         None => fp8_engine::train::preflight::check_run(&precisions, &config, &data)?,
     }
     fs::create_dir_all(&args.out).map_err(|e| CliError(format!("{}: cannot create: {e}", args.out.display())))?;
@@ -404,8 +407,15 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
         };
         let output = match &init {
             Some(hf) => {
-                let mut model = LlamaModel::from_hf(hf, precision, config.model.recompute)?;
+                let mut model = args.base.load(hf, precision, config.model.recompute)?;
                 let lora = args.lora.attach(&mut model, args.seed)?;
+                if let (Some(_), Some(path)) = (&lora, &args.resume) {
+                    // The dropout masks follow the count of training forwards: one per micro-batch
+                    // of every step the checkpoint has done.
+                    let steps = fp8_engine::train::checkpoint::read_progress(path)?.step;
+                    let forwards = steps.saturating_mul(config.micro_batches as u64);
+                    model.visit_adapters(&mut |a| a.set_training_forwards(forwards));
+                }
                 let output = run_model(
                     &mut model,
                     &device,
@@ -424,7 +434,7 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
                         adapter.display()
                     );
                     // --save-hf writes the merged model: W + (alpha / r) B A.
-                    model.merge_lora();
+                    model.merge_lora()?;
                 }
                 if let (Some(save), Some(source)) = (&args.save_hf, &args.init_from) {
                     let target = match precisions.len() {

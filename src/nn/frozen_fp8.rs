@@ -1,0 +1,352 @@
+//! A frozen linear weight held only as E4M3 codes with their scales (`--base-precision fp8`):
+//! no f32 master, no gradient, no per-step cast.
+//!
+//! The weight is kept as one segment per checkpoint tensor (a fused q/k/v linear is three: q, k,
+//! v rows), each quantized on its own grid, so a segment is bit for bit what `fp8 quantize --hf`
+//! writes for that tensor (128x128 blocks, exact scales) or what an HF FP8 checkpoint stores.
+//!
+//! Layouts kept, per backend: only the row-wise codes `W` `[out, in]` (K-major for the forward
+//! `Y = X W^T`). The dgrad `dX = dY W` reads `W^T` K-major; the frozen weight has no wgrad, so
+//! instead of a second resident copy, `W^T` of one segment at a time is made in backward (a
+//! 128x128 block transposes with its own scale, a per-tensor scale is unchanged: the transpose is
+//! exact) and dropped after its GEMM. The CPU backend does this on the host; the CUDA GEMM arms
+//! are not built yet (the planner assumes the same transient `W^T` there, `docs/finetune.md`).
+//!
+//! Activations are cast just in time (current scaling): `X` in E4M3 and `dY` by the base's recipe,
+//! 1x128 blocks against 128x128 weight blocks, or per tensor against a per-tensor weight.
+
+use crate::amp::{Fp8Recipe, Precision};
+use crate::dispatch::Kernels;
+use crate::error::{Error, Result};
+use crate::format::Fp8Format;
+use crate::gemm::{GemmParams, Operand, Output};
+use crate::quantize::{ScaleRule, amax, quantize_128x128, quantize_per_tensor, transpose_codes};
+use crate::scaling::{BlockScaling, CurrentScaling, TensorRole};
+use crate::tensor::{Dtype, QuantizedMatrix, Scales};
+
+/// How a frozen FP8 weight is scaled (`--base-scaling`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum BaseScaling {
+    /// One f32 scale per 128x128 block (the Hugging Face fine-grained FP8 layout).
+    #[default]
+    Block,
+    /// One f32 scale per tensor.
+    Tensor,
+}
+
+impl std::str::FromStr for BaseScaling {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "block" => Ok(BaseScaling::Block),
+            "tensor" => Ok(BaseScaling::Tensor),
+            other => Err(Error::InvalidSetting {
+                setting: "base-scaling",
+                value: other.to_string(),
+                reason: "expected block (128x128 block scales) or tensor (one scale per tensor)".into(),
+            }),
+        }
+    }
+}
+
+impl BaseScaling {
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            BaseScaling::Block => "block",
+            BaseScaling::Tensor => "tensor",
+        }
+    }
+
+    /// The recipe that casts the activations meeting this weight: the run's own when it pairs
+    /// with the weight's scales, else the default of the matching family.
+    fn activation_recipe(self, run: &Precision) -> Fp8Recipe {
+        match (self, run) {
+            (BaseScaling::Block, Precision::Fp8(r @ Fp8Recipe::Block(_))) => r.clone(),
+            (BaseScaling::Block, _) => Fp8Recipe::Block(BlockScaling::default()),
+            (BaseScaling::Tensor, Precision::Fp8(r @ Fp8Recipe::Current(_))) => r.clone(),
+            (BaseScaling::Tensor, _) => Fp8Recipe::Current(CurrentScaling::default()),
+        }
+    }
+}
+
+/// The exact-scale E4M3 rule of the frozen weights (the one `fp8 quantize --hf` uses by default).
+fn weight_rule() -> ScaleRule {
+    ScaleRule {
+        format: Fp8Format::E4M3,
+        power_2_scale: false,
+        amax_epsilon: 0.0,
+    }
+}
+
+/// Edge of the weight blocks.
+const BLOCK: usize = 128;
+
+/// `values` `[rows, cols]` (one checkpoint tensor, f32) as frozen E4M3 codes with `scaling`.
+pub fn quantize_weight(values: &[f32], rows: usize, cols: usize, scaling: BaseScaling) -> Result<QuantizedMatrix> {
+    let rule = weight_rule();
+    match scaling {
+        BaseScaling::Block => {
+            let mut codes = vec![0u8; rows * cols];
+            let mut scale_inv = vec![0f32; rows.div_ceil(BLOCK) * cols.div_ceil(BLOCK)];
+            quantize_128x128(values, rows, cols, &rule, &mut codes, &mut scale_inv)?;
+            QuantizedMatrix::new(codes, rows, cols, Scales::Block128x128(scale_inv))
+        }
+        BaseScaling::Tensor => {
+            let scale = rule.scale(amax(values));
+            let (tensor, _) = quantize_per_tensor(values, rows, cols, rule.format, scale, false)?;
+            let (_, rowwise, _) = tensor.into_parts();
+            Ok(rowwise)
+        }
+    }
+}
+
+/// The transpose `[cols, rows]` of a frozen weight segment, exact: codes transposed, a 128x128
+/// scale grid transposed, a per-tensor scale unchanged.
+fn transposed(m: &QuantizedMatrix) -> Result<QuantizedMatrix> {
+    let (rows, cols) = (m.rows(), m.cols());
+    let mut codes = vec![0u8; rows * cols];
+    transpose_codes(m.data(), rows, cols, &mut codes)?;
+    let scales = match m.scales() {
+        Scales::PerTensor(s) => Scales::PerTensor(*s),
+        Scales::Block128x128(s) => {
+            let (tr, tc) = (rows.div_ceil(BLOCK), cols.div_ceil(BLOCK));
+            Scales::Block128x128((0..tc * tr).map(|i| s[(i % tr) * tc + i / tr]).collect())
+        }
+        other => {
+            return Err(Error::InvalidTensor {
+                name: "frozen FP8 weight".into(),
+                reason: format!("{:?} scales are not a frozen weight layout", other.kind()),
+            });
+        }
+    };
+    QuantizedMatrix::new(codes, cols, rows, scales)
+}
+
+/// A frozen `[out, in]` weight as E4M3 segments stacked by rows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FrozenFp8Weight {
+    scaling: BaseScaling,
+    in_features: usize,
+    segments: Vec<QuantizedMatrix>,
+}
+
+impl FrozenFp8Weight {
+    /// The weight made of `segments` (each `[rows_i, in]`, 128x128 or per-tensor scales matching
+    /// `scaling`), stacked by rows.
+    pub fn new(scaling: BaseScaling, in_features: usize, segments: Vec<QuantizedMatrix>) -> Result<Self> {
+        for s in &segments {
+            let kind_ok = matches!(
+                (scaling, s.scales()),
+                (BaseScaling::Block, Scales::Block128x128(_)) | (BaseScaling::Tensor, Scales::PerTensor(_))
+            );
+            if s.cols() != in_features || !kind_ok {
+                return Err(Error::InvalidTensor {
+                    name: "frozen FP8 weight".into(),
+                    reason: format!(
+                        "segment {}x{} with {:?} scales does not fit a {} weight with {in_features} inputs",
+                        s.rows(),
+                        s.cols(),
+                        s.scales().kind(),
+                        scaling.name()
+                    ),
+                });
+            }
+        }
+        Ok(FrozenFp8Weight {
+            scaling,
+            in_features,
+            segments,
+        })
+    }
+
+    /// How the segments are scaled.
+    pub fn scaling(&self) -> BaseScaling {
+        self.scaling
+    }
+
+    /// The segments, in row order (one per checkpoint tensor).
+    pub fn segments(&self) -> &[QuantizedMatrix] {
+        &self.segments
+    }
+
+    /// Output features: the rows of every segment.
+    pub fn out_features(&self) -> usize {
+        self.segments.iter().map(QuantizedMatrix::rows).sum()
+    }
+
+    /// Bytes held: one per value plus 4 per scale.
+    pub fn bytes(&self) -> usize {
+        self.segments
+            .iter()
+            .map(|s| s.data().len() + 4 * s.scales().len())
+            .sum()
+    }
+
+    /// The f32 values the codes stand for (code times its scale_inv), row-major.
+    pub fn dequantize(&self) -> Result<Vec<f32>> {
+        let mut out = Vec::with_capacity(self.out_features() * self.in_features);
+        for s in &self.segments {
+            out.extend(s.dequantize::<f32>(Fp8Format::E4M3)?);
+        }
+        Ok(out)
+    }
+
+    /// `Y = X W^T (+ bias)` for `x` `[rows, in]`, an FP8 GEMM per segment on the stored codes,
+    /// rounded to `dtype`.
+    pub(crate) fn forward(
+        &self,
+        kernels: &dyn Kernels,
+        run: &Precision,
+        x: &[f32],
+        rows: usize,
+        bias: Option<&[f32]>,
+        dtype: Dtype,
+    ) -> Result<Vec<f32>> {
+        let recipe = self.scaling.activation_recipe(run);
+        let out = self.out_features();
+        let xq = kernels.quantize(&recipe, TensorRole::Input, x, rows, self.in_features, 1.0)?;
+        let a = Operand::Fp8(xq.tensor.format(), xq.tensor.rowwise());
+        let mut y = vec![0f32; rows * out];
+        let mut offset = 0;
+        for seg in &self.segments {
+            let n = seg.rows();
+            let mut part = vec![0f32; rows * n];
+            let params = GemmParams {
+                bias: bias.map(|b| &b[offset..offset + n]),
+                split_accumulator: false,
+                ..GemmParams::default()
+            };
+            kernels.gemm(&a, &Operand::Fp8(Fp8Format::E4M3, seg), Output::F32(&mut part), &params)?;
+            for (y_row, p_row) in y.chunks_exact_mut(out).zip(part.chunks_exact(n)) {
+                y_row[offset..offset + n].copy_from_slice(p_row);
+            }
+            offset += n;
+        }
+        dtype.round_slice(&mut y);
+        Ok(y)
+    }
+
+    /// `dX = dY W` for `dy` `[rows, out]`, summed over the segments (each `dY` slice cast on its
+    /// own, against its transient `W^T`), rounded to `dtype`.
+    pub(crate) fn backward(
+        &self,
+        kernels: &dyn Kernels,
+        run: &Precision,
+        dy: &[f32],
+        dtype: Dtype,
+    ) -> Result<Vec<f32>> {
+        let recipe = self.scaling.activation_recipe(run);
+        let out = self.out_features();
+        let rows = dy.len() / out.max(1);
+        let mut dx = vec![0f32; rows * self.in_features];
+        let mut offset = 0;
+        for (i, seg) in self.segments.iter().enumerate() {
+            let n = seg.rows();
+            let part: Vec<f32> = dy
+                .chunks_exact(out)
+                .flat_map(|row| row[offset..offset + n].iter().copied())
+                .collect();
+            let dyq = kernels.quantize(&recipe, TensorRole::OutputGrad, &part, rows, n, 1.0)?;
+            let wt = transposed(seg)?;
+            let params = GemmParams {
+                beta: if i == 0 { 0.0 } else { 1.0 },
+                ..GemmParams::default()
+            };
+            kernels.gemm(
+                &Operand::Fp8(dyq.tensor.format(), dyq.tensor.rowwise()),
+                &Operand::Fp8(Fp8Format::E4M3, &wt),
+                Output::F32(&mut dx),
+                &params,
+            )?;
+            offset += n;
+        }
+        dtype.round_slice(&mut dx);
+        Ok(dx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dispatch::Backend;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_transpose_is_exact_for_both_scalings() {
+        for scaling in [BaseScaling::Block, BaseScaling::Tensor] {
+            let (rows, cols) = (144, 272);
+            let m = quantize_weight(&values(rows * cols, 3), rows, cols, scaling).unwrap();
+            let t = transposed(&m).unwrap();
+            let (a, b) = (
+                m.dequantize::<f32>(Fp8Format::E4M3).unwrap(),
+                t.dequantize::<f32>(Fp8Format::E4M3).unwrap(),
+            );
+            for r in 0..rows {
+                for c in 0..cols {
+                    assert_eq!(
+                        a[r * cols + c].to_bits(),
+                        b[c * rows + r].to_bits(),
+                        "{scaling:?} ({r},{c})"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn forward_and_backward_match_the_dequantized_weight() {
+        // Two segments of 48 and 32 rows, 64 inputs, 16 tokens: the FP8 GEMMs against an f64
+        // reference on the dequantized weight.
+        let (inp, rows) = (64, 16);
+        let run: Precision = "fp32".parse().unwrap();
+        for scaling in [BaseScaling::Block, BaseScaling::Tensor] {
+            let segs: Vec<QuantizedMatrix> = [(48, 1), (32, 2)]
+                .iter()
+                .map(|&(n, s)| quantize_weight(&values(n * inp, s), n, inp, scaling).unwrap())
+                .collect();
+            let w = FrozenFp8Weight::new(scaling, inp, segs).unwrap();
+            assert_eq!(w.out_features(), 80);
+            let wd = w.dequantize().unwrap();
+            let x = values(rows * inp, 9);
+            let backend = Backend::default();
+            let y = w.forward(backend.kernels(), &run, &x, rows, None, Dtype::F32).unwrap();
+            let dy = values(rows * 80, 11);
+            let dx = w.backward(backend.kernels(), &run, &dy, Dtype::F32).unwrap();
+            // Each product carries the activation cast's relative error only (the reference uses
+            // the same weight codes): at most 2^-4 for E4M3, 2^-3 for E5M2 (dY, tensor scaling).
+            for r in 0..rows {
+                for o in 0..80 {
+                    let terms = (0..inp).map(|i| (x[r * inp + i] as f64, wd[o * inp + i] as f64));
+                    let (exact, size) = terms.fold((0.0, 0.0), |(s, m), (a, b)| (s + a * b, m + (a * b).abs()));
+                    let err = (y[r * 80 + o] as f64 - exact).abs();
+                    assert!(err <= size / 16.0 + 1e-6, "{scaling:?} y {r},{o}: {err} > {size}/16");
+                }
+                for i in 0..inp {
+                    let terms = (0..80).map(|o| (dy[r * 80 + o] as f64, wd[o * inp + i] as f64));
+                    let (exact, size) = terms.fold((0.0, 0.0), |(s, m), (a, b)| (s + a * b, m + (a * b).abs()));
+                    let err = (dx[r * inp + i] as f64 - exact).abs();
+                    assert!(err <= size / 8.0 + 1e-6, "{scaling:?} dx {r},{i}: {err} > {size}/8");
+                }
+            }
+            assert!(y.iter().any(|v| *v != 0.0) && dx.iter().any(|v| *v != 0.0));
+        }
+    }
+
+    #[test]
+    fn segments_must_match_the_inputs_and_scaling() {
+        let m = quantize_weight(&values(32 * 64, 1), 32, 64, BaseScaling::Tensor).unwrap();
+        assert!(FrozenFp8Weight::new(BaseScaling::Block, 64, vec![m.clone()]).is_err());
+        assert!(FrozenFp8Weight::new(BaseScaling::Tensor, 48, vec![m.clone()]).is_err());
+        assert!("blocks".parse::<BaseScaling>().is_err());
+        assert_eq!("tensor".parse::<BaseScaling>().unwrap(), BaseScaling::Tensor);
+    }
+}
