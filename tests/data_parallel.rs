@@ -12,8 +12,9 @@ use fp8_engine::amp::Precision;
 use fp8_engine::data::Dataset;
 use fp8_engine::data::addition::AdditionConfig;
 use fp8_engine::device::{Device, DeviceChoice};
-use fp8_engine::dist::{DataParallel, Wire, run_data_parallel};
+use fp8_engine::dist::{DataParallel, Wire};
 use fp8_engine::model::{DecoderModel, LanguageModel, ModelConfig};
+use fp8_engine::train::data_parallel::run_data_parallel;
 use fp8_engine::train::metrics::{StepMetrics, read_metrics};
 use fp8_engine::train::session::{RunConfig, RunControl, RunOutput, run};
 

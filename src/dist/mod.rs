@@ -3,24 +3,21 @@
 //!
 //! * [`collective`]: the [`Collective`] trait and its reduction-order contract; [`SingleRank`].
 //! * [`cpu_group`]: the CPU implementation, ranks as threads in one process.
-//! * [`grad_sync`]: the bucketed gradient all-reduce; [`shard`]: bucket and shard arithmetic.
-//! * [`amax`]: the per-step delayed-scaling update with one amax max-reduce for the model.
-//! * [`zero`]: ZeRO-1, AdamW moments sharded over the ranks.
-//! * [`launch`]: `fp8 train --world-size N` on the CPU: one thread per rank.
+//! * [`shard`]: bucket and shard arithmetic; [`options`]: a run's settings, a rank's place.
 //! * [`env`] and [`rendezvous`]: torchrun-style launch settings and the TCP exchange that
 //!   hands every rank the NCCL unique id.
+//!
+//! This folder is the transport: it knows ranks and buffers, not models. What a training step
+//! does with it (bucketed gradient all-reduce, the per-step amax reduce, ZeRO-1, one thread per
+//! rank) lives in `train` (`grad_sync`, `amax_sync`, `zero1`, `data_parallel`).
 
-pub mod amax;
 pub mod collective;
 pub mod cpu_group;
 pub mod env;
-pub mod grad_sync;
-pub mod launch;
+pub mod options;
 pub mod rendezvous;
 pub mod shard;
-pub mod zero;
 
 pub use collective::{Collective, SingleRank, Wire};
 pub use cpu_group::{AbortOnDrop, CpuCollective, cpu_group};
-pub use launch::{DataParallel, Parallel, run_data_parallel};
-pub use zero::Zero1AdamW;
+pub use options::{DEFAULT_BUCKET_BYTES, DataParallel, Parallel};

@@ -11,11 +11,18 @@
 //!    and [`plot`] of the loss curves at the end.
 //!
 //! [`session::run`] puts them together around the [`crate::model::DecoderModel`]: it is `fp8 train`'s loop.
+//!
+//! Data parallelism over a [`crate::dist::Collective`] (`docs/distributed.md`): [`grad_sync`]
+//! (bucketed gradient all-reduce), [`amax_sync`] (one amax max-reduce per step before the
+//! delayed update), [`zero1`] (AdamW moments sharded), [`data_parallel`] (ranks as threads).
 
 pub mod accumulate;
 pub mod adamw;
+pub mod amax_sync;
 pub mod checkpoint;
 pub mod clip;
+pub mod data_parallel;
+pub mod grad_sync;
 pub mod memory;
 pub mod metrics;
 pub mod plot;
@@ -25,6 +32,7 @@ pub mod resume_checks;
 pub mod schedule;
 pub mod session;
 pub mod step;
+pub mod zero1;
 
 #[cfg(test)]
 pub(crate) mod test_util;

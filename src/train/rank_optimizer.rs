@@ -1,5 +1,5 @@
 //! The optimizer one rank of a run holds: the whole AdamW, or its ZeRO-1 shard
-//! ([`crate::dist::zero`]). Checkpoints always hold the whole state, written once, by rank 0.
+//! ([`crate::train::zero1`]). Checkpoints always hold the whole state, written once, by rank 0.
 
 use std::path::Path;
 
@@ -7,9 +7,10 @@ use super::adamw::AdamW;
 use super::checkpoint::{TrainProgress, save_checkpoint};
 use crate::amp::loss_scaler::DynamicLossScaler;
 use crate::dispatch::Backend;
-use crate::dist::{Collective, Zero1AdamW};
+use crate::dist::Collective;
 use crate::error::Result;
 use crate::nn::Module;
+use crate::train::zero1::Zero1AdamW;
 
 /// AdamW, whole or sharded over the ranks.
 pub(crate) enum RankOptimizer {

@@ -24,12 +24,13 @@ use crate::amp::loss_scaler::{DynamicLossScaler, LossScalerConfig};
 use crate::amp::{Fp8Recipe, Precision};
 use crate::data::{DataStream, Dataset, SplitMix64, counted, exact_match_accuracy};
 use crate::device::{Device, MemoryCategory, MemoryLedger};
-use crate::dist::grad_sync::all_reduce_gradients;
-use crate::dist::{Collective, DataParallel, Parallel, SingleRank, amax};
+use crate::dist::{Collective, DataParallel, Parallel, SingleRank};
 use crate::error::{Error, Result};
 use crate::model::{DecoderModel, LanguageModel, ModelConfig};
 use crate::nn::Fp8TensorStats;
 use crate::tensor::Dtype;
+use crate::train::amax_sync as amax;
+use crate::train::grad_sync::all_reduce_gradients;
 
 /// Everything that fixes a run besides its precision.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -289,7 +290,7 @@ pub fn run_model(
         (0, None) => Some(MetricsWriter::create(&metrics_path)?),
     };
     let mut optimizer = RankOptimizer::new(optimizer, dp.zero, model, collective)?;
-    // Delayed scaling is updated once per step, after the amax reduce (`dist::amax`).
+    // Delayed scaling is updated once per step, after the amax reduce (`train::amax_sync`).
     amax::set_update_per_step(model, true);
 
     let ledger = device.ledger().clone();

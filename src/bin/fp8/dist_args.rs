@@ -6,9 +6,10 @@ use std::path::Path;
 use clap::Args;
 use fp8_engine::amp::Precision;
 use fp8_engine::data::Dataset;
-use fp8_engine::dist::{DataParallel, Wire, run_data_parallel};
+use fp8_engine::dist::{DataParallel, Wire};
 use fp8_engine::model::{DecoderModel, LanguageModel};
 use fp8_engine::scaling::Recipe;
+use fp8_engine::train::data_parallel::run_data_parallel;
 use fp8_engine::train::memory::human_bytes;
 use fp8_engine::train::session::{RunConfig, RunControl, RunOutput, StepCallback};
 

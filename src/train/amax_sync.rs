@@ -8,7 +8,7 @@
 //! updated. Max is exact and order-free, so N ranks of one micro-batch each end the step with
 //! the bits one rank gets from the same N micro-batches.
 
-use super::collective::Collective;
+use crate::dist::collective::Collective;
 use crate::error::Result;
 use crate::nn::VisitLinears;
 

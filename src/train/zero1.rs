@@ -10,9 +10,9 @@
 
 use std::ops::Range;
 
-use super::collective::Collective;
-use super::shard::{overlap, shard_len, shard_range};
 use crate::dispatch::Backend;
+use crate::dist::collective::Collective;
+use crate::dist::shard::{overlap, shard_len, shard_range};
 use crate::error::{Error, Result};
 use crate::nn::Module;
 use crate::train::adamw::{AdamW, AdamWConfig, AdamWState, Moments, for_parameter, step_scalars};

@@ -7,8 +7,8 @@
 //! hook would release them (`docs/distributed.md`, Overlap). Bucketing never changes a value:
 //! every element is reduced once, by the same rank-order formula, whatever bucket holds it.
 
-use super::collective::{Collective, Wire};
-use super::shard::bucket_ranges;
+use crate::dist::collective::{Collective, Wire};
+use crate::dist::shard::bucket_ranges;
 use crate::error::Result;
 use crate::nn::Module;
 
