@@ -115,6 +115,8 @@ fn check_base(
             micro_batch,
             seq,
             recompute,
+            // `measured_peak` runs two micro-batches a step.
+            accumulate: true,
         },
     )
     .total_bytes() as f64;

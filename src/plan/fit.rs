@@ -86,6 +86,8 @@ pub fn cheapest_fit(config: &HfConfig, settings: &PlanSettings, limit: u128) -> 
                     let candidate = PlanSettings {
                         recompute,
                         micro_batch,
+                        // A smaller micro-batch keeps the batch by accumulating.
+                        accumulate: settings.accumulate || micro_batch < settings.micro_batch,
                         base: if fp8 { BasePrecision::Fp8 } else { settings.base },
                         lora: if lora && settings.lora.is_none() {
                             Some(LoraPlan {
@@ -151,6 +153,7 @@ mod tests {
             micro_batch: 4,
             seq: 2048,
             recompute: false,
+            accumulate: false,
         }
     }
 

@@ -54,6 +54,9 @@ pub struct PlanSettings {
     pub seq: usize,
     /// Every layer keeps only its input and recomputes the rest in backward.
     pub recompute: bool,
+    /// More than one micro-batch per step: the step's gradient sum is held beside each
+    /// micro-batch's own gradient (`train::accumulate`), one more f32 per trainable value.
+    pub accumulate: bool,
 }
 
 /// The planned memory of one configuration.
@@ -175,6 +178,8 @@ pub fn plan(config: &HfConfig, settings: &PlanSettings) -> MemoryPlan {
     let mut bytes = [0u128; MemoryCategory::COUNT];
     let mut set =
         |c: MemoryCategory, b: u128| bytes[MemoryCategory::ALL.iter().position(|x| *x == c).unwrap_or(0)] += b;
+    // The gradients, and with accumulation the step's running sum beside them.
+    let gradient_copies = if settings.accumulate { 2 } else { 1 };
     let trainable;
     if !frozen_base {
         // Full training, as the session's ledger counts it: f32 masters and gradients, two f32
@@ -199,7 +204,7 @@ pub fn plan(config: &HfConfig, settings: &PlanSettings) -> MemoryPlan {
         // A compute-dtype copy of every trainable value (frozen values are read as they are).
         let compute = if dtype == 4 { 0 } else { trainable * dtype };
         set(MemoryCategory::MasterWeights, 4 * trainable);
-        set(MemoryCategory::Gradients, 4 * trainable);
+        set(MemoryCategory::Gradients, gradient_copies * 4 * trainable);
         set(MemoryCategory::OptimizerState, 8 * trainable);
         if precision.is_fp8() {
             cache += head_cache;
@@ -233,7 +238,7 @@ pub fn plan(config: &HfConfig, settings: &PlanSettings) -> MemoryPlan {
         let frozen_other = if settings.lora.is_some() { other } else { 0 };
         let compute = if dtype == 4 { 0 } else { trainable * dtype };
         set(MemoryCategory::MasterWeights, 4 * trainable);
-        set(MemoryCategory::Gradients, 4 * trainable);
+        set(MemoryCategory::Gradients, gradient_copies * 4 * trainable);
         set(MemoryCategory::OptimizerState, 8 * trainable);
         if precision.is_fp8() {
             set(MemoryCategory::Parameters, 4 * frozen_other + compute);
@@ -271,6 +276,7 @@ mod tests {
             micro_batch: 1,
             seq: 2048,
             recompute: true,
+            accumulate: false,
         }
     }
 

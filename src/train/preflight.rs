@@ -77,6 +77,7 @@ pub fn check_fine_tune(
                 micro_batch: micro,
                 seq: data.seq_len(),
                 recompute,
+                accumulate: config.micro_batches > 1,
             };
             plan(model, &settings).total_bytes()
         })

@@ -296,6 +296,8 @@ pub fn run_model(
     let ledger = device.ledger().clone();
     ledger.restart_peaks();
     account_static(&ledger, model, precision, optimizer.state_bytes());
+    // What `account_static` books as gradients (trainable values in f32).
+    let gradient_bytes = model.parameter_count() as u64 * 4;
     let mut curve = Vec::new();
     let (mut skipped, mut tokens, mut seconds, mut peak_activations) = (0u64, 0u64, 0f64, 0u64);
     let mut last_loss = f32::NAN;
@@ -309,6 +311,10 @@ pub fn run_model(
         // Every rank draws the whole step from the shared stream and runs its own share.
         let step_tokens: usize = batches.iter().map(|b| b.batch * b.seq).sum();
         let local = accumulate_share(model, share, scaler.scale(), |m, micro| {
+            if micro.index > share.first {
+                // From the second micro-batch on, the step's sum is held beside the gradients.
+                set_usage(&ledger, MemoryCategory::Gradients, 2 * gradient_bytes);
+            }
             let b = &batches[micro.index];
             let loss = m.forward_loss(&b.inputs, &b.targets, b.batch, b.seq)?;
             let saved = m.saved_activation_bytes() as u64;

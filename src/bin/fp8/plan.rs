@@ -52,6 +52,10 @@ pub struct PlanArgs {
     /// none or every.
     #[arg(long, default_value = "none")]
     pub recompute: String,
+    /// The run accumulates gradients over several micro-batches per step (`fp8 train
+    /// --micro-batches N`, N > 1): the step's sum is held beside each micro-batch's gradient.
+    #[arg(long)]
+    pub accumulate: bool,
     /// The memory to fit in, e.g. 24GiB or 80GB (default: the free memory of GPU 0 when
     /// --device finds one; without a GPU the plan is printed with no verdict).
     #[arg(long, value_name = "BYTES")]
@@ -110,6 +114,7 @@ fn settings(args: &PlanArgs) -> Result<PlanSettings, CliError> {
         micro_batch: args.micro_batch,
         seq: args.seq,
         recompute,
+        accumulate: args.accumulate,
     })
 }
 
