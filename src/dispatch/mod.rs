@@ -195,6 +195,14 @@ fn cpu_delayed_update(
     formats: &[Fp8Format],
     recipe: &DelayedScaling,
 ) -> Result<()> {
+    check_delayed_update(bank, slots, formats)?;
+    bank.update(slots, formats, recipe);
+    Ok(())
+}
+
+/// `delayed_update`'s arguments, checked once for every backend: a format per slot, every slot
+/// in the bank.
+pub(crate) fn check_delayed_update(bank: &SlotBank, slots: &[usize], formats: &[Fp8Format]) -> Result<()> {
     if slots.len() != formats.len() || slots.iter().any(|&i| i >= bank.slots()) {
         return Err(Error::LengthMismatch {
             what: "delayed_update slots and formats",
@@ -202,7 +210,6 @@ fn cpu_delayed_update(
             dst: formats.len(),
         });
     }
-    bank.update(slots, formats, recipe);
     Ok(())
 }
 

@@ -188,13 +188,7 @@ pub(crate) fn delayed_update(
     formats: &[Fp8Format],
     recipe: &DelayedScaling,
 ) -> Result<()> {
-    if slots.len() != formats.len() || slots.iter().any(|&i| i >= bank.slots()) {
-        return Err(Error::LengthMismatch {
-            what: "delayed_update slots and formats",
-            src: slots.len(),
-            dst: formats.len(),
-        });
-    }
+    crate::dispatch::check_delayed_update(bank, slots, formats)?;
     let s = staged(k)?;
     if slots.is_empty() {
         return Ok(());
