@@ -9,9 +9,11 @@
 //! (docs/finetune.md says what each term assumes).
 
 mod activations;
+mod decoder;
 mod fit;
 mod lora;
 
+pub use decoder::plan_decoder;
 pub use fit::{Change, Suggestion, cheapest_fit};
 pub use lora::{LoraTarget, lora_parameter_count, parse_targets};
 

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::hf::HfConfig;
 use crate::model::{DecoderModel, ModelConfig, Recompute};
 use crate::nn::FP8_DIM_MULTIPLE;
-use crate::plan::{BasePrecision, LoraPlan, PlanSettings, plan};
+use crate::plan::{BasePrecision, LoraPlan, MemoryPlan, PlanSettings, plan, plan_decoder};
 
 use super::session::RunConfig;
 
@@ -27,16 +27,29 @@ const SAVED_HIDDEN_PER_TOKEN: u64 = 12;
 pub fn check_run(precisions: &[Precision], config: &RunConfig, data: &Dataset) -> Result<()> {
     let micro = micro_batch(config)?;
     let model = config.model_for(data);
-    let needed = estimate_bytes(&model, micro, data.seq_len());
-    let what = format!(
-        "training ({} layers x {} wide, MLP {}, {} sequences of {} tokens per micro-batch)",
-        model.layers,
-        model.hidden,
-        model.ffn_hidden,
-        micro,
-        data.seq_len()
-    );
-    crate::io::ensure_fits(&what, needed)?;
+    // The memory planner's peak of the largest precision, as `fp8 plan` plans a fine-tune.
+    let planned = precisions
+        .iter()
+        .map(|p| {
+            (
+                p,
+                plan_decoder(&model, p, micro, data.seq_len(), config.micro_batches > 1),
+            )
+        })
+        .max_by_key(|(_, plan)| plan.total_bytes());
+    if let Some((precision, plan)) = planned {
+        let what = format!(
+            "training ({} layers x {} wide, MLP {}, {} sequences of {} tokens per micro-batch; planned under {}: {})",
+            model.layers,
+            model.hidden,
+            model.ffn_hidden,
+            micro,
+            data.seq_len(),
+            precision.name(),
+            plan_categories(&plan)
+        );
+        crate::io::ensure_fits(&what, u64::try_from(plan.total_bytes()).ok())?;
+    }
     let heldout: Vec<usize> = data.heldout_batches(micro).iter().map(|b| b.batch).collect();
     for precision in precisions {
         if precision.is_fp8() {
@@ -94,6 +107,20 @@ pub fn check_fine_tune(
         check_fp8_tokens(precision, micro, data.seq_len(), &heldout)?;
     }
     Ok(())
+}
+
+/// The non-zero categories of a plan, e.g. `master weights 1.0 MiB, activations 3.0 GiB`.
+fn plan_categories(plan: &MemoryPlan) -> String {
+    let parts: Vec<String> = plan
+        .bytes
+        .iter()
+        .filter(|(_, b)| *b > 0)
+        .map(|(c, b)| {
+            let shown = u64::try_from(*b).map_or("more than 2^64 bytes".to_string(), crate::memory::human_bytes);
+            format!("{} {shown}", c.name())
+        })
+        .collect();
+    parts.join(", ")
 }
 
 fn micro_batch(config: &RunConfig) -> Result<usize> {

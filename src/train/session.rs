@@ -410,6 +410,11 @@ pub fn run_model(
 }
 
 /// Bytes that change only at optimizer steps: parameters, masters, gradients, moments, weight caches.
+///
+/// A trainable linear's weight cache is its compute copy (the GEMMs read that one buffer), so
+/// outside FP8 the larger of the compute copies and the trainable weights' caches is booked, not
+/// their sum. The caches of frozen weights (a LoRA base's plain copies, an FP8 base's codes) copy
+/// no trainable value: they are held beside the compute copies and added.
 fn account_static(ledger: &MemoryLedger, model: &mut dyn LanguageModel, precision: &Precision, optimizer_bytes: usize) {
     let values = model.parameter_count() as u64;
     let dtype = precision.compute_dtype();
@@ -419,7 +424,9 @@ fn account_static(ledger: &MemoryLedger, model: &mut dyn LanguageModel, precisio
         values * dtype.bytes() as u64
     };
     let cache = model.weight_cache_bytes() as u64;
-    // Frozen weights (LoRA's base) are held in f32 with no gradient or moments.
+    let frozen_caches = frozen_weight_caches(model);
+    // Frozen values (LoRA's base, an FP8 base's embeddings, norms and head) are held in f32 with
+    // no gradient or moments.
     let frozen = model.frozen_parameter_count() as u64 * 4;
     set_usage(ledger, MemoryCategory::MasterWeights, values * 4);
     set_usage(ledger, MemoryCategory::Gradients, values * 4);
@@ -428,8 +435,37 @@ fn account_static(ledger: &MemoryLedger, model: &mut dyn LanguageModel, precisio
         set_usage(ledger, MemoryCategory::Parameters, frozen + compute_copies);
         set_usage(ledger, MemoryCategory::Fp8Copies, cache);
     } else {
-        set_usage(ledger, MemoryCategory::Parameters, frozen + compute_copies.max(cache));
+        let trainable_caches = cache.saturating_sub(frozen_caches.plain + frozen_caches.fp8_codes);
+        set_usage(
+            ledger,
+            MemoryCategory::Parameters,
+            frozen + compute_copies.max(trainable_caches) + frozen_caches.plain,
+        );
+        set_usage(ledger, MemoryCategory::Fp8Copies, frozen_caches.fp8_codes);
     }
+}
+
+/// Bytes of the weight caches of frozen linear weights.
+#[derive(Default)]
+struct FrozenCaches {
+    /// Plain (16/32-bit) copies of frozen f32 weights.
+    plain: u64,
+    /// Frozen FP8 codes with their scales (`--base-precision fp8`).
+    fp8_codes: u64,
+}
+
+fn frozen_weight_caches(model: &mut dyn LanguageModel) -> FrozenCaches {
+    let mut caches = FrozenCaches::default();
+    model.visit_linears(&mut |linear| {
+        let codes = linear.frozen_fp8().map_or(0, |w| w.bytes()) as u64;
+        if linear.weight().is_frozen() {
+            let adapters: usize = linear.adapters().iter().map(|a| a.weight_cache_bytes()).sum();
+            let own = (crate::nn::Module::weight_cache_bytes(linear) - adapters) as u64;
+            caches.fp8_codes += codes;
+            caches.plain += own - codes;
+        }
+    });
+    caches
 }
 
 /// Every rank's micro-batch losses in step order (rank order); this rank's alone on one rank.

@@ -9,6 +9,7 @@ use fp8_engine::hf::HfModelDir;
 use fp8_engine::model::{LlamaModel, Recompute};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::base_args::BaseArgs;
 use crate::error::CliError;
 
 /// Mean next-token loss of a model on a text file.
@@ -18,7 +19,9 @@ use crate::error::CliError;
 /// the loss is the mean cross-entropy over every predicted position (seq - 1 per
 /// window). Prints the tokens evaluated, the loss and the perplexity.
 #[derive(Args)]
-#[command(after_help = "Example:\n  fp8 eval --model Llama-3.2-1B --text wiki.txt --seq 512 --precision fp8-current")]
+#[command(
+    after_help = "Examples:\n  fp8 eval --model Llama-3.2-1B --text wiki.txt --seq 512 --precision fp8-current\n  fp8 eval --model Llama-3.2-1B --text wiki.txt --base-precision fp8 --lora runs/ft/bf16/adapter"
+)]
 pub struct EvalArgs {
     /// Hugging Face model directory (config.json, safetensors, tokenizer.json).
     #[arg(long, value_name = "DIR")]
@@ -39,17 +42,24 @@ pub struct EvalArgs {
     /// adapter_model.safetensors, as `fp8 train --lora-rank` writes to OUT/PRECISION/adapter).
     #[arg(long, value_name = "DIR")]
     pub lora: Option<PathBuf>,
+    /// How the linear weights are held (an FP8 base: inference on E4M3 codes).
+    #[command(flatten, next_help_heading = "Base weights")]
+    pub base: BaseArgs,
 }
 
-/// A model directory's model under `precision`, and its tokenizer.
+/// A model directory's model under `precision` with the base `base` asks for, and its
+/// tokenizer; `tool` names the command on stderr.
 pub fn load_model(
     dir: &std::path::Path,
     precision: &str,
+    base: &BaseArgs,
+    tool: &str,
 ) -> Result<(LlamaModel, fp8_engine::hf::HfTokenizer), CliError> {
     let precision = Precision::from_str(precision)?;
+    base.plan_base()?;
     let hf = HfModelDir::open(dir)?;
     let tokenizer = hf.tokenizer()?;
-    let model = LlamaModel::from_hf(&hf, &precision, Recompute::None)?;
+    let model = base.load(&hf, &precision, Recompute::None, tool)?;
     Ok((model, tokenizer))
 }
 
@@ -66,7 +76,7 @@ pub fn read_text(path: &std::path::Path) -> Result<String, CliError> {
 }
 
 pub fn run(args: EvalArgs) -> Result<(), CliError> {
-    let (mut model, tokenizer) = load_model(&args.model, &args.precision)?;
+    let (mut model, tokenizer) = load_model(&args.model, &args.precision, &args.base, "fp8 eval")?;
     if let Some(dir) = &args.lora {
         model.load_adapter(dir)?;
     }

@@ -7,11 +7,12 @@ use fp8_engine::amp::Precision;
 use fp8_engine::data::Dataset;
 use fp8_engine::data::token_windows::{DataOrder, TokenWindows};
 use fp8_engine::hf::HfModelDir;
-use fp8_engine::model::{LlamaModel, LoraConfig, Recompute, read_adapter_config};
-use fp8_engine::nn::{BaseScaling, LoraSettings};
-use fp8_engine::plan::{BasePrecision, LoraPlan};
+use fp8_engine::model::{LlamaModel, LoraConfig, read_adapter_config};
+use fp8_engine::nn::LoraSettings;
+use fp8_engine::plan::LoraPlan;
 use fp8_engine::train::session::RunConfig;
 
+use crate::base_args::BaseArgs;
 use crate::error::CliError;
 
 /// How the fine-tuning text is cut and ordered (`--seq`, `--data-order`, `--seed`, `--max-text-bytes`).
@@ -53,56 +54,6 @@ pub fn preflight(
     let lora = lora.plan()?;
     fp8_engine::train::preflight::check_fine_tune(precisions, config, data, &hf.config, base, lora)?;
     Ok(())
-}
-
-/// `--base-precision fp8 [--base-scaling block|tensor]`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct BaseArgs {
-    /// How the frozen linear weights of --init-from are held: fp8 loads each one straight into
-    /// E4M3 codes (tensor by tensor, no f32 copy kept; an HF FP8 checkpoint is used as stored) and
-    /// freezes it; bf16 (the default) keeps the checkpoint's values as every run does.
-    #[arg(long, value_name = "fp8|bf16", default_value = "bf16", requires = "init_from")]
-    base_precision: String,
-    /// Scales of the FP8 base: block (128x128 blocks, the HF layout) or tensor (one per tensor).
-    #[arg(long, value_name = "block|tensor", default_value = "block")]
-    base_scaling: String,
-}
-
-impl BaseArgs {
-    /// The planner's view of the flags.
-    pub fn plan_base(&self) -> Result<BasePrecision, CliError> {
-        match self.base_precision.as_str() {
-            "fp8" => Ok(BasePrecision::Fp8),
-            "bf16" => Ok(BasePrecision::Same),
-            other => Err(CliError(format!("--base-precision {other}: expected fp8 or bf16"))),
-        }
-    }
-
-    /// The FP8 base's scaling, or `None` for the base as loaded.
-    pub fn fp8_scaling(&self) -> Result<Option<BaseScaling>, CliError> {
-        let scaling: BaseScaling = self.base_scaling.parse()?;
-        Ok((self.plan_base()? == BasePrecision::Fp8).then_some(scaling))
-    }
-
-    /// Loads `hf` for `precision` with the base these flags ask for.
-    pub fn load(&self, hf: &HfModelDir, precision: &Precision, recompute: Recompute) -> Result<LlamaModel, CliError> {
-        match self.fp8_scaling()? {
-            None => Ok(LlamaModel::from_hf(hf, precision, recompute)?),
-            Some(scaling) => {
-                let (model, report) = LlamaModel::from_hf_fp8_base(hf, precision, recompute, scaling)?;
-                eprintln!(
-                    "fp8 train: FP8 base ({} scales): {} tensors quantized at load, {} used as stored, {:.1} MiB of codes \
-                     and scales, at most {} values in f32 at once",
-                    scaling.name(),
-                    report.quantized,
-                    report.used_as_stored,
-                    report.fp8_bytes as f64 / (1 << 20) as f64,
-                    report.peak_f32_values
-                );
-                Ok(model)
-            }
-        }
-    }
 }
 
 /// `--lora-rank R [--lora-alpha A] [--lora-dropout P] [--lora-targets LIST]` or `--lora-from DIR`.

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 use fp8_engine::model::Sampler;
 
+use crate::base_args::BaseArgs;
 use crate::error::CliError;
 use crate::eval::load_model;
 
@@ -48,11 +49,14 @@ pub struct GenerateArgs {
     /// adapter_model.safetensors, as `fp8 train --lora-rank` writes to OUT/PRECISION/adapter).
     #[arg(long, value_name = "DIR")]
     pub lora: Option<PathBuf>,
+    /// How the linear weights are held (an FP8 base: inference on E4M3 codes).
+    #[command(flatten, next_help_heading = "Base weights")]
+    pub base: BaseArgs,
 }
 
 pub fn run(args: GenerateArgs) -> Result<(), CliError> {
     let mut sampler = Sampler::new(args.temperature, args.top_p, args.seed)?;
-    let (mut model, tokenizer) = load_model(&args.model, &args.precision)?;
+    let (mut model, tokenizer) = load_model(&args.model, &args.precision, &args.base, "fp8 generate")?;
     if let Some(dir) = &args.lora {
         model.load_adapter(dir)?;
     }

@@ -7,6 +7,7 @@ use clap::error::ErrorKind;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod args;
+mod base_args;
 mod bench;
 mod bench_gemm;
 mod bench_gemm_cpu;

@@ -20,6 +20,7 @@ use fp8_engine::train::plot::plot_losses;
 use fp8_engine::train::session::{RunConfig, RunControl, RunOutput, run, run_model};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::base_args::BaseArgs;
 use crate::delayed_args::DelayedArgs;
 use crate::dist_args::{DistArgs, run_parallel};
 use crate::error::CliError;
@@ -148,7 +149,7 @@ pub struct TrainArgs {
     lora: fine_tune::LoraArgs,
     /// How the base weights are held (with --init-from).
     #[command(flatten, next_help_heading = "Base weights (with --init-from)")]
-    base: fine_tune::BaseArgs,
+    base: BaseArgs,
     /// AdamW decoupled weight decay (on matrices).
     #[arg(long, default_value_t = 0.01)]
     weight_decay: f32,
@@ -343,6 +344,13 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
         return Err(CliError("--resume continues one run: give a single --precision".into()));
     }
     let config = run_config(&args)?;
+    if args.base.given() && args.init_from.is_none() {
+        return Err(CliError(
+            "--base-precision and --base-scaling say how the weights of --init-from are held: give --init-from DIR"
+                .into(),
+        ));
+    }
+    args.base.plan_base()?;
     if args.dist.parallel() && (args.init_from.is_some() || !matches!(device, Device::Cpu(_))) {
         return Err(CliError(
             "--world-size, --zero and --grad-wire run the built-in model on CPU ranks (--device cpu, no --init-from)"
@@ -407,7 +415,7 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
         };
         let output = match &init {
             Some(hf) => {
-                let mut model = args.base.load(hf, precision, config.model.recompute)?;
+                let mut model = args.base.load(hf, precision, config.model.recompute, "fp8 train")?;
                 let lora = args.lora.attach(&mut model, args.seed)?;
                 if let (Some(_), Some(path)) = (&lora, &args.resume) {
                     // The dropout masks follow the count of training forwards: one per micro-batch
