@@ -151,3 +151,45 @@ pub fn plan_decoder(
         bytes: std::array::from_fn(|i| (MemoryCategory::ALL[i], bytes[i].0)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absurd_sizes_saturate_instead_of_wrapping() {
+        let model = ModelConfig {
+            hidden: usize::MAX / 4,
+            ffn_hidden: usize::MAX / 2,
+            layers: usize::MAX,
+            ..ModelConfig::default()
+        };
+        let plan = plan_decoder(&model, &"fp8-block".parse().unwrap(), usize::MAX, usize::MAX, true);
+        assert_eq!(plan.total_bytes(), u128::MAX);
+        let mut held = plan.bytes.iter().filter(|(c, _)| *c != MemoryCategory::Workspace);
+        assert!(held.all(|(_, b)| *b > u64::MAX as u128), "{:?}", plan.bytes);
+    }
+
+    #[test]
+    fn recompute_keeps_one_input_per_recomputing_layer() {
+        let model = ModelConfig {
+            layers: 4,
+            ..ModelConfig::default()
+        };
+        let plan = |recompute| {
+            let m = ModelConfig {
+                recompute,
+                ..model.clone()
+            };
+            plan_decoder(&m, &Precision::Fp32, 2, 16, false).category(MemoryCategory::Activations)
+        };
+        let (none, every, every_2) = (
+            plan(Recompute::None),
+            plan(Recompute::Every),
+            plan(Recompute::EveryNth(2)),
+        );
+        // Layers 0 and 2 recompute under every-2: halfway between keeping everything and nothing.
+        assert_eq!(2 * every_2, none + every);
+        assert!(every < every_2 && every_2 < none);
+    }
+}

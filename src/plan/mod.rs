@@ -6,7 +6,8 @@
 //! ledger term by term (`train::session` accounts parameters, masters, gradients, AdamW moments
 //! and weight caches after every step, and the activations saved by each forward), so the planned
 //! peak matches the measured one (tests/plan.rs); so do LoRA and the FP8-only frozen base
-//! (docs/finetune.md says what each term assumes).
+//! (docs/finetune.md says what each term assumes). [`plan_decoder`] plans the built-in decoder of
+//! `fp8 train` the same way.
 
 mod activations;
 mod decoder;
