@@ -74,9 +74,10 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
-    /// All categories together (everything in a plan is live at the peak: the end of a forward).
+    /// All categories together (everything in a plan is live at the peak: the end of a forward);
+    /// saturates, as a plan of absurd sizes does.
     pub fn total_bytes(&self) -> u128 {
-        self.bytes.iter().map(|(_, b)| b).sum()
+        self.bytes.iter().fold(0u128, |sum, (_, b)| sum.saturating_add(*b))
     }
 
     /// Bytes of one category.
