@@ -23,7 +23,7 @@ pub use decoder::DecoderModel;
 pub use fp8_base::Fp8BaseLoad;
 pub use generate::Sampler;
 pub use hf_names::{HfSources, HfTensor, hf_names};
-pub use language_model::LanguageModel;
+pub use language_model::{GradReady, LanguageModel};
 pub use llama::LlamaModel;
 pub use lora_targets::{LoraConfig, LoraTarget, trainable_parameters as lora_trainable_parameters};
 pub use peft::{ADAPTER_CONFIG, ADAPTER_WEIGHTS, read_adapter_config};

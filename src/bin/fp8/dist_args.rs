@@ -36,6 +36,10 @@ pub struct DistArgs {
     /// (for experiments; ranks then diverge from one another).
     #[arg(long)]
     pub no_amax_reduce: bool,
+    /// Reduce the gradient buckets after backward instead of during it (same results; for
+    /// comparing step times).
+    #[arg(long)]
+    pub no_overlap: bool,
 }
 
 impl DistArgs {
@@ -61,6 +65,7 @@ impl DistArgs {
             bucket_bytes: bytes as usize,
             wire,
             zero: self.zero,
+            overlap: !self.no_overlap,
         };
         options.validate()?;
         Ok(options)
