@@ -15,7 +15,7 @@ use super::grad_sync::GradSync;
 use crate::dist::collective::{Collective, Wire};
 use crate::dist::shard::bucket_ranges;
 use crate::error::{Error, Result};
-use crate::nn::Module;
+use crate::nn::{Module, Parameter};
 
 /// Where every parameter's gradient lies in the flat vector and in which bucket.
 struct BucketPlan {
@@ -93,20 +93,15 @@ impl GradLauncher<'_> {
                 self.unready
             )));
         };
-        self.take(start, &mut |f| group.visit_parameters(f), Some(earlier))?;
+        self.take(start, group, Some(earlier))?;
         self.unready = start;
         self.send_complete()
     }
 
-    /// Copies the parameters `visit` visits, which must be the plan's from `start` on.
-    fn take(
-        &mut self,
-        start: usize,
-        visit: &mut dyn FnMut(&mut dyn FnMut(&mut crate::nn::Parameter)),
-        mut earlier: Option<&mut EarlierSums>,
-    ) -> Result<()> {
+    /// Copies the parameters of `group`, which must be the plan's from `start` on.
+    fn take(&mut self, start: usize, group: &mut dyn Module, mut earlier: Option<&mut EarlierSums>) -> Result<()> {
         let (plan, mut index, mut error) = (self.plan, start, None);
-        visit(&mut |p| {
+        group.visit_parameters(&mut |p| {
             if error.is_some() {
                 return;
             }
@@ -158,21 +153,11 @@ impl GradLauncher<'_> {
     /// After backward: hands over the parameters no group named (all of them when backward
     /// reported none), so every bucket has been sent.
     fn finish<M: Module + ?Sized>(&mut self, model: &mut M) -> Result<()> {
-        let unready = self.unready;
-        let mut seen = 0;
-        // The first `unready` parameters, in visiting order.
-        self.take(
-            0,
-            &mut |f| {
-                model.visit_parameters(&mut |p| {
-                    if seen < unready {
-                        f(p);
-                    }
-                    seen += 1;
-                })
-            },
-            None,
-        )?;
+        let mut first = Prefix {
+            model,
+            count: self.unready,
+        };
+        self.take(0, &mut first, None)?;
         self.unready = 0;
         self.send_complete()?;
         if self.next != self.plan.buckets.len() {
@@ -183,6 +168,24 @@ impl GradLauncher<'_> {
             )));
         }
         Ok(())
+    }
+}
+
+/// The first `count` parameters of a module.
+struct Prefix<'a, M: ?Sized> {
+    model: &'a mut M,
+    count: usize,
+}
+
+impl<M: Module + ?Sized> Module for Prefix<'_, M> {
+    fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
+        let mut seen = 0;
+        self.model.visit_parameters(&mut |p| {
+            if seen < self.count {
+                f(p);
+            }
+            seen += 1;
+        });
     }
 }
 
@@ -265,7 +268,6 @@ where
 mod tests {
     use super::*;
     use crate::dist::cpu_group;
-    use crate::nn::Parameter;
     use crate::train::grad_sync::all_reduce_gradients;
     use crate::train::test_util::ParamList;
     use std::sync::atomic::{AtomicUsize, Ordering};
