@@ -1,8 +1,8 @@
 //! The decoder-only model: forward to logits, f32 cross-entropy, backward.
 
 use super::config::ModelConfig;
+use super::grad_ready::GradReady;
 use super::head;
-use super::language_model::GradReady;
 use crate::amp::Precision;
 use crate::data::IGNORE_INDEX as IGNORE;
 use crate::dispatch::Backend;

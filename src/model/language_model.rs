@@ -2,32 +2,10 @@
 //! Llama-family checkpoint alike.
 
 use super::decoder::DecoderModel;
+pub use super::grad_ready::GradReady;
 use super::llama::LlamaModel;
 use crate::error::Result;
-use crate::nn::{Module, Parameter, VisitLinears};
-
-/// Called by [`LanguageModel::backward_with`] with each group of trainable parameters whose
-/// gradients backward has just finished (no later op of this backward touches them).
-///
-/// Groups come in reverse visiting order: each group's parameters, visited in their own order,
-/// are the run of trainable parameters just before the previous group's in the model's
-/// [`Module::visit_parameters`] order. Parameters no group named (a tied embedding that the
-/// last op still adds to, the first parameters) are final when backward returns.
-pub type GradReady<'a> = &'a mut dyn FnMut(&mut dyn Module) -> Result<()>;
-
-/// A module seen through its trainable parameters only (a LoRA model's frozen base weights
-/// are skipped, as the model's own [`Module::visit_parameters`] skips them).
-pub(crate) struct TrainableOnly<'a>(pub &'a mut dyn Module);
-
-impl Module for TrainableOnly<'_> {
-    fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
-        self.0.visit_parameters(&mut |p| {
-            if !p.is_frozen() {
-                f(p)
-            }
-        });
-    }
-}
+use crate::nn::{Module, VisitLinears};
 
 /// A causal language model with a loss, its backward and a forward-only evaluation; its
 /// linear layers can be visited (the training step drives their delayed-scaling updates).

@@ -3,8 +3,8 @@
 //! or separate head, with an f32 cross-entropy loss; forward, backward and cached generation.
 
 use super::config::Recompute;
+use super::grad_ready::{GradReady, TrainableOnly};
 use super::head;
-use super::language_model::{GradReady, TrainableOnly};
 use crate::amp::Precision;
 use crate::data::IGNORE_INDEX as IGNORE;
 use crate::dispatch::{Backend, RopeTable};

@@ -10,6 +10,7 @@ mod config;
 mod decoder;
 mod fp8_base;
 mod generate;
+mod grad_ready;
 mod head;
 mod hf_names;
 mod language_model;
