@@ -7,7 +7,7 @@ use clap::Args;
 use fp8_engine::amp::Precision;
 use fp8_engine::backend::cuda::nccl::NcclCollective;
 use fp8_engine::data::Dataset;
-use fp8_engine::device::{Device, DeviceChoice};
+use fp8_engine::device::Device;
 use fp8_engine::dist::env::LaunchEnv;
 use fp8_engine::dist::{DataParallel, Parallel, Wire};
 use fp8_engine::model::{DecoderModel, LanguageModel};
@@ -208,12 +208,14 @@ pub fn run_parallel(
     Ok(outputs.swap_remove(0))
 }
 
-/// This process as rank `env.rank` of a launch once per rank: GPU `LOCAL_RANK`, NCCL set up
-/// through the TCP rendezvous on `MASTER_ADDR:MASTER_PORT` (rank 0 writes the outputs).
+/// This process as rank `env.rank` of a launch once per rank on `device` (GPU `LOCAL_RANK`),
+/// NCCL set up through the TCP rendezvous on `MASTER_ADDR:MASTER_PORT` (rank 0 writes the
+/// outputs).
 #[allow(clippy::too_many_arguments)]
 pub fn run_launched(
     args: &DistArgs,
     env: &LaunchEnv,
+    device: &Device,
     precision: &Precision,
     config: &RunConfig,
     data: &Dataset,
@@ -222,8 +224,7 @@ pub fn run_launched(
     on_step: StepCallback,
 ) -> Result<RunOutput, CliError> {
     let options = args.options()?;
-    let device = Device::select(DeviceChoice::Cuda(env.local_rank))?;
-    let Device::Cuda(gpu) = &device else {
+    let Device::Cuda(gpu) = device else {
         return Err(CliError(format!("LOCAL_RANK={}: not a GPU", env.local_rank)));
     };
     let nccl = NcclCollective::from_launch(env, gpu)?;
@@ -235,7 +236,7 @@ pub fn run_launched(
         parallel: Some(&parallel),
         ..control
     };
-    let output = run(&device, precision, config, data, dir, control, on_step)?;
+    let output = run(device, precision, config, data, dir, control, on_step)?;
     eprintln!(
         "fp8 train: {} rank {}/{} on GPU {}: optimizer state {}, peak memory {}",
         precision.name(),

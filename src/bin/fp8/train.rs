@@ -338,7 +338,18 @@ fn fmt_or_dash(value: f64, decimals: usize) -> String {
 
 pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
     args.dist.launch = fp8_engine::dist::env::LaunchEnv::from_env()?;
-    let device = select_device(&args.device)?;
+    let device = match &args.dist.launch {
+        // One process per rank: its GPU is LOCAL_RANK, not GPU 0 (every rank would share it).
+        // On a machine without GPUs --device auto gives the CPU, which is refused below.
+        Some(env) if args.device != "cpu" => match Device::select(DeviceChoice::Cuda(env.local_rank)) {
+            Ok(gpu) => gpu,
+            Err(err) => match select_device(&args.device)? {
+                Device::Cuda(_) => return Err(CliError(format!("LOCAL_RANK={}: {err}", env.local_rank))),
+                cpu => cpu,
+            },
+        },
+        _ => select_device(&args.device)?,
+    };
     let precisions = precisions(&args, &device)?;
     if args.resume.is_some() && precisions.len() != 1 {
         return Err(CliError("--resume continues one run: give a single --precision".into()));
@@ -448,7 +459,17 @@ pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
                 output
             }
             None => match &args.dist.launch {
-                Some(env) => run_launched(&args.dist, env, precision, &config, &data, &dir, control, &mut on_step)?,
+                Some(env) => run_launched(
+                    &args.dist,
+                    env,
+                    &device,
+                    precision,
+                    &config,
+                    &data,
+                    &dir,
+                    control,
+                    &mut on_step,
+                )?,
                 None if args.dist.parallel() => {
                     run_parallel(&args.dist, precision, &config, &data, &dir, control, &mut on_step)?
                 }
