@@ -480,3 +480,59 @@ fn a_launch_by_environment_on_the_cpu_is_refused_with_a_pointer_to_world_size() 
         "nothing trained before the error"
     );
 }
+
+/// A Llama-family model with LoRA adapters (frozen base) on two ranks: backward hands over
+/// the trainable parameters only, layer by layer, and the overlapped reduce gives the bits of
+/// the reduce after backward, with two micro-batches per rank.
+#[test]
+fn a_lora_llama_overlaps_its_adapters_gradients_bit_for_bit() {
+    use fp8_engine::hf::HfConfig;
+    use fp8_engine::model::{LlamaModel, LoraConfig, Recompute};
+    use fp8_engine::nn::LoraSettings;
+    let hf = HfConfig::from_json(
+        r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "intermediate_size": 32,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 4, "vocab_size": 12, "max_position_embeddings": 32, "rms_norm_eps": 1e-5,
+            "rope_theta": 100.0, "tie_word_embeddings": true, "hidden_act": "silu"}"#,
+    )
+    .expect("config");
+    let p = precision("fp32");
+    let lora = LoraConfig::new(
+        LoraSettings {
+            rank: 4,
+            alpha: 8.0,
+            dropout: 0.0,
+        },
+        "q_proj,v_proj,down_proj",
+    )
+    .expect("lora");
+    let build = || -> fp8_engine::Result<Box<dyn LanguageModel>> {
+        let mut model = LlamaModel::new(&hf, &p, Recompute::None, 3)?;
+        model.enable_lora(&lora, 7)?;
+        Ok(Box::new(model))
+    };
+    let config = config(4, 2);
+    let mut dirs = Vec::new();
+    for overlap in [false, true] {
+        let dir = scratch(&format!("lora-overlap-{overlap}"));
+        let options = DataParallel {
+            bucket_bytes: 64,
+            overlap,
+            ..DataParallel::default()
+        };
+        run_data_parallel(
+            2,
+            &options,
+            &build,
+            &p,
+            &config,
+            &data(),
+            &dir,
+            RunControl::default(),
+            &mut |_| {},
+        )
+        .expect("dp run");
+        dirs.push(dir);
+    }
+    assert_same_run("LoRA Llama: overlap vs after backward", &dirs[0], &dirs[1]);
+}
