@@ -195,15 +195,43 @@ fn bucket_size_and_skipped_steps_change_nothing_between_ranks() {
     let reference = scratch("skip-micro2");
     let one = single(&p, &config, &reference, RunControl::default());
     assert!(one.skipped_steps >= 1, "the huge scale must force skips");
-    for bucket_bytes in [4usize, 1000, 64 << 20] {
-        let dir = scratch(&format!("skip-world2-bucket{bucket_bytes}"));
+    for (bucket_bytes, overlap) in [(4usize, true), (4, false), (1000, true), (64 << 20, true)] {
+        let dir = scratch(&format!("skip-world2-bucket{bucket_bytes}-{overlap}"));
         let options = DataParallel {
             bucket_bytes,
+            overlap,
             ..DataParallel::default()
         };
         let outs = parallel(2, &options, &p, &config, &dir, RunControl::default()).expect("dp run");
         assert!(outs.iter().all(|o| o.skipped_steps == one.skipped_steps));
-        assert_same_run(&format!("bucket {bucket_bytes}"), &reference, &dir);
+        assert_same_run(&format!("bucket {bucket_bytes} overlap {overlap}"), &reference, &dir);
+    }
+}
+
+/// Two micro-batches per rank: the overlapped reduce folds the first micro-batch's gradients
+/// in while the second one's backward runs; the result is the reduce after backward, bit for
+/// bit, for every bucket size, with a bf16 wire too.
+#[test]
+fn overlap_with_several_micro_batches_per_rank_changes_no_bit() {
+    for name in ["fp32", "bf16", "fp8-delayed"] {
+        let p = precision(name);
+        let config = config(4, 3);
+        for (bucket_bytes, wire) in [(4usize, Wire::F32), (5000, Wire::F32), (4, Wire::Bf16)] {
+            let mut dirs = Vec::new();
+            for overlap in [false, true] {
+                let dir = scratch(&format!("overlap-{name}-{bucket_bytes}-{wire:?}-{overlap}"));
+                let options = DataParallel {
+                    bucket_bytes,
+                    wire,
+                    overlap,
+                    ..DataParallel::default()
+                };
+                parallel(2, &options, &p, &config, &dir, RunControl::default()).expect("dp run");
+                dirs.push(dir);
+            }
+            let what = format!("{name} bucket {bucket_bytes} {wire:?}: overlap vs after backward");
+            assert_same_run(&what, &dirs[0], &dirs[1]);
+        }
     }
 }
 
@@ -389,12 +417,24 @@ fn the_cli_runs_ranks_and_refuses_uneven_splits() {
         "--world-size 2 and --micro-batches 2 train the same"
     );
 
+    let after = scratch("cli-world2-no-overlap");
+    let mut args = small.to_vec();
+    args.extend(["--world-size", "2", "--no-overlap", "--out", after.to_str().unwrap()]);
+    assert!(fp8(&args).status.success());
+    assert_eq!(
+        losses(&metrics(&after.join("fp8-delayed"))),
+        losses(&b),
+        "--no-overlap trains the same"
+    );
+
     let bad = scratch("cli-bad");
     for (flags, says) in [
         (vec!["--world-size", "3"], "multiple"),
         (vec!["--world-size", "0"], "--world-size 0"),
         (vec!["--world-size", "2", "--grad-wire", "f8"], "grad_wire"),
         (vec!["--world-size", "2", "--zero", "3"], "zero"),
+        (vec!["--gpus", "2"], "--world-size N"),
+        (vec!["--gpus", "1", "--world-size", "2"], "give one"),
     ] {
         let mut args = small.to_vec();
         args.extend(flags.iter().copied());
@@ -407,4 +447,92 @@ fn the_cli_runs_ranks_and_refuses_uneven_splits() {
             "{flags:?}: {stderr}"
         );
     }
+}
+
+/// Launched once per rank (torchrun's variables) on the CPU backend: a clear error that points
+/// to --world-size, before any training; bad variables are named.
+#[test]
+fn a_launch_by_environment_on_the_cpu_is_refused_with_a_pointer_to_world_size() {
+    let out_dir = scratch("cli-env");
+    let run = |vars: &[(&str, &str)]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_fp8"))
+            .args(["train", "--steps", "1", "--quiet", "--device", "cpu", "--out"])
+            .arg(&out_dir)
+            .envs(vars.iter().copied())
+            .output()
+            .expect("run fp8")
+    };
+    for (vars, says) in [
+        (vec![("RANK", "0"), ("WORLD_SIZE", "2")], "--world-size N"),
+        (vec![("RANK", "2"), ("WORLD_SIZE", "2")], "RANK"),
+        (vec![("WORLD_SIZE", "2")], "RANK"),
+    ] {
+        let out = run(&vars);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{vars:?}: {stderr}");
+        assert!(
+            stderr.contains(says) && !stderr.contains("panicked"),
+            "{vars:?}: {stderr}"
+        );
+    }
+    assert!(
+        !out_dir.join("summary.json").exists(),
+        "nothing trained before the error"
+    );
+}
+
+/// A Llama-family model with LoRA adapters (frozen base) on two ranks: backward hands over
+/// the trainable parameters only, layer by layer, and the overlapped reduce gives the bits of
+/// the reduce after backward, with two micro-batches per rank.
+#[test]
+fn a_lora_llama_overlaps_its_adapters_gradients_bit_for_bit() {
+    use fp8_engine::hf::HfConfig;
+    use fp8_engine::model::{LlamaModel, LoraConfig, Recompute};
+    use fp8_engine::nn::LoraSettings;
+    let hf = HfConfig::from_json(
+        r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "intermediate_size": 32,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 4, "vocab_size": 12, "max_position_embeddings": 32, "rms_norm_eps": 1e-5,
+            "rope_theta": 100.0, "tie_word_embeddings": true, "hidden_act": "silu"}"#,
+    )
+    .expect("config");
+    let p = precision("fp32");
+    let lora = LoraConfig::new(
+        LoraSettings {
+            rank: 4,
+            alpha: 8.0,
+            dropout: 0.0,
+        },
+        "q_proj,v_proj,down_proj",
+    )
+    .expect("lora");
+    let build = || -> fp8_engine::Result<Box<dyn LanguageModel>> {
+        let mut model = LlamaModel::new(&hf, &p, Recompute::None, 3)?;
+        model.enable_lora(&lora, 7)?;
+        Ok(Box::new(model))
+    };
+    let config = config(4, 2);
+    let mut dirs = Vec::new();
+    for overlap in [false, true] {
+        let dir = scratch(&format!("lora-overlap-{overlap}"));
+        let options = DataParallel {
+            bucket_bytes: 64,
+            overlap,
+            ..DataParallel::default()
+        };
+        run_data_parallel(
+            2,
+            &options,
+            &build,
+            &p,
+            &config,
+            &data(),
+            &dir,
+            RunControl::default(),
+            &mut |_| {},
+        )
+        .expect("dp run");
+        dirs.push(dir);
+    }
+    assert_same_run("LoRA Llama: overlap vs after backward", &dirs[0], &dirs[1]);
 }

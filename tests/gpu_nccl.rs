@@ -1,6 +1,7 @@
 //! NCCL at world size 1 on GPU 0 (docs/distributed.md): the collectives are the identity (a
-//! bf16 wire rounds to bf16), and a 3-step ZeRO-1 training run whose parameter all-gathers go
-//! through NCCL is bit-identical to the run without a group. Without a usable GPU or without libnccl
+//! bf16 wire rounds to bf16), a 3-step ZeRO-1 training run whose parameter all-gathers go
+//! through NCCL is bit-identical to the run without a group, and so is `--gpus 1` (the rank on
+//! GPU 0 in its own thread) against the same run on GPU 0 without a group. Without a usable GPU or without libnccl
 //! this prints one line, "gpu_nccl: skipped: <why>", and passes. It has never run: it was
 //! written on a machine without a GPU.
 
@@ -13,8 +14,9 @@ use fp8_engine::data::Dataset;
 use fp8_engine::data::addition::AdditionConfig;
 use fp8_engine::device::{Device, DeviceChoice};
 use fp8_engine::dist::{Collective, DataParallel, Parallel, Wire};
-use fp8_engine::model::{DecoderModel, ModelConfig};
-use fp8_engine::train::session::{RunConfig, RunControl, RunOutput, run_model};
+use fp8_engine::model::{DecoderModel, LanguageModel, ModelConfig};
+use fp8_engine::train::data_parallel::run_on_gpus;
+use fp8_engine::train::session::{RunConfig, RunControl, RunOutput, run, run_model};
 
 fn check(what: &str, ok: bool, failures: &mut Vec<String>) {
     println!("gpu_nccl: {what}: {}", if ok { "ok" } else { "FAILED" });
@@ -23,7 +25,8 @@ fn check(what: &str, ok: bool, failures: &mut Vec<String>) {
     }
 }
 
-fn train(collective: Option<&dyn Collective>, dir: &std::path::Path) -> fp8_engine::Result<RunOutput> {
+/// The task and the 3-step run every training check here uses.
+fn setup() -> fp8_engine::Result<(Dataset, RunConfig)> {
     let data = Dataset::addition(
         AdditionConfig {
             digits: 2,
@@ -47,6 +50,11 @@ fn train(collective: Option<&dyn Collective>, dir: &std::path::Path) -> fp8_engi
         seed: 11,
         ..RunConfig::default()
     };
+    Ok((data, config))
+}
+
+fn train(collective: Option<&dyn Collective>, dir: &std::path::Path) -> fp8_engine::Result<RunOutput> {
+    let (data, config) = setup()?;
     let precision: Precision = "fp8-delayed".parse()?;
     let mut model = DecoderModel::new(&config.model_for(&data), &precision, config.seed)?;
     let cpu = Device::select(DeviceChoice::Cpu)?;
@@ -64,6 +72,46 @@ fn train(collective: Option<&dyn Collective>, dir: &std::path::Path) -> fp8_engi
         ..RunControl::default()
     };
     run_model(&mut model, &cpu, &precision, &config, &data, dir, control, &mut |_| {})
+}
+
+/// Three fp8-delayed steps on GPU 0: alone, or as the one rank of `run_on_gpus(1, ..)`.
+fn train_on_gpu(dir: &std::path::Path, ranked: bool) -> fp8_engine::Result<RunOutput> {
+    let (data, config) = setup()?;
+    let precision: Precision = "fp8-delayed".parse()?;
+    if !ranked {
+        let gpu = Device::select(DeviceChoice::Cuda(0))?;
+        return run(
+            &gpu,
+            &precision,
+            &config,
+            &data,
+            dir,
+            RunControl::default(),
+            &mut |_| {},
+        );
+    }
+    let model_config = config.model_for(&data);
+    let build = || -> fp8_engine::Result<Box<dyn LanguageModel>> {
+        Ok(Box::new(DecoderModel::new(&model_config, &precision, config.seed)?))
+    };
+    let options = DataParallel {
+        zero: 1,
+        ..DataParallel::default()
+    };
+    let on_failure = |rank: usize, reason: &str| println!("gpu_nccl: rank {rank} {reason}");
+    let mut outputs = run_on_gpus(
+        1,
+        &options,
+        &build,
+        &precision,
+        &config,
+        &data,
+        dir,
+        RunControl::default(),
+        &mut |_| {},
+        &on_failure,
+    )?;
+    Ok(outputs.swap_remove(0))
 }
 
 fn main() -> ExitCode {
@@ -136,6 +184,27 @@ fn main() -> ExitCode {
         (a, b) => {
             println!("gpu_nccl: training failed: {:?} / {:?}", a.err(), b.err());
             failures.push("training".into());
+        }
+    }
+    // --gpus 1: one rank on GPU 0 in its own thread, NCCL made by ncclCommInitAll, against the
+    // same run on GPU 0 without a group.
+    let (gpu_plain, gpu_ranks) = (base.join("gpu-plain"), base.join("gpu-ranks"));
+    for dir in [&gpu_plain, &gpu_ranks] {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    match (train_on_gpu(&gpu_plain, false), train_on_gpu(&gpu_ranks, true)) {
+        (Ok(plain), Ok(ranked)) => {
+            let bits = |o: &RunOutput| o.curve.iter().map(|c| c.1.to_bits()).collect::<Vec<_>>();
+            check(
+                "--gpus 1 (ZeRO-1, NCCL in one process) matches the run on GPU 0 without a group",
+                bits(&plain) == bits(&ranked)
+                    && std::fs::read(&plain.checkpoint).ok() == std::fs::read(&ranked.checkpoint).ok(),
+                &mut failures,
+            );
+        }
+        (a, b) => {
+            println!("gpu_nccl: GPU training failed: {:?} / {:?}", a.err(), b.err());
+            failures.push("GPU training".into());
         }
     }
     let _ = std::fs::remove_dir_all(&base);

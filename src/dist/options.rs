@@ -15,6 +15,9 @@ pub struct DataParallel {
     pub wire: Wire,
     /// ZeRO stage: 0 (every rank holds the whole optimizer state) or 1 (moments sharded).
     pub zero: u8,
+    /// Reduce each gradient bucket on a communication thread as soon as backward has finished
+    /// it (`true`), or all buckets after backward: the same bits either way.
+    pub overlap: bool,
 }
 
 /// PyTorch DDP's default bucket: 25 MiB.
@@ -26,6 +29,7 @@ impl Default for DataParallel {
             bucket_bytes: DEFAULT_BUCKET_BYTES,
             wire: Wire::F32,
             zero: 0,
+            overlap: true,
         }
     }
 }

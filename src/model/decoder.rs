@@ -1,6 +1,7 @@
 //! The decoder-only model: forward to logits, f32 cross-entropy, backward.
 
 use super::config::ModelConfig;
+use super::grad_ready::GradReady;
 use super::head;
 use crate::amp::Precision;
 use crate::data::IGNORE_INDEX as IGNORE;
@@ -236,6 +237,13 @@ impl DecoderModel {
     /// Backward from the last `forward_loss` with `d loss = dloss` (the loss scale divided by the
     /// micro-batch count); accumulates every parameter gradient.
     pub fn backward(&mut self, dloss: f32) -> Result<()> {
+        self.backward_with(dloss, &mut |_| Ok(()))
+    }
+
+    /// [`backward`](Self::backward), handing the head, the final norm and each layer (last
+    /// first) to `ready` once its gradients are final; the embeddings are final at the return
+    /// (a tied head adds to the token table until the end).
+    pub fn backward_with(&mut self, dloss: f32, ready: GradReady) -> Result<()> {
         let saved = self.saved.take().ok_or_else(|| Error::InvalidSetting {
             setting: "backward",
             value: "called".into(),
@@ -255,9 +263,14 @@ impl DecoderModel {
         let kernels = self.backend.kernels();
         let head = self.head.as_mut();
         let dnormed = head::logits_backward(kernels, head, dlogits, &saved.normed, &mut self.tokens, self.dtype)?;
+        if let Some(head) = &mut self.head {
+            ready(head)?;
+        }
         let mut dx = self.final_norm.backward(&dnormed)?;
+        ready(self.final_norm.module())?;
         for layer in self.layers.iter_mut().rev() {
             dx = layer.backward(&dx)?;
+            ready(layer)?;
         }
         self.backend
             .kernels()

@@ -2,6 +2,7 @@
 //! Llama-family checkpoint alike.
 
 use super::decoder::DecoderModel;
+pub use super::grad_ready::GradReady;
 use super::llama::LlamaModel;
 use crate::error::Result;
 use crate::nn::{Module, VisitLinears};
@@ -15,6 +16,11 @@ pub trait LanguageModel: Module + VisitLinears {
 
     /// Backward from the last forward with `d loss = dloss`; accumulates every gradient.
     fn backward(&mut self, dloss: f32) -> Result<()>;
+
+    /// [`backward`](Self::backward) that hands each group of finished gradients to `ready` as
+    /// soon as it is final (see [`GradReady`]), so a data-parallel step can reduce them while
+    /// earlier layers still run backward. Same arithmetic, same bits as `backward`.
+    fn backward_with(&mut self, dloss: f32, ready: GradReady) -> Result<()>;
 
     /// Mean loss against each target set and the most likely token at every position, forward
     /// only, FP8 scaling state untouched.
@@ -35,7 +41,11 @@ macro_rules! language_model {
             }
 
             fn backward(&mut self, dloss: f32) -> Result<()> {
-                <$ty>::backward(self, dloss)
+                <$ty>::backward_with(self, dloss, &mut |_| Ok(()))
+            }
+
+            fn backward_with(&mut self, dloss: f32, ready: GradReady) -> Result<()> {
+                <$ty>::backward_with(self, dloss, ready)
             }
 
             fn evaluate_losses(

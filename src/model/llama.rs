@@ -3,6 +3,7 @@
 //! or separate head, with an f32 cross-entropy loss; forward, backward and cached generation.
 
 use super::config::Recompute;
+use super::grad_ready::{GradReady, TrainableOnly};
 use super::head;
 use crate::amp::Precision;
 use crate::data::IGNORE_INDEX as IGNORE;
@@ -218,6 +219,13 @@ impl LlamaModel {
 
     /// Backward from the last `forward_loss` with `d loss = dloss`; accumulates every gradient.
     pub fn backward(&mut self, dloss: f32) -> Result<()> {
+        self.backward_with(dloss, &mut |_| Ok(()))
+    }
+
+    /// [`backward`](Self::backward), handing the head, the final norm and each layer (last
+    /// first) to `ready` once their trainable gradients are final; the token table is final at
+    /// the return (a tied head adds to it until the end).
+    pub fn backward_with(&mut self, dloss: f32, ready: GradReady) -> Result<()> {
         let saved = self.saved.take().ok_or_else(|| Error::InvalidSetting {
             setting: "backward",
             value: "called".into(),
@@ -237,9 +245,14 @@ impl LlamaModel {
         let kernels = self.backend.kernels();
         let head = self.head.as_mut();
         let dnormed = head::logits_backward(kernels, head, dlogits, &saved.normed, &mut self.tokens, self.dtype)?;
+        if let Some(head) = &mut self.head {
+            ready(&mut TrainableOnly(head))?;
+        }
         let mut dx = self.final_norm.backward(&dnormed)?;
+        ready(&mut TrainableOnly(&mut self.final_norm))?;
         for layer in self.layers.iter_mut().rev() {
             dx = layer.backward(&dx, &self.rope)?;
+            ready(&mut TrainableOnly(layer))?;
         }
         if let Some(dtable) = self.tokens.trainable_grad() {
             self.backend

@@ -91,6 +91,43 @@ where
     M: Module + ?Sized,
     F: FnMut(&mut M, MicroBatch) -> Result<f32>,
 {
+    accumulate_share_with(model, share, loss_scale, |m, micro, _| forward_backward(m, micro))
+}
+
+/// The sum of a rank's earlier micro-batch gradients while a later one runs, by parameter
+/// (visiting order). A step that hands gradients on before its backward returns (the overlapped
+/// all-reduce) folds each parameter's sum in as soon as the parameter is final; the rest are
+/// folded when the micro-batch's closure returns.
+#[derive(Debug, Default)]
+pub struct EarlierSums {
+    sums: Vec<Vec<f32>>,
+    folded: Vec<bool>,
+}
+
+impl EarlierSums {
+    /// Adds the earlier micro-batches' sum into parameter `index`'s gradient, once (`g + sum`:
+    /// f32 addition commutes, so this is the contract's `sum + g` bit for bit). Does nothing
+    /// in a step's first micro-batch, or for a parameter already folded.
+    pub fn fold(&mut self, index: usize, grad: &mut [f32]) {
+        if let (Some(sum), Some(folded @ false)) = (self.sums.get(index), self.folded.get_mut(index)) {
+            grad.iter_mut().zip(sum).for_each(|(g, s)| *g += *s);
+            *folded = true;
+        }
+    }
+}
+
+/// [`accumulate_share`] whose closure also gets the [`EarlierSums`] (empty in the rank's first
+/// micro-batch), to fold parameters in early.
+pub fn accumulate_share_with<M, F>(
+    model: &mut M,
+    share: Share,
+    loss_scale: f32,
+    mut forward_backward: F,
+) -> Result<AccumulatedLoss>
+where
+    M: Module + ?Sized,
+    F: FnMut(&mut M, MicroBatch, &mut EarlierSums) -> Result<f32>,
+{
     let Share { first, count, total } = share;
     if count == 0 || total < first + count {
         return Err(Error::InvalidSetting {
@@ -106,31 +143,28 @@ where
     // Rounded once in f64: exact for power-of-two counts and scales.
     let backward_seed = (loss_scale as f64 / total as f64) as f32;
     let mut micro = Vec::with_capacity(count);
-    let mut earlier: Vec<Vec<f32>> = Vec::new();
+    let mut earlier = EarlierSums::default();
     for index in first..first + count {
         if index > first {
             // The sum so far leaves the gradients, which start this micro-batch at zero.
-            earlier.clear();
+            earlier.sums.clear();
             model.visit_parameters(&mut |p| {
-                earlier.push(p.grad().to_vec());
+                earlier.sums.push(p.grad().to_vec());
                 p.zero_grad();
             });
+            earlier.folded = vec![false; earlier.sums.len()];
         }
         let batch = MicroBatch {
             index,
             count: total,
             backward_seed,
         };
-        micro.push(forward_backward(model, batch)?);
-        if index > first {
-            // f32 addition commutes: g_i + sum is the bit-exact (sum + g_i) of the contract.
-            let mut sums = earlier.iter();
-            model.visit_parameters(&mut |p| {
-                if let Some(sum) = sums.next() {
-                    p.grad_mut().iter_mut().zip(sum).for_each(|(g, s)| *g += *s);
-                }
-            });
-        }
+        micro.push(forward_backward(model, batch, &mut earlier)?);
+        let mut param = 0;
+        model.visit_parameters(&mut |p| {
+            earlier.fold(param, p.grad_mut());
+            param += 1;
+        });
     }
     let mean = mean_loss(&micro);
     Ok(AccumulatedLoss { mean, micro })

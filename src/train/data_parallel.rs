@@ -1,15 +1,18 @@
-//! `fp8 train --world-size N` on the CPU: N ranks as N threads of this process, each with its
-//! own model, optimizer (or optimizer shard), loss scaler and memory ledger, joined by a
-//! [`cpu_group`]. Rank 0 runs on the calling thread (it reports progress, writes the metrics
-//! and the checkpoint); the others on scoped threads.
+//! Ranks as threads of this process, each with its own model, optimizer (or optimizer shard),
+//! loss scaler and memory ledger: `fp8 train --world-size N` on the CPU (joined by a
+//! [`cpu_group`]) and `--gpus N` (one GPU each, joined by NCCL). Rank 0 runs on the calling
+//! thread (it reports progress, writes the metrics and the checkpoint); the others on scoped
+//! threads.
 
 use std::path::Path;
 
 use crate::amp::Precision;
+use crate::backend::cuda::CudaDevice;
+use crate::backend::cuda::nccl::{NcclCollective, nccl_present};
 use crate::data::Dataset;
 use crate::device::{Device, DeviceChoice};
-use crate::dist::cpu_group::{AbortOnDrop, cpu_group};
-use crate::dist::{DataParallel, Parallel};
+use crate::dist::cpu_group::cpu_group;
+use crate::dist::{Collective, DataParallel, Parallel};
 use crate::error::{Error, Result};
 use crate::model::LanguageModel;
 use crate::train::metrics::StepMetrics;
@@ -36,13 +39,66 @@ pub fn run_data_parallel(
 ) -> Result<Vec<RunOutput>> {
     options.validate()?;
     let group = cpu_group(world_size)?;
-    let rank_run = |rank: usize, on_step: StepCallback| -> Result<RunOutput> {
-        let handle = &group[rank];
-        let guard = AbortOnDrop::new(handle);
-        let device = Device::select(DeviceChoice::Cpu)?;
+    let aborts: Vec<_> = group.iter().map(|c| move |reason: &str| c.abort(reason)).collect();
+    let seats: Vec<Seat> = group
+        .iter()
+        .zip(&aborts)
+        .map(|(c, abort)| Seat {
+            collective: c,
+            device: DeviceChoice::Cpu,
+            on_failure: abort,
+        })
+        .collect();
+    run_seats(&seats, options, build, precision, config, data, dir, control, on_step)
+}
+
+/// One rank of a group in this process: its handle, its device, and what releases the other
+/// ranks when it fails (called with a reason, from the failing rank's thread).
+pub struct Seat<'a> {
+    /// The rank's handle on its group (`collective.rank()` is the rank).
+    pub collective: &'a dyn Collective,
+    /// The device the rank trains on.
+    pub device: DeviceChoice,
+    /// Called once when the rank fails or panics.
+    pub on_failure: &'a (dyn Fn(&str) + Sync),
+}
+
+/// Calls a seat's `on_failure` when dropped unless disarmed (errors and panics alike).
+struct FailureGuard<'a> {
+    seat: &'a Seat<'a>,
+    armed: bool,
+}
+
+impl Drop for FailureGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            (self.seat.on_failure)("it failed");
+        }
+    }
+}
+
+/// Trains one rank per seat, each on its own thread (seat 0 on the calling thread, which
+/// reports progress), every rank building its own model; returns every rank's output by rank,
+/// or the first failing rank's error.
+#[allow(clippy::too_many_arguments)]
+pub fn run_seats(
+    seats: &[Seat],
+    options: &DataParallel,
+    build: ModelBuilder,
+    precision: &Precision,
+    config: &RunConfig,
+    data: &Dataset,
+    dir: &Path,
+    control: RunControl,
+    on_step: StepCallback,
+) -> Result<Vec<RunOutput>> {
+    options.validate()?;
+    let rank_run = |seat: &Seat, on_step: StepCallback| -> Result<RunOutput> {
+        let mut guard = FailureGuard { seat, armed: true };
+        let device = Device::select(seat.device)?;
         let mut model = build()?;
         let parallel = Parallel {
-            collective: handle,
+            collective: seat.collective,
             options: options.clone(),
         };
         let control = RunControl {
@@ -50,19 +106,25 @@ pub fn run_data_parallel(
             ..control
         };
         let output = run_model(model.as_mut(), &device, precision, config, data, dir, control, on_step);
-        if output.is_ok() {
-            guard.disarm();
-        }
+        guard.armed = output.is_err();
         output
     };
+    let Some((first, rest)) = seats.split_first() else {
+        return Err(Error::InvalidSetting {
+            setting: "world_size",
+            value: "0".into(),
+            reason: "a group needs at least one rank".into(),
+        });
+    };
     let results: Vec<Result<RunOutput>> = std::thread::scope(|s| {
-        let others: Vec<_> = (1..world_size)
-            .map(|rank| {
+        let others: Vec<_> = rest
+            .iter()
+            .map(|seat| {
                 let rank_run = &rank_run;
-                s.spawn(move || rank_run(rank, &mut |_: &StepMetrics| {}))
+                s.spawn(move || rank_run(seat, &mut |_: &StepMetrics| {}))
             })
             .collect();
-        let mut results = vec![rank_run(0, on_step)];
+        let mut results = vec![rank_run(first, on_step)];
         for (i, handle) in others.into_iter().enumerate() {
             results.push(handle.join().unwrap_or_else(|_| {
                 Err(Error::Collective {
@@ -85,4 +147,56 @@ pub fn run_data_parallel(
         Some(error) => Err(error),
         None => Ok(results.into_iter().flatten().collect()),
     }
+}
+
+/// `--gpus N`: one rank per GPU `0..gpus`, one thread each, joined by NCCL in this process
+/// (`ncclCommInitAll`). A machine without that many usable GPUs, or without libnccl, is an
+/// error naming the setting before anything runs. NCCL has no way to release ranks waiting
+/// for a failed one, so `on_failure(rank, reason)` decides what happens then (the CLI prints
+/// the error and exits the process).
+#[allow(clippy::too_many_arguments)]
+pub fn run_on_gpus(
+    gpus: usize,
+    options: &DataParallel,
+    build: ModelBuilder,
+    precision: &Precision,
+    config: &RunConfig,
+    data: &Dataset,
+    dir: &Path,
+    control: RunControl,
+    on_step: StepCallback,
+    on_failure: &(dyn Fn(usize, &str) + Sync),
+) -> Result<Vec<RunOutput>> {
+    options.validate()?;
+    let bad = |reason: String| Error::InvalidSetting {
+        setting: "gpus",
+        value: gpus.to_string(),
+        reason,
+    };
+    if gpus == 0 {
+        return Err(bad("a run needs at least one GPU".into()));
+    }
+    let devices = (0..gpus)
+        .map(|i| CudaDevice::open(i).map_err(|e| bad(format!("GPU {i} cannot be used: {e}"))))
+        .collect::<Result<Vec<_>>>()?;
+    if !nccl_present() {
+        return Err(bad(
+            "libnccl (NCCL 2) is not installed or not on the library path".into()
+        ));
+    }
+    let comms = NcclCollective::for_devices(&devices)?;
+    let failures: Vec<_> = (0..gpus)
+        .map(|rank| move |reason: &str| on_failure(rank, reason))
+        .collect();
+    let seats: Vec<Seat> = comms
+        .iter()
+        .zip(&failures)
+        .enumerate()
+        .map(|(rank, (c, on_failure))| Seat {
+            collective: c,
+            device: DeviceChoice::Cuda(rank),
+            on_failure,
+        })
+        .collect();
+    run_seats(&seats, options, build, precision, config, data, dir, control, on_step)
 }

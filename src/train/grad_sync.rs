@@ -2,10 +2,9 @@
 //! ranks, in buckets of about `bucket_bytes` (one collective call each), from the last
 //! parameter backwards.
 //!
-//! Not overlapped with backward yet: a model's backward is one call with no hook that says
-//! when a parameter's gradient is final, so the buckets are reduced after it, in the order a
-//! hook would release them (`docs/distributed.md`, Overlap). Bucketing never changes a value:
-//! every element is reduced once, by the same rank-order formula, whatever bucket holds it.
+//! This is the reduce after backward (`--no-overlap`); [`super::grad_overlap`] makes the same
+//! calls on the same values while backward runs. Bucketing never changes a value: every element
+//! is reduced once, by the same rank-order formula, whatever bucket holds it.
 
 use crate::dist::collective::{Collective, Wire};
 use crate::dist::shard::bucket_ranges;
@@ -19,6 +18,9 @@ pub struct GradSync {
     pub buckets: usize,
     /// Bytes each rank sent into the reductions (values times the wire's bytes).
     pub bytes: usize,
+    /// Buckets handed to the communication thread before backward returned (overlapped
+    /// reduce, [`super::grad_overlap`]); 0 for the reduce after backward.
+    pub launched_in_backward: usize,
 }
 
 /// Sums the gradients of `model` over the ranks of `collective` (rank order, `wire` format),
@@ -52,5 +54,6 @@ pub fn all_reduce_gradients<M: Module + ?Sized>(
     Ok(GradSync {
         buckets: buckets.len(),
         bytes: flat.len() * wire.bytes(),
+        launched_in_backward: 0,
     })
 }

@@ -13,7 +13,7 @@
 //! [`session::run`] puts them together around the [`crate::model::DecoderModel`]: it is `fp8 train`'s loop.
 //!
 //! Data parallelism over a [`crate::dist::Collective`] (`docs/distributed.md`): [`grad_sync`]
-//! (bucketed gradient all-reduce), [`amax_sync`] (one amax max-reduce per step before the
+//! (bucketed gradient all-reduce; [`grad_overlap`] runs it during backward), [`amax_sync`] (one amax max-reduce per step before the
 //! delayed update), [`zero1`] (AdamW moments sharded), [`data_parallel`] (ranks as threads).
 
 pub mod accumulate;
@@ -22,6 +22,7 @@ pub mod amax_sync;
 pub mod checkpoint;
 pub mod clip;
 pub mod data_parallel;
+pub mod grad_overlap;
 pub mod grad_sync;
 pub mod memory;
 pub mod metrics;

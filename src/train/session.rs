@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::accumulate::{AccumulatedLoss, Share, accumulate_share};
+use super::accumulate::{AccumulatedLoss, MicroBatch, Share, accumulate_share, accumulate_share_with};
 use super::adamw::{AdamW, AdamWConfig};
 use super::checkpoint::{TrainProgress, load_checkpoint};
 use super::memory::{memory_summary, set_usage};
@@ -24,12 +24,13 @@ use crate::amp::loss_scaler::{DynamicLossScaler, LossScalerConfig};
 use crate::amp::{Fp8Recipe, Precision};
 use crate::data::{DataStream, Dataset, SplitMix64, counted, exact_match_accuracy};
 use crate::device::{Device, MemoryCategory, MemoryLedger};
-use crate::dist::{Collective, DataParallel, Parallel, SingleRank};
+use crate::dist::{Collective, DataParallel, Parallel, SingleRank, Wire};
 use crate::error::{Error, Result};
-use crate::model::{DecoderModel, LanguageModel, ModelConfig};
+use crate::model::{DecoderModel, GradReady, LanguageModel, ModelConfig};
 use crate::nn::Fp8TensorStats;
 use crate::tensor::Dtype;
 use crate::train::amax_sync as amax;
+use crate::train::grad_overlap::reduce_during_backward;
 use crate::train::grad_sync::all_reduce_gradients;
 
 /// Everything that fixes a run besides its precision.
@@ -221,6 +222,8 @@ pub fn run_model(
     dp.validate()?;
     let (world, rank) = (collective.world_size(), collective.rank());
     let share = config.rank_share(world, rank)?;
+    // Overlap only where there is something to reduce (world size 1 with an f32 wire is none).
+    let overlap = dp.overlap && (world > 1 || dp.wire != Wire::F32);
     // Amaxes are max-reduced across ranks unless the delayed recipe turns it off.
     let reduce_amax = match precision {
         Precision::Fp8(Fp8Recipe::Delayed(recipe)) => recipe.reduce_amax,
@@ -310,7 +313,7 @@ pub fn run_model(
             .collect();
         // Every rank draws the whole step from the shared stream and runs its own share.
         let step_tokens: usize = batches.iter().map(|b| b.batch * b.seq).sum();
-        let local = accumulate_share(model, share, scaler.scale(), |m, micro| {
+        let mut run_micro = |m: &mut dyn LanguageModel, micro: MicroBatch, ready: GradReady<'_>| -> Result<f32> {
             if micro.index > share.first {
                 // From the second micro-batch on, the step's sum is held beside the gradients.
                 set_usage(&ledger, MemoryCategory::Gradients, 2 * gradient_bytes);
@@ -320,16 +323,34 @@ pub fn run_model(
             let saved = m.saved_activation_bytes() as u64;
             peak_activations = peak_activations.max(saved);
             set_usage(&ledger, MemoryCategory::Activations, saved);
-            m.backward(micro.backward_seed)?;
+            m.backward_with(micro.backward_seed, ready)?;
             set_usage(&ledger, MemoryCategory::Activations, m.saved_activation_bytes() as u64);
             Ok(loss)
-        })?;
+        };
+        // The gradient all-reduce: during the rank's last backward, or after it.
+        let (local, reduced) = if overlap {
+            let last = share.first + share.count - 1;
+            let (local, _) = reduce_during_backward(model, collective, dp.bucket_bytes, dp.wire, |model, launcher| {
+                accumulate_share_with(model, share, scaler.scale(), |m, micro, earlier| match micro.index {
+                    i if i == last => run_micro(m, micro, &mut |group| launcher.ready(group, earlier)),
+                    _ => run_micro(m, micro, &mut |_| Ok(())),
+                })
+            })?;
+            (local, true)
+        } else {
+            let local = accumulate_share(model, share, scaler.scale(), |m, micro| {
+                run_micro(m, micro, &mut |_| Ok(()))
+            })?;
+            (local, false)
+        };
         let micro_losses = gather_losses(collective, &local.micro)?;
         let losses = AccumulatedLoss {
             mean: super::accumulate::mean_loss(&micro_losses),
             micro: micro_losses,
         };
-        all_reduce_gradients(model, collective, dp.bucket_bytes, dp.wire)?;
+        if !reduced {
+            all_reduce_gradients(model, collective, dp.bucket_bytes, dp.wire)?;
+        }
         amax::reduce_and_update(model, collective, reduce_amax)?;
         let lr = schedule.lr_at(progress.step);
         let outcome = apply_gradients_with(

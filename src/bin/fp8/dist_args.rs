@@ -5,13 +5,16 @@ use std::path::Path;
 
 use clap::Args;
 use fp8_engine::amp::Precision;
+use fp8_engine::backend::cuda::nccl::NcclCollective;
 use fp8_engine::data::Dataset;
-use fp8_engine::dist::{DataParallel, Wire};
+use fp8_engine::device::Device;
+use fp8_engine::dist::env::LaunchEnv;
+use fp8_engine::dist::{DataParallel, Parallel, Wire};
 use fp8_engine::model::{DecoderModel, LanguageModel};
 use fp8_engine::scaling::Recipe;
-use fp8_engine::train::data_parallel::run_data_parallel;
+use fp8_engine::train::data_parallel::{run_data_parallel, run_on_gpus};
 use fp8_engine::train::memory::human_bytes;
-use fp8_engine::train::session::{RunConfig, RunControl, RunOutput, StepCallback};
+use fp8_engine::train::session::{RunConfig, RunControl, RunOutput, StepCallback, run};
 
 use crate::error::CliError;
 
@@ -36,12 +39,78 @@ pub struct DistArgs {
     /// (for experiments; ranks then diverge from one another).
     #[arg(long)]
     pub no_amax_reduce: bool,
+    /// Reduce the gradient buckets after backward instead of during it (same results; for
+    /// comparing step times).
+    #[arg(long)]
+    pub no_overlap: bool,
+    /// Data-parallel ranks on GPUs 0..N, one thread each, joined by NCCL in this process
+    /// (--micro-batches counts each rank's own). Needs N usable GPUs and libnccl.
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<usize>,
+    /// This process's rank when launched once per rank (torchrun-style RANK, WORLD_SIZE,
+    /// LOCAL_RANK, MASTER_ADDR, MASTER_PORT in the environment); read by `fp8 train` itself.
+    #[arg(skip)]
+    pub launch: Option<LaunchEnv>,
 }
 
 impl DistArgs {
     /// Whether any data-parallel setting was given beyond one rank.
     pub fn parallel(&self) -> bool {
-        self.world_size != 1 || self.zero != 0 || self.grad_wire != "f32"
+        self.world_size != 1
+            || self.zero != 0
+            || self.grad_wire != "f32"
+            || self.gpus.is_some()
+            || self.launch.is_some()
+    }
+
+    /// Ranks of the run: the launch's WORLD_SIZE, --gpus, or --world-size.
+    pub fn ranks(&self) -> usize {
+        match (&self.launch, self.gpus) {
+            (Some(env), _) => env.world_size,
+            (None, Some(gpus)) => gpus,
+            (None, None) => self.world_size,
+        }
+    }
+
+    /// Refuses combinations of the three ways to make ranks, and GPU ranks on the CPU: a
+    /// launch once per rank (environment) makes NCCL ranks, so on the CPU backend it is an
+    /// error that points to --world-size (threads share one process's memory; a cross-process
+    /// CPU transport would add a second home-made collective for no run that needs it).
+    pub fn check_launch(&self, on_gpu: bool, init_from: bool) -> Result<(), CliError> {
+        let gpu_ranks = match (&self.launch, self.gpus) {
+            (Some(env), _) if self.world_size != 1 || self.gpus.is_some() => {
+                return Err(CliError(format!(
+                    "RANK={} WORLD_SIZE={} launch this process as one rank of several: give no \
+                     --world-size or --gpus with them",
+                    env.rank, env.world_size
+                )));
+            }
+            (Some(env), _) => Some(format!("RANK={} WORLD_SIZE={}", env.rank, env.world_size)),
+            (None, Some(gpus)) if self.world_size != 1 => {
+                return Err(CliError(format!(
+                    "--gpus {gpus} and --world-size {}: give one (--gpus for GPU ranks, --world-size for CPU ranks)",
+                    self.world_size
+                )));
+            }
+            (None, Some(gpus)) => Some(format!("--gpus {gpus}")),
+            (None, None) => None,
+        };
+        match gpu_ranks {
+            Some(what) if !on_gpu => Err(CliError(format!(
+                "{what}: GPU ranks over NCCL, and this run is on the CPU; on the CPU, run N ranks \
+                 as threads of one process with --world-size N (bit-identical to --micro-batches N)"
+            ))),
+            Some(what) if init_from => Err(CliError(format!(
+                "{what}: data parallelism trains the built-in model (no --init-from)"
+            ))),
+            Some(_) => Ok(()),
+            None if self.parallel() && (on_gpu || init_from) => Err(CliError(
+                "--world-size, --zero and --grad-wire run the built-in model on CPU ranks (--device cpu, \
+                 no --init-from); on GPUs use --gpus N or a launch once per rank"
+                    .into(),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// The settings as the library takes them, checked.
@@ -61,6 +130,7 @@ impl DistArgs {
             bucket_bytes: bytes as usize,
             wire,
             zero: self.zero,
+            overlap: !self.no_overlap,
         };
         options.validate()?;
         Ok(options)
@@ -68,10 +138,10 @@ impl DistArgs {
 
     /// `--micro-batches` per rank as the run's total over all ranks.
     pub fn total_micro_batches(&self, per_rank: usize) -> Result<usize, CliError> {
-        per_rank.checked_mul(self.world_size).ok_or_else(|| {
+        per_rank.checked_mul(self.ranks()).ok_or_else(|| {
             CliError(format!(
-                "--micro-batches {per_rank} x --world-size {} is too large",
-                self.world_size
+                "--micro-batches {per_rank} x {} ranks is too large",
+                self.ranks()
             ))
         })
     }
@@ -88,8 +158,8 @@ impl DistArgs {
     }
 }
 
-/// Trains the built-in decoder on `--world-size` CPU ranks; rank 0's output, after a line per
-/// rank with its optimizer state (the ZeRO-1 saving).
+/// Trains the built-in decoder on `--world-size` CPU ranks or `--gpus` GPU ranks; rank 0's
+/// output, after a line per rank with its optimizer state (the ZeRO-1 saving).
 pub fn run_parallel(
     args: &DistArgs,
     precision: &Precision,
@@ -104,26 +174,77 @@ pub fn run_parallel(
     let build = || -> fp8_engine::Result<Box<dyn LanguageModel>> {
         Ok(Box::new(DecoderModel::new(&model_config, precision, config.seed)?))
     };
-    let mut outputs = run_data_parallel(
-        args.world_size,
-        &options,
-        &build,
-        precision,
-        config,
-        data,
-        dir,
-        control,
-        on_step,
-    )?;
+    // NCCL cannot release ranks that wait for a failed one: the process ends with the error.
+    let exit = |rank: usize, reason: &str| {
+        eprintln!("fp8 train: GPU rank {rank} {reason}; stopping every rank");
+        std::process::exit(1);
+    };
+    let mut outputs = match args.gpus {
+        Some(gpus) => run_on_gpus(
+            gpus, &options, &build, precision, config, data, dir, control, on_step, &exit,
+        )?,
+        None => run_data_parallel(
+            args.world_size,
+            &options,
+            &build,
+            precision,
+            config,
+            data,
+            dir,
+            control,
+            on_step,
+        )?,
+    };
     for (rank, out) in outputs.iter().enumerate() {
         eprintln!(
             "fp8 train: {} rank {rank}/{}: optimizer state {} (ZeRO-{}), peak memory {}",
             precision.name(),
-            args.world_size,
+            outputs.len(),
             human_bytes(out.optimizer_state_bytes),
             options.zero,
             human_bytes(out.summary.peak_bytes)
         );
     }
     Ok(outputs.swap_remove(0))
+}
+
+/// This process as rank `env.rank` of a launch once per rank on `device` (GPU `LOCAL_RANK`),
+/// NCCL set up through the TCP rendezvous on `MASTER_ADDR:MASTER_PORT` (rank 0 writes the
+/// outputs).
+#[allow(clippy::too_many_arguments)]
+pub fn run_launched(
+    args: &DistArgs,
+    env: &LaunchEnv,
+    device: &Device,
+    precision: &Precision,
+    config: &RunConfig,
+    data: &Dataset,
+    dir: &Path,
+    control: RunControl,
+    on_step: StepCallback,
+) -> Result<RunOutput, CliError> {
+    let options = args.options()?;
+    let Device::Cuda(gpu) = device else {
+        return Err(CliError(format!("LOCAL_RANK={}: not a GPU", env.local_rank)));
+    };
+    let nccl = NcclCollective::from_launch(env, gpu)?;
+    let parallel = Parallel {
+        collective: &nccl,
+        options,
+    };
+    let control = RunControl {
+        parallel: Some(&parallel),
+        ..control
+    };
+    let output = run(device, precision, config, data, dir, control, on_step)?;
+    eprintln!(
+        "fp8 train: {} rank {}/{} on GPU {}: optimizer state {}, peak memory {}",
+        precision.name(),
+        env.rank,
+        env.world_size,
+        env.local_rank,
+        human_bytes(output.optimizer_state_bytes),
+        human_bytes(output.summary.peak_bytes)
+    );
+    Ok(output)
 }

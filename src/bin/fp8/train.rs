@@ -22,7 +22,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::base_args::BaseArgs;
 use crate::delayed_args::DelayedArgs;
-use crate::dist_args::{DistArgs, run_parallel};
+use crate::dist_args::{DistArgs, run_launched, run_parallel};
 use crate::error::CliError;
 use crate::fine_tune;
 use crate::table::Table;
@@ -337,8 +337,20 @@ fn fmt_or_dash(value: f64, decimals: usize) -> String {
     }
 }
 
-pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
-    let device = select_device(&args.device)?;
+pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
+    args.dist.launch = fp8_engine::dist::env::LaunchEnv::from_env()?;
+    let device = match &args.dist.launch {
+        // One process per rank: its GPU is LOCAL_RANK, not GPU 0 (every rank would share it).
+        // On a machine without GPUs --device auto gives the CPU, which is refused below.
+        Some(env) if args.device != "cpu" => match Device::select(DeviceChoice::Cuda(env.local_rank)) {
+            Ok(gpu) => gpu,
+            Err(err) => match select_device(&args.device)? {
+                Device::Cuda(_) => return Err(CliError(format!("LOCAL_RANK={}: {err}", env.local_rank))),
+                cpu => cpu,
+            },
+        },
+        _ => select_device(&args.device)?,
+    };
     let precisions = precisions(&args, &device)?;
     if args.resume.is_some() && precisions.len() != 1 {
         return Err(CliError("--resume continues one run: give a single --precision".into()));
@@ -351,12 +363,8 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
         ));
     }
     args.base.plan_base()?;
-    if args.dist.parallel() && (args.init_from.is_some() || !matches!(device, Device::Cpu(_))) {
-        return Err(CliError(
-            "--world-size, --zero and --grad-wire run the built-in model on CPU ranks (--device cpu, no --init-from)"
-                .into(),
-        ));
-    }
+    args.dist
+        .check_launch(matches!(device, Device::Cuda(_)), args.init_from.is_some())?;
     args.dist.options()?;
     let init = args.init_from.as_deref().map(HfModelDir::open).transpose()?;
     let data = match (&args.text, &init) {
@@ -458,13 +466,30 @@ pub fn run_train(args: TrainArgs) -> Result<(), CliError> {
                 }
                 output
             }
-            None if args.dist.parallel() => {
-                run_parallel(&args.dist, precision, &config, &data, &dir, control, &mut on_step)?
-            }
-            None => run(&device, precision, &config, &data, &dir, control, &mut on_step)?,
+            None => match &args.dist.launch {
+                Some(env) => run_launched(
+                    &args.dist,
+                    env,
+                    &device,
+                    precision,
+                    &config,
+                    &data,
+                    &dir,
+                    control,
+                    &mut on_step,
+                )?,
+                None if args.dist.parallel() => {
+                    run_parallel(&args.dist, precision, &config, &data, &dir, control, &mut on_step)?
+                }
+                None => run(&device, precision, &config, &data, &dir, control, &mut on_step)?,
+            },
         };
         bar.finish_and_clear();
         outputs.push((precision.clone(), output));
+    }
+    if args.dist.launch.as_ref().is_some_and(|env| env.rank != 0) {
+        // Rank 0 writes the summary, the plot and the table; every rank computed the same.
+        return Ok(());
     }
 
     let mut table = Table::new(&[
