@@ -116,7 +116,7 @@ impl RopeTable {
 
     /// `(cos, sin)` of positions `first .. first + count`, `[count, rotary_dim / 2]` each (the
     /// rows a device kernel needs); `None` past the table.
-    pub(crate) fn rows(&self, first: usize, count: usize) -> Option<(&[f32], &[f32])> {
+    pub fn rows(&self, first: usize, count: usize) -> Option<(&[f32], &[f32])> {
         let half = self.rotary_dim / 2;
         let range = first.checked_mul(half)?..first.checked_add(count)?.checked_mul(half)?;
         Some((self.cos.get(range.clone())?, self.sin.get(range)?))

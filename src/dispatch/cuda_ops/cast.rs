@@ -4,6 +4,7 @@
 use super::{Staged, staged};
 use crate::amp::Fp8Recipe;
 use crate::backend::cuda::gemm::gemm_host;
+use crate::backend::cuda::gemm_f32::gemm_f32_host;
 use crate::dispatch::{Cast, CudaKernels, fp8_cast};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;

@@ -38,7 +38,6 @@ use crate::backend::cuda::pool::SizePool;
 use crate::backend::cuda::{CudaDevice, DeviceBuffer};
 use crate::error::{Error, Result};
 use crate::memory::MemoryCategory;
-use crate::tensor::DeviceKind;
 
 /// Bytes of spare staging buffers kept per element type: enough for every tensor of one
 /// layer step at the layer shape (a 2 x 2048 x 16384 f32 activation is 256 MiB).
