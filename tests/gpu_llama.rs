@@ -117,7 +117,10 @@ fn case(gpu: DeviceKind, name: &str) -> Result<Vec<String>, String> {
     let tol = bound(name);
     let loss_ratio = f64::from((losses[0] - losses[1]).abs()) / f64::from(losses[1].abs()) / tol;
     if loss_ratio.is_nan() || loss_ratio > 1.0 {
-        return Err(format!("loss {} on the GPU, {} on the CPU (err/bound={loss_ratio:.3})", losses[0], losses[1]));
+        return Err(format!(
+            "loss {} on the GPU, {} on the CPU (err/bound={loss_ratio:.3})",
+            losses[0], losses[1]
+        ));
     }
     lines.push(format!("loss err/bound={loss_ratio:.3e}"));
     let mut worst = 0.0f64;
@@ -134,7 +137,9 @@ fn case(gpu: DeviceKind, name: &str) -> Result<Vec<String>, String> {
     for (step, (&(g, _), &(c, margin))) in on_gpu_tokens.iter().zip(&cpu_tokens).enumerate() {
         // A near tie: the logits' tolerance (relative to their size, about 1 here) covers the gap.
         if f64::from(margin) <= 4.0 * tol {
-            lines.push(format!("tokens agree up to a near tie at step {step} (margin {margin:e})"));
+            lines.push(format!(
+                "tokens agree up to a near tie at step {step} (margin {margin:e})"
+            ));
             return Ok(lines);
         }
         if g != c {

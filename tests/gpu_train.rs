@@ -78,7 +78,9 @@ fn within(precision: &str, got: &[f64], want: &[f64]) -> Result<f64, String> {
     for (step, (g, w)) in got.iter().zip(tail).enumerate() {
         let ratio = (g - w).abs() / w.abs().max(f64::MIN_POSITIVE) / bound;
         if ratio > 1.0 || ratio.is_nan() {
-            return Err(format!("step {step} from the end's start: loss {g} vs {w} (err/bound={ratio:.3})"));
+            return Err(format!(
+                "step {step} from the end's start: loss {g} vs {w} (err/bound={ratio:.3})"
+            ));
         }
         worst = worst.max(ratio);
     }
@@ -101,21 +103,34 @@ fn resume_across(precision: &str, first: &str, second: &str, scratch: &Path) -> 
     ok(train("cpu", precision, &straight, &steps), "uninterrupted CPU run")?;
     let stopped = scratch.join(format!("stop-{first}-{precision}"));
     ok(
-        train(first, precision, &stopped, &[&steps[..], &["--stop-after", "3"]].concat()),
+        train(
+            first,
+            precision,
+            &stopped,
+            &[&steps[..], &["--stop-after", "3"]].concat(),
+        ),
         &format!("3 steps on {first}"),
     )?;
     let checkpoint = stopped.join(precision).join("checkpoint.safetensors");
     let resumed = scratch.join(format!("resume-{second}-{precision}"));
     let checkpoint = checkpoint.to_string_lossy().into_owned();
     ok(
-        train(second, precision, &resumed, &[&steps[..], &["--resume", &checkpoint]].concat()),
+        train(
+            second,
+            precision,
+            &resumed,
+            &[&steps[..], &["--resume", &checkpoint]].concat(),
+        ),
         &format!("resume on {second}"),
     )?;
     let (want, got) = (losses(&straight, precision)?, losses(&resumed, precision)?);
     // The resumed run's log holds at least the 3 steps it ran.
     let tail = &got[got.len().saturating_sub(3)..];
     let worst = within(precision, tail, &want)?;
-    Ok(format!("{first} -> {second}: resumed steps {tail:?} vs {:?}, worst err/bound={worst:.3}", &want[3..]))
+    Ok(format!(
+        "{first} -> {second}: resumed steps {tail:?} vs {:?}, worst err/bound={worst:.3}",
+        &want[3..]
+    ))
 }
 
 /// The default comparison on the GPU runs every precision it names (fp32 included).

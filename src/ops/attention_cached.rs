@@ -44,7 +44,7 @@ pub(crate) fn nothing_to_do(shape: &CachedAttentionShape, [q, k, v, out]: [usize
             reason: format!("{heads} heads over {kv_heads} key/value heads, {queries} queries over {keys} keys"),
         });
     }
-    let width = |heads: usize| heads.checked_mul(d).unwrap_or(usize::MAX);
+    let width = |heads: usize| heads.saturating_mul(d);
     len("cached attention q", queries, width(heads), q)?;
     len("cached attention out", queries, width(heads), out)?;
     len("cached attention k", keys, width(kv_heads), k)?;

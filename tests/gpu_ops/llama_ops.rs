@@ -32,9 +32,12 @@ pub fn run(ctx: &mut Ctx, results: &mut Vec<(String, Check)>) {
     }
     // (queries, keys, heads, kv_heads, head_dim): a decode step (GQA 4:1), a prefill (MHA), a
     // long cache (MQA), an odd head width.
-    for (queries, keys, heads, kv_heads, head_dim) in
-        [(1, 37, 8, 2, 16), (9, 9, 4, 4, 32), (1, 3000, 6, 1, 64), (3, 130, 6, 3, 24)]
-    {
+    for (queries, keys, heads, kv_heads, head_dim) in [
+        (1, 37, 8, 2, 16),
+        (9, 9, 4, 4, 32),
+        (1, 3000, 6, 1, 64),
+        (3, 130, 6, 3, 24),
+    ] {
         let shape = CachedAttentionShape {
             queries,
             keys,
@@ -43,7 +46,10 @@ pub fn run(ctx: &mut Ctx, results: &mut Vec<(String, Check)>) {
             head_dim,
         };
         for dtype in [Dtype::F32, Dtype::Bf16] {
-            results.push((format!("attention_cached {shape:?} {dtype:?}"), cached(ctx, shape, dtype)));
+            results.push((
+                format!("attention_cached {shape:?} {dtype:?}"),
+                cached(ctx, shape, dtype),
+            ));
         }
     }
     if !cublaslt_present() {
@@ -129,7 +135,13 @@ fn gemm_f32(ctx: &mut Ctx, (m, n, k): (usize, usize, usize)) -> Check {
     };
     let mut lt = gpu(CublasLt::new(&ctx.gpu))?;
     let (mut got, mut want) = (old.clone(), old.clone());
-    gpu(gemm_f32_host(&ctx.gpu, &mut lt, (&am, &bm), Output::F32(&mut got), &params))?;
+    gpu(gemm_f32_host(
+        &ctx.gpu,
+        &mut lt,
+        (&am, &bm),
+        Output::F32(&mut got),
+        &params,
+    ))?;
     cpu(gemm(
         &Operand::F32(am),
         &Operand::F32(bm),

@@ -108,7 +108,10 @@ pub fn gemm_f32_host(
     let mut product = if m == 0 || n == 0 || k == 0 {
         vec![0.0f32; m * n]
     } else {
-        let (a_d, b_d) = (device.upload(&k_major(a), WORKSPACE)?, device.upload(&k_major(b), WORKSPACE)?);
+        let (a_d, b_d) = (
+            device.upload(&k_major(a), WORKSPACE)?,
+            device.upload(&k_major(b), WORKSPACE)?,
+        );
         let mut p_d = device.alloc_zeros::<f32>(m * n, WORKSPACE)?;
         device.gemm_f32(lt, &a_d, &b_d, (m, n, k), &mut p_d)?;
         device.download(&p_d)?
@@ -189,7 +192,9 @@ mod tests {
         assert_eq!(r.amax, 5.0);
         // 2 K u / (1 - K u) with u = 2^-24: 64 products of |a b| summing to 10.
         let bound = f32_order_bound(64, 10.0);
-        assert!((bound - 2.0 * 64.0 * 2f64.powi(-24) * 10.0).abs() < 1e-12, "{bound}");
+        let first_order = 2.0 * 64.0 * 2f64.powi(-24) * 10.0;
+        // The 1 / (1 - K u) factor adds K u = 3.8e-6 relative.
+        assert!(bound > first_order && bound < first_order * (1.0 + 1e-5), "{bound}");
         assert!(f32_order_bound(4096, 10.0) > 60.0 * bound);
     }
 }

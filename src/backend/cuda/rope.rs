@@ -51,7 +51,7 @@ impl CudaDevice {
         const K: &str = "rope";
         let half = rotary_dim / 2;
         let table = elements(K, table_rows(&shape).1, half)?;
-        if rotary_dim % 2 != 0 || rotary_dim > shape.head_dim || cos.len() != table || sin.len() != table {
+        if !rotary_dim.is_multiple_of(2) || rotary_dim > shape.head_dim || cos.len() != table || sin.len() != table {
             return Err(Error::KernelArgs {
                 kernel: K,
                 detail: format!(
@@ -79,7 +79,13 @@ impl CudaDevice {
             half: to_u32(K, "rotary_dim / 2", half)?,
             negate: u32::from(direction == RopeDirection::Backward),
         };
-        launch(self, MODULE, "fp8_rope", stride_blocks(self.info().multiprocessors, n), params)
+        launch(
+            self,
+            MODULE,
+            "fp8_rope",
+            stride_blocks(self.info().multiprocessors, n),
+            params,
+        )
     }
 }
 
@@ -93,7 +99,11 @@ pub(crate) fn host_rows<'t>(
     let (first, count) = table_rows(shape);
     table.rows(first, count).ok_or_else(|| Error::InvalidShape {
         what: "rope",
-        reason: format!("positions {first}..{} are past the table's {}", first + count, table.positions()),
+        reason: format!(
+            "positions {first}..{} are past the table's {}",
+            first + count,
+            table.positions()
+        ),
     })
 }
 
