@@ -97,6 +97,10 @@ pub(crate) fn host_rows<'t>(
 ) -> Result<(&'t [f32], &'t [f32])> {
     check(x, shape, table)?;
     let (first, count) = table_rows(shape);
+    if count == 0 {
+        // No token: the twin checks no position either.
+        return Ok((&[], &[]));
+    }
     table.rows(first, count).ok_or_else(|| Error::InvalidShape {
         what: "rope",
         reason: format!(
@@ -145,6 +149,10 @@ mod tests {
         assert!(host_rows(&x, &shape(4, 4, 5), &table).is_err());
         assert!(host_rows(&x[..23], &shape(1, 1, 0), &table).is_err());
         assert!(host_rows(&x, &shape(4, 4, 4), &table).is_ok());
+        // No token, any first position: nothing to read, as the twin accepts it.
+        assert_eq!(host_rows(&[], &shape(0, 4, 99), &table).unwrap().0.len(), 0);
+        let mut none: Vec<f32> = Vec::new();
+        assert!(crate::ops::rope_forward(&mut none, &shape(0, 4, 99), &table).is_ok());
         assert!(table.rows(6, 3).is_none());
         assert_eq!(table.rows(8, 0).map(|(c, _)| c.len()), Some(0));
     }
