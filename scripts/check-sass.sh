@@ -3,7 +3,7 @@
 # fatbin must contain QGMMA (FP8 wgmma) in every kernel, each of which must get
 # exactly 168 registers (what its setmaxnreg split assumes), and no kernel of
 # any file may spill. Every layer-op kernel (convert, norm, activation,
-# embedding, loss, optim, attention) must exist in the SASS of all seven
+# embedding, loss, optim, attention, attention_cached, rope) must exist in the SASS of all seven
 # targets without local memory; their register counts are printed per target.
 # Installs cuobjdump + nvdisasm 13.x from PyPI into .cache/cuobjdump (once).
 # Reads the newest build: target/{release,debug}/build/fp8-engine-*/out/.
@@ -81,9 +81,11 @@ declare -A layer_ops=(
     [loss]="fp8_cross_entropy_rows fp8_cross_entropy_mean fp8_cross_entropy_backward fp8_argmax"
     [optim]="fp8_adamw fp8_sum_squares fp8_sum_squares_total fp8_unscale_check"
     [attention]="fp8_attention_forward fp8_attention_backward_dq fp8_attention_backward_dkdv"
+    [attention_cached]="fp8_attention_cached"
+    [rope]="fp8_rope"
 )
 op_kernels=0
-for module in convert norm activation embedding loss optim attention; do
+for module in convert norm activation embedding loss optim attention attention_cached rope; do
     file="$out/$module.fatbin"
     [[ -f "$file" ]] || { echo "check-sass: $file missing" >&2; fail=1; continue; }
     declare -A regs_of=()

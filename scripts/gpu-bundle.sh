@@ -7,10 +7,12 @@
 # ops against their CPU twins, portable GEMMs, the Hopper probes and random
 # cases, the self-check, sanitizers on the small Hopper cases, benches) and writes $OUT/summary.txt: one PASS / FAIL /
 # SKIP line per step with its worst err/bound. `run.sh layers` runs the second
-# part instead: layers and training on the staged CUDA backend in shadow mode,
-# and the layer bench (summary-layers.txt). Each part's step limits add up to
+# part instead: every layer on the staged CUDA backend in shadow mode, NCCL and
+# the layer bench (summary-layers.txt); `run.sh train` the third: `fp8 train`
+# on both devices (fp32 included, resume across devices) and the tiny Llama
+# model with generation (summary-train.txt). Each part's step limits add up to
 # under 15 minutes. Copy the folder to a GPU machine (driver 580+, no toolkit
-# needed) and run `OUT=/some/dir bash gpu-bundle/run.sh [kernels|layers]`.
+# needed) and run `OUT=/some/dir bash gpu-bundle/run.sh [kernels|layers|train]`.
 # Usage: scripts/gpu-bundle.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,13 +42,14 @@ cat > "$out/run.sh" <<'RUN'
 # most its step's limit; the limits add up to under 15 minutes). Everything
 # goes under $OUT (default results/ here): summary.txt (one PASS/FAIL/SKIP
 # line per step, with the worst err/bound the step printed), the GEMM bench
-# outputs, and logs.tar.gz (one log per step). `run.sh layers` runs the layer
-# part instead: summary-layers.txt and logs-layers.tar.gz.
+# outputs, and logs.tar.gz (one log per step). `run.sh layers` and `run.sh
+# train` run the other parts instead: summary-PART.txt and logs-PART.tar.gz.
 part=${1:-kernels}
 case $part in
     kernels) suffix="" ;;
     layers) suffix="-layers" ;;
-    *) echo "usage: run.sh [kernels|layers]" >&2; exit 2 ;;
+    train) suffix="-train" ;;
+    *) echo "usage: run.sh [kernels|layers|train]" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")"
 OUT=${OUT:-$PWD/results}
@@ -127,7 +130,7 @@ if [[ $part == kernels ]]; then
 # part: kernels
 step info 45 ./fp8 info --load-all
 step gpu_kernels 60 ./gpu_kernels
-step gpu_ops 60 ./gpu_ops
+step gpu_ops 90 ./gpu_ops
 step gpu_gemm 75 ./gpu_gemm
 step hopper_probes 90 ./hopper_host hopper_probes --test-threads=1 --nocapture
 step hopper_random 90 ./hopper_host hopper_gemm_matches --test-threads=1 --nocapture
@@ -155,14 +158,23 @@ fi
 
 if [[ $part == layers ]]; then
 # part: layers
-# Every layer x precision and a short training run on the staged CUDA backend, every op
-# checked against its CPU twin, then the issue's layer FP8 vs bf16 (staged: copies included).
-step gpu_layers 150 ./gpu_layers
-step gpu_train 150 ./gpu_train
+# Every layer x precision on the staged CUDA backend, every op checked against its CPU twin,
+# then the issue's layer FP8 vs bf16 (staged: copies included).
+step gpu_layers 200 ./gpu_layers
 # NCCL at world size 1 (skips without libnccl on the machine).
 step gpu_nccl 60 ./gpu_nccl
 gpu_step step_out bench_layer 240 bench-layer.txt ./fp8 bench layer --device cuda \
     --hidden 4096 --heads 32 --ffn 16384 --seq 2048 --batch 2 --runs 3 --precision bf16,fp8-delayed
+fi
+# end of part
+
+if [[ $part == train ]]; then
+# part: train
+# Short `fp8 train` runs on both devices (every op checked against its CPU twin), fp32 on
+# cuBLASLt, the default --compare, resume across devices; then the tiny Llama model (rotary,
+# grouped-query and cached attention) forward + backward and greedy generation.
+step gpu_train 420 ./gpu_train
+step gpu_llama 180 ./gpu_llama
 fi
 # end of part
 
@@ -175,7 +187,7 @@ size=$(du -sm "$out" | cut -f1)
 echo "gpu-bundle: $out ($size MiB): $(ls "$out" | tr '\n' ' ')"
 if (( size >= 64 )); then echo "gpu-bundle: over the 64 MiB limit" >&2; exit 1; fi
 # The plan: in each part, every step's limit (timeout -k adds 10 s at most per step) under 15 minutes.
-for part in kernels layers; do
+for part in kernels layers train; do
     limits=$(sed -n "/^# part: $part\$/,/^# end of part\$/p" "$out/run.sh" \
         | grep -oE "^ *(gpu_step )?step(_out)? [a-z_0-9]+ [0-9]+" | awk '{s += $NF} END {print s + 0}')
     echo "gpu-bundle: $part step limits add up to $limits s (15 min = 900 s)"

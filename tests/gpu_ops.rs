@@ -1,5 +1,6 @@
 //! Every layer-op CUDA kernel (`cuda/convert.cu`, `norm.cu`, `activation.cu`,
-//! `embedding.cu`, `loss.cu`, `optim.cu`, `attention.cu`) against its CPU twin
+//! `embedding.cu`, `loss.cu`, `optim.cu`, `attention.cu`, `rope.cu`,
+//! `attention_cached.cu`, and the f32 GEMM on cuBLASLt) against its CPU twin
 //! on random inputs of awkward shapes, held to the op's contract of
 //! `docs/numerics.md`: same bits where the contract says so, else the stated
 //! bound, each printed as err/bound; and the device arenas of training state.
@@ -12,6 +13,8 @@ mod arena;
 mod compare;
 #[path = "gpu_ops/elementwise.rs"]
 mod elementwise;
+#[path = "gpu_ops/llama_ops.rs"]
+mod llama_ops;
 #[path = "gpu_ops/rows.rs"]
 mod rows;
 
@@ -93,6 +96,7 @@ fn main() -> ExitCode {
     elementwise::run(&mut ctx, &mut results);
     rows::run(&mut ctx, &mut results);
     arena::run(&mut ctx, &mut results);
+    llama_ops::run(&mut ctx, &mut results);
     for (label, r) in &results {
         match r {
             Ok(ratio) => println!("ok {label}: err/bound={ratio:.3e}"),

@@ -1,5 +1,6 @@
 /* Kernel parameter structs of the layer ops (cuda/convert.cu, norm.cu,
- * activation.cu, embedding.cu, loss.cu, optim.cu, attention.cu), included by
+ * activation.cu, embedding.cu, loss.cu, optim.cu, attention.cu, rope.cu,
+ * attention_cached.cu), included by
  * fp8_params.h so tools/gen-bindings generates their Rust side with the rest.
  * Every tensor is a device address (0: none); f32 unless a field says otherwise. */
 #ifndef FP8_OPS_PARAMS_H
@@ -140,5 +141,41 @@ typedef struct Fp8AttentionParams {
     float scale;    /* softmax scale */
     uint32_t dtype; /* FP8_DTYPE_*: probabilities and outputs rounded to it */
 } Fp8AttentionParams;
+
+/* Rotary position embedding (rotate-half), in place on x [rows, heads *
+ * head_dim]; one thread per (row, head, i < half) pair. cos/sin hold only the
+ * rows of the table the call reads: [table_rows, half], row r being position
+ * first_position + r. Token t is at position first_position + t % seq. */
+typedef struct Fp8RopeParams {
+    uint64_t x;
+    uint64_t cos;
+    uint64_t sin;
+    uint64_t rows;
+    uint64_t seq;
+    uint32_t heads;
+    uint32_t head_dim;
+    uint32_t half;   /* rotary_dim / 2 */
+    uint32_t negate; /* 1: backward, the rotation by the negative angle */
+} Fp8RopeParams;
+
+/* Causal attention of new queries against a key/value cache (generation),
+ * forward only, grouped-query heads read in place: q and out [queries, heads *
+ * head_dim], k and v [keys, kv_heads * head_dim]; query i attends to keys
+ * 0 ..= keys - queries + i; query head h reads key/value head h / (heads /
+ * kv_heads). One block per (query, head); the row's scores in shared memory. */
+typedef struct Fp8CachedAttentionParams {
+    uint64_t q;
+    uint64_t k;
+    uint64_t v;
+    uint64_t out;
+    uint32_t queries;
+    uint32_t keys;
+    uint32_t heads;
+    uint32_t kv_heads;
+    uint32_t head_dim;
+    float scale;    /* softmax scale */
+    uint32_t dtype; /* FP8_DTYPE_*: probabilities and outputs rounded to it */
+    uint32_t pad;
+} Fp8CachedAttentionParams;
 
 #endif /* FP8_OPS_PARAMS_H */

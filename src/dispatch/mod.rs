@@ -342,28 +342,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_op_without_a_kernel_names_itself_and_the_device_and_runs_nothing() {
+    fn rope_on_cuda_checks_its_shape_like_the_twin_before_opening_the_device() {
         let table = RopeTable::new(&[1.0, 0.5], 4);
         let shape = RopeShape {
             rows: 2,
             seq: 2,
             heads: 1,
             head_dim: 4,
-            first_position: 0,
+            first_position: 3,
         };
         let mut x = vec![7.0f32; 8];
-        let err = Backend::on(DeviceKind::Cuda(3))
+        // Position 4 is past the table: the twin's error, whether or not GPU 99 exists.
+        let cuda = Backend::on(DeviceKind::Cuda(99))
             .kernels()
             .rope_forward(&mut x, shape, &table)
-            .expect_err("rope has no CUDA kernel");
-        assert_eq!(
-            err,
-            Error::Unsupported {
-                op: "rope_forward",
-                device: "cuda:3".into()
-            }
-        );
-        assert_eq!(x, vec![7.0; 8], "an unsupported op must not touch its input");
+            .expect_err("past the table");
+        let cpu = Backend::default()
+            .kernels()
+            .rope_forward(&mut x, shape, &table)
+            .expect_err("past the table");
+        assert_eq!(cuda, cpu);
+        // A good shape reaches the device, which is missing: a typed error, x untouched.
+        let shape = RopeShape {
+            first_position: 0,
+            ..shape
+        };
+        let err = Backend::on(DeviceKind::Cuda(99))
+            .kernels()
+            .rope_backward(&mut x, shape, &table)
+            .expect_err("there is no GPU 99");
+        assert!(matches!(err, Error::NoGpu { .. } | Error::KernelsMissing), "{err}");
+        assert_eq!(x, vec![7.0; 8], "a failed op must not touch its input");
     }
 
     #[test]
@@ -379,21 +388,27 @@ mod tests {
     }
 
     #[test]
-    fn f32_and_mxfp8_gemm_operands_are_unsupported_on_cuda_before_any_device_is_opened() {
+    fn mxfp8_gemm_operands_are_unsupported_on_cuda_and_f32_ones_are_checked_before_the_device() {
         let data = vec![1.0f32; 16 * 16];
         let a = Operand::F32(crate::gemm::Mat::new(&data, 16, 16).unwrap());
         let mut d = vec![0.0f32; 16 * 16];
+        // f32 operands take the cuBLASLt path: GPU 99 is missing, a typed error.
         let err = Backend::on(DeviceKind::Cuda(99))
             .kernels()
             .gemm(&a, &a, Output::F32(&mut d), &GemmParams::default())
             .unwrap_err();
-        assert_eq!(
-            err,
-            Error::Unsupported {
-                op: "gemm (f32 operands)",
-                device: "cuda:99".into()
-            }
-        );
+        assert!(matches!(err, Error::NoGpu { .. } | Error::KernelsMissing), "{err}");
+        // A wrong output length is the CPU GEMM's own error, before any device is opened.
+        let mut short = vec![0.0f32; 16 * 15];
+        let cuda = Backend::on(DeviceKind::Cuda(99))
+            .kernels()
+            .gemm(&a, &a, Output::F32(&mut short), &GemmParams::default())
+            .unwrap_err();
+        let cpu = Backend::default()
+            .kernels()
+            .gemm(&a, &a, Output::F32(&mut short), &GemmParams::default())
+            .unwrap_err();
+        assert_eq!(cuda, cpu);
         let q = crate::quantize::quantize_mxfp8(&data, 16, 16, Fp8Format::E4M3, false).unwrap();
         let b = Operand::Fp8(Fp8Format::E4M3, q.rowwise());
         let err = Backend::on(DeviceKind::Cuda(99))

@@ -28,6 +28,30 @@ pub struct CachedAttentionShape {
     pub head_dim: usize,
 }
 
+/// The argument check of both backends, on the lengths of `[q, k, v, out]`: true when there
+/// is nothing to compute (no query, head or feature).
+pub(crate) fn nothing_to_do(shape: &CachedAttentionShape, [q, k, v, out]: [usize; 4]) -> Result<bool> {
+    let CachedAttentionShape {
+        queries,
+        keys,
+        heads,
+        kv_heads,
+        head_dim: d,
+    } = *shape;
+    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) || queries > keys {
+        return Err(Error::InvalidShape {
+            what: "cached attention",
+            reason: format!("{heads} heads over {kv_heads} key/value heads, {queries} queries over {keys} keys"),
+        });
+    }
+    let width = |heads: usize| heads.saturating_mul(d);
+    len("cached attention q", queries, width(heads), q)?;
+    len("cached attention out", queries, width(heads), out)?;
+    len("cached attention k", keys, width(kv_heads), k)?;
+    len("cached attention v", keys, width(kv_heads), v)?;
+    Ok(queries == 0 || heads == 0 || d == 0)
+}
+
 /// `out [queries, heads * head_dim]` from `q [queries, heads * head_dim]` and the cache
 /// `k`, `v` `[keys, kv_heads * head_dim]`.
 #[allow(clippy::too_many_arguments)]
@@ -40,6 +64,9 @@ pub fn attention_cached(
     dtype: Dtype,
     out: &mut [f32],
 ) -> Result<()> {
+    if nothing_to_do(&shape, [q.len(), k.len(), v.len(), out.len()])? {
+        return Ok(());
+    }
     let CachedAttentionShape {
         queries,
         keys,
@@ -47,19 +74,6 @@ pub fn attention_cached(
         kv_heads,
         head_dim: d,
     } = shape;
-    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) || queries > keys {
-        return Err(Error::InvalidShape {
-            what: "cached attention",
-            reason: format!("{heads} heads over {kv_heads} key/value heads, {queries} queries over {keys} keys"),
-        });
-    }
-    len("cached attention q", queries, heads * d, q.len())?;
-    len("cached attention out", queries, heads * d, out.len())?;
-    len("cached attention k", keys, kv_heads * d, k.len())?;
-    len("cached attention v", keys, kv_heads * d, v.len())?;
-    if queries == 0 || heads == 0 || d == 0 {
-        return Ok(());
-    }
     let group = heads / kv_heads;
     let kv_width = kv_heads * d;
     out.par_chunks_mut(d).enumerate().for_each(|(row_head, o)| {

@@ -113,6 +113,14 @@ impl RopeTable {
     pub fn rotary_dim(&self) -> usize {
         self.rotary_dim
     }
+
+    /// `(cos, sin)` of positions `first .. first + count`, `[count, rotary_dim / 2]` each (the
+    /// rows a device kernel needs); `None` past the table.
+    pub fn rows(&self, first: usize, count: usize) -> Option<(&[f32], &[f32])> {
+        let half = self.rotary_dim / 2;
+        let range = first.checked_mul(half)?..first.checked_add(count)?.checked_mul(half)?;
+        Some((self.cos.get(range.clone())?, self.sin.get(range)?))
+    }
 }
 
 /// Shape of a rotary application: `rows` tokens of `heads` heads of `head_dim`, token `r` at
@@ -132,7 +140,8 @@ pub struct RopeShape {
     pub first_position: usize,
 }
 
-fn check(x: &[f32], shape: &RopeShape, table: &RopeTable) -> Result<usize> {
+/// The argument check of both backends: returns the row width `heads * head_dim`.
+pub(crate) fn check(x: &[f32], shape: &RopeShape, table: &RopeTable) -> Result<usize> {
     let width = elements("rope width (heads x head_dim)", shape.heads, shape.head_dim)?;
     len("rope x", shape.rows, width, x.len())?;
     if table.rotary_dim > shape.head_dim || shape.seq == 0 {

@@ -405,8 +405,12 @@ pub fn run_model(
     };
     let report = ledger.report();
     let memory_summary = memory_summary(&ledger);
+    // The run's own accounting is released; Workspace is counted by the allocations themselves
+    // (the CUDA staging pool, which outlives the run) and stays as it is.
     for category in MemoryCategory::ALL {
-        set_usage(&ledger, category, 0);
+        if category != MemoryCategory::Workspace {
+            set_usage(&ledger, category, 0);
+        }
     }
     Ok(RunOutput {
         summary: PrecisionSummary {

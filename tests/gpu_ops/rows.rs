@@ -166,7 +166,7 @@ fn norm(ctx: &mut Ctx, layer: bool, shape: NormShape, zero_centered: bool) -> Ch
 
 /// The contract's bound for attention results in `dtype`: the reduction bound for f32, the
 /// dtype's tolerance for bf16/fp16 (`docs/numerics.md`, Op contracts and Tolerances).
-fn attention_bound(what: &str, gpu: &[f32], cpu: &[f32], dtype: Dtype) -> Check {
+pub fn attention_bound(what: &str, gpu: &[f32], cpu: &[f32], dtype: Dtype) -> Check {
     match dtype {
         Dtype::F32 => reduction(what, gpu, cpu),
         Dtype::Bf16 => bounded(what, gpu, cpu, 1.6e-2, 1e-5),

@@ -28,7 +28,7 @@ pub(crate) struct AttentionLaunch {
 
 /// Static shared memory the kernels keep next to the dynamic rows (a block
 /// reduction's 8 floats), rounded up; the 48 KiB limit counts both.
-const STATIC_SHARED: usize = 256;
+pub(crate) const STATIC_SHARED: usize = 256;
 
 /// Checks the shape's limits and sizes the launch of a kernel that keeps
 /// `rows_in_shared` f32 rows of `seq` values in shared memory (1 forward and

@@ -1,7 +1,7 @@
 //! GPU discovery and the `CudaDevice` handle: context, stream, kernel modules, memory ledger.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtrMut, result};
@@ -11,6 +11,20 @@ use super::error::{CudaResultExt, describe_error_flag};
 use crate::backend::kernels;
 use crate::error::{Error, Result};
 use crate::memory::MemoryLedger;
+
+/// The memory ledger of GPU `ordinal`, one per GPU for the process: every `CudaDevice` opened on
+/// it (the CLI's, the staged op arms', a test's) counts into the same ledger, so `fp8 train
+/// --device cuda`'s memory summary includes the staging buffers the ops allocate (Workspace).
+pub(crate) fn ledger_of(ordinal: usize) -> Arc<MemoryLedger> {
+    static LEDGERS: OnceLock<Mutex<HashMap<usize, Arc<MemoryLedger>>>> = OnceLock::new();
+    LEDGERS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(ordinal)
+        .or_insert_with(|| Arc::new(MemoryLedger::new()))
+        .clone()
+}
 
 /// What discovery reports about one GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -136,7 +150,7 @@ impl CudaDevice {
             ctx,
             stream,
             info,
-            ledger: Arc::new(MemoryLedger::new()),
+            ledger: ledger_of(ordinal),
             modules: Mutex::new(HashMap::new()),
             kernel_flag: Mutex::new(None),
         })
@@ -231,5 +245,24 @@ impl CudaDevice {
         loaded
             .load_function(function)
             .call(&format!("cuModuleGetFunction({module}.{function})"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryCategory;
+
+    #[test]
+    fn every_handle_on_one_gpu_counts_into_one_ledger() {
+        // Ordinals no machine has, so no other test's GPU ledger is touched.
+        let (a, b, other) = (ledger_of(1001), ledger_of(1001), ledger_of(1002));
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, &other));
+        a.allocate(MemoryCategory::Workspace, 4096);
+        assert_eq!(b.usage(MemoryCategory::Workspace).current, 4096);
+        assert_eq!(other.usage(MemoryCategory::Workspace).current, 0);
+        b.free(MemoryCategory::Workspace, 4096);
+        assert_eq!(a.total().current, 0);
     }
 }

@@ -1,6 +1,7 @@
-//! cuBLASLt baselines (FP8 with per-tensor scale pointers, and bf16) through
-//! `cudarc::cublaslt::result`, for benches and cross-check tests only: the
-//! engine's own GEMMs are the hand-written kernels of `cuda/`.
+//! cuBLASLt through `cudarc::cublaslt::result`: baselines (FP8 with per-tensor
+//! scale pointers, and bf16) for benches and cross-check tests, and the
+//! engine's f32 reference GEMM (f32 inputs, `CUBLAS_COMPUTE_32F`: no TF32;
+//! `super::gemm_f32`). The engine's other GEMMs are the hand-written kernels of `cuda/`.
 //!
 //! Layout. cuBLASLt is column-major; our matrices are row-major. A row-major
 //! `X [r, c]` is the column-major `X^T (c x r)` with the same bytes and ld = c.
@@ -57,6 +58,12 @@ impl std::fmt::Debug for CublasLt {
     }
 }
 
+// SAFETY: a cuBLASLt handle is not bound to the thread that created it (cuBLASLt allows a
+// handle on any host thread whose current context is the handle's; every user binds the
+// device's context first), and the workspace is a plain device allocation. Shared use goes
+// through a Mutex (`dispatch::cuda_ops`), so no two threads call with it at once.
+unsafe impl Send for CublasLt {}
+
 impl Drop for CublasLt {
     fn drop(&mut self) {
         // SAFETY: the handle came from cublasLtCreate and is destroyed once, here.
@@ -86,6 +93,13 @@ pub enum LtInputs<'a> {
         a: &'a DeviceBuffer<bf16>,
         /// `[n, k]`.
         b: &'a DeviceBuffer<bf16>,
+    },
+    /// f32, multiplied in f32 (`CUBLAS_COMPUTE_32F` never rounds inputs to TF32).
+    F32 {
+        /// `[m, k]`.
+        a: &'a DeviceBuffer<f32>,
+        /// `[n, k]`.
+        b: &'a DeviceBuffer<f32>,
     },
 }
 
@@ -179,6 +193,12 @@ impl CublasLt {
                 a.len(),
                 b.len(),
             ),
+            LtInputs::F32 { a, b } => (
+                sys::cudaDataType::CUDA_R_32F,
+                sys::cudaDataType::CUDA_R_32F,
+                a.len(),
+                b.len(),
+            ),
         };
         check("A", a_len, m * k)?;
         check("B", b_len, n * k)?;
@@ -264,6 +284,7 @@ impl CublasLt {
         let (a_ptr, b_ptr) = match &inputs {
             LtInputs::Fp8 { a, b, .. } => (a.0.address(device), b.0.address(device)),
             LtInputs::Bf16 { a, b } => (a.address(device), b.address(device)),
+            LtInputs::F32 { a, b } => (a.address(device), b.address(device)),
         };
         let ws_ptr = self.workspace.address_mut(device);
         let beta = 0.0f32;

@@ -5,9 +5,9 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use super::context::CudaDevice;
 use super::error::CudaResultExt;
 use super::params::{
-    Fp8AdamWItemParams, Fp8AdamWParams, Fp8AmaxParams, Fp8AttentionParams, Fp8BlockParams, Fp8CastParams,
-    Fp8CrossEntropyParams, Fp8DelayedUpdateParams, Fp8DequantParams, Fp8EltwiseParams, Fp8EmbeddingParams,
-    Fp8NormParams,
+    Fp8AdamWItemParams, Fp8AdamWParams, Fp8AmaxParams, Fp8AttentionParams, Fp8BlockParams, Fp8CachedAttentionParams,
+    Fp8CastParams, Fp8CrossEntropyParams, Fp8DelayedUpdateParams, Fp8DequantParams, Fp8EltwiseParams,
+    Fp8EmbeddingParams, Fp8NormParams, Fp8RopeParams,
 };
 use crate::error::{Error, Result};
 
@@ -34,6 +34,10 @@ unsafe impl DeviceRepr for Fp8CrossEntropyParams {}
 unsafe impl DeviceRepr for Fp8AdamWParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for Fp8AttentionParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for Fp8RopeParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for Fp8CachedAttentionParams {}
 // SAFETY: as above; uploaded as an array the AdamW kernel reads (16 bytes, no padding).
 unsafe impl DeviceRepr for Fp8AdamWItemParams {}
 

@@ -2,12 +2,14 @@
 //! never panics without a driver, a device with its stream, kernel modules
 //! loaded from the embedded fatbins, tracked allocations, the launchers
 //! of the memory-bound FP8 kernels, and those of the layer ops (convert, norm,
-//! activation, embedding, loss, optim, attention: not yet run on a GPU) with
+//! activation, embedding, loss, optim, attention, rope, cached attention, f32 GEMM:
+//! not yet run on a GPU) with
 //! the device arenas of training state.
 
 pub mod activation;
 pub mod arena;
 pub mod attention;
+pub mod attention_cached;
 mod buffer;
 mod context;
 pub mod convert;
@@ -17,6 +19,7 @@ mod error;
 pub mod error_bound;
 pub mod gemm;
 pub mod gemm_dispatch;
+pub mod gemm_f32;
 pub mod gemm_operands;
 pub mod gemm_path;
 pub mod gemm_portable;
@@ -31,6 +34,7 @@ pub mod optim;
 pub mod params;
 pub(crate) mod pool;
 pub mod quantize;
+pub mod rope;
 
 pub use buffer::{DeviceBuffer, DeviceElement};
 pub use context::{CudaDevice, GpuInfo, discover, driver_present, driver_version};

@@ -538,3 +538,72 @@ const _: () = {
     ["Offset of field: Fp8AttentionParams::scale"][::core::mem::offset_of!(Fp8AttentionParams, scale) - 96usize];
     ["Offset of field: Fp8AttentionParams::dtype"][::core::mem::offset_of!(Fp8AttentionParams, dtype) - 100usize];
 };
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct Fp8RopeParams {
+    pub x: u64,
+    pub cos: u64,
+    pub sin: u64,
+    pub rows: u64,
+    pub seq: u64,
+    pub heads: u32,
+    pub head_dim: u32,
+    pub half: u32,
+    pub negate: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Fp8RopeParams"][::core::mem::size_of::<Fp8RopeParams>() - 56usize];
+    ["Alignment of Fp8RopeParams"][::core::mem::align_of::<Fp8RopeParams>() - 8usize];
+    ["Offset of field: Fp8RopeParams::x"][::core::mem::offset_of!(Fp8RopeParams, x) - 0usize];
+    ["Offset of field: Fp8RopeParams::cos"][::core::mem::offset_of!(Fp8RopeParams, cos) - 8usize];
+    ["Offset of field: Fp8RopeParams::sin"][::core::mem::offset_of!(Fp8RopeParams, sin) - 16usize];
+    ["Offset of field: Fp8RopeParams::rows"][::core::mem::offset_of!(Fp8RopeParams, rows) - 24usize];
+    ["Offset of field: Fp8RopeParams::seq"][::core::mem::offset_of!(Fp8RopeParams, seq) - 32usize];
+    ["Offset of field: Fp8RopeParams::heads"][::core::mem::offset_of!(Fp8RopeParams, heads) - 40usize];
+    ["Offset of field: Fp8RopeParams::head_dim"][::core::mem::offset_of!(Fp8RopeParams, head_dim) - 44usize];
+    ["Offset of field: Fp8RopeParams::half"][::core::mem::offset_of!(Fp8RopeParams, half) - 48usize];
+    ["Offset of field: Fp8RopeParams::negate"][::core::mem::offset_of!(Fp8RopeParams, negate) - 52usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct Fp8CachedAttentionParams {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub out: u64,
+    pub queries: u32,
+    pub keys: u32,
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    pub scale: f32,
+    pub dtype: u32,
+    pub pad: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Fp8CachedAttentionParams"][::core::mem::size_of::<Fp8CachedAttentionParams>() - 64usize];
+    ["Alignment of Fp8CachedAttentionParams"][::core::mem::align_of::<Fp8CachedAttentionParams>() - 8usize];
+    ["Offset of field: Fp8CachedAttentionParams::q"][::core::mem::offset_of!(Fp8CachedAttentionParams, q) - 0usize];
+    ["Offset of field: Fp8CachedAttentionParams::k"][::core::mem::offset_of!(Fp8CachedAttentionParams, k) - 8usize];
+    ["Offset of field: Fp8CachedAttentionParams::v"][::core::mem::offset_of!(Fp8CachedAttentionParams, v) - 16usize];
+    ["Offset of field: Fp8CachedAttentionParams::out"]
+        [::core::mem::offset_of!(Fp8CachedAttentionParams, out) - 24usize];
+    ["Offset of field: Fp8CachedAttentionParams::queries"]
+        [::core::mem::offset_of!(Fp8CachedAttentionParams, queries) - 32usize];
+    ["Offset of field: Fp8CachedAttentionParams::keys"]
+        [::core::mem::offset_of!(Fp8CachedAttentionParams, keys) - 36usize];
+    ["Offset of field: Fp8CachedAttentionParams::heads"]
+        [::core::mem::offset_of!(Fp8CachedAttentionParams, heads) - 40usize];
+    ["Offset of field: Fp8CachedAttentionParams::kv_heads"]
+        [::core::mem::offset_of!(Fp8CachedAttentionParams, kv_heads) - 44usize];
+    ["Offset of field: Fp8CachedAttentionParams::head_dim"]
+        [::core::mem::offset_of!(Fp8CachedAttentionParams, head_dim) - 48usize];
+    ["Offset of field: Fp8CachedAttentionParams::scale"]
+        [::core::mem::offset_of!(Fp8CachedAttentionParams, scale) - 52usize];
+    ["Offset of field: Fp8CachedAttentionParams::dtype"]
+        [::core::mem::offset_of!(Fp8CachedAttentionParams, dtype) - 56usize];
+    ["Offset of field: Fp8CachedAttentionParams::pad"]
+        [::core::mem::offset_of!(Fp8CachedAttentionParams, pad) - 60usize];
+};

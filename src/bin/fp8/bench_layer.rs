@@ -20,7 +20,8 @@ use crate::error::CliError;
 #[derive(Args, Clone)]
 pub struct LayerArgs {
     /// Comma-separated precisions (fp32, bf16, fp16, fp8-delayed, fp8-current, fp8-block, mxfp8);
-    /// default: all of them on the CPU, bf16,fp8-delayed on CUDA (no f32 or MXFP8 CUDA GEMM).
+    /// default: all of them on the CPU, bf16,fp8-delayed on CUDA (FP8 against bf16;
+    /// fp32 runs there on cuBLASLt when named, MXFP8 has no CUDA GEMM).
     #[arg(long)]
     precision: Option<String>,
     /// Where the layer runs: cpu, cuda, cuda:N or auto.

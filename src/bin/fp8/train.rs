@@ -34,9 +34,8 @@ pub struct TrainArgs {
     /// One precision: auto, fp32, bf16, fp16, fp8-delayed, fp8-current, fp8-block, mxfp8.
     #[arg(long, conflicts_with = "compare")]
     precision: Option<String>,
-    /// Comma-separated precisions run with the same seed and data (default: fp32,fp8-delayed on the
-    /// CPU; on a GPU, which has no f32 GEMM yet: bf16,fp8-delayed on sm_89+, bf16 on sm_80/86,
-    /// fp16 on sm_75).
+    /// Comma-separated precisions run with the same seed and data (default: fp32,fp8-delayed; on a
+    /// GPU below sm_89, which has no FP8 tensor cores: fp32,bf16 on sm_80/86, fp32,fp16 on sm_75).
     #[arg(long)]
     compare: Option<String>,
     /// Optimizer steps.
@@ -212,39 +211,52 @@ fn precisions(args: &TrainArgs, device: &Device) -> Result<Vec<Precision>, CliEr
     Ok(out)
 }
 
-/// The default comparison: fp32 against fp8-delayed, or on a GPU (no f32 CUDA GEMM) the best
-/// 16-bit precision of the GPU against fp8-delayed where it has FP8 tensor cores; said once.
+/// The default comparison: fp32 against fp8-delayed, on a GPU too (its f32 GEMM is the
+/// cuBLASLt reference path), where fp8-delayed needs FP8 tensor cores (sm_89+): the GPU's best
+/// 16-bit precision replaces it below that; said once. Without libcublasLt a GPU has no f32
+/// GEMM, and the 16-bit precision replaces fp32.
 fn default_precisions(device: &Device) -> Vec<String> {
     let Device::Cuda(gpu) = device else {
         return vec!["fp32".to_string(), "fp8-delayed".to_string()];
     };
-    let names: &[&str] = match gpu.info().compute_capability {
-        cc if cc >= (8, 9) => &["bf16", "fp8-delayed"],
-        cc if cc >= (8, 0) => &["bf16"],
-        _ => &["fp16"],
+    let (half, fp8) = match gpu.info().compute_capability {
+        cc if cc >= (8, 9) => ("bf16", true),
+        cc if cc >= (8, 0) => ("bf16", false),
+        _ => ("fp16", false),
+    };
+    let lt = fp8_engine::backend::cuda::cublaslt::cublaslt_present();
+    let mut names = vec![if lt { "fp32" } else { half }];
+    if fp8 {
+        names.push("fp8-delayed");
+    } else if lt {
+        names.push(half);
+    }
+    let why = match (lt, fp8) {
+        (true, true) => "",
+        (true, false) => " (no FP8 tensor cores below sm_89)",
+        (false, _) => " (libcublasLt is missing: no f32 GEMM on the GPU)",
     };
     eprintln!(
-        "fp8 train: default precisions on {}: {} (the CUDA backend has no f32 GEMM yet)",
+        "fp8 train: default precisions on {}: {}{why}",
         device.describe(),
         names.join(",")
     );
     names.iter().map(|n| n.to_string()).collect()
 }
 
-/// Refuses, before any training, a precision whose GEMMs the CUDA backend lacks (f32 and
-/// MXFP8 operands: `docs/cuda-backend.md`, GEMM operands).
+/// Refuses, before any training, a precision whose GEMMs the CUDA backend lacks (MXFP8
+/// operands: `docs/cuda-backend.md`, GEMM operands). f32 runs on cuBLASLt.
 fn cuda_gemm_exists(precision: &Precision, device: &Device) -> Result<(), CliError> {
     if !matches!(device, Device::Cuda(_)) {
         return Ok(());
     }
     let missing = match precision {
-        Precision::Fp32 => "f32 (no f32 CUDA GEMM yet)",
         Precision::Fp8(Recipe::Mxfp8(_)) => "MXFP8 (no E8M0-scaled CUDA GEMM yet)",
         _ => return Ok(()),
     };
     Err(CliError(format!(
         "precision {} cannot train on {}: the CUDA backend has no GEMM for {missing}; \
-         use --compare bf16,fp8-delayed on the GPU, or --device cpu",
+         use --compare fp32,fp8-delayed on the GPU, or --device cpu",
         precision.name(),
         device.describe()
     )))

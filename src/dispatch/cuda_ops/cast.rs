@@ -4,6 +4,7 @@
 use super::{Staged, staged};
 use crate::amp::Fp8Recipe;
 use crate::backend::cuda::gemm::gemm_host;
+use crate::backend::cuda::gemm_f32::gemm_f32_host;
 use crate::dispatch::{Cast, CudaKernels, fp8_cast};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
@@ -157,23 +158,22 @@ pub(crate) fn quantize(
 /// where `gemm_path` picks it, with its self-check). f32 and MXFP8 operands have no CUDA
 /// GEMM: `Unsupported` (`docs/cuda-backend.md`, GEMM operands).
 pub(crate) fn gemm(k: &CudaKernels, a: &Operand, b: &Operand, out: Output, params: &GemmParams) -> Result<GemmReport> {
-    let device = DeviceKind::Cuda(k.ordinal).to_string();
     for op in [a, b] {
-        match op {
-            Operand::F32(_) => {
-                return Err(Error::Unsupported {
-                    op: "gemm (f32 operands)",
-                    device,
-                });
-            }
-            Operand::Fp8(_, q) if q.scales().kind() == ScaleKind::Mxfp8 => {
-                return Err(Error::Unsupported {
-                    op: "gemm (MXFP8 operands)",
-                    device,
-                });
-            }
-            _ => {}
+        if let Operand::Fp8(_, q) = op
+            && q.scales().kind() == ScaleKind::Mxfp8
+        {
+            return Err(Error::Unsupported {
+                op: "gemm (MXFP8 operands)",
+                device: DeviceKind::Cuda(k.ordinal).to_string(),
+            });
         }
+    }
+    if let (Operand::F32(a), Operand::F32(b)) = (a, b) {
+        // The f32 reference path (cuBLASLt, f32 compute, TF32 off); the arguments are checked
+        // like the CPU GEMM's before the device is opened.
+        crate::gemm::plan(&Operand::F32(*a), &Operand::F32(*b), &out, params)?;
+        let s = staged(k)?;
+        return s.with_cublaslt(|lt| gemm_f32_host(s.device(), lt, (a, b), out, params));
     }
     let s = staged(k)?;
     gemm_host(s.device(), a, b, out, params)

@@ -1,15 +1,18 @@
-//! Staged arms of the layer ops: dtype conversion, norms, activations, attention,
-//! residual add, column sum (launchers in `backend::cuda::{convert, norm,
-//! activation, attention}`). Each: upload inputs (and in-place state), launch,
-//! download outputs; the launcher checks every length against the shape.
+//! Staged arms of the layer ops: dtype conversion, norms, activations, attention
+//! (training and cached), rotary embedding, residual add, column sum (launchers
+//! in `backend::cuda::{convert, norm, activation, attention, attention_cached,
+//! rope}`). Each: upload inputs (and in-place state), launch, download outputs;
+//! the launcher checks every length against the shape.
 
 use half::{bf16, f16};
 
-use super::{Pooled, Staged, staged, unsupported};
+use super::{Pooled, Staged, staged};
 use crate::backend::cuda::DeviceElement;
 use crate::backend::cuda::norm::NormParamsRef;
+use crate::backend::cuda::rope::{RopeDirection, host_rows};
 use crate::dispatch::{AttentionShape, CachedAttentionShape, CudaKernels, NormShape, PlainMat, RopeShape, RopeTable};
 use crate::error::Result;
+use crate::ops::attention_cached::nothing_to_do;
 use crate::tensor::Dtype;
 
 /// `[rows, cols]` f32 values converted on the device to `T`, transposed when asked.
@@ -286,29 +289,45 @@ pub(crate) fn attention_backward(
     s.down(&dv_d, dv)
 }
 
-/// No kernel: generation's cached attention (grouped key/value heads) runs on the CPU backend.
+/// Generation's cached attention, grouped key/value heads read in place.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_cached(
-    kernels: &CudaKernels,
-    _q: &[f32],
-    _keys: &[f32],
-    _v: &[f32],
-    _shape: CachedAttentionShape,
-    _softmax_scale: f32,
-    _dtype: Dtype,
-    _out: &mut [f32],
+    k: &CudaKernels,
+    q: &[f32],
+    keys: &[f32],
+    v: &[f32],
+    shape: CachedAttentionShape,
+    softmax_scale: f32,
+    dtype: Dtype,
+    out: &mut [f32],
 ) -> Result<()> {
-    Err(unsupported(kernels, "attention_cached"))
+    // The twin's check first: a bad shape is the same error on both backends, before any copy.
+    if nothing_to_do(&shape, [q.len(), keys.len(), v.len(), out.len()])? {
+        return Ok(());
+    }
+    let s = staged(k)?;
+    let (q_d, k_d, v_d, mut out_d) = (s.up(q)?, s.up(keys)?, s.up(v)?, s.scratch(out.len())?);
+    s.device()
+        .attention_cached(&q_d, &k_d, &v_d, shape, softmax_scale, dtype, &mut out_d)?;
+    s.down(&out_d, out)
 }
 
-/// No kernel yet (`docs/cuda-backend.md`, Ops without a kernel).
-pub(crate) fn rope_forward(k: &CudaKernels, _x: &mut [f32], _shape: RopeShape, _table: &RopeTable) -> Result<()> {
-    Err(unsupported(k, "rope_forward"))
+/// The rotary embedding in place: `x` and the table rows of the call's positions go up.
+fn rope(k: &CudaKernels, x: &mut [f32], shape: RopeShape, table: &RopeTable, direction: RopeDirection) -> Result<()> {
+    let (cos, sin) = host_rows(x, &shape, table)?;
+    let s = staged(k)?;
+    let (mut x_d, cos_d, sin_d) = (s.up(x)?, s.up(cos)?, s.up(sin)?);
+    s.device()
+        .rope(&mut x_d, shape, table.rotary_dim(), &cos_d, &sin_d, direction)?;
+    s.down(&x_d, x)
 }
 
-/// No kernel yet (`docs/cuda-backend.md`, Ops without a kernel).
-pub(crate) fn rope_backward(k: &CudaKernels, _dx: &mut [f32], _shape: RopeShape, _table: &RopeTable) -> Result<()> {
-    Err(unsupported(k, "rope_backward"))
+pub(crate) fn rope_forward(k: &CudaKernels, x: &mut [f32], shape: RopeShape, table: &RopeTable) -> Result<()> {
+    rope(k, x, shape, table, RopeDirection::Forward)
+}
+
+pub(crate) fn rope_backward(k: &CudaKernels, dx: &mut [f32], shape: RopeShape, table: &RopeTable) -> Result<()> {
+    rope(k, dx, shape, table, RopeDirection::Backward)
 }
 
 pub(crate) fn residual_add(k: &CudaKernels, x: &[f32], f: &[f32], dtype: Dtype) -> Result<Vec<f32>> {

@@ -6,9 +6,9 @@
 //! the model and the trainer run unchanged on either backend; device-resident
 //! tensors (`tensor::Storage::Cuda`) are the next step and remove the copies.
 //!
-//! Ops without a kernel (`attention_cached`, `rope_forward`, `rope_backward`)
-//! return `Error::Unsupported` naming the op before any device is opened, as do
-//! GEMMs of f32 or MXFP8 operands. None of this has run on a GPU yet.
+//! Every op has a kernel; GEMMs of MXFP8 operands return `Error::Unsupported`
+//! before any device is opened; f32 operands take the cuBLASLt reference path
+//! (`backend::cuda::gemm_f32`). None of this has run on a GPU yet.
 
 mod cast;
 mod layer;
@@ -33,11 +33,11 @@ use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 use half::{bf16, f16};
 
 use super::CudaKernels;
+use crate::backend::cuda::cublaslt::CublasLt;
 use crate::backend::cuda::pool::SizePool;
 use crate::backend::cuda::{CudaDevice, DeviceBuffer};
 use crate::error::{Error, Result};
 use crate::memory::MemoryCategory;
-use crate::tensor::DeviceKind;
 
 /// Bytes of spare staging buffers kept per element type: enough for every tensor of one
 /// layer step at the layer shape (a 2 x 2048 x 16384 f32 activation is 256 MiB).
@@ -49,6 +49,9 @@ const POOL_PER_LEN: usize = 8;
 /// pool of staging buffers per element type.
 pub(crate) struct Staged {
     device: CudaDevice,
+    /// cuBLASLt for the f32 reference GEMM, made at the first f32 GEMM (its 32 MiB workspace
+    /// is in the ledger then).
+    cublaslt: Mutex<Option<CublasLt>>,
     f32s: Mutex<SizePool<DeviceBuffer<f32>>>,
     u8s: Mutex<SizePool<DeviceBuffer<u8>>>,
     u32s: Mutex<SizePool<DeviceBuffer<u32>>>,
@@ -74,6 +77,7 @@ pub(crate) fn staged(kernels: &CudaKernels) -> Result<Arc<Staged>> {
     }
     let staged = Arc::new(Staged {
         device: CudaDevice::open(kernels.ordinal)?,
+        cublaslt: Mutex::new(None),
         f32s: pool(),
         u8s: pool(),
         u32s: pool(),
@@ -82,14 +86,6 @@ pub(crate) fn staged(kernels: &CudaKernels) -> Result<Arc<Staged>> {
     });
     opened.insert(kernels.ordinal, staged.clone());
     Ok(staged)
-}
-
-/// `Unsupported` for an op without a CUDA kernel, on the device of `kernels`.
-fn unsupported(kernels: &CudaKernels, op: &'static str) -> Error {
-    Error::Unsupported {
-        op,
-        device: DeviceKind::Cuda(kernels.ordinal).to_string(),
-    }
 }
 
 /// Element types the staging pools hold.
@@ -145,6 +141,16 @@ impl Staged {
     /// The opened device.
     pub(crate) fn device(&self) -> &CudaDevice {
         &self.device
+    }
+
+    /// Runs `f` with the device's cuBLASLt handle, made on first use (`NoGpu` naming the
+    /// library when libcublasLt cannot be loaded).
+    pub(crate) fn with_cublaslt<R>(&self, f: impl FnOnce(&mut CublasLt) -> Result<R>) -> Result<R> {
+        let mut lt = self.cublaslt.lock().unwrap_or_else(|p| p.into_inner());
+        if lt.is_none() {
+            *lt = Some(CublasLt::new(&self.device)?);
+        }
+        f(lt.as_mut().expect("made above"))
     }
 
     /// A buffer of `len` elements whose contents are unspecified (a kernel overwrites it).

@@ -1,0 +1,185 @@
+//! A tiny Llama-family model (`LlamaModel`: RMSNorm, rotary embeddings, grouped-query attention,
+//! SwiGLU) on the CUDA backend in shadow mode against the same model on the CPU: forward +
+//! backward (every op checked against its CPU twin by its contract, `docs/numerics.md`), then a
+//! few greedy tokens generated with the KV cache (`attention_cached`) on both devices.
+//!
+//! Checks: no op breaks its contract; the loss and every parameter gradient within the
+//! precision's layer tolerance (relative L2, as `tests/gpu_layers.rs`); the greedy tokens. The
+//! contract allows different tokens only where the CPU's top two logits are closer than the
+//! logits' own tolerance (ops agree within bounds, not bits, so a near tie may break either way):
+//! tokens must agree up to the first such near tie, after which the sequences may part and the
+//! rest is not compared (said in the output).
+//!
+//! The model is built from a config and a seed (no files: the bundle runs on another machine).
+//! The CUDA ops are staged through host memory (`docs/cuda-backend.md`). Without a GPU this
+//! prints one `skipped:` line. Not yet run on a GPU.
+
+use fp8_engine::amp::{Precision, PrecisionChoice, resolve};
+use fp8_engine::device::{Device, DeviceChoice, DeviceKind};
+use fp8_engine::hf::HfConfig;
+use fp8_engine::model::{LlamaModel, Recompute};
+use fp8_engine::nn::Module;
+
+const BATCH: usize = 2;
+const SEQ: usize = 32;
+const VOCAB: usize = 96;
+const NEW_TOKENS: usize = 6;
+
+/// 2 layers, hidden 64, 4 query heads over 2 key/value heads of 16, FFN 128: every GEMM
+/// dimension a multiple of 16 (FP8's K), grouped-query attention with groups of two.
+fn config() -> HfConfig {
+    HfConfig::from_json(&format!(
+        r#"{{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "vocab_size": {VOCAB}, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0, "tie_word_embeddings": false, "hidden_act": "silu"}}"#
+    ))
+    .expect("a valid config")
+}
+
+/// Relative L2 tolerance of a whole model's results against the CPU's, per precision (the
+/// precision's own error against fp32 bounds a same-precision cross-device difference).
+fn bound(precision: &str) -> f64 {
+    match precision {
+        "fp32" => 1e-5,
+        "bf16" => 1.6e-2,
+        "fp16" => 2e-3,
+        _ => 0.25,
+    }
+}
+
+fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    let diff: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(&g, &w)| (f64::from(g) - f64::from(w)).powi(2))
+        .sum();
+    let norm: f64 = want.iter().map(|&w| f64::from(w).powi(2)).sum();
+    (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+fn grads(model: &mut LlamaModel) -> Vec<(String, Vec<f32>)> {
+    let mut out = Vec::new();
+    model.visit_parameters(&mut |p| out.push((p.name().to_string(), p.grad().to_vec())));
+    out
+}
+
+/// Index of the largest logit and its margin over the second largest.
+fn top(row: &[f32]) -> (u32, f32) {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    let second = row
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != best)
+        .fold(f32::NEG_INFINITY, |m, (_, &v)| m.max(v));
+    (best as u32, row[best] - second)
+}
+
+/// Greedy tokens after `prompt` with the KV cache, each with the top-two margin.
+fn generate(model: &mut LlamaModel, prompt: &[u32]) -> Result<Vec<(u32, f32)>, String> {
+    let mut cache = model.new_cache();
+    let mut logits = model
+        .forward_cached(prompt, &mut cache)
+        .map_err(|e| format!("prefill: {e}"))?;
+    let mut out = Vec::new();
+    for _ in 0..NEW_TOKENS {
+        let (next, margin) = top(&logits[logits.len() - VOCAB..]);
+        out.push((next, margin));
+        logits = model
+            .forward_cached(&[next], &mut cache)
+            .map_err(|e| format!("decode step {}: {e}", out.len()))?;
+    }
+    Ok(out)
+}
+
+fn case(gpu: DeviceKind, name: &str) -> Result<Vec<String>, String> {
+    let precision: Precision = name.parse().map_err(|e| format!("{e}"))?;
+    let make = || LlamaModel::new(&config(), &precision, Recompute::None, 11).map_err(|e| format!("build: {e}"));
+    let (mut cpu, mut on_gpu) = (make()?, make()?);
+    on_gpu.to_device(gpu).map_err(|e| format!("to_device: {e}"))?;
+    on_gpu.check_against_cpu(true);
+    let inputs: Vec<u32> = (0..BATCH * SEQ).map(|i| ((i * 37 + 5) % VOCAB) as u32).collect();
+    let targets: Vec<u32> = (0..BATCH * SEQ).map(|i| ((i * 37 + 42) % VOCAB) as u32).collect();
+    let mut lines = Vec::new();
+    let mut losses = Vec::new();
+    for model in [&mut on_gpu, &mut cpu] {
+        let loss = model
+            .forward_loss(&inputs, &targets, BATCH, SEQ)
+            .map_err(|e| format!("forward: {e}"))?;
+        model.backward(1.0).map_err(|e| format!("backward: {e}"))?;
+        losses.push(loss);
+    }
+    let tol = bound(name);
+    let loss_ratio = f64::from((losses[0] - losses[1]).abs()) / f64::from(losses[1].abs()) / tol;
+    if loss_ratio.is_nan() || loss_ratio > 1.0 {
+        return Err(format!(
+            "loss {} on the GPU, {} on the CPU (err/bound={loss_ratio:.3})",
+            losses[0], losses[1]
+        ));
+    }
+    lines.push(format!("loss err/bound={loss_ratio:.3e}"));
+    let mut worst = 0.0f64;
+    for ((param, g), (_, c)) in grads(&mut on_gpu).iter().zip(grads(&mut cpu)) {
+        let r = rel_l2(g, &c) / tol;
+        if r.is_nan() || r > 1.0 {
+            return Err(format!("grad {param}: relative L2 err/bound={r:.3}"));
+        }
+        worst = worst.max(r);
+    }
+    lines.push(format!("grads err/bound={worst:.3e}"));
+    let prompt: Vec<u32> = inputs[..9].to_vec();
+    let (on_gpu_tokens, cpu_tokens) = (generate(&mut on_gpu, &prompt)?, generate(&mut cpu, &prompt)?);
+    for (step, (&(g, _), &(c, margin))) in on_gpu_tokens.iter().zip(&cpu_tokens).enumerate() {
+        // A near tie: the logits' tolerance (relative to their size, about 1 here) covers the gap.
+        if f64::from(margin) <= 4.0 * tol {
+            lines.push(format!(
+                "tokens agree up to a near tie at step {step} (margin {margin:e})"
+            ));
+            return Ok(lines);
+        }
+        if g != c {
+            return Err(format!(
+                "greedy token {step}: {g} on the GPU, {c} on the CPU (CPU margin {margin:e})"
+            ));
+        }
+    }
+    let tokens: Vec<u32> = cpu_tokens.iter().map(|t| t.0).collect();
+    lines.push(format!("{NEW_TOKENS} greedy tokens agree {tokens:?}"));
+    Ok(lines)
+}
+
+fn main() {
+    let device = match Device::select(DeviceChoice::Cuda(0)) {
+        Ok(device) => device,
+        Err(err) => {
+            println!("gpu_llama: skipped: no usable GPU ({err})");
+            return;
+        }
+    };
+    println!("gpu_llama on {} (staged CUDA ops, shadow mode)", device.describe());
+    let mut failures = 0;
+    for name in ["fp32", "bf16", "fp16", "fp8-delayed", "fp8-current"] {
+        let precision: Precision = name.parse().expect("a known precision");
+        if let Err(why) = resolve(&PrecisionChoice::Fixed(precision), &device) {
+            println!("{name}: not on this GPU: {why}");
+            continue;
+        }
+        match case(device.kind(), name) {
+            Ok(lines) => println!("ok   llama {name}: {}", lines.join("; ")),
+            Err(why) => {
+                failures += 1;
+                println!("FAIL llama {name}: {why}");
+            }
+        }
+    }
+    if failures > 0 {
+        println!("gpu_llama: {failures} failed");
+        std::process::exit(1);
+    }
+    println!("gpu_llama: every precision agrees");
+}
