@@ -203,22 +203,89 @@ impl Scratch {
     }
 }
 
+/// A strided f32 matrix view for [`f32_nt_serial`]: element `(r, kk)` (row `r < rows`, `kk < k`)
+/// is `data[r * row_stride + kk * k_stride]`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct F32View<'a> {
+    pub data: &'a [f32],
+    pub rows: usize,
+    pub k: usize,
+    pub row_stride: usize,
+    pub k_stride: usize,
+}
+
+impl<'a> F32View<'a> {
+    /// `rows x k`, K contiguous, rows `row_stride` apart (a head's rows inside a wider matrix).
+    pub(crate) fn k_major(data: &'a [f32], rows: usize, k: usize, row_stride: usize) -> Self {
+        F32View {
+            data,
+            rows,
+            k,
+            row_stride,
+            k_stride: 1,
+        }
+    }
+
+    /// `rows x k` read from its `k x rows` transpose whose rows are `stride` apart.
+    pub(crate) fn transposed(data: &'a [f32], rows: usize, k: usize, stride: usize) -> Self {
+        F32View {
+            data,
+            rows,
+            k,
+            row_stride: 1,
+            k_stride: stride,
+        }
+    }
+
+    fn panel(self) -> Panel<'a> {
+        Panel {
+            data: self.data,
+            row_stride: self.row_stride,
+            k_stride: self.k_stride,
+            first: 0,
+            rows: self.rows,
+            k0: 0,
+            k: self.k,
+        }
+    }
+}
+
+/// Whether the crate's sums for an `m x n x k` product (K of at most 512) are the same for
+/// every operand layout: its dot-product kernels (at most 256 outputs, both operands
+/// K-contiguous), its matrix-vector kernels (`m` or `n` of 1) and its `k <= 2` path are
+/// picked by the operands' strides and sum in their own orders; every other shape runs the
+/// packed micro-kernels, whose sums do not depend on where the operands come from
+/// (`kernel.rs` tests). Callers read operands in place where this holds and copy them to
+/// K-major panels (the layout of the shapes' reference) where it does not.
+pub(crate) fn layout_free(m: usize, n: usize, k: usize) -> bool {
+    m > 1 && n > 1 && k > 2 && m * n > 256
+}
+
 /// `out = alpha * A B^T (+ beta * out)` for small plain f32 operands on the calling thread:
 /// the same products, sums and epilogue order as [`gemm`] with plain f32 inputs, an f32
 /// output and no bias (same bits), without its planning, tiling and thread hand-off, which
 /// cost more than the math for the attention core's per-head blocks (64 x 64 x head_dim)
-/// that already run one per rayon task. `a` is `[m, k]`, `b` is `[n, k]`, `out` is `[m, n]`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn f32_nt_serial(
-    a: &[f32],
-    b: &[f32],
-    (m, n, k): (usize, usize, usize),
-    alpha: f32,
-    beta: f32,
-    out: &mut [f32],
-) -> Result<()> {
-    let a = Mat::new(a, m, k)?;
-    let b = Mat::new(b, n, k)?;
+/// that already run one per rayon task. `a` is `m x k`, `b` is `n x k` (any strides),
+/// `out` is `[m, n]` row-major.
+pub(crate) fn f32_nt_serial(a: F32View, b: F32View, alpha: f32, beta: f32, out: &mut [f32]) -> Result<()> {
+    let (m, n, k) = (a.rows, b.rows, a.k);
+    let (pa, pb) = (a.panel(), b.panel());
+    if b.k != k || !pa.in_bounds() || !pb.in_bounds() {
+        return Err(Error::KernelArgs {
+            kernel: "f32 serial gemm",
+            detail: format!(
+                "A is {m}x{k} (strides {}, {}), B is {n}x{} (strides {}, {}), {} and {} values: \
+                 need the same K and views inside their data",
+                a.row_stride,
+                a.k_stride,
+                b.k,
+                b.row_stride,
+                b.k_stride,
+                a.data.len(),
+                b.data.len()
+            ),
+        });
+    }
     if out.len() != m * n {
         return Err(Error::ShapeMismatch {
             what: "f32 GEMM output",
@@ -228,18 +295,9 @@ pub(crate) fn f32_nt_serial(
             got: out.len(),
         });
     }
-    let panel = |data, rows| Panel {
-        data,
-        row_stride: k,
-        k_stride: 1,
-        first: 0,
-        rows,
-        k0: 0,
-        k,
-    };
     let mut scratch = Scratch::take();
     let (acc, _) = scratch.tiles(m * n);
-    matmul_nt(acc, false, panel(a.data, m), panel(b.data, n), false);
+    matmul_nt(acc, false, pa, pb, false);
     // The epilogue of `gemm`: `* alpha`, then `+ beta * old` (beta = 0 never reads `out`).
     for (x, o) in acc.iter_mut().zip(out.iter_mut()) {
         *x *= alpha;

@@ -2,8 +2,13 @@
 //! parameter, the sum of squares behind gradient norms, and the unscale +
 //! finite check of dynamic loss scaling.
 
+use rayon::prelude::*;
+
 use super::check::len;
 use crate::error::Result;
+
+/// Elements per parallel task of the AdamW update (~64 KiB of each of its four arrays).
+const ADAMW_CHUNK: usize = 16 * 1024;
 
 /// The per-step constants of one AdamW update (`train::adamw` computes them once per step).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -32,15 +37,23 @@ pub fn adamw_update(value: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32
     len("AdamW gradient", 1, n, grad.len())?;
     len("AdamW first moment", 1, n, m.len())?;
     len("AdamW second moment", 1, n, v.len())?;
-    for i in 0..n {
-        let g = grad[i];
-        let w = value[i] * s.decay;
-        m[i] = m[i] * s.beta1 + g * s.c1;
-        v[i] = v[i] * s.beta2 + (g * g) * s.c2;
-        let denom = v[i].sqrt() / s.bc2_sqrt + s.eps;
-        value[i] = w - s.step_size * (m[i] / denom);
-    }
+    // Element by element: chunks in parallel give the serial bits.
+    value
+        .par_chunks_mut(ADAMW_CHUNK)
+        .zip(grad.par_chunks(ADAMW_CHUNK))
+        .zip(m.par_chunks_mut(ADAMW_CHUNK).zip(v.par_chunks_mut(ADAMW_CHUNK)))
+        .for_each(|((value, grad), (m, v))| adamw_chunk(value, grad, m, v, s));
     Ok(())
+}
+
+fn adamw_chunk(value: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamWStep) {
+    for (((value, &g), m), v) in value.iter_mut().zip(grad).zip(m).zip(v) {
+        let w = *value * s.decay;
+        *m = *m * s.beta1 + g * s.c1;
+        *v = *v * s.beta2 + (g * g) * s.c2;
+        let denom = v.sqrt() / s.bc2_sqrt + s.eps;
+        *value = w - s.step_size * (*m / denom);
+    }
 }
 
 /// `sum x^2` in f64, in order.
