@@ -346,3 +346,94 @@ pub fn f32_crate_gemm(a: Mat<f32>, b: Mat<f32>, d: &mut [f32]) -> Result<()> {
     matmul_nt(d, false, panel(a.data, m), panel(b.data, n), true);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `[rows, k]` row-major values with a few zeros and wide magnitudes (sums that round).
+    fn values(rows: usize, k: usize, seed: f32) -> Vec<f32> {
+        (0..rows * k)
+            .map(|i| (i as f32 * seed).sin() * 2f32.powi((i % 13) as i32 - 6))
+            .collect()
+    }
+
+    /// `x` (`[rows, k]`) stored as `[k, rows]` and as rows `pad` wider than `k`.
+    fn layouts(x: &[f32], rows: usize, k: usize, pad: usize) -> (Vec<f32>, Vec<f32>) {
+        let mut t = vec![0.0; rows * k];
+        let mut wide = vec![f32::NAN; rows * (k + pad)];
+        for r in 0..rows {
+            for kk in 0..k {
+                t[kk * rows + r] = x[r * k + kk];
+                wide[r * (k + pad) + kk] = x[r * k + kk];
+            }
+        }
+        (t, wide)
+    }
+
+    /// Where `layout_free` holds, reading operands transposed or from wider rows gives the bits
+    /// of K-major copies (the attention core relies on it), with both epilogues.
+    #[test]
+    fn layout_free_shapes_give_the_same_bits_in_every_layout() {
+        let shapes = [
+            (64, 64, 32),
+            (17, 64, 64),
+            (64, 32, 64),
+            (2, 129, 3),
+            (129, 2, 40),
+            (33, 9, 512),
+            (64, 64, 640),
+        ];
+        for (m, n, k) in shapes {
+            assert!(layout_free(m, n, k), "{m}x{n}x{k}");
+            let (a, b) = (values(m, k, 0.731), values(n, k, 0.377));
+            let ((at, aw), (bt, bw)) = (layouts(&a, m, k, 5), layouts(&b, n, k, 3));
+            let old = values(m, n, 0.113);
+            for (alpha, beta) in [(1.0, 0.0), (0.125, 1.0)] {
+                let mut want = old.clone();
+                let (ka, kb) = (F32View::k_major(&a, m, k, k), F32View::k_major(&b, n, k, k));
+                f32_nt_serial(ka, kb, alpha, beta, &mut want).unwrap();
+                let a_views = [
+                    ka,
+                    F32View::transposed(&at, m, k, m),
+                    F32View::k_major(&aw, m, k, k + 5),
+                ];
+                let b_views = [
+                    kb,
+                    F32View::transposed(&bt, n, k, n),
+                    F32View::k_major(&bw, n, k, k + 3),
+                ];
+                for av in a_views {
+                    for bv in b_views {
+                        let mut got = old.clone();
+                        f32_nt_serial(av, bv, alpha, beta, &mut got).unwrap();
+                        assert!(
+                            got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()),
+                            "{m}x{n}x{k}: A strides ({}, {}), B strides ({}, {})",
+                            av.row_stride,
+                            av.k_stride,
+                            bv.row_stride,
+                            bv.k_stride
+                        );
+                    }
+                }
+            }
+        }
+        // The crate's own paths: a single row or column, K of at most 2, at most 256 outputs.
+        for (m, n, k) in [(1, 64, 64), (64, 1, 64), (64, 64, 2), (16, 16, 64), (8, 8, 8)] {
+            assert!(!layout_free(m, n, k), "{m}x{n}x{k}");
+        }
+    }
+
+    #[test]
+    fn serial_gemm_rejects_views_outside_their_data() {
+        let a = vec![1.0f32; 64];
+        let mut out = vec![0.0f32; 64];
+        let too_long = F32View::k_major(&a, 8, 8, 9);
+        let fine = F32View::k_major(&a, 8, 8, 8);
+        assert!(f32_nt_serial(too_long, fine, 1.0, 0.0, &mut out).is_err());
+        assert!(f32_nt_serial(fine, F32View::transposed(&a, 8, 9, 8), 1.0, 0.0, &mut out).is_err());
+        assert!(f32_nt_serial(fine, fine, 1.0, 0.0, &mut out[..63]).is_err());
+        assert!(f32_nt_serial(fine, fine, 1.0, 0.0, &mut out).is_ok());
+    }
+}

@@ -13,13 +13,18 @@ const CHUNK: usize = 16 * 1024;
 pub fn residual_add(x: &[f32], f: &[f32], dtype: Dtype) -> Result<Vec<f32>> {
     len("residual branch f", 1, x.len(), f.len())?;
     let mut sum = vec![0.0f32; x.len()];
+    let add = |(s, (xc, fc)): (&mut [f32], (&[f32], &[f32]))| {
+        s.iter_mut().zip(xc.iter().zip(fc)).for_each(|(s, (a, b))| *s = a + b);
+        dtype.round_slice(s);
+    };
     // Elementwise: chunks in parallel give the bits of one pass.
-    sum.par_chunks_mut(CHUNK)
-        .zip(x.par_chunks(CHUNK).zip(f.par_chunks(CHUNK)))
-        .for_each(|(s, (xc, fc))| {
-            s.iter_mut().zip(xc.iter().zip(fc)).for_each(|(s, (a, b))| *s = a + b);
-            dtype.round_slice(s);
-        });
+    if x.len() <= CHUNK {
+        add((&mut sum, (x, f)));
+    } else {
+        sum.par_chunks_mut(CHUNK)
+            .zip(x.par_chunks(CHUNK).zip(f.par_chunks(CHUNK)))
+            .for_each(add);
+    }
     Ok(sum)
 }
 
@@ -30,13 +35,18 @@ pub fn column_sum_accumulate(x: &[f32], cols: usize, sums: &mut [f32]) -> Result
     len("column sums", 1, cols, sums.len())?;
     len("column-summed input", x.len() / cols.max(1), cols, x.len())?;
     let cols = cols.max(1);
-    let band = if x.len() >= 4 * CHUNK { COLUMN_BAND } else { cols };
-    sums.par_chunks_mut(band).enumerate().for_each(|(i, s)| {
-        let c0 = i * band;
+    let band_sums = |c0: usize, s: &mut [f32]| {
         for row in x.chunks(cols) {
             s.iter_mut().zip(&row[c0..]).for_each(|(s, &v)| *s += v);
         }
-    });
+    };
+    if x.len() < 4 * CHUNK {
+        band_sums(0, sums);
+    } else {
+        sums.par_chunks_mut(COLUMN_BAND)
+            .enumerate()
+            .for_each(|(i, s)| band_sums(i * COLUMN_BAND, s));
+    }
     Ok(())
 }
 

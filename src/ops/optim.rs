@@ -37,7 +37,12 @@ pub fn adamw_update(value: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32
     len("AdamW gradient", 1, n, grad.len())?;
     len("AdamW first moment", 1, n, m.len())?;
     len("AdamW second moment", 1, n, v.len())?;
-    // Element by element: chunks in parallel give the serial bits.
+    // Element by element: chunks in parallel give the serial bits. A small parameter (a
+    // bias, a norm's scale) stays on this thread: handing it to the pool costs more.
+    if n <= ADAMW_CHUNK {
+        adamw_chunk(value, grad, m, v, s);
+        return Ok(());
+    }
     value
         .par_chunks_mut(ADAMW_CHUNK)
         .zip(grad.par_chunks(ADAMW_CHUNK))
