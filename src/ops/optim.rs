@@ -76,3 +76,48 @@ pub fn unscale_and_check(values: &mut [f32], inv_scale: f32) -> bool {
     }
     finite
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The chunked, parallel update is the element-by-element definition, bit for bit, for
+    /// sizes below, at and across the chunk size.
+    #[test]
+    fn parallel_adamw_is_the_elementwise_update() {
+        let s = AdamWStep {
+            decay: 1.0 - 1e-3 * 0.1,
+            step_size: 1e-3 / (1.0 - 0.9f32.powi(3)),
+            bc2_sqrt: (1.0 - 0.999f32.powi(3)).sqrt(),
+            beta1: 0.9,
+            beta2: 0.999,
+            c1: 0.1,
+            c2: 0.001,
+            eps: 1e-8,
+        };
+        for n in [1, ADAMW_CHUNK, ADAMW_CHUNK + 1, 3 * ADAMW_CHUNK + 17] {
+            let init = |seed: f32| (0..n).map(|i| (i as f32 * seed).sin()).collect::<Vec<f32>>();
+            let grad = init(0.37);
+            let (mut value, mut m, mut v) = (
+                init(0.11),
+                init(0.23),
+                init(0.05).iter().map(|x| x * x).collect::<Vec<f32>>(),
+            );
+            let (mut want_value, mut want_m, mut want_v) = (value.clone(), m.clone(), v.clone());
+            for i in 0..n {
+                let g = grad[i];
+                let w = want_value[i] * s.decay;
+                want_m[i] = want_m[i] * s.beta1 + g * s.c1;
+                want_v[i] = want_v[i] * s.beta2 + (g * g) * s.c2;
+                let denom = want_v[i].sqrt() / s.bc2_sqrt + s.eps;
+                want_value[i] = w - s.step_size * (want_m[i] / denom);
+            }
+            adamw_update(&mut value, &grad, &mut m, &mut v, &s).unwrap();
+            let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same(&value, &want_value) && same(&m, &want_m) && same(&v, &want_v),
+                "n {n}"
+            );
+        }
+    }
+}
