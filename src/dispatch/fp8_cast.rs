@@ -121,19 +121,11 @@ impl Counts {
 
     /// Adds one run of elements and their companions (`aux`, e.g. their codes):
     /// `verdict(x, a)` says whether finite `x` is flushed (counted when non-zero) and whether it
-    /// saturates. Branch-free per element (counts add 0 or 1), so the loop vectorizes.
+    /// saturates. Branch-free per element (counts add 0 or 1), so the loop vectorizes; it runs
+    /// compiled for the widest vectors the CPU has (integer counts: the same in any width).
     #[inline(always)]
-    fn add<A: Copy>(&mut self, xs: &[f32], aux: &[A], verdict: impl Fn(f32, A) -> (bool, bool)) {
-        let (mut saturated, mut underflow, mut nonzero, mut nonfinite) = (0u64, 0u64, 0u64, 0u64);
-        for (&x, &a) in xs.iter().zip(aux) {
-            let finite = x.abs() < f32::INFINITY; // false for NaN too
-            let live = finite & (x != 0.0);
-            let (flushed, saturates) = verdict(x, a);
-            nonfinite += u64::from(!finite);
-            nonzero += u64::from(live);
-            underflow += u64::from(live & flushed);
-            saturated += u64::from(finite & saturates);
-        }
+    fn add<A: Copy, V: Fn(f32, A) -> (bool, bool)>(&mut self, xs: &[f32], aux: &[A], verdict: V) {
+        let [saturated, underflow, nonzero, nonfinite] = widest::count(xs, aux, &verdict);
         self.saturated += saturated;
         self.underflow += underflow;
         self.nonzero += nonzero;
@@ -150,6 +142,65 @@ impl Counts {
             underflow: self.underflow as f64 / self.nonzero.max(1) as f64,
             nonfinite: self.nonfinite,
         }
+    }
+}
+
+/// `[saturated, underflow, nonzero, nonfinite]` of one run (see [`Counts::add`]).
+#[inline(always)]
+fn count_run<A: Copy, V: Fn(f32, A) -> (bool, bool)>(xs: &[f32], aux: &[A], verdict: &V) -> [u64; 4] {
+    let (mut saturated, mut underflow, mut nonzero, mut nonfinite) = (0u64, 0u64, 0u64, 0u64);
+    for (&x, &a) in xs.iter().zip(aux) {
+        let finite = x.abs() < f32::INFINITY; // false for NaN too
+        let live = finite & (x != 0.0);
+        let (flushed, saturates) = verdict(x, a);
+        nonfinite += u64::from(!finite);
+        nonzero += u64::from(live);
+        underflow += u64::from(live & flushed);
+        saturated += u64::from(finite & saturates);
+    }
+    [saturated, underflow, nonzero, nonfinite]
+}
+
+/// [`count_run`] compiled for AVX-512F or AVX2 where the CPU has them (the default x86-64
+/// target vectorizes it 4 lanes wide); integer counts, so every width counts the same.
+mod widest {
+    #[cfg(target_arch = "x86_64")]
+    mod x86 {
+        use super::super::count_run;
+
+        #[target_feature(enable = "avx512f")]
+        pub(super) fn count_avx512<A: Copy, V: Fn(f32, A) -> (bool, bool)>(
+            xs: &[f32],
+            aux: &[A],
+            verdict: &V,
+        ) -> [u64; 4] {
+            count_run(xs, aux, verdict)
+        }
+
+        #[target_feature(enable = "avx2")]
+        pub(super) fn count_avx2<A: Copy, V: Fn(f32, A) -> (bool, bool)>(
+            xs: &[f32],
+            aux: &[A],
+            verdict: &V,
+        ) -> [u64; 4] {
+            count_run(xs, aux, verdict)
+        }
+    }
+
+    #[inline(always)]
+    pub(super) fn count<A: Copy, V: Fn(f32, A) -> (bool, bool)>(xs: &[f32], aux: &[A], verdict: &V) -> [u64; 4] {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F (checked just above), all the function requires.
+                return unsafe { x86::count_avx512(xs, aux, verdict) };
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2 (checked just above), all the function requires.
+                return unsafe { x86::count_avx2(xs, aux, verdict) };
+            }
+        }
+        super::count_run(xs, aux, verdict)
     }
 }
 

@@ -203,22 +203,89 @@ impl Scratch {
     }
 }
 
+/// A strided f32 matrix view for [`f32_nt_serial`]: element `(r, kk)` (row `r < rows`, `kk < k`)
+/// is `data[r * row_stride + kk * k_stride]`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct F32View<'a> {
+    pub data: &'a [f32],
+    pub rows: usize,
+    pub k: usize,
+    pub row_stride: usize,
+    pub k_stride: usize,
+}
+
+impl<'a> F32View<'a> {
+    /// `rows x k`, K contiguous, rows `row_stride` apart (a head's rows inside a wider matrix).
+    pub(crate) fn k_major(data: &'a [f32], rows: usize, k: usize, row_stride: usize) -> Self {
+        F32View {
+            data,
+            rows,
+            k,
+            row_stride,
+            k_stride: 1,
+        }
+    }
+
+    /// `rows x k` read from its `k x rows` transpose whose rows are `stride` apart.
+    pub(crate) fn transposed(data: &'a [f32], rows: usize, k: usize, stride: usize) -> Self {
+        F32View {
+            data,
+            rows,
+            k,
+            row_stride: 1,
+            k_stride: stride,
+        }
+    }
+
+    fn panel(self) -> Panel<'a> {
+        Panel {
+            data: self.data,
+            row_stride: self.row_stride,
+            k_stride: self.k_stride,
+            first: 0,
+            rows: self.rows,
+            k0: 0,
+            k: self.k,
+        }
+    }
+}
+
+/// Whether the crate's sums for an `m x n x k` product (K of at most 512) are the same for
+/// every operand layout: its dot-product kernels (at most 256 outputs, both operands
+/// K-contiguous), its matrix-vector kernels (`m` or `n` of 1) and its `k <= 2` path are
+/// picked by the operands' strides and sum in their own orders; every other shape runs the
+/// packed micro-kernels, whose sums do not depend on where the operands come from
+/// (`kernel.rs` tests). Callers read operands in place where this holds and copy them to
+/// K-major panels (the layout of the shapes' reference) where it does not.
+pub(crate) fn layout_free(m: usize, n: usize, k: usize) -> bool {
+    m > 1 && n > 1 && k > 2 && m * n > 256
+}
+
 /// `out = alpha * A B^T (+ beta * out)` for small plain f32 operands on the calling thread:
 /// the same products, sums and epilogue order as [`gemm`] with plain f32 inputs, an f32
 /// output and no bias (same bits), without its planning, tiling and thread hand-off, which
 /// cost more than the math for the attention core's per-head blocks (64 x 64 x head_dim)
-/// that already run one per rayon task. `a` is `[m, k]`, `b` is `[n, k]`, `out` is `[m, n]`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn f32_nt_serial(
-    a: &[f32],
-    b: &[f32],
-    (m, n, k): (usize, usize, usize),
-    alpha: f32,
-    beta: f32,
-    out: &mut [f32],
-) -> Result<()> {
-    let a = Mat::new(a, m, k)?;
-    let b = Mat::new(b, n, k)?;
+/// that already run one per rayon task. `a` is `m x k`, `b` is `n x k` (any strides),
+/// `out` is `[m, n]` row-major.
+pub(crate) fn f32_nt_serial(a: F32View, b: F32View, alpha: f32, beta: f32, out: &mut [f32]) -> Result<()> {
+    let (m, n, k) = (a.rows, b.rows, a.k);
+    let (pa, pb) = (a.panel(), b.panel());
+    if b.k != k || !pa.in_bounds() || !pb.in_bounds() {
+        return Err(Error::KernelArgs {
+            kernel: "f32 serial gemm",
+            detail: format!(
+                "A is {m}x{k} (strides {}, {}), B is {n}x{} (strides {}, {}), {} and {} values: \
+                 need the same K and views inside their data",
+                a.row_stride,
+                a.k_stride,
+                b.k,
+                b.row_stride,
+                b.k_stride,
+                a.data.len(),
+                b.data.len()
+            ),
+        });
+    }
     if out.len() != m * n {
         return Err(Error::ShapeMismatch {
             what: "f32 GEMM output",
@@ -228,18 +295,9 @@ pub(crate) fn f32_nt_serial(
             got: out.len(),
         });
     }
-    let panel = |data, rows| Panel {
-        data,
-        row_stride: k,
-        k_stride: 1,
-        first: 0,
-        rows,
-        k0: 0,
-        k,
-    };
     let mut scratch = Scratch::take();
     let (acc, _) = scratch.tiles(m * n);
-    matmul_nt(acc, false, panel(a.data, m), panel(b.data, n), false);
+    matmul_nt(acc, false, pa, pb, false);
     // The epilogue of `gemm`: `* alpha`, then `+ beta * old` (beta = 0 never reads `out`).
     for (x, o) in acc.iter_mut().zip(out.iter_mut()) {
         *x *= alpha;
@@ -287,4 +345,95 @@ pub fn f32_crate_gemm(a: Mat<f32>, b: Mat<f32>, d: &mut [f32]) -> Result<()> {
     };
     matmul_nt(d, false, panel(a.data, m), panel(b.data, n), true);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `[rows, k]` row-major values with a few zeros and wide magnitudes (sums that round).
+    fn values(rows: usize, k: usize, seed: f32) -> Vec<f32> {
+        (0..rows * k)
+            .map(|i| (i as f32 * seed).sin() * 2f32.powi((i % 13) as i32 - 6))
+            .collect()
+    }
+
+    /// `x` (`[rows, k]`) stored as `[k, rows]` and as rows `pad` wider than `k`.
+    fn layouts(x: &[f32], rows: usize, k: usize, pad: usize) -> (Vec<f32>, Vec<f32>) {
+        let mut t = vec![0.0; rows * k];
+        let mut wide = vec![f32::NAN; rows * (k + pad)];
+        for r in 0..rows {
+            for kk in 0..k {
+                t[kk * rows + r] = x[r * k + kk];
+                wide[r * (k + pad) + kk] = x[r * k + kk];
+            }
+        }
+        (t, wide)
+    }
+
+    /// Where `layout_free` holds, reading operands transposed or from wider rows gives the bits
+    /// of K-major copies (the attention core relies on it), with both epilogues.
+    #[test]
+    fn layout_free_shapes_give_the_same_bits_in_every_layout() {
+        let shapes = [
+            (64, 64, 32),
+            (17, 64, 64),
+            (64, 32, 64),
+            (2, 129, 3),
+            (129, 2, 40),
+            (33, 9, 512),
+            (64, 64, 640),
+        ];
+        for (m, n, k) in shapes {
+            assert!(layout_free(m, n, k), "{m}x{n}x{k}");
+            let (a, b) = (values(m, k, 0.731), values(n, k, 0.377));
+            let ((at, aw), (bt, bw)) = (layouts(&a, m, k, 5), layouts(&b, n, k, 3));
+            let old = values(m, n, 0.113);
+            for (alpha, beta) in [(1.0, 0.0), (0.125, 1.0)] {
+                let mut want = old.clone();
+                let (ka, kb) = (F32View::k_major(&a, m, k, k), F32View::k_major(&b, n, k, k));
+                f32_nt_serial(ka, kb, alpha, beta, &mut want).unwrap();
+                let a_views = [
+                    ka,
+                    F32View::transposed(&at, m, k, m),
+                    F32View::k_major(&aw, m, k, k + 5),
+                ];
+                let b_views = [
+                    kb,
+                    F32View::transposed(&bt, n, k, n),
+                    F32View::k_major(&bw, n, k, k + 3),
+                ];
+                for av in a_views {
+                    for bv in b_views {
+                        let mut got = old.clone();
+                        f32_nt_serial(av, bv, alpha, beta, &mut got).unwrap();
+                        assert!(
+                            got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()),
+                            "{m}x{n}x{k}: A strides ({}, {}), B strides ({}, {})",
+                            av.row_stride,
+                            av.k_stride,
+                            bv.row_stride,
+                            bv.k_stride
+                        );
+                    }
+                }
+            }
+        }
+        // The crate's own paths: a single row or column, K of at most 2, at most 256 outputs.
+        for (m, n, k) in [(1, 64, 64), (64, 1, 64), (64, 64, 2), (16, 16, 64), (8, 8, 8)] {
+            assert!(!layout_free(m, n, k), "{m}x{n}x{k}");
+        }
+    }
+
+    #[test]
+    fn serial_gemm_rejects_views_outside_their_data() {
+        let a = vec![1.0f32; 64];
+        let mut out = vec![0.0f32; 64];
+        let too_long = F32View::k_major(&a, 8, 8, 9);
+        let fine = F32View::k_major(&a, 8, 8, 8);
+        assert!(f32_nt_serial(too_long, fine, 1.0, 0.0, &mut out).is_err());
+        assert!(f32_nt_serial(fine, F32View::transposed(&a, 8, 9, 8), 1.0, 0.0, &mut out).is_err());
+        assert!(f32_nt_serial(fine, fine, 1.0, 0.0, &mut out[..63]).is_err());
+        assert!(f32_nt_serial(fine, fine, 1.0, 0.0, &mut out).is_ok());
+    }
 }

@@ -160,9 +160,11 @@ impl MultiheadAttention {
             .kernels()
             .attention_forward(&q, &k, &v, shape, scale, self.dtype, &mut out, &mut lse)?;
         self.dtype.round_slice(&mut out);
+        // The output projection keeps its own copy of `out` for wgrad (the attention backward
+        // keeps this one): handed over, so fp32 copies it once, not twice.
         let y = self
             .proj
-            .forward_pass(&Tensor::new(out.clone(), tokens, self.hidden)?, replay)?;
+            .forward_owned(Tensor::new(out.clone(), tokens, self.hidden)?, replay)?;
         self.saved = Some(AttentionSaved {
             q,
             k,

@@ -76,7 +76,7 @@ impl LayerNormLinear {
         } else {
             self.norm.forward(x)?
         };
-        self.linear.forward_pass(&normed, replay)
+        self.linear.forward_owned(normed, replay)
     }
 
     /// dX; accumulates the parameter gradients.

@@ -151,6 +151,23 @@ impl Linear {
         Tensor::new(y, x.rows(), self.out_features)
     }
 
+    /// [`Self::forward_pass`] on an input the caller no longer needs: under fp32 the saved
+    /// input for wgrad is `x` itself instead of a copy (a copy of a megabyte-sized activation
+    /// and its fresh pages per layer call). Same results.
+    pub(crate) fn forward_owned(&mut self, x: Tensor, replay: bool) -> Result<Tensor> {
+        if self.frozen_fp8.is_some() || !self.adapters.is_empty() {
+            return self.forward_pass(&x, replay);
+        }
+        x.expect(&self.name, "input", None, self.in_features)?;
+        self.gemms.expect_on("linear forward", &x)?;
+        let bias = self.bias.as_ref().map(|b| b.value());
+        let rows = x.rows();
+        let y = self
+            .gemms
+            .forward_owned(x.into_data(), rows, &self.weight, bias, replay)?;
+        Tensor::new(y, rows, self.out_features)
+    }
+
     /// dX for `dy` `[tokens, out]`; accumulates dW and db into the parameters' grads.
     pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
         dy.expect(&self.name, "output gradient", None, self.out_features)?;

@@ -58,6 +58,22 @@ fn plain_operand<'a>(
     slot.insert(kernels.convert(dtype, src)?).operand(rows, cols)
 }
 
+/// A forward's input: borrowed from the caller, or handed over (then kept without a copy
+/// where the saved operand is the input itself).
+enum Input<'a> {
+    Borrowed(&'a [f32]),
+    Owned(Vec<f32>),
+}
+
+impl Input<'_> {
+    fn values(&self) -> &[f32] {
+        match self {
+            Input::Borrowed(x) => x,
+            Input::Owned(x) => x,
+        }
+    }
+}
+
 fn internal(layer: &str, what: &str) -> Error {
     Error::LayerShape {
         layer: layer.to_string(),
@@ -261,6 +277,30 @@ impl LinearGemms {
         bias: Option<&[f32]>,
         replay: bool,
     ) -> Result<Vec<f32>> {
+        self.forward_input(Input::Borrowed(x), rows, weight, bias, replay)
+    }
+
+    /// [`Self::forward`] taking `x`: an f32 input is kept for wgrad as it is (no copy).
+    pub(crate) fn forward_owned(
+        &mut self,
+        x: Vec<f32>,
+        rows: usize,
+        weight: &Parameter,
+        bias: Option<&[f32]>,
+        replay: bool,
+    ) -> Result<Vec<f32>> {
+        self.forward_input(Input::Owned(x), rows, weight, bias, replay)
+    }
+
+    fn forward_input(
+        &mut self,
+        input: Input,
+        rows: usize,
+        weight: &Parameter,
+        bias: Option<&[f32]>,
+        replay: bool,
+    ) -> Result<Vec<f32>> {
+        let x = input.values();
         self.check_tokens(rows)?;
         self.refresh_weight(weight, replay)?;
         let (inp, out) = (self.in_features, self.out_features);
@@ -297,8 +337,12 @@ impl LinearGemms {
                 (SavedInput::Fp8(format, columnwise), report, Some((amax, stats)))
             }
             (_, WeightCopy::Plain(w)) => {
-                // One conversion (a copy for f32): the forward's operand, then wgrad's.
-                let xm = kernels.convert(self.dtype(), x)?;
+                // One conversion: the forward's operand, then wgrad's (an owned f32 input is
+                // kept as it is; a borrowed one is copied).
+                let xm = match input {
+                    Input::Owned(values) if self.dtype() == Dtype::F32 => PlainMat::F32(values),
+                    _ => kernels.convert(self.dtype(), x)?,
+                };
                 let params = GemmParams {
                     bias,
                     ..GemmParams::default()

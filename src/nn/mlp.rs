@@ -108,7 +108,7 @@ impl LayerNormMLP {
         } else {
             self.norm.forward(x)?
         };
-        let a = self.fc1.forward_pass(&normed, replay)?;
+        let a = self.fc1.forward_owned(normed, replay)?;
         let mut g = vec![0.0; a.rows() * self.ffn];
         match self.activation {
             Activation::Gelu => self.backend.kernels().gelu_forward(a.data(), &mut g)?,
@@ -120,7 +120,7 @@ impl LayerNormMLP {
         self.dtype.round_slice(&mut g);
         let g = Tensor::new(g, a.rows(), self.ffn)?;
         self.pre_activation = Some(a);
-        self.fc2.forward_pass(&g, replay)
+        self.fc2.forward_owned(g, replay)
     }
 
     /// dX; accumulates the parameter gradients.

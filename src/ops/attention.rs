@@ -16,14 +16,18 @@
 //! `dV = round(P)^T dO`, `dP = dO V^T`, `D_i = sum_c dO_ic O_ic`, `dS = round(P * (dP - D))`,
 //! `dQ = scale * dS K`, `dK = scale * dS^T Q`; `dq`, `dk`, `dv` are rounded to `dtype`.
 //!
-//! One (batch, head) per rayon task; scratch per task is `Q_BLOCK x seq` scores plus
-//! a few `seq x head_dim` copies, so seq = 2048 needs about 2 MiB per task, not `seq^2` per head.
+//! One (batch, head) per rayon task. The products read `q`, `k`, `v`, `out` and `dout` in place
+//! (a head's rows are `heads * head_dim` apart) and the transposed operands (`V`, `K`, `P^T`,
+//! `dS^T`, `dO^T`, `Q^T`) with swapped strides; shapes whose sums would depend on the operands'
+//! layout (`gemm::cpu::layout_free`) get K-major copies instead. Scratch per task is two
+//! `Q_BLOCK x seq` score blocks plus the head's `seq x head_dim` results, so seq = 2048 needs
+//! about 1.5 MiB per task, not `seq^2` per head.
 
 use rayon::prelude::*;
 
 use super::check::{elements, len};
 use crate::error::{Error, Result};
-use crate::gemm::cpu::f32_nt_serial;
+use crate::gemm::cpu::{F32View, f32_nt_serial, layout_free};
 use crate::tensor::Dtype;
 
 /// Query rows per block: a multiple of the GPU kernels' 64-row tiles.
@@ -53,40 +57,48 @@ impl AttentionShape {
     }
 }
 
-/// Copies head `h` of sequence `b` out of a `[batch, seq, heads, head_dim]` tensor into `[seq, head_dim]`.
-fn gather_head(src: &[f32], s: &AttentionShape, b: usize, h: usize, dst: &mut [f32]) {
-    let (d, hidden) = (s.head_dim, s.heads * s.head_dim);
-    for (i, row) in dst.chunks_mut(d).enumerate() {
-        let at = (b * s.seq + i) * hidden + h * d;
-        row.copy_from_slice(&src[at..at + d]);
-    }
+/// Where rows `i0..` of head `h` of sequence `b` start in a `[batch, seq, heads, head_dim]` tensor.
+fn head_start(s: &AttentionShape, b: usize, h: usize, i0: usize) -> usize {
+    (b * s.seq + i0) * s.heads * s.head_dim + h * s.head_dim
 }
 
 /// Writes a `[seq, head_dim]` head back into its place in a `[batch, seq, heads, head_dim]` tensor.
 fn scatter_head(src: &[f32], s: &AttentionShape, b: usize, h: usize, dst: &mut [f32]) {
-    let (d, hidden) = (s.head_dim, s.heads * s.head_dim);
+    let d = s.head_dim;
     for (i, row) in src.chunks(d).enumerate() {
-        let at = (b * s.seq + i) * hidden + h * d;
+        let at = head_start(s, b, h, i);
         dst[at..at + d].copy_from_slice(row);
     }
 }
 
-/// `dst [cols, rows] = src[..rows, ..cols]^T` for `src` with row stride `stride`.
-fn transpose_into(src: &[f32], rows: usize, cols: usize, stride: usize, dst: &mut Vec<f32>) {
-    dst.clear();
-    dst.resize(rows * cols, 0.0);
-    for (r, row) in src.chunks(stride).take(rows).enumerate() {
-        for (c, &x) in row[..cols].iter().enumerate() {
-            dst[c * rows + r] = x;
-        }
+/// `view` itself where an `m x n` product's sums do not depend on operand layouts, else its
+/// K-major copy in `copy` (the layout the products of these shapes have always read).
+fn operand<'a>(view: F32View<'a>, m: usize, n: usize, copy: &'a mut Vec<f32>) -> F32View<'a> {
+    if layout_free(m, n, view.k) || (view.k_stride == 1 && view.row_stride == view.k) {
+        return view;
     }
+    copy.clear();
+    copy.reserve(view.rows * view.k);
+    for r in 0..view.rows {
+        let row = r * view.row_stride;
+        copy.extend((0..view.k).map(|kk| view.data[row + kk * view.k_stride]));
+    }
+    F32View::k_major(copy, view.rows, view.k, view.k)
 }
 
-/// `out [m, n] = alpha * a [m, k] . b [n, k]^T (+ beta * out)` in f32, on this task's thread
-/// (the same bits as the GEMM entry point).
-#[allow(clippy::too_many_arguments)]
-fn matmul_nt(a: &[f32], b: &[f32], m: usize, n: usize, k: usize, alpha: f32, beta: f32, out: &mut [f32]) -> Result<()> {
-    f32_nt_serial(a, b, (m, n, k), alpha, beta, out)
+/// Per-task copies for [`operand`] (empty unless a shape needs them).
+#[derive(Default)]
+struct Copies(Vec<f32>, Vec<f32>);
+
+impl Copies {
+    /// `out [m, n] = alpha * a . b^T (+ beta * out)` in f32 on this task's thread (the same
+    /// bits as the GEMM entry point).
+    fn matmul_nt(&mut self, a: F32View, b: F32View, alpha: f32, beta: f32, out: &mut [f32]) -> Result<()> {
+        let (m, n) = (a.rows, b.rows);
+        let a = operand(a, m, n, &mut self.0);
+        let b = operand(b, m, n, &mut self.1);
+        f32_nt_serial(a, b, alpha, beta, out)
+    }
 }
 
 /// Turns scaled scores of query rows `i0..i0 + rows` (row stride `keys`) into causal probabilities
@@ -172,37 +184,38 @@ pub fn attention_forward(
     if nothing_to_do(&shape)? {
         return Ok(());
     }
+    let hidden = heads * d;
     let heads_out: Vec<Vec<f32>> = lse
         .par_chunks_mut(seq)
         .enumerate()
         .map(|(bh, lse_h)| -> Result<Vec<f32>> {
             let (b, h) = (bh / heads, bh % heads);
-            let (mut qh, mut kh, mut vh) = (vec![0.0; seq * d], vec![0.0; seq * d], vec![0.0; seq * d]);
-            gather_head(q, &shape, b, h, &mut qh);
-            gather_head(k, &shape, b, h, &mut kh);
-            gather_head(v, &shape, b, h, &mut vh);
+            let at = |i0: usize| head_start(&shape, b, h, i0);
+            let mut copies = Copies::default();
             let mut oh = vec![0.0; seq * d];
             let mut scores = Vec::with_capacity(Q_BLOCK * seq);
-            let mut vt = Vec::with_capacity(seq * d);
             for i0 in (0..seq).step_by(Q_BLOCK) {
                 let i1 = (i0 + Q_BLOCK).min(seq);
                 let (rows, keys) = (i1 - i0, i1); // causal: no key past the block's last query
                 scores.clear();
                 scores.resize(rows * keys, 0.0);
-                matmul_nt(
-                    &qh[i0 * d..i1 * d],
-                    &kh[..keys * d],
-                    rows,
-                    keys,
-                    d,
+                copies.matmul_nt(
+                    F32View::k_major(&q[at(i0)..], rows, d, hidden),
+                    F32View::k_major(&k[at(0)..], keys, d, hidden),
                     softmax_scale,
                     0.0,
                     &mut scores,
                 )?;
                 causal_softmax(&mut scores, keys, i0, LseMode::Compute(&mut lse_h[i0..i1]));
                 dtype.round_slice(&mut scores);
-                transpose_into(&vh, keys, d, d, &mut vt);
-                matmul_nt(&scores, &vt, rows, d, keys, 1.0, 0.0, &mut oh[i0 * d..i1 * d])?;
+                // O = P V: B is V^T `[head_dim, keys]`, read from V's rows.
+                copies.matmul_nt(
+                    F32View::k_major(&scores, rows, keys, keys),
+                    F32View::transposed(&v[at(0)..], d, keys, hidden),
+                    1.0,
+                    0.0,
+                    &mut oh[i0 * d..i1 * d],
+                )?;
             }
             dtype.round_slice(&mut oh);
             Ok(oh)
@@ -246,39 +259,45 @@ pub fn attention_backward(
     if nothing_to_do(&shape)? {
         return Ok(());
     }
+    let hidden = heads * d;
     let grads: Vec<[Vec<f32>; 3]> = lse
         .par_chunks(seq)
         .enumerate()
         .map(|(bh, lse_h)| -> Result<[Vec<f32>; 3]> {
             let (b, h) = (bh / heads, bh % heads);
-            let head = |src: &[f32]| {
-                let mut dst = vec![0.0; seq * d];
-                gather_head(src, &shape, b, h, &mut dst);
-                dst
-            };
-            let (qh, kh, vh, oh, doh) = (head(q), head(k), head(v), head(out), head(dout));
+            let at = |i0: usize| head_start(&shape, b, h, i0);
             let (mut dqh, mut dkh, mut dvh) = (vec![0.0; seq * d], vec![0.0; seq * d], vec![0.0; seq * d]);
             // Scratch reused across blocks.
+            let mut copies = Copies::default();
             let mut p = Vec::with_capacity(Q_BLOCK * seq);
             let mut dp = Vec::with_capacity(Q_BLOCK * seq);
-            let (mut t_a, mut t_b) = (Vec::new(), Vec::new());
             let mut delta = [0.0f32; Q_BLOCK];
             for i0 in (0..seq).step_by(Q_BLOCK) {
                 let i1 = (i0 + Q_BLOCK).min(seq);
                 let (rows, keys) = (i1 - i0, i1);
-                let (q_blk, do_blk) = (&qh[i0 * d..i1 * d], &doh[i0 * d..i1 * d]);
+                // This block's query rows of Q and dO, and the first `keys` rows of K and V.
+                let q_blk = F32View::k_major(&q[at(i0)..], rows, d, hidden);
+                let do_blk = F32View::k_major(&dout[at(i0)..], rows, d, hidden);
+                let (k_keys, v_keys) = (&k[at(0)..], &v[at(0)..]);
                 // P recomputed from the saved lse.
                 p.clear();
                 p.resize(rows * keys, 0.0);
-                matmul_nt(q_blk, &kh[..keys * d], rows, keys, d, softmax_scale, 0.0, &mut p)?;
+                copies.matmul_nt(
+                    q_blk,
+                    F32View::k_major(k_keys, keys, d, hidden),
+                    softmax_scale,
+                    0.0,
+                    &mut p,
+                )?;
                 causal_softmax(&mut p, keys, i0, LseMode::Given(&lse_h[i0..i1]));
                 // dP = dO V^T
                 dp.clear();
                 dp.resize(rows * keys, 0.0);
-                matmul_nt(do_blk, &vh[..keys * d], rows, keys, d, 1.0, 0.0, &mut dp)?;
+                copies.matmul_nt(do_blk, F32View::k_major(v_keys, keys, d, hidden), 1.0, 0.0, &mut dp)?;
                 // D_i = rowsum(dO * O)
                 for (r, dl) in delta[..rows].iter_mut().enumerate() {
-                    let (o, g) = (&oh[(i0 + r) * d..(i0 + r + 1) * d], &do_blk[r * d..(r + 1) * d]);
+                    let row = at(i0 + r);
+                    let (o, g) = (&out[row..row + d], &dout[row..row + d]);
                     *dl = o.iter().zip(g).map(|(a, b)| a * b).sum();
                 }
                 // dS = P * (dP - D), in place of dP; masked entries have P = 0.
@@ -289,17 +308,30 @@ pub fn attention_backward(
                 }
                 dtype.round_slice(&mut dp);
                 dtype.round_slice(&mut p);
-                // dV[..keys] += P^T dO
-                transpose_into(&p, rows, keys, keys, &mut t_a);
-                transpose_into(do_blk, rows, d, d, &mut t_b);
-                matmul_nt(&t_a, &t_b, keys, d, rows, 1.0, 1.0, &mut dvh[..keys * d])?;
+                // dV[..keys] += P^T dO: A is P^T `[keys, rows]`, B is dO^T `[head_dim, rows]`.
+                copies.matmul_nt(
+                    F32View::transposed(&p, keys, rows, keys),
+                    F32View::transposed(&dout[at(i0)..], d, rows, hidden),
+                    1.0,
+                    1.0,
+                    &mut dvh[..keys * d],
+                )?;
                 // dK[..keys] += scale * dS^T Q
-                transpose_into(&dp, rows, keys, keys, &mut t_a);
-                transpose_into(q_blk, rows, d, d, &mut t_b);
-                matmul_nt(&t_a, &t_b, keys, d, rows, softmax_scale, 1.0, &mut dkh[..keys * d])?;
-                // dQ = scale * dS K
-                transpose_into(&kh, keys, d, d, &mut t_b);
-                matmul_nt(&dp, &t_b, rows, d, keys, softmax_scale, 0.0, &mut dqh[i0 * d..i1 * d])?;
+                copies.matmul_nt(
+                    F32View::transposed(&dp, keys, rows, keys),
+                    F32View::transposed(&q[at(i0)..], d, rows, hidden),
+                    softmax_scale,
+                    1.0,
+                    &mut dkh[..keys * d],
+                )?;
+                // dQ = scale * dS K: B is K^T `[head_dim, keys]`.
+                copies.matmul_nt(
+                    F32View::k_major(&dp, rows, keys, keys),
+                    F32View::transposed(k_keys, d, keys, hidden),
+                    softmax_scale,
+                    0.0,
+                    &mut dqh[i0 * d..i1 * d],
+                )?;
             }
             for g in [&mut dqh, &mut dkh, &mut dvh] {
                 dtype.round_slice(g);

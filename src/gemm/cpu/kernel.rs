@@ -42,7 +42,7 @@ pub(super) struct Panel<'a> {
 impl Panel<'_> {
     /// The panel's last element lies inside `data` (an empty panel reads nothing; the
     /// strides are non-negative, so every other element lies before it).
-    fn in_bounds(&self) -> bool {
+    pub(super) fn in_bounds(&self) -> bool {
         if self.rows == 0 || self.k == 0 {
             return true;
         }
