@@ -413,3 +413,43 @@ fn train_refuses_a_built_in_run_the_plan_says_will_not_fit_with_its_numbers() {
     );
     assert!(!out_path.exists(), "nothing is written before the check");
 }
+
+#[test]
+fn train_with_cpu_ranks_plans_every_rank_it_holds() {
+    let out_dir = tempfile::tempdir().unwrap();
+    let out_path = out_dir.path().join("run");
+    // Too big on any machine; the refusal must count 4 models, the optimizer state once (ZeRO-1).
+    let batch = 1usize << 26;
+    let run = |ranks: &str| {
+        let out = fp8(&[
+            "train",
+            "--world-size",
+            ranks,
+            "--zero",
+            "1",
+            "--batch",
+            &batch.to_string(),
+            "--steps",
+            "1",
+            "--precision",
+            "fp32",
+            "--device",
+            "cpu",
+            "--out",
+            out_path.to_str().unwrap(),
+        ]);
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let needs = |err: &str| -> u128 {
+        let tail = err.split("needs ").nth(1).unwrap_or_else(|| panic!("{err}"));
+        tail.split(' ').next().unwrap().parse().unwrap()
+    };
+    let (one, four) = (run("1"), run("4"));
+    assert!(four.contains("4 ranks in this process (ZeRO-1)"), "{four}");
+    // A quarter of the batch per rank: four ranks need more than one rank's micro-batch alone
+    // would, and less than four full copies of the single-rank run.
+    assert!(needs(&four) < 4 * needs(&one), "{one}\n{four}");
+    assert!(needs(&four) > needs(&one) / 4, "{one}\n{four}");
+    assert!(!out_path.exists(), "nothing is written before the check");
+}

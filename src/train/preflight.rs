@@ -8,6 +8,7 @@ use crate::amp::Precision;
 use crate::data::Dataset;
 use crate::error::{Error, Result};
 use crate::hf::HfConfig;
+use crate::memory::MemoryCategory;
 use crate::model::{DecoderModel, ModelConfig, Recompute};
 use crate::nn::FP8_DIM_MULTIPLE;
 use crate::plan::{BasePrecision, LoraPlan, MemoryPlan, PlanSettings, plan, plan_decoder};
@@ -23,23 +24,58 @@ const BYTES_PER_PARAMETER: u64 = 20;
 /// 12 x hidden; the MLP's pre- and post-activation 2 x ffn, 3 x ffn with SwiGLU).
 const SAVED_HIDDEN_PER_TOKEN: u64 = 12;
 
+/// The ranks of a data-parallel run that live in this process (threads, each holding its own
+/// model), and the ZeRO stage that shards their optimizer state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostRanks {
+    /// Ranks in this process (1 without data parallelism, or when launched once per rank).
+    pub ranks: usize,
+    /// 0: every rank holds all optimizer state; 1: each holds its 1/ranks share.
+    pub zero: u8,
+}
+
+impl HostRanks {
+    /// One rank: a run without data parallelism.
+    pub const ONE: HostRanks = HostRanks { ranks: 1, zero: 0 };
+
+    /// The bytes of `ranks` copies of one rank's `plan`, with the optimizer state held once
+    /// over all of them under ZeRO-1 (each rank keeps a 1/ranks share; rounding up is ignored).
+    pub fn total_bytes(&self, plan: &MemoryPlan) -> u128 {
+        let ranks = self.ranks.max(1) as u128;
+        let optimizer = plan.category(MemoryCategory::OptimizerState);
+        let per_rank = plan.total_bytes();
+        match self.zero {
+            0 => per_rank.saturating_mul(ranks),
+            _ => (per_rank - optimizer).saturating_mul(ranks).saturating_add(optimizer),
+        }
+    }
+}
+
 /// Everything [`check_run`] looks at, for each precision about to run.
 pub fn check_run(precisions: &[Precision], config: &RunConfig, data: &Dataset) -> Result<()> {
+    check_run_on(precisions, config, data, HostRanks::ONE)
+}
+
+/// [`check_run`] for `host` ranks in this process (`fp8 train --world-size N`): `config.batch`
+/// and `config.micro_batches` are the step's totals over all ranks, and the memory check counts
+/// every rank's model.
+pub fn check_run_on(precisions: &[Precision], config: &RunConfig, data: &Dataset, host: HostRanks) -> Result<()> {
     let micro = micro_batch(config)?;
     let model = config.model_for(data);
+    // Each rank runs micro_batches / ranks micro-batches per step: a running sum from two on.
+    let accumulate = config.micro_batches / host.ranks.max(1) > 1;
     // The memory planner's peak of the largest precision, as `fp8 plan` plans a fine-tune.
     let planned = precisions
         .iter()
-        .map(|p| {
-            (
-                p,
-                plan_decoder(&model, p, micro, data.seq_len(), config.micro_batches > 1),
-            )
-        })
-        .max_by_key(|(_, plan)| plan.total_bytes());
+        .map(|p| (p, plan_decoder(&model, p, micro, data.seq_len(), accumulate)))
+        .max_by_key(|(_, plan)| host.total_bytes(plan));
     if let Some((precision, plan)) = planned {
+        let ranks = match host.ranks {
+            0 | 1 => String::new(),
+            n => format!("{n} ranks in this process (ZeRO-{}), each with ", host.zero),
+        };
         let what = format!(
-            "training ({} layers x {} wide, MLP {}, {} sequences of {} tokens per micro-batch; planned under {}: {})",
+            "training ({ranks}{} layers x {} wide, MLP {}, {} sequences of {} tokens per micro-batch; planned under {}: {})",
             model.layers,
             model.hidden,
             model.ffn_hidden,
@@ -48,7 +84,7 @@ pub fn check_run(precisions: &[Precision], config: &RunConfig, data: &Dataset) -
             precision.name(),
             plan_categories(&plan)
         );
-        crate::io::ensure_fits(&what, u64::try_from(plan.total_bytes()).ok())?;
+        crate::io::ensure_fits(&what, u64::try_from(host.total_bytes(&plan)).ok())?;
     }
     let heldout: Vec<usize> = data.heldout_batches(micro).iter().map(|b| b.batch).collect();
     for precision in precisions {
@@ -265,6 +301,22 @@ mod tests {
         };
         let err = check_run(&[fp8()], &config, &data).unwrap_err().to_string();
         assert!(err.contains("held-out sequences"), "{err}");
+    }
+
+    #[test]
+    fn host_ranks_count_every_rank_and_zero1_holds_the_optimizer_state_once() {
+        let model = ModelConfig::default();
+        let plan = plan_decoder(&model, &"fp32".parse().unwrap(), 4, 8, false);
+        let (total, optimizer) = (plan.total_bytes(), plan.category(MemoryCategory::OptimizerState));
+        assert!(optimizer > 0 && optimizer < total);
+        assert_eq!(HostRanks::ONE.total_bytes(&plan), total);
+        assert_eq!(HostRanks { ranks: 4, zero: 0 }.total_bytes(&plan), 4 * total);
+        assert_eq!(
+            HostRanks { ranks: 4, zero: 1 }.total_bytes(&plan),
+            4 * (total - optimizer) + optimizer
+        );
+        // ZeRO-1 on one rank shards nothing.
+        assert_eq!(HostRanks { ranks: 1, zero: 1 }.total_bytes(&plan), total);
     }
 
     #[test]

@@ -402,7 +402,18 @@ pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
     // Everything that can be checked is checked before the first step.
     match &init {
         Some(hf) => fine_tune::preflight(&precisions, &config, &data, hf, &args.base, &args.lora)?,
-        None => fp8_engine::train::preflight::check_run(&precisions, &config, &data)?,
+        None => {
+            // Ranks made in this process (--world-size, --gpus) each hold a model on this host.
+            let host = fp8_engine::train::preflight::HostRanks {
+                ranks: if args.dist.launch.is_some() {
+                    1
+                } else {
+                    args.dist.ranks()
+                },
+                zero: args.dist.zero,
+            };
+            fp8_engine::train::preflight::check_run_on(&precisions, &config, &data, host)?
+        }
     }
     fs::create_dir_all(&args.out).map_err(|e| CliError(format!("{}: cannot create: {e}", args.out.display())))?;
     check_outputs(&args, &precisions)?;
