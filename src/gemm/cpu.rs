@@ -99,6 +99,25 @@ pub fn gemm(a: &Operand, b: &Operand, out: Output, params: &GemmParams) -> Resul
     Ok(GemmReport { amax })
 }
 
+/// The epilogue alone, on a finished f32 product `p = A B^T` (`[m, n]` row-major, overwritten
+/// with the result): `* alpha (+ bias[j]) (+ beta * old)`, the amax, the cast into `out`,
+/// exactly as [`gemm`] finishes its tiles. For a product formed elsewhere (the CUDA f32 path's
+/// cuBLASLt product): the same code, so the same bits for the same product.
+pub(crate) fn epilogue_of_product(p: &mut [f32], n: usize, params: &GemmParams, out: Output) -> Result<GemmReport> {
+    let epilogue = Epilogue {
+        factor: params.alpha,
+        bias: params.bias,
+        beta: params.beta,
+    };
+    let m = p.len().checked_div(n).unwrap_or(0);
+    // One tile spanning the output: its accumulator is `p` itself.
+    let mut amax = 0.0f32;
+    for tile in out_tiles(out, n, m.max(1), n.max(1)) {
+        amax = nan_max(amax, epilogue.finish(p, tile)?);
+    }
+    Ok(GemmReport { amax })
+}
+
 /// How K is walked.
 #[derive(Clone, Copy)]
 enum Steps {

@@ -13,13 +13,10 @@
 
 use std::borrow::Cow;
 
-use half::slice::HalfFloatSliceExt;
-
 use super::buffer::DeviceBuffer;
 use super::context::CudaDevice;
 use super::cublaslt::{CublasLt, LtInputs, LtOutput};
 use crate::error::Result;
-use crate::format::Overflow;
 use crate::gemm::{GemmParams, GemmReport, Mat, Operand, Output, plan};
 use crate::memory::MemoryCategory;
 
@@ -51,39 +48,12 @@ impl CudaDevice {
     }
 }
 
-/// `D = alpha P (+ bias[j]) (+ beta old)` in that order (the CPU GEMM's epilogue), written to
-/// `out` in its format; returns max |D| before the output cast (NaN if any is NaN). `p` is
-/// `[m, n]` row-major and is overwritten with D.
+/// `D = alpha P (+ bias[j]) (+ beta old)` in that order, written to `out` in its format;
+/// returns max |D| before the output cast (NaN if any is NaN). `p` is `[m, n]` row-major and is
+/// overwritten with D. It is the CPU GEMM's own epilogue ([`crate::gemm::cpu`]), so a product
+/// equal to the CPU's gives the CPU's bits.
 pub fn host_epilogue(p: &mut [f32], n: usize, params: &GemmParams, out: Output) -> Result<GemmReport> {
-    let mut amax = 0.0f32;
-    for (row, v) in p.chunks_mut(n.max(1)).enumerate() {
-        v.iter_mut().for_each(|x| *x *= params.alpha);
-        if let Some(bias) = params.bias {
-            v.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
-        }
-        if params.beta != 0.0
-            && let Output::F32(old) = &out
-        {
-            let old = &old[row * n..][..n];
-            v.iter_mut().zip(old).for_each(|(x, o)| *x += params.beta * o);
-        }
-        for &x in v.iter() {
-            amax = if x.is_nan() || amax.is_nan() {
-                f32::NAN
-            } else {
-                amax.max(x.abs())
-            };
-        }
-    }
-    match out {
-        Output::F32(d) => d.copy_from_slice(p),
-        Output::Bf16(d) => d.convert_from_f32_slice(p),
-        Output::F16(d) => d.convert_from_f32_slice(p),
-        Output::Fp8 { codes, format, scale } => {
-            crate::convert::quantize(p, codes, format, scale, Overflow::Saturate)?;
-        }
-    }
-    Ok(GemmReport { amax })
+    crate::gemm::cpu::epilogue_of_product(p, n, params, out)
 }
 
 /// A plain f32 operand's K-major values (a transposed view is copied).
