@@ -48,6 +48,14 @@ impl<'a> Table<'a> {
                     false => h.operand(vocab, hidden),
                 };
             }
+            // fp32: the widened table is the operand (no second f32 copy).
+            Table::Half(h) if dtype == Dtype::F32 => {
+                let m = slot.insert(PlainMat::F32(h.to_f32()));
+                return match transposed {
+                    true => m.operand_transposed(hidden, vocab),
+                    false => m.operand(vocab, hidden),
+                };
+            }
             Table::Half(h) => {
                 widened = h.to_f32();
                 &widened[..]

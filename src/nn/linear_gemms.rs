@@ -33,8 +33,8 @@ enum WeightCopy {
     Fp8(Cast),
     /// `[out, in]` in the compute dtype; dgrad reads it transposed.
     Plain(PlainMat),
-    /// None: a frozen weight held in 16 bits is read as it is held when that is the compute
-    /// dtype, else converted for each GEMM (`stored_operand`).
+    /// None: a frozen weight held in 16 bits of the compute dtype is read as it is held
+    /// (`stored_operand`); held in the other 16-bit dtype it gets a `Plain` copy.
     Stored,
 }
 
@@ -61,32 +61,17 @@ fn plain_operand<'a>(
     slot.insert(kernels.convert(dtype, src)?).operand(rows, cols)
 }
 
-/// The operand of a frozen weight held in 16 bits (`WeightCopy::Stored`), `[rows, cols]` or
-/// (`transposed`) read as the transpose of its `[cols, rows]` values: the values themselves when
-/// they are in `dtype`, else widened (exact) and converted into `slot` for this GEMM, the bits a
-/// conversion of the f32 values gives.
+/// The operand of a frozen weight held in 16 bits of the compute dtype (`WeightCopy::Stored`),
+/// `[rows, cols]` or (`transposed`) read as the transpose of its `[cols, rows]` values, in place.
 fn stored_operand<'a>(
-    kernels: &dyn Kernels,
-    dtype: Dtype,
     stored: Option<&'a HalfValues>,
     (rows, cols, transposed): (usize, usize, bool),
-    slot: &'a mut Option<PlainMat>,
     layer: &str,
 ) -> Result<Operand<'a>> {
     let half = stored.ok_or_else(|| internal(layer, "the weight is no longer held in 16 bits"))?;
-    if half.dtype() == dtype {
-        return match transposed {
-            true => half.operand_transposed(rows, cols),
-            false => half.operand(rows, cols),
-        };
-    }
-    let m = match dtype {
-        Dtype::F32 => slot.insert(PlainMat::F32(half.to_f32())),
-        _ => slot.insert(kernels.convert(dtype, &half.to_f32())?),
-    };
     match transposed {
-        true => m.operand_transposed(rows, cols),
-        false => m.operand(rows, cols),
+        true => half.operand_transposed(rows, cols),
+        false => half.operand(rows, cols),
     }
 }
 
@@ -294,8 +279,10 @@ impl LinearGemms {
                 }
                 WeightCopy::Fp8(cast)
             }
-            _ if weight.half_values().is_some() => WeightCopy::Stored,
-            _ => WeightCopy::Plain(kernels.convert(self.dtype(), weight.value())?),
+            // A frozen weight held in 16 bits of the compute dtype is its own operand.
+            _ if weight.half_values().is_some_and(|h| h.dtype() == self.dtype()) => WeightCopy::Stored,
+            // Else one compute copy, as for f32 values (16-bit ones widen exactly first).
+            _ => WeightCopy::Plain(kernels.convert(self.dtype(), &weight.widened())?),
         };
         self.weight = Some((weight.version(), copy));
         Ok(())
@@ -371,17 +358,9 @@ impl LinearGemms {
                 (SavedInput::Fp8(format, columnwise), report, Some((amax, stats)))
             }
             (_, copy @ (WeightCopy::Plain(_) | WeightCopy::Stored)) => {
-                let mut converted = None;
                 let w = match copy {
                     WeightCopy::Plain(w) => w.operand(out, inp)?,
-                    _ => stored_operand(
-                        kernels,
-                        self.dtype(),
-                        weight.half_values(),
-                        (out, inp, false),
-                        &mut converted,
-                        &self.layer,
-                    )?,
+                    _ => stored_operand(weight.half_values(), (out, inp, false), &self.layer)?,
                 };
                 // One conversion: the forward's operand, then wgrad's (an owned f32 input is
                 // kept as it is; a borrowed one is copied).
@@ -476,10 +455,9 @@ impl LinearGemms {
                 let mut dym = None;
                 let dyo = plain_operand(kernels, dtype, dy, rows, out, &mut dym)?;
                 // dX = dY W: B is W^T, `[in, out]`, read from W `[out, in]`.
-                let mut converted = None;
                 let wt = match copy {
                     WeightCopy::Plain(w) => w.operand_transposed(inp, out)?,
-                    _ => stored_operand(kernels, dtype, stored, (inp, out, true), &mut converted, &self.layer)?,
+                    _ => stored_operand(stored, (inp, out, true), &self.layer)?,
                 };
                 let dgrad = kernels.gemm(&dyo, &wt, Output::F32(&mut dx), &GemmParams::default())?;
                 if let Some(dw) = weight_grad {

@@ -192,11 +192,15 @@ pub fn plan(config: &HfConfig, settings: &PlanSettings) -> MemoryPlan {
     let frozen_base = settings.base == BasePrecision::Fp8;
     let lora_values = settings.lora.as_ref().map_or(0, |l| lora_parameter_count(config, l));
     // With LoRA the embeddings, norms and head are frozen: held at `frozen_dtype`, the rest of
-    // the frozen values (linear weights, biases) in f32. A frozen head held in 16 bits is its
-    // own GEMM operand (no cache; converted per call when the run computes in another dtype).
+    // the frozen values (linear weights, biases) in f32. A separate head held in 16 bits of the
+    // head GEMM's dtype is its own operand (no cache); held in the other one (an fp16 checkpoint
+    // in a bf16 run, or any in fp32) it keeps its compute copy as before.
     let narrowable = embedding_norm_head_count(config);
     let frozen_narrow = settings.lora.is_some() && settings.frozen_dtype != Dtype::F32;
-    let head_cache_of = |p: &Precision, w| if frozen_narrow { 0 } else { weight_cache(p, w) };
+    let head_cache_of = |p: &Precision, w| match frozen_narrow && settings.frozen_dtype == p.compute_dtype() {
+        true => 0,
+        false => weight_cache(p, w),
+    };
     let frozen_bytes = |values: u128| {
         let held = if settings.lora.is_some() {
             settings.frozen_dtype.bytes() as u128
