@@ -388,7 +388,7 @@ mod tests {
     }
 
     #[test]
-    fn mxfp8_gemm_operands_are_unsupported_on_cuda_and_f32_ones_are_checked_before_the_device() {
+    fn mxfp8_and_f32_gemm_operands_go_to_the_device_after_the_cpu_gemm_checks() {
         let data = vec![1.0f32; 16 * 16];
         let a = Operand::F32(crate::gemm::Mat::new(&data, 16, 16).unwrap());
         let mut d = vec![0.0f32; 16 * 16];
@@ -409,22 +409,25 @@ mod tests {
             .gemm(&a, &a, Output::F32(&mut short), &GemmParams::default())
             .unwrap_err();
         assert_eq!(cuda, cpu);
+        // MXFP8 operands have a CUDA GEMM now: GPU 99 is missing, not the kernel.
         let q = crate::quantize::quantize_mxfp8(&data, 16, 16, Fp8Format::E4M3, false).unwrap();
         let b = Operand::Fp8(Fp8Format::E4M3, q.rowwise());
         let err = Backend::on(DeviceKind::Cuda(99))
             .kernels()
             .gemm(&b, &b, Output::F32(&mut d), &GemmParams::default())
             .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::Unsupported {
-                    op: "gemm (MXFP8 operands)",
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, Error::NoGpu { .. } | Error::KernelsMissing), "{err}");
+        // Their shape errors are the CPU GEMM's too, before any device is opened.
+        let cuda = Backend::on(DeviceKind::Cuda(99))
+            .kernels()
+            .gemm(&b, &b, Output::F32(&mut short), &GemmParams::default())
+            .unwrap_err();
+        let cpu = Backend::default()
+            .kernels()
+            .gemm(&b, &b, Output::F32(&mut short), &GemmParams::default())
+            .unwrap_err();
+        assert_eq!(cuda, cpu);
+        assert!(matches!(cpu, Error::ShapeMismatch { .. }), "{cpu}");
     }
 
     #[test]
