@@ -4,7 +4,8 @@
 # exactly 168 registers (what its setmaxnreg split assumes), and no kernel of
 # any file may spill. Every layer-op kernel (convert, norm, activation,
 # embedding, loss, optim, attention, attention_cached, rope) must exist in the SASS of all seven
-# targets without local memory; their register counts are printed per target.
+# targets without local memory; their register counts are printed per target. So must the
+# three MXFP8 GEMM kernels, with QMMA (the FP8 mma) on sm_89 and sm_120.
 # Installs cuobjdump + nvdisasm 13.x from PyPI into .cache/cuobjdump (once).
 # Reads the newest build: target/{release,debug}/build/fp8-engine-*/out/.
 # Usage: scripts/check-sass.sh [OUT_DIR]      (quiet on success: one summary line per kernel)
@@ -113,6 +114,46 @@ for module in convert norm activation embedding loss optim attention attention_c
     unset regs_of
 done
 
+# 5. The MXFP8 GEMM kernels: in every target without local memory (stubs below sm_89),
+# and built on the FP8 mma where it exists natively (QMMA on sm_89 and sm_120; sm_90a and
+# sm_100a lower it to an f16 unpack + HMMA, docs/gpu-validation.md).
+mx_file="$out/gemm_mma_mxfp8.fatbin"
+mx_kernels="fp8_gemm_mma_mxfp8_e4m3_e4m3 fp8_gemm_mma_mxfp8_e4m3_e5m2 fp8_gemm_mma_mxfp8_e5m2_e4m3"
+if [[ ! -f "$mx_file" ]]; then
+    echo "check-sass: $mx_file missing" >&2
+    fail=1
+else
+    declare -A mx_regs=()
+    for arch in $targets; do
+        usage=$(cuobjdump --dump-resource-usage -arch "$arch" "$mx_file" 2>/dev/null || true)
+        mx_sass=""
+        if [[ $arch == sm_89 || $arch == sm_120 ]]; then mx_sass=$(cuobjdump -sass -arch "$arch" "$mx_file"); fi
+        for k in $mx_kernels; do
+            line=$(grep -A1 "Function $k:" <<<"$usage" | tail -1)
+            if [[ -z "$line" ]]; then
+                echo "check-sass: $k missing from the $arch SASS of gemm_mma_mxfp8.fatbin" >&2
+                fail=1
+                continue
+            fi
+            local_mem=$(grep -oE "LOCAL:[0-9]+" <<<"$line" | cut -d: -f2)
+            if [[ "${local_mem:-0}" -ne 0 ]]; then
+                echo "check-sass: $k ($arch) uses $local_mem bytes of local memory" >&2
+                fail=1
+            fi
+            if [[ -n "$mx_sass" ]]; then
+                body=$(awk -v k="$k" '/Function : /{on = ($3 == k)} on' <<<"$mx_sass")
+                if ! grep -q "QMMA" <<<"$body"; then
+                    echo "check-sass: $k has no QMMA in its $arch SASS" >&2
+                    fail=1
+                fi
+            fi
+            mx_regs[$k]="${mx_regs[$k]:-}$(grep -oE "REG:[0-9]+" <<<"$line" | cut -d: -f2) "
+        done
+    done
+    for k in $mx_kernels; do printf 'check-sass: %-34s regs %s(%s)\n' "$k" "${mx_regs[$k]:-none }" "$targets"; done
+fi
+
 [[ "$fail" -eq 0 ]] || exit 1
 echo "check-sass: ok: $op_kernels layer-op kernels in all 7 targets without local memory"
+echo "check-sass: ok: 3 MXFP8 GEMM kernels in all 7 targets without local memory, QMMA on sm_89 and sm_120"
 echo "check-sass: ok: $(wc -w <<<"$kernels") sm_90a kernels with QGMMA and 168 registers, wgmma not serialized, no spills or local memory"

@@ -7,8 +7,8 @@
 # ops against their CPU twins, portable GEMMs, the Hopper probes and random
 # cases, the self-check, sanitizers on the small Hopper cases, benches) and writes $OUT/summary.txt: one PASS / FAIL /
 # SKIP line per step with its worst err/bound. `run.sh layers` runs the second
-# part instead: every layer on the staged CUDA backend in shadow mode, NCCL and
-# the layer bench (summary-layers.txt); `run.sh train` the third: `fp8 train`
+# part instead: the MXFP8 GEMM, every layer on the staged CUDA backend in shadow
+# mode, NCCL and the layer bench (summary-layers.txt); `run.sh train` the third: `fp8 train`
 # on both devices (fp32 included, resume across devices) and the tiny Llama
 # model with generation (summary-train.txt). Each part's step limits add up to
 # under 15 minutes. Copy the folder to a GPU machine (driver 580+, no toolkit
@@ -158,8 +158,10 @@ fi
 
 if [[ $part == layers ]]; then
 # part: layers
-# Every layer x precision on the staged CUDA backend, every op checked against its CPU twin,
-# then the issue's layer FP8 vs bf16 (staged: copies included).
+# The MXFP8 GEMM kernels against the CPU GEMM (exact probes, then the bound), which the layers'
+# MXFP8 cases use; every layer x precision on the staged CUDA backend, every op checked against
+# its CPU twin, then the issue's layer FP8 vs bf16 (staged: copies included).
+step gpu_mxfp8 45 ./gpu_mxfp8
 step gpu_layers 200 ./gpu_layers
 # NCCL at world size 1 (skips without libnccl on the machine).
 step gpu_nccl 60 ./gpu_nccl

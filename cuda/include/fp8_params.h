@@ -90,6 +90,7 @@ typedef struct Fp8AmaxParams {
 #define FP8_GEMM_SCALES_PER_TENSOR 1u           /* one f32 each at a_scale_inv, b_scale_inv */
 #define FP8_GEMM_SCALES_1X128_BY_128X128 2u     /* A [m, k_blocks], B [ceil(n/128), k_blocks] */
 #define FP8_GEMM_SCALES_1X128_BY_1X128 3u       /* A [m, k_blocks], B [n, k_blocks] */
+#define FP8_GEMM_SCALES_MXFP8 4u                /* E8M0 u8: A [m, k_blocks], B [n, k_blocks], blocks of 32 */
 
 /* Fp8GemmOut: the dtype of the GEMM's output D. */
 #define FP8_GEMM_OUT_F32 0u
@@ -116,7 +117,7 @@ typedef struct Fp8GemmParams {
     uint32_t m;
     uint32_t n;
     uint32_t k;
-    uint32_t k_blocks;   /* ceil(k / 128): the row length of the block-scale grids */
+    uint32_t k_blocks;   /* ceil(k / 128), MXFP8 ceil(k / 32): the row length of the block-scale grids */
     float alpha;
     float beta;          /* 0 ignores the old D entirely (even NaN) */
     uint32_t scale_mode; /* FP8_GEMM_SCALES_* */

@@ -240,12 +240,51 @@ __device__ __forceinline__ void promote_partial(const Fp8GemmParams& p, float (&
         }
 }
 
+// MXFP8: acc += part * (2^(ea-127) * 2^(eb-127)) for the 32-wide K block kb, with ea
+// A's E8M0 exponent of (row, kb) and eb B's of (col, kb), in the CPU reference's order
+// (the product of the two decoded scales, then partial * scales, then the add: three
+// roundings, no fused multiply-add), then part = 0. E8M0 0xFF decodes to NaN and 0 to
+// the subnormal 2^-127, as on the CPU; out-of-range rows and columns (never stored) take 1.
+// One k32 mma spans exactly one scale block, so this runs after every k-step.
+__device__ __forceinline__ void promote_e8m0(const Fp8GemmParams& p, float (&acc)[MT][NT][4],
+                                             float (&part)[MT][NT][4], uint32_t kb, uint32_t row0, uint32_t col0) {
+    const uint8_t* asc = reinterpret_cast<const uint8_t*>(p.a_scale_inv);
+    const uint8_t* bsc = reinterpret_cast<const uint8_t*>(p.b_scale_inv);
+    float sb[NT][2];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const uint32_t col = col0 + 8 * j + e;
+            sb[j][e] = col < p.n ? fp8::e8m0_decode(__ldg(bsc + (uint64_t)col * p.k_blocks + kb)) : 1.0f;
+        }
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t row = row0 + 16 * i + 8 * h;
+            const float sa = row < p.m ? fp8::e8m0_decode(__ldg(asc + (uint64_t)row * p.k_blocks + kb)) : 1.0f;
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float& pv = part[i][j][2 * h + e];
+                    const float s = __fmul_rn(sa, sb[j][e]);
+                    acc[i][j][2 * h + e] = __fadd_rn(acc[i][j][2 * h + e], __fmul_rn(pv, s));
+                    pv = 0.0f;
+                }
+        }
+}
+
 // ---- the kernel body ------------------------------------------------------------------
 
 // Op: the mma wrapper. PARTIAL: keep the tensor-core sum in a separate register set
 // and promote it into the f32 accumulator (FP8: at the end, or every 128 of K when
 // splitting, times the block scales if any). 16-bit inputs accumulate directly.
-template <class Op, bool PARTIAL> __device__ __forceinline__ void gemm_body(const Fp8GemmParams& p, uint8_t* smem) {
+// MX (with PARTIAL): MXFP8 operands, promoted after every k32 mma times their E8M0 scales.
+template <class Op, bool PARTIAL, bool MX = false>
+__device__ __forceinline__ void gemm_body(const Fp8GemmParams& p, uint8_t* smem) {
+    static_assert(PARTIAL || !MX, "MXFP8 promotes a partial sum");
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int warp_m = warp >> 2, warp_n = warp & 3;
     const uint32_t tiles_m = (p.m + BM - 1) / BM, tiles_n = (p.n + BN - 1) / BN;
@@ -332,9 +371,14 @@ template <class Op, bool PARTIAL> __device__ __forceinline__ void gemm_body(cons
                         else Op::mma(acc[i][j], af[i], bf[2 * h], bf[2 * h + 1]);
                     }
             }
+            if constexpr (MX) {
+                // The k32 block this step summed; past the last one (K % 64 <= 32) only zeros were added.
+                const uint32_t kb = (uint32_t)kt * (BK_BYTES / 32) + (uint32_t)ks;
+                if (kb < p.k_blocks) promote_e8m0(p, acc, part, kb, m0 + row_base, n0 + col_base);
+            }
         }
 
-        if constexpr (PARTIAL) {
+        if constexpr (PARTIAL && !MX) {
             if (promote) promote_partial(p, acc, part, blocked, (uint32_t)(kt / TILES_PER_PROMOTION), m0 + row_base,
                                          n0, n0 + col_base);
         }

@@ -47,7 +47,8 @@ use crate::tensor::{DeviceKind, Dtype, Tensor};
 /// Declares the op trait from one list, with the CPU implementation of each op
 /// (a path to the reference function) and the CUDA arm (`cuda_ops::<op>`, staged).
 macro_rules! kernels {
-    ($( $(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $cpu:path; )*) => {
+    ($( $(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $cpu:path
+        $(, reduction = $reduction:expr)?; )*) => {
         /// Every op of the layers, model and trainer, implemented once per backend.
         #[allow(clippy::too_many_arguments)] // the ops' own signatures (`ops::*`)
         pub(crate) trait Kernels {
@@ -69,15 +70,17 @@ macro_rules! kernels {
         }
 
         /// Each op: state saved, the primary op, its CPU twin on the saved state, then the
-        /// in-place state and the results compared by the op's contract.
+        /// in-place state and the results compared by the op's contract (with the call's
+        /// reduction length where the list names it: a GEMM's K).
         #[allow(clippy::too_many_arguments)]
         impl Kernels for ShadowKernels {
             $(
                 fn $name(&self, $($arg: $ty),*) -> Result<$ret> {
+                    let contract = contract::contract(stringify!($name));
+                    $( let contract = contract.with_reduction($reduction); )?
                     $( let mut $arg = Saved::<$ty>::new($arg); )*
                     let primary = self.primary.kernels().$name($(Twin::primary(&mut $arg.live)),*)?;
                     let cpu = CpuKernels.$name($(Twin::twin(&$arg.live, &mut $arg.saved)),*)?;
-                    let contract = contract::contract(stringify!($name));
                     $(
                         if let Some(breach) = Twin::check(&$arg.live, &$arg.saved, contract) {
                             return Err(self.mismatch(stringify!($name), breach));
@@ -115,7 +118,8 @@ kernels! {
     fn quantize(recipe: &Fp8Recipe, role: TensorRole, src: &[f32], rows: usize, cols: usize, delayed_scale: f32)
         -> Cast = fp8_cast::cast;
     /// `D = A B^T` scaled (`docs/numerics.md`, GEMM), any operand precision.
-    fn gemm(a: &Operand, b: &Operand, out: Output, params: &GemmParams) -> GemmReport = crate::gemm::cpu::gemm;
+    fn gemm(a: &Operand, b: &Operand, out: Output, params: &GemmParams) -> GemmReport = crate::gemm::cpu::gemm,
+        reduction = a.shape().1;
     /// f32 values to a plain compute dtype.
     fn convert(dtype: Dtype, src: &[f32]) -> PlainMat = plain::convert;
     /// The transpose of `[rows, cols]` f32 values in a plain compute dtype.
@@ -388,7 +392,7 @@ mod tests {
     }
 
     #[test]
-    fn mxfp8_gemm_operands_are_unsupported_on_cuda_and_f32_ones_are_checked_before_the_device() {
+    fn mxfp8_and_f32_gemm_operands_go_to_the_device_after_the_cpu_gemm_checks() {
         let data = vec![1.0f32; 16 * 16];
         let a = Operand::F32(crate::gemm::Mat::new(&data, 16, 16).unwrap());
         let mut d = vec![0.0f32; 16 * 16];
@@ -409,22 +413,25 @@ mod tests {
             .gemm(&a, &a, Output::F32(&mut short), &GemmParams::default())
             .unwrap_err();
         assert_eq!(cuda, cpu);
+        // MXFP8 operands have a CUDA GEMM now: GPU 99 is missing, not the kernel.
         let q = crate::quantize::quantize_mxfp8(&data, 16, 16, Fp8Format::E4M3, false).unwrap();
         let b = Operand::Fp8(Fp8Format::E4M3, q.rowwise());
         let err = Backend::on(DeviceKind::Cuda(99))
             .kernels()
             .gemm(&b, &b, Output::F32(&mut d), &GemmParams::default())
             .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::Unsupported {
-                    op: "gemm (MXFP8 operands)",
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, Error::NoGpu { .. } | Error::KernelsMissing), "{err}");
+        // Their shape errors are the CPU GEMM's too, before any device is opened.
+        let cuda = Backend::on(DeviceKind::Cuda(99))
+            .kernels()
+            .gemm(&b, &b, Output::F32(&mut short), &GemmParams::default())
+            .unwrap_err();
+        let cpu = Backend::default()
+            .kernels()
+            .gemm(&b, &b, Output::F32(&mut short), &GemmParams::default())
+            .unwrap_err();
+        assert_eq!(cuda, cpu);
+        assert!(matches!(cpu, Error::ShapeMismatch { .. }), "{cpu}");
     }
 
     #[test]

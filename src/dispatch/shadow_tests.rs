@@ -5,6 +5,7 @@
 use super::{Backend, Perturbed, perturb_cpu_primaries};
 use crate::amp::{Fp8Recipe, Precision};
 use crate::error::{Error, Result};
+use crate::gemm::{GemmParams, Mat, Operand, Output};
 use crate::nn::{Module, TransformerConfig, TransformerLayer};
 use crate::scaling::DelayedScaling;
 use crate::tensor::Tensor;
@@ -197,4 +198,40 @@ fn in_place_state_is_copied_before_the_primary_op() {
         ),
         "{err:?}"
     );
+}
+
+/// A GEMM's f32 result is held to the order bound of its own K (`contract::gemm_tolerance`):
+/// the same 1000-ulp move of one output (at most 1.2e-4 relative here) passes with K = 4096
+/// (rtol 4.9e-4) and fails with K = 16 (rtol 1.9e-6, atol 1e-5 at |D| near 30).
+#[test]
+fn a_perturbed_gemm_is_held_to_the_tolerance_of_its_own_k() {
+    for (k, passes) in [(4096usize, true), (16, false)] {
+        let values = |rows: usize| -> Vec<f32> { (0..rows * k).map(|i| 1.0 + (i % 7) as f32 / 8.0).collect() };
+        let (a, b) = (values(2), values(3));
+        let (a, b) = (Mat::new(&a, 2, k).unwrap(), Mat::new(&b, 3, k).unwrap());
+        perturb_cpu_primaries(Some(Perturbed {
+            op: "gemm",
+            index: 4,
+            ulps: 1000,
+        }));
+        let shadow = Backend::default().checked_against_cpu(true, "probe");
+        perturb_cpu_primaries(None);
+        let mut d = vec![0.0f32; 6];
+        let result = shadow.kernels().gemm(
+            &Operand::F32(a),
+            &Operand::F32(b),
+            Output::F32(&mut d),
+            &GemmParams::default(),
+        );
+        match (passes, result) {
+            (true, Ok(_)) => {}
+            (
+                false,
+                Err(Error::TwinMismatch {
+                    op: "gemm", index: 4, ..
+                }),
+            ) => {}
+            (_, other) => panic!("K = {k}: {other:?}"),
+        }
+    }
 }

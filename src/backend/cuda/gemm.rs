@@ -4,7 +4,9 @@
 //! [`crate::gemm::cpu::gemm`]: the same `D = alpha * A B^T * sA * sB (+ bias)
 //! (+ beta D)` on device buffers.
 //!
-//! [`gemm_host`] takes the CPU API's host types (upload, run, download) for tests and benches.
+//! [`gemm_host`] takes the CPU API's host types (upload, run, download) for tests, benches
+//! and the staged op arm. FP8 operands with MXFP8 (E8M0) scales run on their own portable
+//! kernels (`cuda/gemm_mma_mxfp8.cu`); the Hopper path does not take them.
 
 use half::{bf16, f16};
 
@@ -20,7 +22,7 @@ use crate::gemm::{GemmParams, GemmReport, Operand, Output, plan};
 use crate::memory::MemoryCategory;
 use crate::tensor::{ScaleKind, Scales};
 
-pub use super::gemm_operands::{DeviceGemmParams, DeviceOperand, DeviceOutput, DeviceScales};
+pub use super::gemm_operands::{DeviceGemmParams, DeviceOperand, DeviceOutput, DeviceScales, gemm_inputs};
 
 impl CudaDevice {
     /// `out = alpha * a . b^T * sA * sB (+ bias) (+ beta * out)` on the device's stream, by the
@@ -195,10 +197,8 @@ pub enum HostUpload {
         format: Fp8Format,
         /// `rows * cols` codes.
         codes: DeviceBuffer<u8>,
-        /// scale_inv values in the layout of `kind`.
-        scales: DeviceBuffer<f32>,
-        /// Scale layout.
-        kind: ScaleKind,
+        /// The scales in their layout.
+        scales: UploadedScales,
         /// Rows (M or N).
         rows: usize,
         /// K.
@@ -210,33 +210,34 @@ pub enum HostUpload {
     F16(DeviceBuffer<f16>, usize, usize),
 }
 
+/// An FP8 operand's scales on the device.
+#[derive(Debug)]
+pub enum UploadedScales {
+    /// f32 scale_inv values in the layout of the kind (per tensor, 1x128, 128x128).
+    F32(DeviceBuffer<f32>, ScaleKind),
+    /// MXFP8 E8M0 exponents `[rows, ceil(K/32)]`.
+    E8m0(DeviceBuffer<u8>),
+}
+
 impl HostUpload {
-    /// Uploads `op`; MXFP8 scales and f32 inputs have no CUDA GEMM and are refused.
+    /// Uploads `op`; f32 inputs have no portable CUDA GEMM (their path is `gemm_f32`) and are refused.
     pub fn new(device: &CudaDevice, op: &Operand) -> Result<Self> {
         let category = MemoryCategory::Activations;
         Ok(match op {
             Operand::Fp8(format, q) => {
-                let (values, kind) = match q.scales() {
-                    Scales::PerTensor(s) => (vec![*s], ScaleKind::PerTensor),
-                    Scales::Block1x128(s) => (s.clone(), ScaleKind::Block1x128),
-                    Scales::Block128x128(s) => (s.clone(), ScaleKind::Block128x128),
-                    Scales::Mxfp8(_) => {
-                        return Err(Error::KernelArgs {
-                            kernel: "gemm_mma",
-                            detail: format!(
-                                "MXFP8 x MXFP8 {}x{}: the portable CUDA GEMM has no E8M0 block scales; \
-                                 use the CPU backend",
-                                q.rows(),
-                                q.cols()
-                            ),
-                        });
-                    }
+                let f32_scales = |values: &[f32], kind| -> Result<UploadedScales> {
+                    Ok(UploadedScales::F32(device.upload(values, category)?, kind))
+                };
+                let scales = match q.scales() {
+                    Scales::PerTensor(s) => f32_scales(&[*s], ScaleKind::PerTensor)?,
+                    Scales::Block1x128(s) => f32_scales(s, ScaleKind::Block1x128)?,
+                    Scales::Block128x128(s) => f32_scales(s, ScaleKind::Block128x128)?,
+                    Scales::Mxfp8(e) => UploadedScales::E8m0(device.upload(e, category)?),
                 };
                 HostUpload::Fp8 {
                     format: *format,
                     codes: device.upload(q.data(), category)?,
-                    scales: device.upload(&values, category)?,
-                    kind,
+                    scales,
                     rows: q.rows(),
                     cols: q.cols(),
                 }
@@ -263,7 +264,6 @@ impl HostUpload {
                 format,
                 codes,
                 scales,
-                kind,
                 rows,
                 cols,
             } => DeviceOperand::Fp8 {
@@ -271,10 +271,11 @@ impl HostUpload {
                 codes,
                 rows: *rows,
                 cols: *cols,
-                scales: match kind {
-                    ScaleKind::Block1x128 => DeviceScales::Block1x128(scales),
-                    ScaleKind::Block128x128 => DeviceScales::Block128x128(scales),
-                    _ => DeviceScales::PerTensor(scales),
+                scales: match scales {
+                    UploadedScales::F32(s, ScaleKind::Block1x128) => DeviceScales::Block1x128(s),
+                    UploadedScales::F32(s, ScaleKind::Block128x128) => DeviceScales::Block128x128(s),
+                    UploadedScales::F32(s, _) => DeviceScales::PerTensor(s),
+                    UploadedScales::E8m0(e) => DeviceScales::Mxfp8(e),
                 },
             },
             HostUpload::Bf16(data, rows, cols) => DeviceOperand::Bf16 {

@@ -27,6 +27,8 @@ pub const HALF_K_MULTIPLE: usize = 8;
 pub const FP8_K_MULTIPLE: usize = 16;
 /// Block scales and split accumulation work in blocks of 128 of K.
 pub const K_BLOCK: usize = 128;
+/// MXFP8 scales (and the kernel's promotions) come in blocks of 32 of K: one k32 mma each.
+pub const MXFP8_K_BLOCK: usize = 32;
 
 const KERNEL: &str = "gemm_mma";
 
@@ -114,8 +116,10 @@ pub struct OperandDesc {
 /// Which kernel family the inputs need.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GemmInputs {
-    /// FP8 x FP8 (A's format, B's format).
+    /// FP8 x FP8 (A's format, B's format), per-tensor or 1x128/128x128 scales.
     Fp8(Fp8Format, Fp8Format),
+    /// MXFP8 x MXFP8: FP8 codes with E8M0 scales per 32 of K (A's format, B's format).
+    Mxfp8(Fp8Format, Fp8Format),
     /// bf16 x bf16.
     Bf16,
     /// fp16 x fp16.
@@ -131,7 +135,7 @@ pub struct LaunchPlan {
     pub n: u32,
     /// The reduction dimension.
     pub k: u32,
-    /// `ceil(k / 128)`.
+    /// Scale blocks per row: `ceil(k / 128)`, MXFP8 `ceil(k / 32)`.
     pub k_blocks: u32,
     /// Kernel family.
     pub inputs: GemmInputs,
@@ -157,8 +161,8 @@ fn dim(what: &str, value: usize) -> Result<u32> {
 
 /// Checks a GEMM for the CUDA kernels: the rules of [`crate::gemm::plan`] (shapes,
 /// format pairs, scale pairs, output length, bias length, beta only into f32) and
-/// the kernels' own needs (FP8 K % 16, 16-bit K % 8, no MXFP8, no f32 inputs,
-/// dimensions below 2^31, scale buffers of the layout's length).
+/// the kernels' own needs (FP8 K % 16, 16-bit K % 8, no f32 inputs, dimensions
+/// below 2^31, scale buffers of the layout's length: MXFP8 `[rows, ceil(K/32)]`).
 pub fn check_launch(
     a: &OperandDesc,
     b: &OperandDesc,
@@ -208,16 +212,11 @@ pub fn check_launch(
                 (ScaleKind::PerTensor, ScaleKind::PerTensor) => FP8_GEMM_SCALES_PER_TENSOR,
                 (ScaleKind::Block1x128, ScaleKind::Block128x128) => FP8_GEMM_SCALES_1X128_BY_128X128,
                 (ScaleKind::Block1x128, ScaleKind::Block1x128) => FP8_GEMM_SCALES_1X128_BY_1X128,
-                (ScaleKind::Mxfp8, ScaleKind::Mxfp8) => {
-                    return Err(args(format!(
-                        "MXFP8 x MXFP8 {m}x{n}x{k}: the portable CUDA GEMM has no E8M0 block scales; \
-                         use the CPU backend"
-                    )));
-                }
+                (ScaleKind::Mxfp8, ScaleKind::Mxfp8) => FP8_GEMM_SCALES_MXFP8,
                 (sa, sb) => {
                     return Err(args(format!(
                         "scales {sa:?} (A) x {sb:?} (B) are not a supported pair \
-                         (per-tensor x per-tensor, 1x128 x 128x128, 1x128 x 1x128)"
+                         (per-tensor x per-tensor, 1x128 x 128x128, 1x128 x 1x128, MXFP8 x MXFP8)"
                     )));
                 }
             };
@@ -229,7 +228,12 @@ pub fn check_launch(
                     )));
                 }
             }
-            (GemmInputs::Fp8(fa, fb), mode)
+            let inputs = if mode == FP8_GEMM_SCALES_MXFP8 {
+                GemmInputs::Mxfp8(fa, fb)
+            } else {
+                GemmInputs::Fp8(fa, fb)
+            };
+            (inputs, mode)
         }
         (InputDtype::Bf16, InputDtype::Bf16) | (InputDtype::F16, InputDtype::F16) => {
             if k % HALF_K_MULTIPLE != 0 {
@@ -286,7 +290,11 @@ pub fn check_launch(
         m: m32,
         n: n32,
         k: k32,
-        k_blocks: k.div_ceil(K_BLOCK) as u32,
+        k_blocks: k.div_ceil(if scale_mode == FP8_GEMM_SCALES_MXFP8 {
+            MXFP8_K_BLOCK
+        } else {
+            K_BLOCK
+        }) as u32,
         inputs,
         scale_mode,
         out,
@@ -330,7 +338,7 @@ pub struct GemmKernel {
 }
 
 /// The kernel for `inputs` on a GPU of compute capability `cc`, or a typed error
-/// when that GPU has no such tensor-core path (FP8 needs 8.9, bf16 8.0, fp16 7.5).
+/// when that GPU has no such tensor-core path (FP8 and MXFP8 need 8.9, bf16 8.0, fp16 7.5).
 pub fn select_kernel(cc: (u32, u32), inputs: GemmInputs) -> Result<GemmKernel> {
     let (major, minor) = cc;
     let missing = |what: &str, need: &str| {
@@ -343,6 +351,7 @@ pub fn select_kernel(cc: (u32, u32), inputs: GemmInputs) -> Result<GemmKernel> {
     }
     const FP8: &str = "gemm_mma_fp8";
     const HALF: &str = "gemm_mma_half";
+    const MX: &str = "gemm_mma_mxfp8";
     let kernel = |module, function, mma| GemmKernel { module, function, mma };
     match inputs {
         GemmInputs::Fp8(a, b) if cc >= (8, 9) => Ok(match (a, b) {
@@ -354,6 +363,15 @@ pub fn select_kernel(cc: (u32, u32), inputs: GemmInputs) -> Result<GemmKernel> {
             }
         }),
         GemmInputs::Fp8(..) => Err(missing("FP8", "8.9 (Ada/Hopper FP8 tensor cores)")),
+        GemmInputs::Mxfp8(a, b) if cc >= (8, 9) => Ok(match (a, b) {
+            (Fp8Format::E4M3, Fp8Format::E4M3) => kernel(MX, "fp8_gemm_mma_mxfp8_e4m3_e4m3", "m16n8k32.e4m3.e4m3"),
+            (Fp8Format::E4M3, Fp8Format::E5M2) => kernel(MX, "fp8_gemm_mma_mxfp8_e4m3_e5m2", "m16n8k32.e4m3.e5m2"),
+            (Fp8Format::E5M2, Fp8Format::E4M3) => kernel(MX, "fp8_gemm_mma_mxfp8_e5m2_e4m3", "m16n8k32.e5m2.e4m3"),
+            (Fp8Format::E5M2, Fp8Format::E5M2) => {
+                return Err(args("E5M2 x E5M2 is not a supported FP8 GEMM".into()));
+            }
+        }),
+        GemmInputs::Mxfp8(..) => Err(missing("MXFP8", "8.9 (Ada/Hopper FP8 tensor cores)")),
         GemmInputs::Bf16 if cc >= (8, 0) => Ok(kernel(HALF, "fp8_gemm_mma_bf16", "m16n8k16.bf16")),
         GemmInputs::Bf16 => Err(missing("bf16", "8.0")),
         GemmInputs::F16 if cc >= (8, 0) => Ok(kernel(HALF, "fp8_gemm_mma_f16", "m16n8k16.f16")),
@@ -398,358 +416,4 @@ pub fn check_override(kernel: GemmKernel, inputs: GemmInputs, cc: (u32, u32)) ->
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const E4: Fp8Format = Fp8Format::E4M3;
-    const E5: Fp8Format = Fp8Format::E5M2;
-
-    fn fp8(format: Fp8Format, rows: usize, k: usize, kind: ScaleKind) -> OperandDesc {
-        let (r, c) = kind.scale_shape(rows, k);
-        OperandDesc {
-            dtype: InputDtype::Fp8(format),
-            rows,
-            cols: k,
-            len: rows * k,
-            scales: Some((kind, r * c)),
-        }
-    }
-
-    fn plain(dtype: InputDtype, rows: usize, k: usize) -> OperandDesc {
-        OperandDesc {
-            dtype,
-            rows,
-            cols: k,
-            len: rows * k,
-            scales: None,
-        }
-    }
-
-    fn detail(e: Error) -> String {
-        match e {
-            Error::KernelArgs { detail, .. } => detail,
-            other => panic!("expected KernelArgs, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn dispatch_table_by_compute_capability() {
-        let fp8_pairs = [
-            GemmInputs::Fp8(E4, E4),
-            GemmInputs::Fp8(E4, E5),
-            GemmInputs::Fp8(E5, E4),
-        ];
-        for cc in [(8, 9), (9, 0), (10, 0), (12, 0)] {
-            for inputs in fp8_pairs {
-                let k = select_kernel(cc, inputs).unwrap();
-                assert_eq!(k.module, "gemm_mma_fp8");
-                assert!(k.mma.starts_with("m16n8k32"));
-            }
-            assert_eq!(select_kernel(cc, GemmInputs::F16).unwrap().function, "fp8_gemm_mma_f16");
-        }
-        let names: Vec<_> = fp8_pairs
-            .iter()
-            .map(|&i| select_kernel((9, 0), i).unwrap().function)
-            .collect();
-        assert_eq!(
-            names,
-            [
-                "fp8_gemm_mma_e4m3_e4m3",
-                "fp8_gemm_mma_e4m3_e5m2",
-                "fp8_gemm_mma_e5m2_e4m3"
-            ]
-        );
-        for cc in [(7, 5), (8, 0), (8, 6), (8, 7)] {
-            let e = detail(select_kernel(cc, GemmInputs::Fp8(E4, E4)).unwrap_err());
-            assert!(e.contains("8.9") && e.contains(&format!("{}.{}", cc.0, cc.1)), "{e}");
-        }
-        assert_eq!(
-            select_kernel((8, 0), GemmInputs::Bf16).unwrap().function,
-            "fp8_gemm_mma_bf16"
-        );
-        assert_eq!(
-            select_kernel((8, 6), GemmInputs::F16).unwrap().function,
-            "fp8_gemm_mma_f16"
-        );
-        assert_eq!(
-            select_kernel((7, 5), GemmInputs::F16).unwrap().function,
-            "fp8_gemm_mma_f16_k8"
-        );
-        assert!(detail(select_kernel((7, 5), GemmInputs::Bf16).unwrap_err()).contains("8.0"));
-        assert!(select_kernel((7, 0), GemmInputs::F16).is_err());
-        assert!(select_kernel((9, 0), GemmInputs::Fp8(E5, E5)).is_err());
-    }
-
-    #[test]
-    fn cached_dispatch_agrees_with_the_table() {
-        for cc in [(7, 5), (8, 0), (8, 9), (9, 0)] {
-            for inputs in [GemmInputs::Fp8(E4, E4), GemmInputs::Bf16, GemmInputs::F16] {
-                for _ in 0..2 {
-                    assert_eq!(
-                        cached_kernel(cc, inputs).ok(),
-                        select_kernel(cc, inputs).ok(),
-                        "{cc:?} {inputs:?}"
-                    );
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn kernel_overrides_must_fit_inputs_and_gpu() {
-        let k8 = select_kernel((7, 5), GemmInputs::F16).unwrap();
-        let bf = select_kernel((8, 0), GemmInputs::Bf16).unwrap();
-        let e4 = select_kernel((9, 0), GemmInputs::Fp8(E4, E4)).unwrap();
-        assert!(check_override(k8, GemmInputs::F16, (9, 0)).is_ok());
-        assert!(check_override(k8, GemmInputs::F16, (7, 5)).is_ok());
-        assert!(check_override(bf, GemmInputs::F16, (9, 0)).is_err());
-        assert!(check_override(bf, GemmInputs::Bf16, (7, 5)).is_err());
-        assert!(check_override(e4, GemmInputs::Fp8(E4, E4), (8, 6)).is_err());
-        assert!(check_override(e4, GemmInputs::Fp8(E4, E5), (9, 0)).is_err());
-        assert!(check_override(e4, GemmInputs::Fp8(E4, E4), (12, 0)).is_ok());
-    }
-
-    #[test]
-    fn grid_covers_every_tile_once() {
-        for (m, n) in [
-            (1, 1),
-            (128, 128),
-            (129, 1),
-            (1000, 300),
-            (128 * 17, 128 * 3 + 5),
-            (4096, 8192),
-        ] {
-            let blocks = grid_blocks(m, n).unwrap();
-            let (tm, tn) = (m.div_ceil(TILE_M) as u32, n.div_ceil(TILE_N) as u32);
-            assert_eq!(blocks, tm * tn);
-            let mut seen = vec![false; blocks as usize];
-            for pid in 0..blocks {
-                let (i, j) = tile_of_block(pid, tm, tn);
-                assert!(i < tm && j < tn, "{m}x{n}: block {pid} -> ({i}, {j})");
-                let at = (i * tn + j) as usize;
-                assert!(!seen[at], "{m}x{n}: tile ({i}, {j}) twice");
-                seen[at] = true;
-            }
-        }
-        // Within a full group, consecutive blocks walk down GROUP_M rows of tiles first.
-        assert_eq!(tile_of_block(0, 64, 64), (0, 0));
-        assert_eq!(tile_of_block(1, 64, 64), (1, 0));
-        assert_eq!(tile_of_block(GROUP_M, 64, 64), (0, 1));
-        assert!(grid_blocks(usize::MAX / 2, 1 << 20).is_err());
-        assert_eq!(SMEM_BYTES, 65536);
-    }
-
-    #[test]
-    fn valid_launches_plan_the_kernel() {
-        let a = fp8(E4, 300, 4096 + 64, ScaleKind::Block1x128);
-        let b = fp8(E4, 200, 4096 + 64, ScaleKind::Block128x128);
-        let p = check_launch(&a, &b, OutputDtype::Bf16, 300 * 200, Some(200), 0.0).unwrap();
-        assert_eq!((p.m, p.n, p.k, p.k_blocks), (300, 200, 4160, 33));
-        assert_eq!(p.scale_mode, FP8_GEMM_SCALES_1X128_BY_128X128);
-        assert_eq!(p.blocks, 3 * 2);
-        assert_eq!(p.inputs, GemmInputs::Fp8(E4, E4));
-        let a = fp8(E5, 3, 16, ScaleKind::Block1x128);
-        let b = fp8(E4, 5, 16, ScaleKind::Block1x128);
-        let p = check_launch(&a, &b, OutputDtype::F32, 15, None, 1.0).unwrap();
-        assert_eq!(p.scale_mode, FP8_GEMM_SCALES_1X128_BY_1X128);
-        let a = fp8(E4, 3, 32, ScaleKind::PerTensor);
-        let p = check_launch(
-            &a,
-            &fp8(E5, 5, 32, ScaleKind::PerTensor),
-            OutputDtype::Fp8(E4),
-            15,
-            None,
-            0.0,
-        )
-        .unwrap();
-        assert_eq!(
-            (p.scale_mode, p.out.code()),
-            (FP8_GEMM_SCALES_PER_TENSOR, FP8_GEMM_OUT_E4M3)
-        );
-        let p = check_launch(
-            &plain(InputDtype::Bf16, 7, 24),
-            &plain(InputDtype::Bf16, 9, 24),
-            OutputDtype::F16,
-            63,
-            None,
-            0.0,
-        )
-        .unwrap();
-        assert_eq!((p.inputs, p.scale_mode), (GemmInputs::Bf16, FP8_GEMM_SCALES_NONE));
-        // An empty output launches nothing.
-        let p = check_launch(
-            &plain(InputDtype::F16, 0, 8),
-            &plain(InputDtype::F16, 4, 8),
-            OutputDtype::F32,
-            0,
-            None,
-            0.0,
-        )
-        .unwrap();
-        assert_eq!(p.blocks, 0);
-    }
-
-    #[test]
-    fn invalid_launches_name_the_problem() {
-        let pt = ScaleKind::PerTensor;
-        type Case = (
-            OperandDesc,
-            OperandDesc,
-            OutputDtype,
-            usize,
-            Option<usize>,
-            f32,
-            &'static str,
-        );
-        let cases: Vec<Case> = vec![
-            (
-                fp8(E4, 4, 32, pt),
-                fp8(E4, 4, 48, pt),
-                OutputDtype::F32,
-                16,
-                None,
-                0.0,
-                "same K",
-            ),
-            (
-                fp8(E5, 4, 32, pt),
-                fp8(E5, 4, 32, pt),
-                OutputDtype::F32,
-                16,
-                None,
-                0.0,
-                "E5M2 x E5M2",
-            ),
-            (
-                fp8(E4, 4, 40, pt),
-                fp8(E4, 4, 40, pt),
-                OutputDtype::F32,
-                16,
-                None,
-                0.0,
-                "multiple of 16",
-            ),
-            (
-                plain(InputDtype::Bf16, 4, 12),
-                plain(InputDtype::Bf16, 4, 12),
-                OutputDtype::F32,
-                16,
-                None,
-                0.0,
-                "bf16 GEMM 4x4x12: K must be a multiple of 8",
-            ),
-            (
-                fp8(E4, 4, 32, ScaleKind::Mxfp8),
-                fp8(E4, 4, 32, ScaleKind::Mxfp8),
-                OutputDtype::F32,
-                16,
-                None,
-                0.0,
-                "MXFP8",
-            ),
-            (
-                fp8(E4, 4, 32, ScaleKind::Block128x128),
-                fp8(E4, 4, 32, ScaleKind::Block1x128),
-                OutputDtype::F32,
-                16,
-                None,
-                0.0,
-                "not a supported pair",
-            ),
-            (
-                plain(InputDtype::F32, 4, 8),
-                plain(InputDtype::F32, 4, 8),
-                OutputDtype::F32,
-                16,
-                None,
-                0.0,
-                "no f32 CUDA GEMM",
-            ),
-            (
-                plain(InputDtype::Bf16, 4, 8),
-                plain(InputDtype::F16, 4, 8),
-                OutputDtype::F32,
-                16,
-                None,
-                0.0,
-                "A is bf16 and B is f16",
-            ),
-            (
-                fp8(E4, 4, 32, pt),
-                plain(InputDtype::Bf16, 4, 32),
-                OutputDtype::F32,
-                16,
-                None,
-                0.0,
-                "FP8 goes",
-            ),
-            (
-                fp8(E4, 4, 32, pt),
-                fp8(E4, 4, 32, pt),
-                OutputDtype::F32,
-                16,
-                Some(5),
-                0.0,
-                "bias has 5",
-            ),
-            (
-                fp8(E4, 4, 32, pt),
-                fp8(E4, 4, 32, pt),
-                OutputDtype::Bf16,
-                16,
-                None,
-                0.5,
-                "beta = 0.5",
-            ),
-        ];
-        for (a, b, out, len, bias, beta, needle) in cases {
-            let e = detail(check_launch(&a, &b, out, len, bias, beta).unwrap_err());
-            assert!(e.contains(needle), "expected '{needle}' in '{e}'");
-        }
-        let mut short = fp8(E4, 300, 256, ScaleKind::Block1x128);
-        short.scales = Some((ScaleKind::Block1x128, 300));
-        let e = detail(
-            check_launch(
-                &short,
-                &fp8(E4, 4, 256, ScaleKind::Block1x128),
-                OutputDtype::F32,
-                1200,
-                None,
-                0.0,
-            )
-            .unwrap_err(),
-        );
-        assert!(
-            e.contains("A's Block1x128 scale_inv buffer has 300 values, 300x256 needs 600"),
-            "{e}"
-        );
-        let a = fp8(E4, 4, 32, pt);
-        assert!(matches!(
-            check_launch(&a, &a, OutputDtype::F32, 15, None, 0.0),
-            Err(Error::ShapeMismatch {
-                expected: 16,
-                got: 15,
-                ..
-            })
-        ));
-        let mut bad = a;
-        bad.len = 3;
-        assert!(matches!(
-            check_launch(&bad, &a, OutputDtype::F32, 16, None, 0.0),
-            Err(Error::ShapeMismatch { .. })
-        ));
-        let huge = plain(InputDtype::Bf16, 1 << 31, 8);
-        let e = detail(
-            check_launch(
-                &huge,
-                &plain(InputDtype::Bf16, 1, 8),
-                OutputDtype::F32,
-                1 << 31,
-                None,
-                0.0,
-            )
-            .unwrap_err(),
-        );
-        assert!(e.contains("M = 2147483648"), "{e}");
-    }
-}
+mod tests;

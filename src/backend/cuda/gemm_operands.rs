@@ -6,11 +6,14 @@ use half::{bf16, f16};
 
 use super::buffer::DeviceBuffer;
 use super::context::CudaDevice;
-use super::gemm_dispatch::{GemmKernel, InputDtype, OperandDesc, OutputDtype};
+use super::gemm_dispatch::{GemmInputs, GemmKernel, InputDtype, OperandDesc, OutputDtype};
 use crate::format::Fp8Format;
 use crate::tensor::ScaleKind;
 
-/// The f32 `scale_inv` of an FP8 operand on the device, in the layouts of [`Scales`].
+/// The `scale_inv` of an FP8 operand on the device, in the layouts of [`Scales`]: f32 values,
+/// or MXFP8's E8M0 exponents.
+///
+/// [`Scales`]: crate::tensor::Scales
 #[derive(Clone, Copy, Debug)]
 pub enum DeviceScales<'a> {
     /// One value.
@@ -19,14 +22,36 @@ pub enum DeviceScales<'a> {
     Block1x128(&'a DeviceBuffer<f32>),
     /// `[ceil(rows/128), ceil(K/128)]`.
     Block128x128(&'a DeviceBuffer<f32>),
+    /// `[rows, ceil(K/32)]` E8M0 codes (`2^(e-127)`, 0xFF NaN).
+    Mxfp8(&'a DeviceBuffer<u8>),
 }
 
 impl DeviceScales<'_> {
-    pub(crate) fn kind_and_buffer(&self) -> (ScaleKind, &DeviceBuffer<f32>) {
+    /// The layout.
+    pub(crate) fn kind(&self) -> ScaleKind {
         match self {
-            DeviceScales::PerTensor(s) => (ScaleKind::PerTensor, s),
-            DeviceScales::Block1x128(s) => (ScaleKind::Block1x128, s),
-            DeviceScales::Block128x128(s) => (ScaleKind::Block128x128, s),
+            DeviceScales::PerTensor(_) => ScaleKind::PerTensor,
+            DeviceScales::Block1x128(_) => ScaleKind::Block1x128,
+            DeviceScales::Block128x128(_) => ScaleKind::Block128x128,
+            DeviceScales::Mxfp8(_) => ScaleKind::Mxfp8,
+        }
+    }
+
+    /// Scales the buffer holds.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            DeviceScales::PerTensor(s) | DeviceScales::Block1x128(s) | DeviceScales::Block128x128(s) => s.len(),
+            DeviceScales::Mxfp8(e) => e.len(),
+        }
+    }
+
+    /// The buffer's device address.
+    pub(crate) fn address(&self, device: &CudaDevice) -> u64 {
+        match self {
+            DeviceScales::PerTensor(s) | DeviceScales::Block1x128(s) | DeviceScales::Block128x128(s) => {
+                s.address(device)
+            }
+            DeviceScales::Mxfp8(e) => e.address(device),
         }
     }
 }
@@ -77,16 +102,13 @@ impl DeviceOperand<'_> {
                 rows,
                 cols,
                 scales,
-            } => {
-                let (kind, buffer) = scales.kind_and_buffer();
-                OperandDesc {
-                    dtype: InputDtype::Fp8(*format),
-                    rows: *rows,
-                    cols: *cols,
-                    len: codes.len(),
-                    scales: Some((kind, buffer.len())),
-                }
-            }
+            } => OperandDesc {
+                dtype: InputDtype::Fp8(*format),
+                rows: *rows,
+                cols: *cols,
+                len: codes.len(),
+                scales: Some((scales.kind(), scales.len())),
+            },
             DeviceOperand::Bf16 { data, rows, cols } => OperandDesc {
                 dtype: InputDtype::Bf16,
                 rows: *rows,
@@ -107,12 +129,32 @@ impl DeviceOperand<'_> {
     /// (data address, scale_inv address or 0).
     pub(crate) fn addresses(&self, device: &CudaDevice) -> (u64, u64) {
         match self {
-            DeviceOperand::Fp8 { codes, scales, .. } => {
-                (codes.address(device), scales.kind_and_buffer().1.address(device))
-            }
+            DeviceOperand::Fp8 { codes, scales, .. } => (codes.address(device), scales.address(device)),
             DeviceOperand::Bf16 { data, .. } => (data.address(device), 0),
             DeviceOperand::F16 { data, .. } => (data.address(device), 0),
         }
+    }
+}
+
+/// The kernel family of `a . b^T`: FP8 pairs (MXFP8 when both carry E8M0 scales), bf16, fp16;
+/// `None` for a mix the dispatch refuses ([`check_launch`](super::gemm_dispatch::check_launch)
+/// names it).
+pub fn gemm_inputs(a: &DeviceOperand, b: &DeviceOperand) -> Option<GemmInputs> {
+    match (a, b) {
+        (
+            DeviceOperand::Fp8 {
+                format: fa, scales: sa, ..
+            },
+            DeviceOperand::Fp8 {
+                format: fb, scales: sb, ..
+            },
+        ) => Some(match (sa, sb) {
+            (DeviceScales::Mxfp8(_), DeviceScales::Mxfp8(_)) => GemmInputs::Mxfp8(*fa, *fb),
+            _ => GemmInputs::Fp8(*fa, *fb),
+        }),
+        (DeviceOperand::Bf16 { .. }, DeviceOperand::Bf16 { .. }) => Some(GemmInputs::Bf16),
+        (DeviceOperand::F16 { .. }, DeviceOperand::F16 { .. }) => Some(GemmInputs::F16),
+        _ => None,
     }
 }
 

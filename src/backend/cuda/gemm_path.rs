@@ -60,14 +60,6 @@ pub fn hopper_scales<'a>(a: &DeviceOperand<'a>, b: &DeviceOperand<'a>) -> Option
     }
 }
 
-fn scale_kind(s: &DeviceScales) -> ScaleKind {
-    match s {
-        DeviceScales::PerTensor(_) => ScaleKind::PerTensor,
-        DeviceScales::Block1x128(_) => ScaleKind::Block1x128,
-        DeviceScales::Block128x128(_) => ScaleKind::Block128x128,
-    }
-}
-
 /// The path the process-wide selector gives `a . b^T` on `device` (portable for
 /// non-FP8 inputs). Runs the self-check the first time the fast path may be used.
 pub fn path_for(device: &CudaDevice, a: &DeviceOperand, b: &DeviceOperand) -> Result<GemmPath> {
@@ -82,7 +74,7 @@ pub fn path_for(device: &CudaDevice, a: &DeviceOperand, b: &DeviceOperand) -> Re
     else {
         return Ok(GemmPath::Portable);
     };
-    let supported = hopper_supports(*fb, scale_kind(sa), scale_kind(sb), *k);
+    let supported = hopper_supports(*fb, sa.kind(), sb.kind(), *k);
     route(
         PathSelector::global(),
         device.info().ordinal,

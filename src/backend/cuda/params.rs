@@ -16,6 +16,7 @@ pub const FP8_GEMM_SCALES_NONE: u32 = 0;
 pub const FP8_GEMM_SCALES_PER_TENSOR: u32 = 1;
 pub const FP8_GEMM_SCALES_1X128_BY_128X128: u32 = 2;
 pub const FP8_GEMM_SCALES_1X128_BY_1X128: u32 = 3;
+pub const FP8_GEMM_SCALES_MXFP8: u32 = 4;
 pub const FP8_GEMM_OUT_F32: u32 = 0;
 pub const FP8_GEMM_OUT_BF16: u32 = 1;
 pub const FP8_GEMM_OUT_F16: u32 = 2;

@@ -102,12 +102,10 @@ impl DeviceOut {
     }
 }
 
-fn gemm_inputs(a: &DeviceOperand, b: &DeviceOperand) -> GemmInputs {
-    match (a, b) {
-        (DeviceOperand::Fp8 { format: fa, .. }, DeviceOperand::Fp8 { format: fb, .. }) => GemmInputs::Fp8(*fa, *fb),
-        (DeviceOperand::Bf16 { .. }, _) => GemmInputs::Bf16,
-        _ => GemmInputs::F16,
-    }
+/// The kernel family of the operands (MXFP8 when both carry E8M0 scales).
+fn gemm_inputs(a: &DeviceOperand, b: &DeviceOperand) -> Result<GemmInputs, CliError> {
+    fp8_engine::backend::cuda::gemm::gemm_inputs(a, b)
+        .ok_or_else(|| CliError("bench gemm: the two operands have different dtypes".into()))
 }
 
 fn path_name(path: GemmPath) -> &'static str {
@@ -137,7 +135,7 @@ impl GemmRunner for CudaRunner {
         let a_up = HostUpload::new(dev, &inputs.a.view()?)?;
         let b_up = HostUpload::new(dev, &inputs.b.view()?)?;
         let (a, b) = (a_up.operand(), b_up.operand());
-        let portable = cached_kernel(dev.info().compute_capability, gemm_inputs(&a, &b))?;
+        let portable = cached_kernel(dev.info().compute_capability, gemm_inputs(&a, &b)?)?;
         let params = |kernel| DeviceGemmParams {
             split_accumulator: inputs.split,
             kernel,

@@ -21,7 +21,7 @@ use crate::error::CliError;
 pub struct LayerArgs {
     /// Comma-separated precisions (fp32, bf16, fp16, fp8-delayed, fp8-current, fp8-block, mxfp8);
     /// default: all of them on the CPU, bf16,fp8-delayed on CUDA (FP8 against bf16;
-    /// fp32 runs there on cuBLASLt when named, MXFP8 has no CUDA GEMM).
+    /// fp32 runs there on cuBLASLt and mxfp8 on the E8M0 GEMM kernels of sm_89+ when named).
     #[arg(long)]
     precision: Option<String>,
     /// Where the layer runs: cpu, cuda, cuda:N or auto.

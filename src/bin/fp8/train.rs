@@ -193,7 +193,6 @@ fn precisions(args: &TrainArgs, device: &Device) -> Result<Vec<Precision>, CliEr
                 .map_err(|e| CliError(format!("fp8-delayed (--history-len, --algo, --margin): {e}")))?;
         }
         let precision = args.dist.apply(precision);
-        cuda_gemm_exists(&precision, device)?;
         if out.contains(&precision) {
             return Err(CliError(format!("precision {} is listed twice", precision.name())));
         }
@@ -242,24 +241,6 @@ fn default_precisions(device: &Device) -> Vec<String> {
         names.join(",")
     );
     names.iter().map(|n| n.to_string()).collect()
-}
-
-/// Refuses, before any training, a precision whose GEMMs the CUDA backend lacks (MXFP8
-/// operands: `docs/cuda-backend.md`, GEMM operands). f32 runs on cuBLASLt.
-fn cuda_gemm_exists(precision: &Precision, device: &Device) -> Result<(), CliError> {
-    if !matches!(device, Device::Cuda(_)) {
-        return Ok(());
-    }
-    let missing = match precision {
-        Precision::Fp8(Recipe::Mxfp8(_)) => "MXFP8 (no E8M0-scaled CUDA GEMM yet)",
-        _ => return Ok(()),
-    };
-    Err(CliError(format!(
-        "precision {} cannot train on {}: the CUDA backend has no GEMM for {missing}; \
-         use --compare fp32,fp8-delayed on the GPU, or --device cpu",
-        precision.name(),
-        device.describe()
-    )))
 }
 
 /// Opens the device: without a usable GPU, `cuda` is an error and `auto` falls back to the CPU.

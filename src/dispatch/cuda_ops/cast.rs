@@ -11,7 +11,7 @@ use crate::format::Fp8Format;
 use crate::gemm::{GemmParams, GemmReport, Operand, Output};
 use crate::quantize::ScaleRule;
 use crate::scaling::{BlockDims, DelayedScaling, Fp8TensorStats, RecipeFormat, SlotBank, TensorRole};
-use crate::tensor::{DeviceKind, QuantizedMatrix, QuantizedTensor, ScaleKind, Scales};
+use crate::tensor::{QuantizedMatrix, QuantizedTensor, ScaleKind, Scales};
 
 /// Both copies of a per-tensor cast with `scale` (on the device), and the source's amax.
 fn per_tensor(s: &Staged, src: &[f32], (rows, cols): (usize, usize), format: Fp8Format, scale: f32) -> Result<Cast> {
@@ -154,24 +154,14 @@ pub(crate) fn quantize(
     }
 }
 
-/// The GEMM through the CUDA GEMM dispatch (portable mma.sync kernels, or the Hopper path
-/// where `gemm_path` picks it, with its self-check). f32 and MXFP8 operands have no CUDA
-/// GEMM: `Unsupported` (`docs/cuda-backend.md`, GEMM operands).
+/// The GEMM through the CUDA GEMM dispatch (portable mma.sync kernels, MXFP8 operands on
+/// their E8M0 variant, or the Hopper path where `gemm_path` picks it, with its self-check);
+/// f32 operands on the cuBLASLt reference path (`docs/cuda-backend.md`, GEMM operands). The
+/// arguments are checked like the CPU GEMM's before the device is opened.
 pub(crate) fn gemm(k: &CudaKernels, a: &Operand, b: &Operand, out: Output, params: &GemmParams) -> Result<GemmReport> {
-    for op in [a, b] {
-        if let Operand::Fp8(_, q) = op
-            && q.scales().kind() == ScaleKind::Mxfp8
-        {
-            return Err(Error::Unsupported {
-                op: "gemm (MXFP8 operands)",
-                device: DeviceKind::Cuda(k.ordinal).to_string(),
-            });
-        }
-    }
+    crate::gemm::plan(a, b, &out, params)?;
     if let (Operand::F32(a), Operand::F32(b)) = (a, b) {
-        // The f32 reference path (cuBLASLt, f32 compute, TF32 off); the arguments are checked
-        // like the CPU GEMM's before the device is opened.
-        crate::gemm::plan(&Operand::F32(*a), &Operand::F32(*b), &out, params)?;
+        // The f32 reference path (cuBLASLt, f32 compute, TF32 off).
         let s = staged(k)?;
         return s.with_cublaslt(|lt| gemm_f32_host(s.device(), lt, (a, b), out, params));
     }

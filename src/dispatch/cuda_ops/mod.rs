@@ -6,9 +6,9 @@
 //! the model and the trainer run unchanged on either backend; device-resident
 //! tensors (`tensor::Storage::Cuda`) are the next step and remove the copies.
 //!
-//! Every op has a kernel; GEMMs of MXFP8 operands return `Error::Unsupported`
-//! before any device is opened; f32 operands take the cuBLASLt reference path
-//! (`backend::cuda::gemm_f32`). None of this has run on a GPU yet.
+//! Every op has a kernel: GEMMs of MXFP8 operands run on the E8M0 variant of the
+//! portable GEMM (`cuda/gemm_mma_mxfp8.cu`), f32 operands take the cuBLASLt
+//! reference path (`backend::cuda::gemm_f32`). None of this has run on a GPU yet.
 
 mod cast;
 mod layer;
