@@ -13,10 +13,10 @@ use fp8_engine::data::Dataset;
 use fp8_engine::data::addition::AdditionConfig;
 use fp8_engine::device::{Device, DeviceChoice};
 use fp8_engine::dist::{DataParallel, Wire};
-use fp8_engine::model::{DecoderModel, LanguageModel, ModelConfig};
+use fp8_engine::model::{LanguageModel, ModelConfig};
 use fp8_engine::train::data_parallel::run_data_parallel;
 use fp8_engine::train::metrics::{StepMetrics, read_metrics};
-use fp8_engine::train::session::{RunConfig, RunControl, RunOutput, run};
+use fp8_engine::train::session::{RunConfig, RunControl, RunInputs, RunOutput, run};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("fp8-dp-{}-{name}", std::process::id()));
@@ -60,7 +60,18 @@ fn precision(name: &str) -> Precision {
 
 fn single(p: &Precision, config: &RunConfig, dir: &Path, control: RunControl) -> RunOutput {
     let cpu = Device::select(DeviceChoice::Cpu).expect("cpu");
-    run(&cpu, p, config, &data(), dir, control, &mut |_| {}).expect("single-rank run")
+    run(
+        &cpu,
+        &RunInputs {
+            precision: p,
+            config,
+            data: &data(),
+            dir,
+            control,
+        },
+        &mut |_| {},
+    )
+    .expect("single-rank run")
 }
 
 fn parallel(
@@ -72,11 +83,14 @@ fn parallel(
     control: RunControl,
 ) -> Result<Vec<RunOutput>, Error> {
     let data = data();
-    let model_config = config.model_for(&data);
-    let build = || -> fp8_engine::Result<Box<dyn LanguageModel>> {
-        Ok(Box::new(DecoderModel::new(&model_config, p, config.seed)?))
+    let inputs = RunInputs {
+        precision: p,
+        config,
+        data: &data,
+        dir,
+        control,
     };
-    run_data_parallel(world, options, &build, p, config, &data, dir, control, &mut |_| {})
+    run_data_parallel(world, options, &inputs.decoder_builder(), &inputs, &mut |_| {})
 }
 
 fn metrics(dir: &Path) -> Vec<StepMetrics> {
@@ -524,11 +538,13 @@ fn a_lora_llama_overlaps_its_adapters_gradients_bit_for_bit() {
             2,
             &options,
             &build,
-            &p,
-            &config,
-            &data(),
-            &dir,
-            RunControl::default(),
+            &RunInputs {
+                precision: &p,
+                config: &config,
+                data: &data(),
+                dir: &dir,
+                control: RunControl::default(),
+            },
             &mut |_| {},
         )
         .expect("dp run");

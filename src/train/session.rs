@@ -182,37 +182,60 @@ impl RunConfig {
     }
 }
 
-/// Trains one model on `device` under `precision` on `data`, counting its memory in the
+/// What one training run reads besides its model and device: the precision, the run's settings,
+/// the data, the output directory and how the run starts and stops. Every rank of a
+/// data-parallel run reads the same inputs.
+#[derive(Clone, Copy)]
+pub struct RunInputs<'a> {
+    /// The precision the model trains in.
+    pub precision: &'a Precision,
+    /// Everything else that fixes the run.
+    pub config: &'a RunConfig,
+    /// The training and held-out data.
+    pub data: &'a Dataset,
+    /// Where `metrics.jsonl` and the checkpoint go.
+    pub dir: &'a Path,
+    /// Resume, stop, CPU twin check, data-parallel group.
+    pub control: RunControl<'a>,
+}
+
+impl RunInputs<'_> {
+    /// The built-in decoder for these inputs: `config.model` with the data's vocabulary and
+    /// sequence length, seeded with `config.seed` (every rank builds the same one).
+    pub fn decoder(&self) -> Result<DecoderModel> {
+        DecoderModel::new(&self.config.model_for(self.data), self.precision, self.config.seed)
+    }
+
+    /// [`Self::decoder`] boxed, as a data-parallel run builds one per rank.
+    pub fn decoder_builder(&self) -> impl Fn() -> Result<Box<dyn LanguageModel>> + Sync + '_ {
+        move || Ok(Box::new(self.decoder()?) as Box<dyn LanguageModel>)
+    }
+}
+
+/// Trains the built-in decoder ([`RunInputs::decoder`]) on `device`, counting its memory in the
 /// device's ledger (peaks restart at the start of the run; the run's bytes are released at
 /// its end, so runs one after another report their own peaks), writing `dir/metrics.jsonl` and
 /// `dir/checkpoint.safetensors`; resumes and stops as `control` says.
-pub fn run(
-    device: &Device,
-    precision: &Precision,
-    config: &RunConfig,
-    data: &Dataset,
-    dir: &Path,
-    control: RunControl,
-    on_step: StepCallback,
-) -> Result<RunOutput> {
-    let model_config = config.model_for(data);
-    let mut model = DecoderModel::new(&model_config, precision, config.seed)?;
-    run_model(&mut model, device, precision, config, data, dir, control, on_step)
+pub fn run(device: &Device, inputs: &RunInputs, on_step: StepCallback) -> Result<RunOutput> {
+    let mut model = inputs.decoder()?;
+    run_model(&mut model, device, inputs, on_step)
 }
 
 /// [`run`] with a model built by the caller (e.g. a loaded checkpoint to fine-tune, which the
 /// caller can save afterwards); `config.model` is then only recorded, not used.
-#[allow(clippy::too_many_arguments)]
 pub fn run_model(
     model: &mut dyn LanguageModel,
     device: &Device,
-    precision: &Precision,
-    config: &RunConfig,
-    data: &Dataset,
-    dir: &Path,
-    control: RunControl,
+    inputs: &RunInputs,
     on_step: StepCallback,
 ) -> Result<RunOutput> {
+    let RunInputs {
+        precision,
+        config,
+        data,
+        dir,
+        control,
+    } = *inputs;
     let micro_size = config.micro_batch_size()?;
     let single = SingleRank;
     let (collective, dp): (&dyn Collective, DataParallel) = match control.parallel {
