@@ -14,6 +14,7 @@ use fp8_engine::data::addition::AdditionConfig;
 use fp8_engine::device::{Device, DeviceChoice};
 use fp8_engine::dist::{DataParallel, Wire};
 use fp8_engine::model::{LanguageModel, ModelConfig};
+use fp8_engine::nn::{Module, VisitLinears};
 use fp8_engine::train::data_parallel::run_data_parallel;
 use fp8_engine::train::metrics::{StepMetrics, read_metrics};
 use fp8_engine::train::session::{RunConfig, RunControl, RunInputs, RunOutput, run};
@@ -321,6 +322,69 @@ fn zero1_shards_the_optimizer_state() {
     assert!(sharded[1].summary.peak_bytes < whole[1].summary.peak_bytes);
 }
 
+/// ZeRO-1 shards the f32 masters of the linear weights under bf16 and fp8-delayed: each rank
+/// holds the replicated values (embeddings, norms, biases) and its slice of the weights, and
+/// the slices of the four ranks add up to the unsharded weights exactly. fp32 runs keep every
+/// master on every rank (their compute weights are the masters).
+#[test]
+fn zero1_shards_the_linear_weights_masters() {
+    let config = config(4, 2);
+    for name in ["bf16", "fp8-delayed", "fp32"] {
+        let p = precision(name);
+        let data = data();
+        let inputs = RunInputs {
+            precision: &p,
+            config: &config,
+            data: &data,
+            dir: Path::new("."),
+            control: RunControl::default(),
+        };
+        let mut model = inputs.decoder().expect("model");
+        let total = model.parameter_count() as u64;
+        let mut weights = 0u64;
+        model.visit_linears(&mut |linear| weights += linear.weight().len() as u64);
+        let replicated = total - weights;
+        let whole = parallel(
+            4,
+            &DataParallel::default(),
+            &p,
+            &config,
+            &scratch(&format!("masters-{name}-zero0")),
+            RunControl::default(),
+        )
+        .expect("dp run");
+        assert!(whole.iter().all(|o| o.master_weight_bytes == 4 * total), "{name}");
+        let options = DataParallel {
+            zero: 1,
+            ..DataParallel::default()
+        };
+        let dir = scratch(&format!("masters-{name}-zero1"));
+        let sharded = parallel(4, &options, &p, &config, &dir, RunControl::default()).expect("dp run");
+        let held: Vec<u64> = sharded.iter().map(|o| o.master_weight_bytes).collect();
+        if name == "fp32" {
+            assert!(
+                held.iter().all(|&h| h == 4 * total),
+                "fp32 keeps whole masters: {held:?}"
+            );
+            continue;
+        }
+        let slices: u64 = held.iter().map(|h| h - 4 * replicated).sum();
+        assert_eq!(
+            slices,
+            4 * weights,
+            "{name}: the slices cover the weights once: {held:?}"
+        );
+        for h in &held {
+            assert!(*h <= 4 * (replicated + total.div_ceil(4)), "{name}: {h} of {held:?}");
+        }
+        assert!(sharded[0].summary.peak_bytes < whole[0].summary.peak_bytes, "{name}");
+        // The checkpoint holds the whole masters again (rank 0 gathered them).
+        let reference = scratch(&format!("masters-{name}-micro4"));
+        single(&p, &config, &reference, RunControl::default());
+        assert_same_run(&format!("{name} sharded masters"), &reference, &dir);
+    }
+}
+
 #[test]
 fn checkpoints_resume_at_any_world_size() {
     let p = precision("fp8-delayed");
@@ -419,7 +483,10 @@ fn the_cli_runs_ranks_and_refuses_uneven_splits() {
     let out = fp8(&args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("rank 1/2") && stderr.contains("ZeRO-1"), "{stderr}");
+    assert!(
+        stderr.contains("rank 1/2") && stderr.contains("ZeRO-1") && stderr.contains("master weights"),
+        "{stderr}"
+    );
     let mut args = small.to_vec();
     args.extend(["--micro-batches", "2", "--out", micro.to_str().unwrap()]);
     assert!(fp8(&args).status.success());

@@ -19,7 +19,7 @@ use super::memory::{memory_summary, set_usage};
 use super::metrics::{MetricsWriter, PrecisionSummary, StepMetrics};
 use super::rank_optimizer::RankOptimizer;
 use super::schedule::{LrSchedule, ScheduleKind};
-use super::step::apply_gradients_with;
+use super::step::check_and_clip;
 use crate::amp::loss_scaler::{DynamicLossScaler, LossScalerConfig};
 use crate::amp::{Fp8Recipe, Precision};
 use crate::data::{DataStream, Dataset, SplitMix64, counted, exact_match_accuracy};
@@ -111,6 +111,9 @@ pub struct RunOutput {
     pub checkpoint: PathBuf,
     /// Peak bytes of optimizer state this rank held (all of it, or its ZeRO-1 shard).
     pub optimizer_state_bytes: u64,
+    /// Peak bytes of f32 master values this rank held (all of them, or under ZeRO-1 the
+    /// replicated ones and its slices of the sharded linear weights).
+    pub master_weight_bytes: u64,
 }
 
 /// Called after every step with its metrics.
@@ -321,7 +324,7 @@ pub fn run_model(
 
     let ledger = device.ledger().clone();
     ledger.restart_peaks();
-    account_static(&ledger, model, precision, optimizer.state_bytes());
+    account_static(&ledger, model, precision, &optimizer);
     // What `account_static` books as gradients (trainable values in f32).
     let gradient_bytes = model.parameter_count() as u64 * 4;
     let mut curve = Vec::new();
@@ -376,16 +379,18 @@ pub fn run_model(
         }
         amax::reduce_and_update(model, collective, reduce_amax)?;
         let lr = schedule.lr_at(progress.step);
-        let outcome = apply_gradients_with(
+        let checked = check_and_clip(
             model,
-            &mut scaler,
+            &scaler,
             optimizer.backend(),
-            lr,
             config.max_grad_norm,
             &mut |finite| agree_finite(collective, finite),
-            &mut |m, lr| optimizer.step(m, lr, collective),
         )?;
-        account_static(&ledger, model, precision, optimizer.state_bytes());
+        if !checked.skipped {
+            optimizer.step(model, lr, collective)?;
+        }
+        let outcome = checked.finish(&mut scaler, lr);
+        account_static(&ledger, model, precision, &optimizer);
         let elapsed = started.elapsed().as_secs_f64();
         skipped += u64::from(outcome.skipped);
         tokens += step_tokens as u64;
@@ -427,6 +432,13 @@ pub fn run_model(
         _ => Evaluation::NOT_RUN,
     };
     let report = ledger.report();
+    let peak_of = |category: MemoryCategory| {
+        report
+            .categories
+            .iter()
+            .find(|(c, _)| *c == category)
+            .map_or(0, |(_, u)| u.peak)
+    };
     let memory_summary = memory_summary(&ledger);
     // The run's own accounting is released; Workspace is counted by the allocations themselves
     // (the CUDA staging pool, which outlives the run) and stays as it is.
@@ -449,11 +461,8 @@ pub fn run_model(
         peak_activation_bytes: peak_activations,
         memory_summary,
         checkpoint,
-        optimizer_state_bytes: report
-            .categories
-            .iter()
-            .find(|(c, _)| *c == MemoryCategory::OptimizerState)
-            .map_or(0, |(_, u)| u.peak),
+        optimizer_state_bytes: peak_of(MemoryCategory::OptimizerState),
+        master_weight_bytes: peak_of(MemoryCategory::MasterWeights),
     })
 }
 
@@ -463,8 +472,16 @@ pub fn run_model(
 /// outside FP8 the larger of the compute copies and the trainable weights' caches is booked, not
 /// their sum. The caches of frozen weights (a LoRA base's plain copies, an FP8 base's codes) copy
 /// no trainable value: they are held beside the compute copies and added.
-fn account_static(ledger: &MemoryLedger, model: &mut dyn LanguageModel, precision: &Precision, optimizer_bytes: usize) {
+fn account_static(
+    ledger: &MemoryLedger,
+    model: &mut dyn LanguageModel,
+    precision: &Precision,
+    optimizer: &RankOptimizer,
+) {
+    let optimizer_bytes = optimizer.state_bytes();
     let values = model.parameter_count() as u64;
+    // ZeRO-1 with sharded masters: the f32 values of the other ranks' weight slices are not here.
+    let masters = values - optimizer.master_values_not_held() as u64;
     let dtype = precision.compute_dtype();
     let compute_copies = if dtype == Dtype::F32 {
         0
@@ -476,7 +493,7 @@ fn account_static(ledger: &MemoryLedger, model: &mut dyn LanguageModel, precisio
     // Frozen values (LoRA's base, an FP8 base's embeddings, norms and head) are held in f32 with
     // no gradient or moments.
     let frozen = model.frozen_parameter_count() as u64 * 4;
-    set_usage(ledger, MemoryCategory::MasterWeights, values * 4);
+    set_usage(ledger, MemoryCategory::MasterWeights, masters * 4);
     set_usage(ledger, MemoryCategory::Gradients, values * 4);
     set_usage(ledger, MemoryCategory::OptimizerState, optimizer_bytes as u64);
     if precision.is_fp8() {

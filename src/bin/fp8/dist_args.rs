@@ -171,11 +171,12 @@ pub fn run_parallel(args: &DistArgs, inputs: &RunInputs, on_step: StepCallback) 
     };
     for (rank, out) in outputs.iter().enumerate() {
         eprintln!(
-            "fp8 train: {} rank {rank}/{}: optimizer state {} (ZeRO-{}), peak memory {}",
+            "fp8 train: {} rank {rank}/{}: optimizer state {} (ZeRO-{}), master weights {}, peak memory {}",
             precision.name(),
             outputs.len(),
             human_bytes(out.optimizer_state_bytes),
             options.zero,
+            human_bytes(out.master_weight_bytes),
             human_bytes(out.summary.peak_bytes)
         );
     }
@@ -210,12 +211,13 @@ pub fn run_launched(
     };
     let output = run(device, &inputs, on_step)?;
     eprintln!(
-        "fp8 train: {} rank {}/{} on GPU {}: optimizer state {}, peak memory {}",
+        "fp8 train: {} rank {}/{} on GPU {}: optimizer state {}, master weights {}, peak memory {}",
         inputs.precision.name(),
         env.rank,
         env.world_size,
         env.local_rank,
         human_bytes(output.optimizer_state_bytes),
+        human_bytes(output.master_weight_bytes),
         human_bytes(output.summary.peak_bytes)
     );
     Ok(output)
