@@ -387,38 +387,41 @@ fn zero1_shards_the_linear_weights_masters() {
 
 #[test]
 fn checkpoints_resume_at_any_world_size() {
-    let p = precision("fp8-delayed");
-    let config = config(2, 4);
-    let straight = scratch("resume-straight");
-    single(&p, &config, &straight, RunControl::default());
-    let stop = RunControl {
-        stop_after: Some(2),
-        ..RunControl::default()
-    };
-    // Two ranks with ZeRO-1 write the checkpoint; one rank continues it; and the other way.
-    let resumed = scratch("resume-2-to-1");
-    let zero1 = DataParallel {
-        zero: 1,
-        ..DataParallel::default()
-    };
-    parallel(2, &zero1, &p, &config, &resumed, stop).expect("first half");
-    let ckpt = resumed.join("checkpoint.safetensors");
-    let go_on = RunControl {
-        resume: Some(&ckpt),
-        ..RunControl::default()
-    };
-    single(&p, &config, &resumed, go_on);
-    assert_same_run("2 ranks (ZeRO-1) then 1", &straight, &resumed);
+    // Both shard the linear weights' f32 masters under ZeRO-1: the checkpoint gathers them.
+    for name in ["fp8-delayed", "bf16"] {
+        let p = precision(name);
+        let config = config(2, 4);
+        let straight = scratch(&format!("resume-{name}-straight"));
+        single(&p, &config, &straight, RunControl::default());
+        let stop = RunControl {
+            stop_after: Some(2),
+            ..RunControl::default()
+        };
+        // Two ranks with ZeRO-1 write the checkpoint; one rank continues it; and the other way.
+        let resumed = scratch(&format!("resume-{name}-2-to-1"));
+        let zero1 = DataParallel {
+            zero: 1,
+            ..DataParallel::default()
+        };
+        parallel(2, &zero1, &p, &config, &resumed, stop).expect("first half");
+        let ckpt = resumed.join("checkpoint.safetensors");
+        let go_on = RunControl {
+            resume: Some(&ckpt),
+            ..RunControl::default()
+        };
+        single(&p, &config, &resumed, go_on);
+        assert_same_run(&format!("{name}: 2 ranks (ZeRO-1) then 1"), &straight, &resumed);
 
-    let resumed = scratch("resume-1-to-2");
-    single(&p, &config, &resumed, stop);
-    let ckpt = resumed.join("checkpoint.safetensors");
-    let go_on = RunControl {
-        resume: Some(&ckpt),
-        ..RunControl::default()
-    };
-    parallel(2, &zero1, &p, &config, &resumed, go_on).expect("second half");
-    assert_same_run("1 rank then 2 (ZeRO-1)", &straight, &resumed);
+        let resumed = scratch(&format!("resume-{name}-1-to-2"));
+        single(&p, &config, &resumed, stop);
+        let ckpt = resumed.join("checkpoint.safetensors");
+        let go_on = RunControl {
+            resume: Some(&ckpt),
+            ..RunControl::default()
+        };
+        parallel(2, &zero1, &p, &config, &resumed, go_on).expect("second half");
+        assert_same_run(&format!("{name}: 1 rank then 2 (ZeRO-1)"), &straight, &resumed);
+    }
 }
 
 #[test]

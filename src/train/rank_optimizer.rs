@@ -41,6 +41,16 @@ impl RankOptimizer {
         }
     }
 
+    /// Gives `model` its whole f32 masters back (sharded masters: gathered from the ranks), so
+    /// that the model a run hands back is whole. Every rank of the group must call it, once the
+    /// optimizer is done.
+    pub(crate) fn unshard_masters(&self, model: &mut dyn LanguageModel, collective: &dyn Collective) -> Result<()> {
+        match self {
+            RankOptimizer::Whole(_) => Ok(()),
+            RankOptimizer::Sharded(zero) => zero.unshard_masters(model, collective),
+        }
+    }
+
     pub(crate) fn backend(&self) -> Backend {
         match self {
             RankOptimizer::Whole(adamw) => adamw.backend(),

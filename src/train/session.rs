@@ -425,6 +425,8 @@ pub fn run_model(
 
     // The checkpoint first: a failing evaluation must not lose the trained model.
     optimizer.save(&checkpoint, model, &scaler, &progress, collective)?;
+    // The caller gets the model whole (ZeRO-1 may have sharded its f32 masters).
+    optimizer.unshard_masters(model, collective)?;
     amax::set_update_per_step(model, false);
     // Every rank holds the same model: rank 0 alone evaluates it.
     let heldout = match rank {

@@ -132,6 +132,16 @@ impl Zero1AdamW {
         self.masters.as_ref().map_or(0, ShardedMasters::values_not_held)
     }
 
+    /// Gives every rank the whole f32 masters back for good: call it once the optimizer is done
+    /// ([`Self::step`] and [`Self::master_values_not_held`] assume sharded masters). Every rank
+    /// of the group must call it.
+    pub(crate) fn unshard_masters<M: Module + ?Sized>(&self, model: &mut M, collective: &dyn Collective) -> Result<()> {
+        match &self.masters {
+            Some(masters) => masters.gather_whole(model, collective),
+            None => Ok(()),
+        }
+    }
+
     /// Runs `f` with the whole f32 masters on every rank (gathered, then sharded again after
     /// `f`): what a checkpoint needs. Every rank of the group must call it.
     pub(crate) fn with_whole_masters<M: Module + ?Sized, T>(

@@ -412,7 +412,7 @@ mod tests {
 
     #[test]
     fn sixteen_bit_values_and_fp8_codes_survive_the_words() {
-        let values = [1.0f32, -2.5, 3.1415927, 1e-3, 65504.0];
+        let values = [1.0f32, -2.5, 0.3, 1e-3, 65504.0];
         for dtype in [Dtype::Bf16, Dtype::F16] {
             let words = pack16(dtype, &values);
             assert_eq!(words.len(), 3);
@@ -432,5 +432,77 @@ mod tests {
             .take(values.len())
             .collect();
         assert_eq!(codes, want);
+    }
+
+    /// `(sharded, held range, held values)` of every parameter of `model`, in visiting order.
+    fn held<M: Module + ?Sized>(model: &mut M) -> Vec<(bool, Range<usize>, Vec<f32>)> {
+        let mut out = Vec::new();
+        model.visit_parameters(&mut |p| out.push((p.is_sharded(), p.held_range(), p.value().to_vec())));
+        out
+    }
+
+    /// Over 2, 3 and 4 ranks, the slices the ranks keep of every sharded weight tile it in order
+    /// and hold exactly its unsharded values; every other parameter stays whole on every rank.
+    #[test]
+    fn the_ranks_slices_add_up_to_the_unsharded_masters() {
+        use crate::amp::Precision;
+        use crate::dist::cpu_group;
+        use crate::model::{DecoderModel, ModelConfig};
+        use crate::train::adamw::{AdamW, AdamWConfig};
+        use crate::train::zero1::Zero1AdamW;
+
+        let config = ModelConfig {
+            hidden: 16,
+            heads: 2,
+            ffn_hidden: 32,
+            ..ModelConfig::default()
+        };
+        for name in ["bf16", "fp8-delayed"] {
+            let precision: Precision = name.parse().expect("precision");
+            let build = || DecoderModel::new(&config, &precision, 7).expect("model");
+            let whole = held(&mut build());
+            for world in [2usize, 3, 4] {
+                let group = cpu_group(world).expect("group");
+                let ranks: Vec<_> = std::thread::scope(|s| {
+                    let handles: Vec<_> = group
+                        .iter()
+                        .map(|c| {
+                            s.spawn(|| {
+                                let mut model = build();
+                                let full = AdamW::new(AdamWConfig::default()).expect("adamw");
+                                let zero = Zero1AdamW::from_full(&full, &mut model, c, true).expect("shard");
+                                (held(&mut model), zero.master_values_not_held())
+                            })
+                        })
+                        .collect();
+                    handles.into_iter().map(|h| h.join().expect("rank")).collect()
+                });
+                let mut sharded_values = 0;
+                for (i, (_, _, values)) in whole.iter().enumerate() {
+                    let mut pieces: Vec<_> = ranks.iter().map(|(h, _)| &h[i]).collect();
+                    if !pieces[0].0 {
+                        assert!(pieces.iter().all(|p| !p.0 && p.2 == *values), "{name}: {i} stays whole");
+                        continue;
+                    }
+                    assert!(pieces.iter().all(|p| p.0), "{name}: {i} sharded on every rank");
+                    sharded_values += values.len();
+                    // Ranks whose shard misses the weight hold an empty slice.
+                    pieces.retain(|p| !p.1.is_empty());
+                    pieces.sort_by_key(|p| p.1.start);
+                    let mut next = 0;
+                    let mut joined = Vec::new();
+                    for (_, range, slice) in pieces {
+                        assert_eq!(range.start, next, "{name}: {i}: slices in order, no gap, no overlap");
+                        assert_eq!(range.len(), slice.len(), "{name}: {i}");
+                        next = range.end;
+                        joined.extend_from_slice(slice);
+                    }
+                    assert_eq!(joined, *values, "{name} over {world}: parameter {i}");
+                }
+                assert!(sharded_values > 0, "{name} shards some weights");
+                let not_held: usize = ranks.iter().map(|(_, n)| n).sum();
+                assert_eq!(not_held, (world - 1) * sharded_values, "{name} over {world}");
+            }
+        }
     }
 }

@@ -28,7 +28,8 @@ pub struct DistArgs {
     /// Number format of the gradient all-reduce: f32 (exact rank-order sum) or bf16 (half the bytes).
     #[arg(long, default_value = "f32")]
     pub grad_wire: String,
-    /// ZeRO stage: 0, or 1 to shard the AdamW moments over the ranks.
+    /// ZeRO stage: 0, or 1 to shard the AdamW moments over the ranks (and the linear weights' f32
+    /// masters under bf16, fp16 and fp8-delayed).
     #[arg(long, default_value_t = 0)]
     pub zero: u8,
     /// fp8-delayed: do not max-reduce the amaxes across ranks, so each rank keeps its own scales
@@ -155,7 +156,7 @@ impl DistArgs {
 }
 
 /// Trains the built-in decoder on `--world-size` CPU ranks or `--gpus` GPU ranks; rank 0's
-/// output, after a line per rank with its optimizer state (the ZeRO-1 saving).
+/// output, after a line per rank with its optimizer state and master weights (the ZeRO-1 saving).
 pub fn run_parallel(args: &DistArgs, inputs: &RunInputs, on_step: StepCallback) -> Result<RunOutput, CliError> {
     let options = args.options()?;
     let precision = inputs.precision;
