@@ -207,7 +207,7 @@ impl DecoderModel {
         }
         let normed = self.final_norm.forward(&x)?;
         let kernels = self.backend.kernels();
-        let logits = head::logits(kernels, self.head.as_mut(), &normed, self.tokens.value(), self.dtype)?;
+        let logits = head::logits(kernels, self.head.as_mut(), &normed, &self.tokens, self.dtype)?;
         Ok((normed, logits))
     }
 

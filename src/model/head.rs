@@ -2,24 +2,94 @@
 //! in the compute dtype (inputs converted like a linear layer's, f32 accumulation, f32 logits
 //! for the loss).
 
-use crate::dispatch::Kernels;
+use crate::dispatch::{Kernels, PlainMat};
 use crate::error::Result;
-use crate::gemm::{GemmParams, Output};
+use crate::gemm::{GemmParams, Operand, Output};
 use crate::nn::{Linear, Parameter};
-use crate::tensor::{Dtype, Tensor};
+use crate::tensor::{Dtype, HalfValues, Tensor};
+
+/// The token table `[vocab, hidden]` as held: f32 values, or a frozen table's 16-bit ones.
+#[derive(Clone, Copy)]
+enum Table<'a> {
+    F32(&'a [f32]),
+    Half(&'a HalfValues),
+}
+
+impl<'a> Table<'a> {
+    fn of(tokens: &'a Parameter) -> Self {
+        match tokens.half_values() {
+            Some(half) => Table::Half(half),
+            None => Table::F32(tokens.value()),
+        }
+    }
+
+    fn len(self) -> usize {
+        match self {
+            Table::F32(v) => v.len(),
+            Table::Half(h) => h.len(),
+        }
+    }
+
+    /// The table in `dtype` as `[vocab, hidden]` (or, `transposed`, `[hidden, vocab]`): 16-bit
+    /// values already in `dtype` are read in place; anything else is converted into `slot` as
+    /// the f32 table always was (16-bit values widen exactly first, so the bits are the same).
+    fn operand(
+        self,
+        kernels: &dyn Kernels,
+        dtype: Dtype,
+        (vocab, hidden, transposed): (usize, usize, bool),
+        slot: &'a mut Option<PlainMat>,
+    ) -> Result<Operand<'a>> {
+        let widened;
+        let values = match self {
+            Table::Half(h) if h.dtype() == dtype => {
+                return match transposed {
+                    true => h.operand_transposed(hidden, vocab),
+                    false => h.operand(vocab, hidden),
+                };
+            }
+            // fp32: the widened table is the operand (no second f32 copy).
+            Table::Half(h) if dtype == Dtype::F32 => {
+                let m = slot.insert(PlainMat::F32(h.to_f32()));
+                return match transposed {
+                    true => m.operand_transposed(hidden, vocab),
+                    false => m.operand(vocab, hidden),
+                };
+            }
+            Table::Half(h) => {
+                widened = h.to_f32();
+                &widened[..]
+            }
+            Table::F32(v) => v,
+        };
+        match transposed {
+            true => slot
+                .insert(kernels.convert_transposed(dtype, values, vocab, hidden)?)
+                .operand(hidden, vocab),
+            false => slot.insert(kernels.convert(dtype, values)?).operand(vocab, hidden),
+        }
+    }
+}
 
 /// f32 logits `[rows, vocab]` of the final-norm output: through the untied `head`, or tied to
-/// the token embedding `table`.
+/// the token embedding `tokens`.
 pub(super) fn logits(
     kernels: &dyn Kernels,
     head: Option<&mut Linear>,
     normed: &Tensor,
-    table: &[f32],
+    tokens: &Parameter,
     dtype: Dtype,
 ) -> Result<Vec<f32>> {
     match head {
         Some(head) => Ok(head.forward(normed)?.into_data()),
-        None => forward(kernels, normed.data(), table, normed.rows(), normed.cols(), dtype),
+        None => forward(
+            kernels,
+            normed.data(),
+            Table::of(tokens),
+            normed.rows(),
+            normed.cols(),
+            dtype,
+        ),
     }
 }
 
@@ -39,11 +109,26 @@ pub(super) fn logits_backward(
             let vocab = dlogits.len() / rows.max(1);
             head.backward(&Tensor::new(dlogits, rows, vocab)?)
         }
+        None if tokens.half_values().is_some() => {
+            // Held in 16 bits, so frozen: no table gradient.
+            let table = Table::of(tokens);
+            let dh = backward(kernels, &dlogits, normed.data(), table, rows, hidden, dtype, None)?;
+            Tensor::new(dh, rows, hidden)
+        }
         None => {
             let frozen = tokens.is_frozen();
             let (table, dtable) = tokens.value_and_grad_mut();
             let dtable = (!frozen).then_some(dtable);
-            let dh = backward(kernels, &dlogits, normed.data(), table, rows, hidden, dtype, dtable)?;
+            let dh = backward(
+                kernels,
+                &dlogits,
+                normed.data(),
+                Table::F32(table),
+                rows,
+                hidden,
+                dtype,
+                dtable,
+            )?;
             Tensor::new(dh, rows, hidden)
         }
     }
@@ -53,17 +138,19 @@ pub(super) fn logits_backward(
 fn forward(
     kernels: &dyn Kernels,
     h: &[f32],
-    table: &[f32],
+    table: Table,
     rows: usize,
     hidden: usize,
     dtype: Dtype,
 ) -> Result<Vec<f32>> {
     let vocab = table.len() / hidden.max(1);
-    let (h, e) = (kernels.convert(dtype, h)?, kernels.convert(dtype, table)?);
+    let h = kernels.convert(dtype, h)?;
+    let mut slot = None;
+    let e = table.operand(kernels, dtype, (vocab, hidden, false), &mut slot)?;
     let mut logits = vec![0.0; rows * vocab];
     kernels.gemm(
         &h.operand(rows, hidden)?,
-        &e.operand(vocab, hidden)?,
+        &e,
         Output::F32(&mut logits),
         &GemmParams::default(),
     )?;
@@ -77,7 +164,7 @@ fn backward(
     kernels: &dyn Kernels,
     dlogits: &[f32],
     h: &[f32],
-    table: &[f32],
+    table: Table,
     rows: usize,
     hidden: usize,
     dtype: Dtype,
@@ -85,11 +172,12 @@ fn backward(
 ) -> Result<Vec<f32>> {
     let vocab = table.len() / hidden.max(1);
     let dl = kernels.convert(dtype, dlogits)?;
-    let e_t = kernels.convert_transposed(dtype, table, vocab, hidden)?;
+    let mut slot = None;
+    let e_t = table.operand(kernels, dtype, (vocab, hidden, true), &mut slot)?;
     let mut dh = vec![0.0; rows * hidden];
     kernels.gemm(
         &dl.operand(rows, vocab)?,
-        &e_t.operand(hidden, vocab)?,
+        &e_t,
         Output::F32(&mut dh),
         &GemmParams::default(),
     )?;

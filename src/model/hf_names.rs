@@ -207,7 +207,7 @@ impl LlamaModel {
                 out.push((
                     name.clone(),
                     shape,
-                    p.value()[start * cols..(start + part_rows) * cols].to_vec(),
+                    p.widened()[start * cols..(start + part_rows) * cols].to_vec(),
                 ));
                 start += part_rows;
             }

@@ -173,9 +173,19 @@ impl LlamaModel {
     fn embed(&self, ids: &[u32], rows: usize) -> Result<Tensor> {
         let h = self.config.hidden_size;
         let mut x = vec![0.0f32; rows * h];
-        self.backend
-            .kernels()
-            .embedding_forward(ids, self.tokens.value(), h, &mut x[..ids.len() * h])?;
+        let out = &mut x[..ids.len() * h];
+        match self.tokens.half_values() {
+            // A frozen table held in 16 bits: only the looked-up rows are widened (exact), and
+            // the same lookup op reads them.
+            Some(half) => {
+                let (local, table) = half.widen_rows(ids, h)?;
+                self.backend.kernels().embedding_forward(&local, &table, h, out)?;
+            }
+            None => self
+                .backend
+                .kernels()
+                .embedding_forward(ids, self.tokens.value(), h, out)?,
+        }
         self.dtype.round_slice(&mut x);
         Tensor::new(x, rows, h)
     }
@@ -184,7 +194,7 @@ impl LlamaModel {
     fn head_logits(&mut self, x: &Tensor) -> Result<(Tensor, Vec<f32>)> {
         let normed = self.final_norm.forward(x)?;
         let kernels = self.backend.kernels();
-        let logits = head::logits(kernels, self.head.as_mut(), &normed, self.tokens.value(), self.dtype)?;
+        let logits = head::logits(kernels, self.head.as_mut(), &normed, &self.tokens, self.dtype)?;
         Ok((normed, logits))
     }
 
@@ -388,6 +398,12 @@ impl Module for LlamaModel {
         let mut count = 0;
         self.visit_all_parameters(&mut |p| count += if p.is_frozen() { p.len() } else { 0 });
         count
+    }
+
+    fn frozen_parameter_bytes(&mut self) -> usize {
+        let mut bytes = 0;
+        self.visit_all_parameters(&mut |p| bytes += if p.is_frozen() { p.held_bytes() } else { 0 });
+        bytes
     }
 
     fn to_device(&mut self, device: DeviceKind) -> Result<()> {

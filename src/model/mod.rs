@@ -9,6 +9,7 @@
 mod config;
 mod decoder;
 mod fp8_base;
+mod frozen_width;
 mod generate;
 mod grad_ready;
 mod head;
@@ -22,6 +23,7 @@ mod text_eval;
 pub use config::{ModelConfig, Recompute};
 pub use decoder::DecoderModel;
 pub use fp8_base::Fp8BaseLoad;
+pub use frozen_width::FrozenDtype;
 pub use generate::Sampler;
 pub use hf_names::{HfSources, HfTensor, hf_names};
 pub use language_model::{GradReady, LanguageModel};

@@ -201,9 +201,10 @@ impl Linear {
                 let dtype = self.gemms.precision().compute_dtype();
                 w.backward(kernels, self.gemms.precision(), dy.data(), dtype)?
             }
-            None => self
-                .gemms
-                .backward(dy.data(), self.weight.trainable_grad(), bias_grad)?,
+            None => {
+                let (stored, weight_grad) = self.weight.half_and_trainable_grad();
+                self.gemms.backward(dy.data(), stored, weight_grad, bias_grad)?
+            }
         };
         for adapter in &mut self.adapters {
             adapter.backward_add(dy.data(), self.out_features, &mut dx)?;

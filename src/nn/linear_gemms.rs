@@ -24,8 +24,8 @@ use crate::format::Fp8Format;
 use crate::gemm::{FP8_K_MULTIPLE, GemmParams, Mat, Operand, Output};
 use crate::scaling::Fp8TensorStats;
 use crate::scaling::{DelayedSlot, SlotBank, TensorRole, current_scale};
-use crate::tensor::Dtype;
 use crate::tensor::QuantizedMatrix;
+use crate::tensor::{Dtype, HalfValues};
 
 /// The weight's compute copies, made at one parameter version.
 enum WeightCopy {
@@ -33,6 +33,9 @@ enum WeightCopy {
     Fp8(Cast),
     /// `[out, in]` in the compute dtype; dgrad reads it transposed.
     Plain(PlainMat),
+    /// None: a frozen weight held in 16 bits of the compute dtype is read as it is held
+    /// (`stored_operand`); held in the other 16-bit dtype it gets a `Plain` copy.
+    Stored,
 }
 
 /// How a slice of the weight is cast exactly as the layer casts the whole weight (element-wise:
@@ -66,6 +69,20 @@ fn plain_operand<'a>(
         return Ok(Operand::F32(Mat::new(src, rows, cols)?));
     }
     slot.insert(kernels.convert(dtype, src)?).operand(rows, cols)
+}
+
+/// The operand of a frozen weight held in 16 bits of the compute dtype (`WeightCopy::Stored`),
+/// `[rows, cols]` or (`transposed`) read as the transpose of its `[cols, rows]` values, in place.
+fn stored_operand<'a>(
+    stored: Option<&'a HalfValues>,
+    (rows, cols, transposed): (usize, usize, bool),
+    layer: &str,
+) -> Result<Operand<'a>> {
+    let half = stored.ok_or_else(|| internal(layer, "the weight is no longer held in 16 bits"))?;
+    match transposed {
+        true => half.operand_transposed(rows, cols),
+        false => half.operand(rows, cols),
+    }
 }
 
 /// A forward's input: borrowed from the caller, or handed over (then kept without a copy
@@ -327,15 +344,19 @@ impl LinearGemms {
         let copy = match &self.precision {
             Precision::Fp8(recipe) => {
                 let scale = self.slot_scale(TensorRole::Weight);
-                let cast = kernels.quantize(recipe, TensorRole::Weight, weight.value(), out, inp, scale)?;
+                let values = weight.widened();
+                let cast = kernels.quantize(recipe, TensorRole::Weight, &values, out, inp, scale)?;
                 if !replay {
                     self.record(TensorRole::Weight, cast.amax);
                     let name = self.stat_name(TensorRole::Weight);
-                    self.stats[1] = Some(kernels.cast_stats(name, weight.value(), &cast)?);
+                    self.stats[1] = Some(kernels.cast_stats(name, &values, &cast)?);
                 }
                 WeightCopy::Fp8(cast)
             }
-            _ => WeightCopy::Plain(kernels.convert(self.dtype(), weight.value())?),
+            // A frozen weight held in 16 bits of the compute dtype is its own operand.
+            _ if weight.half_values().is_some_and(|h| h.dtype() == self.dtype()) => WeightCopy::Stored,
+            // Else one compute copy, as for f32 values (16-bit ones widen exactly first).
+            _ => WeightCopy::Plain(kernels.convert(self.dtype(), &weight.widened())?),
         };
         self.weight = Some((weight.version(), copy));
         self.installed_stats = None;
@@ -411,7 +432,11 @@ impl LinearGemms {
                     columnwise.ok_or_else(|| internal(&self.layer, "the input cast made no column-wise copy"))?;
                 (SavedInput::Fp8(format, columnwise), report, Some((amax, stats)))
             }
-            (_, WeightCopy::Plain(w)) => {
+            (_, copy @ (WeightCopy::Plain(_) | WeightCopy::Stored)) => {
+                let w = match copy {
+                    WeightCopy::Plain(w) => w.operand(out, inp)?,
+                    _ => stored_operand(weight.half_values(), (out, inp, false), &self.layer)?,
+                };
                 // One conversion: the forward's operand, then wgrad's (an owned f32 input is
                 // kept as it is; a borrowed one is copied).
                 let xm = match input {
@@ -422,12 +447,7 @@ impl LinearGemms {
                     bias,
                     ..GemmParams::default()
                 };
-                let report = kernels.gemm(
-                    &xm.operand(rows, inp)?,
-                    &w.operand(out, inp)?,
-                    Output::F32(&mut y),
-                    &params,
-                )?;
+                let report = kernels.gemm(&xm.operand(rows, inp)?, &w, Output::F32(&mut y), &params)?;
                 (SavedInput::Plain(xm), report, None)
             }
             _ => return Err(internal(&self.layer, "the weight copy does not follow the precision")),
@@ -448,10 +468,12 @@ impl LinearGemms {
     }
 
     /// dX (rounded to the compute dtype); accumulates `dW` into `weight_grad` and `db` into
-    /// `bias_grad` (a frozen weight passes `None` and skips the wgrad GEMM).
+    /// `bias_grad` (a frozen weight passes `None` and skips the wgrad GEMM). `stored`: the
+    /// weight's values when it is frozen in 16 bits (it has no compute copy).
     pub(crate) fn backward(
         &mut self,
         dy: &[f32],
+        stored: Option<&HalfValues>,
         weight_grad: Option<&mut [f32]>,
         bias_grad: Option<&mut [f32]>,
     ) -> Result<Vec<f32>> {
@@ -503,17 +525,16 @@ impl LinearGemms {
                 let stats = kernels.cast_stats(self.stat_name(TensorRole::OutputGrad), dy, &dyq)?;
                 (dgrad.amax, Some((dyq.amax, stats)))
             }
-            (_, WeightCopy::Plain(w), SavedInput::Plain(x)) => {
+            (_, copy @ (WeightCopy::Plain(_) | WeightCopy::Stored), SavedInput::Plain(x)) => {
                 let dtype = self.dtype();
                 let mut dym = None;
                 let dyo = plain_operand(kernels, dtype, dy, rows, out, &mut dym)?;
                 // dX = dY W: B is W^T, `[in, out]`, read from W `[out, in]`.
-                let dgrad = kernels.gemm(
-                    &dyo,
-                    &w.operand_transposed(inp, out)?,
-                    Output::F32(&mut dx),
-                    &GemmParams::default(),
-                )?;
+                let wt = match copy {
+                    WeightCopy::Plain(w) => w.operand_transposed(inp, out)?,
+                    _ => stored_operand(stored, (inp, out, true), &self.layer)?,
+                };
+                let dgrad = kernels.gemm(&dyo, &wt, Output::F32(&mut dx), &GemmParams::default())?;
                 if let Some(dw) = weight_grad {
                     // dW = dY^T X: A is dY^T `[out, tokens]`, B is X^T `[in, tokens]`, both read
                     // from their `[tokens, ...]` storage.
@@ -561,6 +582,7 @@ impl LinearGemms {
             None => 0,
             Some((_, WeightCopy::Fp8(cast))) => fp8_cast::tensor_bytes(&cast.tensor),
             Some((_, WeightCopy::Plain(w))) => w.bytes(),
+            Some((_, WeightCopy::Stored)) => 0,
         }
     }
 

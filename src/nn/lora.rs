@@ -226,8 +226,8 @@ impl LoraAdapter {
             .flat_map(|row| row[self.offset..self.offset + self.out].iter().map(|g| scale * g))
             .collect();
         self.dtype.round_slice(&mut du);
-        let dh = self.gemm_b.backward(&du, Some(self.b.grad_mut()), None)?;
-        let dxd = self.gemm_a.backward(&dh, Some(self.a.grad_mut()), None)?;
+        let dh = self.gemm_b.backward(&du, None, Some(self.b.grad_mut()), None)?;
+        let dxd = self.gemm_a.backward(&dh, None, Some(self.a.grad_mut()), None)?;
         if dxd.len() != dx.len() {
             return Err(Error::LengthMismatch {
                 what: "LoRA input gradient",

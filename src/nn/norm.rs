@@ -2,6 +2,8 @@
 //! precision (`docs/numerics.md`, mixed precision); the output is rounded to the compute dtype unless a fused
 //! FP8 cast consumes it directly.
 
+use std::borrow::Cow;
+
 use super::no_forward;
 use super::param::{Module, Parameter};
 use crate::amp::Precision;
@@ -100,8 +102,8 @@ impl NormCore {
                 mean = vec![0.0; x.rows()];
                 self.backend.kernels().layernorm_forward(
                     x.data(),
-                    self.gamma.value(),
-                    beta.value(),
+                    &self.gamma.widened(),
+                    &beta.widened(),
                     shape,
                     self.config.eps,
                     self.config.zero_centered_gamma,
@@ -112,7 +114,7 @@ impl NormCore {
             }
             None => self.backend.kernels().rmsnorm_forward(
                 x.data(),
-                self.gamma.value(),
+                &self.gamma.widened(),
                 shape,
                 self.config.eps,
                 self.config.zero_centered_gamma,
@@ -151,15 +153,15 @@ impl NormCore {
         let zc = self.config.zero_centered_gamma;
         // A frozen norm (LoRA) still needs dX; its weight gradients go to a scratch buffer.
         let (mut gamma_scratch, mut beta_scratch) = (Vec::new(), Vec::new());
-        let frozen = self.gamma.is_frozen();
-        let (gamma, dgamma) = self.gamma.value_and_grad_mut();
-        let gamma = &*gamma;
-        let dgamma = if frozen {
+        // A frozen weight may be held in 16 bits: widened for the call (`hidden` values).
+        let (gamma, dgamma): (Cow<'_, [f32]>, &mut [f32]) = if self.gamma.is_frozen() {
             gamma_scratch.resize(self.hidden, 0.0);
-            &mut gamma_scratch[..]
+            (self.gamma.widened(), &mut gamma_scratch[..])
         } else {
-            dgamma
+            let (gamma, dgamma) = self.gamma.value_and_grad_mut();
+            (Cow::Borrowed(&*gamma), dgamma)
         };
+        let gamma = &*gamma;
         match &mut self.beta {
             Some(beta) => self.backend.kernels().layernorm_backward(
                 dy.data(),

@@ -3,10 +3,12 @@
 //! which the optimizer bumps after every update, so a copy is made once per step
 //! and reused across micro-batches.
 
+use std::borrow::Cow;
+
 use crate::error::{Error, Result};
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
-use crate::tensor::{DeviceKind, Tensor};
+use crate::tensor::{DeviceKind, Dtype, HalfValues, Tensor};
 
 /// One trainable tensor.
 #[derive(Clone, Debug, PartialEq)]
@@ -20,6 +22,9 @@ pub struct Parameter {
     version: u64,
     /// Frozen (LoRA's base weights): no gradient buffer, no optimizer state.
     frozen: bool,
+    /// A frozen parameter held at the checkpoint's 16-bit width ([`Parameter::hold_frozen_in`]);
+    /// `value` is then empty.
+    half: Option<HalfValues>,
     /// ZeRO-1 sharded masters: `value` holds only these values of the whole tensor (the other
     /// ranks hold the rest); `None`: it holds all of them.
     held: Option<std::ops::Range<usize>>,
@@ -54,6 +59,7 @@ impl Parameter {
             shape: shape.to_vec(),
             version: 0,
             frozen: false,
+            half: None,
             held: None,
         })
     }
@@ -68,6 +74,7 @@ impl Parameter {
             grad: Tensor::zeros(0, 0),
             version: 0,
             frozen: false,
+            half: None,
             held: None,
         };
         p.freeze();
@@ -78,6 +85,66 @@ impl Parameter {
     pub(crate) fn release(&mut self) {
         self.freeze();
         self.value = Tensor::zeros(0, 0);
+        self.half = None;
+    }
+
+    /// Holds the values of this frozen parameter in `dtype`: bf16 or f16 at 2 bytes a value (each
+    /// must be exactly representable, so nothing changes: an error names the first that is not),
+    /// or f32 again. Readers widen them ([`Parameter::widened`]); [`Parameter::value`] is empty
+    /// while they are 16-bit. An error for a trainable parameter: its f32 master is what trains.
+    pub fn hold_frozen_in(&mut self, dtype: Dtype) -> Result<()> {
+        if !self.frozen {
+            return Err(Error::InvalidTensor {
+                name: self.name.clone(),
+                reason: format!(
+                    "a trainable parameter keeps its f32 master values; only frozen ones are held in {dtype}"
+                ),
+            });
+        }
+        let (rows, cols) = matrix_dims(&self.shape);
+        match (dtype, &self.half) {
+            (Dtype::F32, None) => {}
+            (Dtype::F32, Some(half)) => {
+                self.value = Tensor::new(half.to_f32(), rows, cols)?;
+                self.half = None;
+            }
+            (_, Some(half)) if half.dtype() == dtype => {}
+            (_, _) => {
+                let half = HalfValues::exact(&self.name, dtype, &self.widened())?;
+                self.value = Tensor::zeros(0, 0);
+                self.half = Some(half);
+            }
+        }
+        Ok(())
+    }
+
+    /// The 16-bit values of a frozen parameter held at that width, else `None` (f32 values).
+    pub fn half_values(&self) -> Option<&HalfValues> {
+        self.half.as_ref()
+    }
+
+    /// The dtype the values are held in.
+    pub fn storage_dtype(&self) -> Dtype {
+        self.half.as_ref().map_or(Dtype::F32, HalfValues::dtype)
+    }
+
+    /// The values as f32: the f32 values themselves, or the 16-bit ones widened (exact, a copy).
+    pub fn widened(&self) -> Cow<'_, [f32]> {
+        match &self.half {
+            Some(half) => Cow::Owned(half.to_f32()),
+            None => Cow::Borrowed(self.value.data()),
+        }
+    }
+
+    /// Bytes the values take: 4 a value in f32, 2 in bf16 or f16.
+    pub fn held_bytes(&self) -> usize {
+        self.half.as_ref().map_or(4 * self.value.len(), HalfValues::bytes)
+    }
+
+    /// The 16-bit values (if held so) and the gradient to accumulate into (if trainable) at once.
+    pub(crate) fn half_and_trainable_grad(&mut self) -> (Option<&HalfValues>, Option<&mut [f32]>) {
+        let grad = (!self.frozen).then(|| self.grad.data_mut());
+        (self.half.as_ref(), grad)
     }
 
     /// Name, e.g. `layers.0.attn.qkv.weight`.
@@ -90,7 +157,9 @@ impl Parameter {
         &self.shape
     }
 
-    /// The f32 master values, row-major (under sharded masters, only [`Parameter::held_range`]).
+    /// The f32 master values, row-major (empty for a frozen parameter held in 16 bits:
+    /// [`Parameter::widened`] reads either; under sharded masters, only
+    /// [`Parameter::held_range`]).
     pub fn value(&self) -> &[f32] {
         self.value.data()
     }
@@ -118,6 +187,14 @@ impl Parameter {
 
     /// Replaces the master values with `value` of the same length (checked by the caller).
     pub(crate) fn set_value(&mut self, value: Vec<f32>) {
+        if self.half.take().is_some() {
+            // Held in 16 bits: the new values are f32 again.
+            let (rows, cols) = matrix_dims(&self.shape);
+            if let Ok(t) = Tensor::new(value, rows, cols) {
+                self.value = t;
+            }
+            return;
+        }
         debug_assert_eq!(value.len(), self.value.len());
         let (rows, cols) = (self.value.rows(), self.value.cols());
         // On the host the vector becomes the storage (no second copy of a 1 GiB embedding while
@@ -138,9 +215,10 @@ impl Parameter {
 
     /// Number of values (of the whole tensor, also when this rank holds a slice of them).
     pub fn len(&self) -> usize {
-        match &self.held {
-            Some(_) => self.grad.len(),
-            None => self.value.len(),
+        match (&self.held, &self.half) {
+            (Some(_), _) => self.grad.len(),
+            (None, Some(half)) => half.len(),
+            (None, None) => self.value.len(),
         }
     }
 
@@ -178,7 +256,7 @@ impl Parameter {
 
     /// Whether the parameter holds no values.
     pub fn is_empty(&self) -> bool {
-        self.value.is_empty()
+        self.len() == 0
     }
 
     /// Bumped by [`Parameter::mark_updated`]; compute copies made at another version are stale.
@@ -241,6 +319,12 @@ pub trait Module {
     /// without frozen parameters have none.
     fn frozen_parameter_count(&mut self) -> usize {
         0
+    }
+
+    /// Bytes the frozen values take as held (4 a value in f32, 2 in bf16 or f16); modules
+    /// without an override hold them in f32.
+    fn frozen_parameter_bytes(&mut self) -> usize {
+        4 * self.frozen_parameter_count()
     }
 
     /// Total number of trainable values.

@@ -150,6 +150,7 @@ mod tests {
             precision: "bf16".parse().unwrap(),
             base: BasePrecision::Same,
             lora: None,
+            frozen_dtype: crate::tensor::Dtype::F32,
             micro_batch: 4,
             seq: 2048,
             recompute: false,

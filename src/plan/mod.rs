@@ -22,6 +22,7 @@ use crate::amp::Precision;
 use crate::hf::HfConfig;
 use crate::memory::MemoryCategory;
 use crate::scaling::Recipe;
+use crate::tensor::Dtype;
 
 /// How the frozen base weights are held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +52,9 @@ pub struct PlanSettings {
     pub base: BasePrecision,
     /// LoRA adapters, if any; with them every base weight is frozen.
     pub lora: Option<LoraPlan>,
+    /// The dtype frozen embeddings, norms and head are held in (`--frozen-dtype`: the
+    /// checkpoint's, [`crate::model::FrozenDtype::planned`], or f32); trained ones keep f32 masters.
+    pub frozen_dtype: Dtype,
     /// Sequences per micro-batch.
     pub micro_batch: usize,
     /// Tokens per sequence.
@@ -167,6 +171,14 @@ pub fn linear_weight_count(c: &HfConfig) -> u128 {
     c.num_hidden_layers as u128 * layer_linears(c).iter().map(|w| w.out * w.inp).sum::<u128>()
 }
 
+/// Values of the embedding table(s), the norms' weights and a separate head: what LoRA and an FP8
+/// base freeze besides the linears, held at [`PlanSettings::frozen_dtype`].
+pub fn embedding_norm_head_count(c: &HfConfig) -> u128 {
+    let (h, v) = (c.hidden_size as u128, c.vocab_size as u128);
+    let tables = if c.tie_word_embeddings { 1 } else { 2 };
+    tables * v * h + (2 * c.num_hidden_layers as u128 + 1) * h
+}
+
 /// The plan of `settings` for the model of `config`.
 pub fn plan(config: &HfConfig, settings: &PlanSettings) -> MemoryPlan {
     let parameters = config.parameter_count();
@@ -179,6 +191,24 @@ pub fn plan(config: &HfConfig, settings: &PlanSettings) -> MemoryPlan {
     // the compute copies and weight caches of full training.
     let frozen_base = settings.base == BasePrecision::Fp8;
     let lora_values = settings.lora.as_ref().map_or(0, |l| lora_parameter_count(config, l));
+    // With LoRA the embeddings, norms and head are frozen: held at `frozen_dtype`, the rest of
+    // the frozen values (linear weights, biases) in f32. A separate head held in 16 bits of the
+    // head GEMM's dtype is its own operand (no cache); held in the other one (an fp16 checkpoint
+    // in a bf16 run, or any in fp32) it keeps its compute copy as before.
+    let narrowable = embedding_norm_head_count(config);
+    let frozen_narrow = settings.lora.is_some() && settings.frozen_dtype != Dtype::F32;
+    let head_cache_of = |p: &Precision, w| match frozen_narrow && settings.frozen_dtype == p.compute_dtype() {
+        true => 0,
+        false => weight_cache(p, w),
+    };
+    let frozen_bytes = |values: u128| {
+        let held = if settings.lora.is_some() {
+            settings.frozen_dtype.bytes() as u128
+        } else {
+            4
+        };
+        held * narrowable + 4 * (values - narrowable)
+    };
     let mut bytes = [0u128; MemoryCategory::COUNT];
     let mut set =
         |c: MemoryCategory, b: u128| bytes[MemoryCategory::ALL.iter().position(|x| *x == c).unwrap_or(0)] += b;
@@ -195,7 +225,7 @@ pub fn plan(config: &HfConfig, settings: &PlanSettings) -> MemoryPlan {
             parameters
         };
         if settings.lora.is_some() {
-            set(MemoryCategory::Parameters, 4 * parameters);
+            set(MemoryCategory::Parameters, frozen_bytes(parameters));
         }
         let mut cache: u128 = layers
             * layer_linears(config)
@@ -204,7 +234,7 @@ pub fn plan(config: &HfConfig, settings: &PlanSettings) -> MemoryPlan {
                 .sum::<u128>();
         // LoRA's A [R, in] and B [out, R] are linears too, with their own caches.
         cache += adapter_caches(config, settings);
-        let head_cache = head.map_or(0, |w| weight_cache(&precision.without_fp8(), w));
+        let head_cache = head.map_or(0, |w| head_cache_of(&precision.without_fp8(), w));
         // A compute-dtype copy of every trainable value (frozen values are read as they are).
         let compute = if dtype == 4 { 0 } else { trainable * dtype };
         set(MemoryCategory::MasterWeights, 4 * trainable);
@@ -221,8 +251,8 @@ pub fn plan(config: &HfConfig, settings: &PlanSettings) -> MemoryPlan {
         // An FP8 base, as `LlamaModel::from_hf_fp8_base` holds it: every decoder linear weight
         // frozen as E4M3 codes (1 byte a value) with 128x128 block scales per checkpoint tensor
         // (the segments of a fused q/k/v or gate/up linear are quantized apart). With LoRA every
-        // other value (embeddings, norms, head) is frozen too and stays in f32; without it they
-        // are trained.
+        // other value (embeddings, norms, head) is frozen too, at `frozen_dtype` (biases in
+        // f32); without it they are trained.
         let linear = linear_weight_count(config);
         let other = parameters - linear;
         trainable = if settings.lora.is_some() { lora_values } else { other };
@@ -238,17 +268,21 @@ pub fn plan(config: &HfConfig, settings: &PlanSettings) -> MemoryPlan {
             MemoryCategory::Workspace,
             segments.iter().map(|w| w.out * w.inp).max().unwrap_or(0),
         );
-        let cache = adapter_caches(config, settings) + head.map_or(0, |w| weight_cache(&precision.without_fp8(), w));
-        let frozen_other = if settings.lora.is_some() { other } else { 0 };
+        let cache = adapter_caches(config, settings) + head.map_or(0, |w| head_cache_of(&precision.without_fp8(), w));
+        let frozen_other = if settings.lora.is_some() {
+            frozen_bytes(other)
+        } else {
+            0
+        };
         let compute = if dtype == 4 { 0 } else { trainable * dtype };
         set(MemoryCategory::MasterWeights, 4 * trainable);
         set(MemoryCategory::Gradients, gradient_copies * 4 * trainable);
         set(MemoryCategory::OptimizerState, 8 * trainable);
         if precision.is_fp8() {
-            set(MemoryCategory::Parameters, 4 * frozen_other + compute);
+            set(MemoryCategory::Parameters, frozen_other + compute);
             set(MemoryCategory::Fp8Copies, cache);
         } else {
-            set(MemoryCategory::Parameters, 4 * frozen_other + compute.max(cache));
+            set(MemoryCategory::Parameters, frozen_other + compute.max(cache));
         }
     }
     set(MemoryCategory::Activations, activations::saved_bytes(config, settings));
@@ -277,6 +311,7 @@ mod tests {
             precision: precision.parse().unwrap(),
             base: BasePrecision::Same,
             lora: None,
+            frozen_dtype: Dtype::F32,
             micro_batch: 1,
             seq: 2048,
             recompute: true,

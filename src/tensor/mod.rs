@@ -14,11 +14,13 @@ mod dense;
 pub mod dequantize;
 mod device_kind;
 mod dtype;
+mod half_values;
 mod scales;
 
 pub use dense::Tensor;
 pub use device_kind::DeviceKind;
 pub use dtype::Dtype;
+pub use half_values::HalfValues;
 pub use scales::{MXFP8_BLOCK, ScaleKind, Scales};
 
 use crate::convert::HighPrecision;

@@ -139,6 +139,7 @@ pub fn check_fine_tune(
     model: &HfConfig,
     base: BasePrecision,
     lora: Option<LoraPlan>,
+    frozen_dtype: crate::tensor::Dtype,
 ) -> Result<()> {
     let micro = micro_batch(config)?;
     let recompute = match config.model.recompute {
@@ -154,6 +155,7 @@ pub fn check_fine_tune(
                 precision: precision.clone(),
                 base,
                 lora: lora.clone(),
+                frozen_dtype,
                 micro_batch: micro,
                 seq: data.seq_len(),
                 recompute,

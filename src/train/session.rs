@@ -492,9 +492,9 @@ fn account_static(
     };
     let cache = model.weight_cache_bytes() as u64;
     let frozen_caches = frozen_weight_caches(model);
-    // Frozen values (LoRA's base, an FP8 base's embeddings, norms and head) are held in f32 with
-    // no gradient or moments.
-    let frozen = model.frozen_parameter_count() as u64 * 4;
+    // Frozen values (LoRA's base, an FP8 base's embeddings, norms and head) have no gradient or
+    // moments; they are held in f32, or embeddings, norms and head at their checkpoint's 16 bits.
+    let frozen = model.frozen_parameter_bytes() as u64;
     set_usage(ledger, MemoryCategory::MasterWeights, masters * 4);
     set_usage(ledger, MemoryCategory::Gradients, values * 4);
     set_usage(ledger, MemoryCategory::OptimizerState, optimizer_bytes as u64);

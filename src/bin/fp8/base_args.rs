@@ -2,10 +2,11 @@
 //! Hugging Face model are held, shared by `fp8 train --init-from`, `fp8 eval` and `fp8 generate`.
 
 use fp8_engine::amp::Precision;
-use fp8_engine::hf::HfModelDir;
-use fp8_engine::model::{LlamaModel, Recompute};
+use fp8_engine::hf::{HfConfig, HfModelDir};
+use fp8_engine::model::{FrozenDtype, LlamaModel, Recompute};
 use fp8_engine::nn::BaseScaling;
 use fp8_engine::plan::BasePrecision;
+use fp8_engine::tensor::Dtype;
 
 use crate::error::CliError;
 
@@ -21,12 +22,39 @@ pub struct BaseArgs {
     /// per tensor). Only with --base-precision fp8.
     #[arg(long, value_name = "block|tensor")]
     base_scaling: Option<String>,
+    /// How frozen embeddings, norms and head are held: checkpoint (the default: at the width of
+    /// their checkpoint tensors, 2 bytes a value for bf16 or fp16, f32 tensors stay f32) or f32.
+    /// The values are the same either way; trained ones keep f32 masters.
+    #[arg(long, value_name = "checkpoint|f32")]
+    frozen_dtype: Option<String>,
 }
 
 impl BaseArgs {
     /// Whether either flag was given.
     pub fn given(&self) -> bool {
-        self.base_precision.is_some() || self.base_scaling.is_some()
+        self.base_precision.is_some() || self.base_scaling.is_some() || self.frozen_dtype.is_some()
+    }
+
+    /// `--frozen-dtype`, checkpoint when not given.
+    pub fn frozen_dtype(&self) -> Result<FrozenDtype, CliError> {
+        Ok(self
+            .frozen_dtype
+            .as_deref()
+            .map(str::parse)
+            .transpose()?
+            .unwrap_or_default())
+    }
+
+    /// The dtype the planner assumes for frozen embeddings, norms and head of a model of `config`.
+    pub fn planned_frozen_dtype(&self, config: &HfConfig) -> Result<Dtype, CliError> {
+        Ok(self.frozen_dtype()?.planned(config))
+    }
+
+    /// Holds the frozen embeddings, norms and head of `model`, loaded from `hf`, as
+    /// `--frozen-dtype` says (after LoRA froze them, or evaluation did).
+    pub fn hold_frozen(&self, model: &mut LlamaModel, hf: &HfModelDir) -> Result<(), CliError> {
+        model.hold_frozen(hf, self.frozen_dtype()?)?;
+        Ok(())
     }
 
     /// The planner's view of the flags; a `--base-scaling` without `--base-precision fp8` is an

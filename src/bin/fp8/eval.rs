@@ -47,19 +47,27 @@ pub struct EvalArgs {
     pub base: BaseArgs,
 }
 
-/// A model directory's model under `precision` with the base `base` asks for, and its
-/// tokenizer; `tool` names the command on stderr.
+/// A model directory's model under `precision` with the base `base` asks for and the LoRA
+/// adapters of `lora`, if any, and its tokenizer; `tool` names the command on stderr. Nothing
+/// is trained, so the embeddings, norms and head are frozen and held as `--frozen-dtype` says.
 pub fn load_model(
     dir: &std::path::Path,
     precision: &str,
     base: &BaseArgs,
+    lora: Option<&std::path::Path>,
     tool: &str,
 ) -> Result<(LlamaModel, fp8_engine::hf::HfTokenizer), CliError> {
     let precision = Precision::from_str(precision)?;
     base.plan_base()?;
+    base.frozen_dtype()?;
     let hf = HfModelDir::open(dir)?;
     let tokenizer = hf.tokenizer()?;
-    let model = base.load(&hf, &precision, Recompute::None, tool)?;
+    let mut model = base.load(&hf, &precision, Recompute::None, tool)?;
+    if let Some(lora) = lora {
+        model.load_adapter(lora)?;
+    }
+    model.freeze_embeddings_norms_head();
+    base.hold_frozen(&mut model, &hf)?;
     Ok((model, tokenizer))
 }
 
@@ -76,10 +84,13 @@ pub fn read_text(path: &std::path::Path) -> Result<String, CliError> {
 }
 
 pub fn run(args: EvalArgs) -> Result<(), CliError> {
-    let (mut model, tokenizer) = load_model(&args.model, &args.precision, &args.base, "fp8 eval")?;
-    if let Some(dir) = &args.lora {
-        model.load_adapter(dir)?;
-    }
+    let (mut model, tokenizer) = load_model(
+        &args.model,
+        &args.precision,
+        &args.base,
+        args.lora.as_deref(),
+        "fp8 eval",
+    )?;
     let text = read_text(&args.text)?;
     let ids = tokenizer.encode(&text, false)?;
     let seq = args.seq.unwrap_or(model.config().max_position_embeddings.min(1024));

@@ -50,9 +50,10 @@ pub fn preflight(
     base: &BaseArgs,
     lora: &LoraArgs,
 ) -> Result<(), CliError> {
+    let frozen = base.planned_frozen_dtype(&hf.config)?;
     let base = base.plan_base()?;
     let lora = lora.plan()?;
-    fp8_engine::train::preflight::check_fine_tune(precisions, config, data, &hf.config, base, lora)?;
+    fp8_engine::train::preflight::check_fine_tune(precisions, config, data, &hf.config, base, lora, frozen)?;
     Ok(())
 }
 

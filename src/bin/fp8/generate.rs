@@ -56,10 +56,13 @@ pub struct GenerateArgs {
 
 pub fn run(args: GenerateArgs) -> Result<(), CliError> {
     let mut sampler = Sampler::new(args.temperature, args.top_p, args.seed)?;
-    let (mut model, tokenizer) = load_model(&args.model, &args.precision, &args.base, "fp8 generate")?;
-    if let Some(dir) = &args.lora {
-        model.load_adapter(dir)?;
-    }
+    let (mut model, tokenizer) = load_model(
+        &args.model,
+        &args.precision,
+        &args.base,
+        args.lora.as_deref(),
+        "fp8 generate",
+    )?;
     let prompt = tokenizer.encode(&args.prompt, true)?;
     let stop = fp8_engine::hf::stop_ids(&args.model, &tokenizer)?;
     let mut stream = tokenizer.stream(true);

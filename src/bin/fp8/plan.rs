@@ -10,6 +10,7 @@ use fp8_engine::amp::Precision;
 use fp8_engine::device::{Device, DeviceChoice};
 use fp8_engine::hf::HfConfig;
 use fp8_engine::memory::{MemoryCategory, human_bytes, parse_bytes};
+use fp8_engine::model::FrozenDtype;
 use fp8_engine::plan::{
     BasePrecision, LoraPlan, MemoryPlan, PlanSettings, Suggestion, cheapest_fit, parse_targets, plan,
 };
@@ -43,6 +44,10 @@ pub struct PlanArgs {
     /// How frozen linear weights are held: bf16 (the run's dtype) or fp8 (codes with 128x128 block scales).
     #[arg(long, default_value = "bf16")]
     pub base_precision: String,
+    /// How frozen embeddings, norms and head are held (with LoRA): checkpoint (the width of
+    /// config.json's dtype: 2 bytes a value for bfloat16 or float16) or f32.
+    #[arg(long, value_name = "checkpoint|f32", default_value = "checkpoint")]
+    pub frozen_dtype: String,
     /// Sequences per micro-batch.
     #[arg(long, default_value_t = 1)]
     pub micro_batch: usize,
@@ -83,7 +88,8 @@ fn read_config(path: &Path) -> Result<HfConfig, CliError> {
     HfConfig::from_json(&text).map_err(|err| CliError(format!("{}: {err}", file.display())))
 }
 
-fn settings(args: &PlanArgs) -> Result<PlanSettings, CliError> {
+fn settings(args: &PlanArgs, config: &HfConfig) -> Result<PlanSettings, CliError> {
+    let frozen: FrozenDtype = args.frozen_dtype.parse()?;
     let base = match args.base_precision.as_str() {
         "fp8" => BasePrecision::Fp8,
         "bf16" => BasePrecision::Same,
@@ -111,6 +117,7 @@ fn settings(args: &PlanArgs) -> Result<PlanSettings, CliError> {
         precision: Precision::from_str(&args.precision)?,
         base,
         lora,
+        frozen_dtype: frozen.planned(config),
         micro_batch: args.micro_batch,
         seq: args.seq,
         recompute,
@@ -203,7 +210,7 @@ fn device_free(device: &str) -> Result<impl FnOnce() -> Option<(u64, String)>, C
 
 pub fn run(args: PlanArgs) -> Result<(), CliError> {
     let config = read_config(&args.model)?;
-    let settings = settings(&args)?;
+    let settings = settings(&args, &config)?;
     let limit = limit(args.gpu_memory.as_deref(), device_free(&args.device)?)?;
     if let (Some((bytes, source)), None) = (&limit, &args.gpu_memory) {
         eprintln!("fp8 plan: limit {} ({source})", human_bytes(*bytes));

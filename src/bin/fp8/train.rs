@@ -370,11 +370,13 @@ pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
     let config = run_config(&args)?;
     if args.base.given() && args.init_from.is_none() {
         return Err(CliError(
-            "--base-precision and --base-scaling say how the weights of --init-from are held: give --init-from DIR"
+            "--base-precision, --base-scaling and --frozen-dtype say how the weights of --init-from are held: give \
+             --init-from DIR"
                 .into(),
         ));
     }
     args.base.plan_base()?;
+    args.base.frozen_dtype()?;
     args.dist
         .check_launch(matches!(device, Device::Cuda(_)), args.init_from.is_some())?;
     args.dist.options()?;
@@ -454,6 +456,7 @@ pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
             Some(hf) => {
                 let mut model = args.base.load(hf, precision, config.model.recompute, "fp8 train")?;
                 let lora = args.lora.attach(&mut model, args.seed)?;
+                args.base.hold_frozen(&mut model, hf)?;
                 if let (Some(_), Some(path)) = (&lora, &args.resume) {
                     // The dropout masks follow the count of training forwards: one per micro-batch
                     // of every step the checkpoint has done.
