@@ -322,14 +322,14 @@ fn zero1_shards_the_optimizer_state() {
     assert!(sharded[1].summary.peak_bytes < whole[1].summary.peak_bytes);
 }
 
-/// ZeRO-1 shards the f32 masters of the linear weights under bf16 and fp8-delayed: each rank
+/// ZeRO-1 shards the f32 masters of the linear weights under bf16, fp16 and fp8-delayed: each rank
 /// holds the replicated values (embeddings, norms, biases) and its slice of the weights, and
 /// the slices of the four ranks add up to the unsharded weights exactly. fp32 runs keep every
 /// master on every rank (their compute weights are the masters).
 #[test]
 fn zero1_shards_the_linear_weights_masters() {
     let config = config(4, 2);
-    for name in ["bf16", "fp8-delayed", "fp32"] {
+    for name in ["bf16", "fp16", "fp8-delayed", "fp32"] {
         let p = precision(name);
         let data = data();
         let inputs = RunInputs {
