@@ -13,10 +13,11 @@ use fp8_engine::data::Dataset;
 use fp8_engine::data::addition::AdditionConfig;
 use fp8_engine::device::{Device, DeviceChoice};
 use fp8_engine::dist::{DataParallel, Wire};
-use fp8_engine::model::{DecoderModel, LanguageModel, ModelConfig};
+use fp8_engine::model::{LanguageModel, ModelConfig};
+use fp8_engine::nn::{Module, VisitLinears};
 use fp8_engine::train::data_parallel::run_data_parallel;
 use fp8_engine::train::metrics::{StepMetrics, read_metrics};
-use fp8_engine::train::session::{RunConfig, RunControl, RunOutput, run};
+use fp8_engine::train::session::{RunConfig, RunControl, RunInputs, RunOutput, run};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("fp8-dp-{}-{name}", std::process::id()));
@@ -60,7 +61,18 @@ fn precision(name: &str) -> Precision {
 
 fn single(p: &Precision, config: &RunConfig, dir: &Path, control: RunControl) -> RunOutput {
     let cpu = Device::select(DeviceChoice::Cpu).expect("cpu");
-    run(&cpu, p, config, &data(), dir, control, &mut |_| {}).expect("single-rank run")
+    run(
+        &cpu,
+        &RunInputs {
+            precision: p,
+            config,
+            data: &data(),
+            dir,
+            control,
+        },
+        &mut |_| {},
+    )
+    .expect("single-rank run")
 }
 
 fn parallel(
@@ -72,11 +84,14 @@ fn parallel(
     control: RunControl,
 ) -> Result<Vec<RunOutput>, Error> {
     let data = data();
-    let model_config = config.model_for(&data);
-    let build = || -> fp8_engine::Result<Box<dyn LanguageModel>> {
-        Ok(Box::new(DecoderModel::new(&model_config, p, config.seed)?))
+    let inputs = RunInputs {
+        precision: p,
+        config,
+        data: &data,
+        dir,
+        control,
     };
-    run_data_parallel(world, options, &build, p, config, &data, dir, control, &mut |_| {})
+    run_data_parallel(world, options, &inputs.decoder_builder(), &inputs, &mut |_| {})
 }
 
 fn metrics(dir: &Path) -> Vec<StepMetrics> {
@@ -307,40 +322,106 @@ fn zero1_shards_the_optimizer_state() {
     assert!(sharded[1].summary.peak_bytes < whole[1].summary.peak_bytes);
 }
 
+/// ZeRO-1 shards the f32 masters of the linear weights under bf16, fp16 and fp8-delayed: each rank
+/// holds the replicated values (embeddings, norms, biases) and its slice of the weights, and
+/// the slices of the four ranks add up to the unsharded weights exactly. fp32 runs keep every
+/// master on every rank (their compute weights are the masters).
+#[test]
+fn zero1_shards_the_linear_weights_masters() {
+    let config = config(4, 2);
+    for name in ["bf16", "fp16", "fp8-delayed", "fp32"] {
+        let p = precision(name);
+        let data = data();
+        let inputs = RunInputs {
+            precision: &p,
+            config: &config,
+            data: &data,
+            dir: Path::new("."),
+            control: RunControl::default(),
+        };
+        let mut model = inputs.decoder().expect("model");
+        let total = model.parameter_count() as u64;
+        let mut weights = 0u64;
+        model.visit_linears(&mut |linear| weights += linear.weight().len() as u64);
+        let replicated = total - weights;
+        let whole = parallel(
+            4,
+            &DataParallel::default(),
+            &p,
+            &config,
+            &scratch(&format!("masters-{name}-zero0")),
+            RunControl::default(),
+        )
+        .expect("dp run");
+        assert!(whole.iter().all(|o| o.master_weight_bytes == 4 * total), "{name}");
+        let options = DataParallel {
+            zero: 1,
+            ..DataParallel::default()
+        };
+        let dir = scratch(&format!("masters-{name}-zero1"));
+        let sharded = parallel(4, &options, &p, &config, &dir, RunControl::default()).expect("dp run");
+        let held: Vec<u64> = sharded.iter().map(|o| o.master_weight_bytes).collect();
+        if name == "fp32" {
+            assert!(
+                held.iter().all(|&h| h == 4 * total),
+                "fp32 keeps whole masters: {held:?}"
+            );
+            continue;
+        }
+        let slices: u64 = held.iter().map(|h| h - 4 * replicated).sum();
+        assert_eq!(
+            slices,
+            4 * weights,
+            "{name}: the slices cover the weights once: {held:?}"
+        );
+        for h in &held {
+            assert!(*h <= 4 * (replicated + total.div_ceil(4)), "{name}: {h} of {held:?}");
+        }
+        assert!(sharded[0].summary.peak_bytes < whole[0].summary.peak_bytes, "{name}");
+        // The checkpoint holds the whole masters again (rank 0 gathered them).
+        let reference = scratch(&format!("masters-{name}-micro4"));
+        single(&p, &config, &reference, RunControl::default());
+        assert_same_run(&format!("{name} sharded masters"), &reference, &dir);
+    }
+}
+
 #[test]
 fn checkpoints_resume_at_any_world_size() {
-    let p = precision("fp8-delayed");
-    let config = config(2, 4);
-    let straight = scratch("resume-straight");
-    single(&p, &config, &straight, RunControl::default());
-    let stop = RunControl {
-        stop_after: Some(2),
-        ..RunControl::default()
-    };
-    // Two ranks with ZeRO-1 write the checkpoint; one rank continues it; and the other way.
-    let resumed = scratch("resume-2-to-1");
-    let zero1 = DataParallel {
-        zero: 1,
-        ..DataParallel::default()
-    };
-    parallel(2, &zero1, &p, &config, &resumed, stop).expect("first half");
-    let ckpt = resumed.join("checkpoint.safetensors");
-    let go_on = RunControl {
-        resume: Some(&ckpt),
-        ..RunControl::default()
-    };
-    single(&p, &config, &resumed, go_on);
-    assert_same_run("2 ranks (ZeRO-1) then 1", &straight, &resumed);
+    // Both shard the linear weights' f32 masters under ZeRO-1: the checkpoint gathers them.
+    for name in ["fp8-delayed", "bf16"] {
+        let p = precision(name);
+        let config = config(2, 4);
+        let straight = scratch(&format!("resume-{name}-straight"));
+        single(&p, &config, &straight, RunControl::default());
+        let stop = RunControl {
+            stop_after: Some(2),
+            ..RunControl::default()
+        };
+        // Two ranks with ZeRO-1 write the checkpoint; one rank continues it; and the other way.
+        let resumed = scratch(&format!("resume-{name}-2-to-1"));
+        let zero1 = DataParallel {
+            zero: 1,
+            ..DataParallel::default()
+        };
+        parallel(2, &zero1, &p, &config, &resumed, stop).expect("first half");
+        let ckpt = resumed.join("checkpoint.safetensors");
+        let go_on = RunControl {
+            resume: Some(&ckpt),
+            ..RunControl::default()
+        };
+        single(&p, &config, &resumed, go_on);
+        assert_same_run(&format!("{name}: 2 ranks (ZeRO-1) then 1"), &straight, &resumed);
 
-    let resumed = scratch("resume-1-to-2");
-    single(&p, &config, &resumed, stop);
-    let ckpt = resumed.join("checkpoint.safetensors");
-    let go_on = RunControl {
-        resume: Some(&ckpt),
-        ..RunControl::default()
-    };
-    parallel(2, &zero1, &p, &config, &resumed, go_on).expect("second half");
-    assert_same_run("1 rank then 2 (ZeRO-1)", &straight, &resumed);
+        let resumed = scratch(&format!("resume-{name}-1-to-2"));
+        single(&p, &config, &resumed, stop);
+        let ckpt = resumed.join("checkpoint.safetensors");
+        let go_on = RunControl {
+            resume: Some(&ckpt),
+            ..RunControl::default()
+        };
+        parallel(2, &zero1, &p, &config, &resumed, go_on).expect("second half");
+        assert_same_run(&format!("{name}: 1 rank then 2 (ZeRO-1)"), &straight, &resumed);
+    }
 }
 
 #[test]
@@ -405,7 +486,10 @@ fn the_cli_runs_ranks_and_refuses_uneven_splits() {
     let out = fp8(&args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("rank 1/2") && stderr.contains("ZeRO-1"), "{stderr}");
+    assert!(
+        stderr.contains("rank 1/2") && stderr.contains("ZeRO-1") && stderr.contains("master weights"),
+        "{stderr}"
+    );
     let mut args = small.to_vec();
     args.extend(["--micro-batches", "2", "--out", micro.to_str().unwrap()]);
     assert!(fp8(&args).status.success());
@@ -524,11 +608,13 @@ fn a_lora_llama_overlaps_its_adapters_gradients_bit_for_bit() {
             2,
             &options,
             &build,
-            &p,
-            &config,
-            &data(),
-            &dir,
-            RunControl::default(),
+            &RunInputs {
+                precision: &p,
+                config: &config,
+                data: &data(),
+                dir: &dir,
+                control: RunControl::default(),
+            },
             &mut |_| {},
         )
         .expect("dp run");

@@ -12,7 +12,7 @@ use fp8_engine::format::Fp8Format;
 use fp8_engine::model::ModelConfig;
 use fp8_engine::scaling::{DelayedScaling, DelayedSlot, Recipe};
 use fp8_engine::train::metrics::StepMetrics;
-use fp8_engine::train::session::{RunConfig, RunControl, run};
+use fp8_engine::train::session::{RunConfig, RunControl, RunInputs, run};
 
 #[test]
 fn replaying_logged_amaxes_reproduces_every_logged_scale_exactly() {
@@ -50,11 +50,13 @@ fn replaying_logged_amaxes_reproduces_every_logged_scale_exactly() {
     let mut logged: Vec<StepMetrics> = Vec::new();
     run(
         &cpu(),
-        &precision,
-        &config,
-        &data,
-        &dir,
-        RunControl::default(),
+        &RunInputs {
+            precision: &precision,
+            config: &config,
+            data: &data,
+            dir: &dir,
+            control: RunControl::default(),
+        },
         &mut |m| logged.push(m.clone()),
     )
     .expect("run");

@@ -14,9 +14,9 @@ use fp8_engine::data::Dataset;
 use fp8_engine::data::addition::AdditionConfig;
 use fp8_engine::device::{Device, DeviceChoice};
 use fp8_engine::dist::{Collective, DataParallel, Parallel, Wire};
-use fp8_engine::model::{DecoderModel, LanguageModel, ModelConfig};
+use fp8_engine::model::ModelConfig;
 use fp8_engine::train::data_parallel::run_on_gpus;
-use fp8_engine::train::session::{RunConfig, RunControl, RunOutput, run, run_model};
+use fp8_engine::train::session::{RunConfig, RunControl, RunInputs, RunOutput, run};
 
 fn check(what: &str, ok: bool, failures: &mut Vec<String>) {
     println!("gpu_nccl: {what}: {}", if ok { "ok" } else { "FAILED" });
@@ -56,7 +56,6 @@ fn setup() -> fp8_engine::Result<(Dataset, RunConfig)> {
 fn train(collective: Option<&dyn Collective>, dir: &std::path::Path) -> fp8_engine::Result<RunOutput> {
     let (data, config) = setup()?;
     let precision: Precision = "fp8-delayed".parse()?;
-    let mut model = DecoderModel::new(&config.model_for(&data), &precision, config.seed)?;
     let cpu = Device::select(DeviceChoice::Cpu)?;
     let parallel = collective.map(|c| Parallel {
         collective: c,
@@ -71,7 +70,14 @@ fn train(collective: Option<&dyn Collective>, dir: &std::path::Path) -> fp8_engi
         parallel: parallel.as_ref(),
         ..RunControl::default()
     };
-    run_model(&mut model, &cpu, &precision, &config, &data, dir, control, &mut |_| {})
+    let inputs = RunInputs {
+        precision: &precision,
+        config: &config,
+        data: &data,
+        dir,
+        control,
+    };
+    run(&cpu, &inputs, &mut |_| {})
 }
 
 /// Three fp8-delayed steps on GPU 0: alone, or as the one rank of `run_on_gpus(1, ..)`.
@@ -82,17 +88,22 @@ fn train_on_gpu(dir: &std::path::Path, ranked: bool) -> fp8_engine::Result<RunOu
         let gpu = Device::select(DeviceChoice::Cuda(0))?;
         return run(
             &gpu,
-            &precision,
-            &config,
-            &data,
-            dir,
-            RunControl::default(),
+            &RunInputs {
+                precision: &precision,
+                config: &config,
+                data: &data,
+                dir,
+                control: RunControl::default(),
+            },
             &mut |_| {},
         );
     }
-    let model_config = config.model_for(&data);
-    let build = || -> fp8_engine::Result<Box<dyn LanguageModel>> {
-        Ok(Box::new(DecoderModel::new(&model_config, &precision, config.seed)?))
+    let inputs = RunInputs {
+        precision: &precision,
+        config: &config,
+        data: &data,
+        dir,
+        control: RunControl::default(),
     };
     let options = DataParallel {
         zero: 1,
@@ -102,12 +113,8 @@ fn train_on_gpu(dir: &std::path::Path, ranked: bool) -> fp8_engine::Result<RunOu
     let mut outputs = run_on_gpus(
         1,
         &options,
-        &build,
-        &precision,
-        &config,
-        &data,
-        dir,
-        RunControl::default(),
+        &inputs.decoder_builder(),
+        &inputs,
         &mut |_| {},
         &on_failure,
     )?;

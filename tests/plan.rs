@@ -12,7 +12,7 @@ use fp8_engine::model::{LlamaModel, LoraConfig, ModelConfig, Recompute};
 use fp8_engine::nn::{BaseScaling, LoraSettings};
 use fp8_engine::plan::{BasePrecision, LoraPlan, PlanSettings, parse_targets, plan, plan_decoder};
 use fp8_engine::tensor::Dtype;
-use fp8_engine::train::session::{RunConfig, RunControl, run, run_model};
+use fp8_engine::train::session::{RunConfig, RunControl, RunInputs, run, run_model};
 
 fn config(tied: bool, bias: bool) -> HfConfig {
     let arch = if bias { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" };
@@ -75,11 +75,13 @@ fn measured_peak(
     let out = run_model(
         &mut model,
         &device,
-        precision,
-        &run,
-        &data,
-        &dir,
-        RunControl::default(),
+        &RunInputs {
+            precision,
+            config: &run,
+            data: &data,
+            dir: &dir,
+            control: RunControl::default(),
+        },
         &mut |_| {},
     )
     .unwrap();
@@ -349,11 +351,13 @@ fn measured_decoder_peak(model: &ModelConfig, precision: &Precision, micro_batch
     let device = Device::select(DeviceChoice::Cpu).unwrap();
     let out = run(
         &device,
-        precision,
-        &run_config,
-        &data,
-        dir.path(),
-        RunControl::default(),
+        &RunInputs {
+            precision,
+            config: &run_config,
+            data: &data,
+            dir: dir.path(),
+            control: RunControl::default(),
+        },
         &mut |_| {},
     )
     .unwrap();

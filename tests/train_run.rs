@@ -14,7 +14,7 @@ use fp8_engine::device::{Device, DeviceChoice};
 use fp8_engine::model::{DecoderModel, ModelConfig, Recompute};
 use fp8_engine::nn::Module;
 use fp8_engine::train::metrics::read_metrics;
-use fp8_engine::train::session::{RunConfig, RunControl, RunOutput, run};
+use fp8_engine::train::session::{RunConfig, RunControl, RunInputs, RunOutput, run};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("fp8-train-run-{}-{name}", std::process::id()));
@@ -56,7 +56,18 @@ fn precision(name: &str) -> Precision {
 }
 
 fn train(p: &Precision, config: &RunConfig, dir: &Path, control: RunControl) -> RunOutput {
-    run(&cpu(), p, config, &data(), dir, control, &mut |_| {}).expect("run")
+    run(
+        &cpu(),
+        &RunInputs {
+            precision: p,
+            config,
+            data: &data(),
+            dir,
+            control,
+        },
+        &mut |_| {},
+    )
+    .expect("run")
 }
 
 #[test]
@@ -121,7 +132,18 @@ fn resume_refuses_a_checkpoint_of_another_run() {
         resume: Some(&ckpt),
         ..RunControl::default()
     };
-    let err = run(&cpu(), &p, &other, &data(), &dir, control, &mut |_| {}).expect_err("must refuse");
+    let err = run(
+        &cpu(),
+        &RunInputs {
+            precision: &p,
+            config: &other,
+            data: &data(),
+            dir: &dir,
+            control,
+        },
+        &mut |_| {},
+    )
+    .expect_err("must refuse");
     assert!(err.to_string().contains("another run"), "{err}");
 }
 
@@ -160,7 +182,18 @@ fn resume_refuses_other_recipe_settings_or_another_objective() {
             resume: Some(&ckpt),
             ..RunControl::default()
         };
-        let err = run(&cpu(), &p, &config, &data, &dir, control, &mut |_| {}).expect_err(what);
+        let err = run(
+            &cpu(),
+            &RunInputs {
+                precision: &p,
+                config: &config,
+                data: &data,
+                dir: &dir,
+                control,
+            },
+            &mut |_| {},
+        )
+        .expect_err(what);
         assert!(err.to_string().contains("another run"), "{what}: {err}");
     }
 }
@@ -254,11 +287,13 @@ fn answer_loss_is_the_held_out_loss_when_only_answers_take_a_loss() {
     let run_on = |data: &Dataset, name: &str| {
         run(
             &cpu(),
-            &fp32,
-            &config,
-            data,
-            &scratch(name),
-            RunControl::default(),
+            &RunInputs {
+                precision: &fp32,
+                config: &config,
+                data,
+                dir: &scratch(name),
+                control: RunControl::default(),
+            },
             &mut |_| {},
         )
         .expect("run")

@@ -247,6 +247,42 @@ pub(crate) fn cast_stats(name: String, src: &[f32], cast: &Cast) -> Fp8TensorSta
     counts.finish(name, format, cast.amax, cast.scale, total)
 }
 
+/// `[saturated, underflow, nonzero, nonfinite]` of a per-tensor cast of `src` into `codes` with
+/// `scale`: the counts [`cast_stats`] makes of the same elements, so counts of slices add up to
+/// those of the whole tensor ([`stats_from_counts`] finishes them).
+pub(crate) fn per_tensor_counts(src: &[f32], codes: &[u8], format: Fp8Format, scale: f32) -> [u64; 4] {
+    let limit = format.max_finite() * (1.0 / scale);
+    let counts = src
+        .par_chunks(STATS_CHUNK)
+        .zip(codes.par_chunks(STATS_CHUNK))
+        .map(|(xs, cs)| {
+            let mut counts = Counts::default();
+            counts.add(xs, cs, |x, code| (code & 0x7F == 0, x.abs() > limit));
+            counts
+        })
+        .reduce(Counts::default, Counts::sum);
+    [counts.saturated, counts.underflow, counts.nonzero, counts.nonfinite]
+}
+
+/// The statistics of a cast of `total` elements from its [`per_tensor_counts`].
+pub(crate) fn stats_from_counts(
+    name: String,
+    format: Fp8Format,
+    amax: f32,
+    scale: f32,
+    total: usize,
+    counts: [u64; 4],
+) -> Fp8TensorStats {
+    let [saturated, underflow, nonzero, nonfinite] = counts;
+    let counts = Counts {
+        saturated,
+        underflow,
+        nonzero,
+        nonfinite,
+    };
+    counts.finish(name, format, amax, scale, total)
+}
+
 /// Statistics of a tensor that stays in high precision (a GEMM output): what a
 /// per-tensor cast with `scale` would do to it.
 pub(crate) fn uncast_stats(name: String, values: &[f32], format: Fp8Format, amax: f32, scale: f32) -> Fp8TensorStats {

@@ -2,7 +2,7 @@
 
 use super::frozen_fp8::{BaseScaling, FrozenFp8Weight, quantize_weight};
 use super::init;
-use super::linear_gemms::LinearGemms;
+use super::linear_gemms::{LinearGemms, WeightSliceCast};
 use super::lora::LoraAdapter;
 use super::param::{Module, Parameter};
 use crate::amp::Precision;
@@ -116,6 +116,25 @@ impl Linear {
     /// The weight, mutable (e.g. to load values; call [`Parameter::mark_updated`] after).
     pub fn weight_mut(&mut self) -> &mut Parameter {
         &mut self.weight
+    }
+
+    /// How ZeRO-1 with sharded masters casts slices of the weight as this layer casts the whole
+    /// one; `None` when it cannot (see [`LinearGemms::weight_slice_cast`]) or the weight is
+    /// frozen, held as FP8 codes or read by adapters.
+    pub(crate) fn weight_slice_cast(&self) -> Option<WeightSliceCast> {
+        let plain = self.adapters.is_empty() && self.frozen_fp8.is_none() && !self.weight.is_frozen();
+        plain.then(|| self.gemms.weight_slice_cast()).flatten()
+    }
+
+    /// Installs the weight's bf16/fp16 compute copy, gathered from slices, at its version.
+    pub(crate) fn install_plain_weight(&mut self, copy: crate::dispatch::PlainMat) -> Result<()> {
+        self.gemms.install_plain_weight(self.weight.version(), copy)
+    }
+
+    /// Installs the weight's FP8 copy, gathered from slices, at its version, with the whole
+    /// tensor's statistics counts.
+    pub(crate) fn install_fp8_weight(&mut self, cast: crate::dispatch::Cast, counts: [u64; 4]) -> Result<()> {
+        self.gemms.install_fp8_weight(self.weight.version(), cast, counts)
     }
 
     /// The bias, if the layer has one.

@@ -38,6 +38,16 @@ enum WeightCopy {
     Stored,
 }
 
+/// How a slice of the weight is cast exactly as the layer casts the whole weight (element-wise:
+/// ZeRO-1 with sharded masters casts slices on their ranks and gathers the results).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum WeightSliceCast {
+    /// Rounded to a 16-bit compute dtype.
+    Plain(Dtype),
+    /// Delayed scaling: cast to `format` with the slot's `scale`, shared by every rank.
+    Fp8 { format: Fp8Format, scale: f32 },
+}
+
 /// What the forward keeps for wgrad: FP8 `X^T`, K-major over tokens, or the plain `X`
 /// (`[tokens, in]`, read transposed).
 enum SavedInput {
@@ -120,6 +130,9 @@ pub(crate) struct LinearGemms {
     /// Delayed scaling only: the five slots of `docs/numerics.md`, delayed scaling.
     slots: Option<SlotBank>,
     weight: Option<(u64, WeightCopy)>,
+    /// An installed FP8 weight copy's amax and statistics, recorded at its first training
+    /// forward as the layer's own cast would be.
+    installed_stats: Option<(f32, Fp8TensorStats)>,
     saved: Option<(usize, SavedInput)>,
     /// The input scale of the last training forward, so a recompute casts the same codes.
     forward_input_scale: f32,
@@ -157,6 +170,7 @@ impl LinearGemms {
             out_features,
             slots,
             weight: None,
+            installed_stats: None,
             saved: None,
             forward_input_scale: 1.0,
             stats: Default::default(),
@@ -259,10 +273,70 @@ impl LinearGemms {
         Ok(())
     }
 
+    /// How the weight copy can be made from slices: `None` for f32 (the GEMMs read the master)
+    /// and for scales that depend on the whole tensor (current, block, MXFP8).
+    pub(crate) fn weight_slice_cast(&self) -> Option<WeightSliceCast> {
+        match &self.precision {
+            Precision::Fp8(Fp8Recipe::Delayed(r)) => Some(WeightSliceCast::Fp8 {
+                format: r.format.for_role(TensorRole::Weight),
+                scale: self.slot_scale(TensorRole::Weight),
+            }),
+            Precision::Fp8(_) => None,
+            _ => (self.dtype() != Dtype::F32).then_some(WeightSliceCast::Plain(self.dtype())),
+        }
+    }
+
+    /// Installs a plain weight copy made outside at parameter `version` (gathered slices).
+    pub(crate) fn install_plain_weight(&mut self, version: u64, copy: PlainMat) -> Result<()> {
+        let n = self.in_features * self.out_features;
+        let matches = matches!(
+            (&copy, self.weight_slice_cast()),
+            (PlainMat::Bf16(v), Some(WeightSliceCast::Plain(Dtype::Bf16))) if v.len() == n
+        ) || matches!(
+            (&copy, self.weight_slice_cast()),
+            (PlainMat::F16(v), Some(WeightSliceCast::Plain(Dtype::F16))) if v.len() == n
+        );
+        if !matches {
+            return Err(internal(&self.layer, "an installed weight copy does not fit the layer"));
+        }
+        self.weight = Some((version, WeightCopy::Plain(copy)));
+        self.installed_stats = None;
+        Ok(())
+    }
+
+    /// Installs an FP8 weight copy made outside at parameter `version` with the whole tensor's
+    /// `[saturated, underflow, nonzero, nonfinite]` counts: the first training forward records
+    /// the weight amax and sets the statistics, as the layer's own cast would.
+    pub(crate) fn install_fp8_weight(&mut self, version: u64, cast: Cast, counts: [u64; 4]) -> Result<()> {
+        let fits = cast.tensor.shape() == [self.out_features, self.in_features]
+            && matches!(self.weight_slice_cast(), Some(WeightSliceCast::Fp8 { format, scale })
+                if format == cast.tensor.format() && scale == cast.scale);
+        if !fits {
+            return Err(internal(
+                &self.layer,
+                "an installed FP8 weight copy does not fit the layer",
+            ));
+        }
+        let name = self.stat_name(TensorRole::Weight);
+        let total = self.in_features * self.out_features;
+        let stats = fp8_cast::stats_from_counts(name, cast.tensor.format(), cast.amax, cast.scale, total, counts);
+        self.installed_stats = Some((cast.amax, stats));
+        self.weight = Some((version, WeightCopy::Fp8(cast)));
+        Ok(())
+    }
+
     /// Makes the weight copies if the parameter changed since the last ones.
     fn refresh_weight(&mut self, weight: &Parameter, replay: bool) -> Result<()> {
         if self.weight.as_ref().is_some_and(|(v, _)| *v == weight.version()) {
+            if !replay && let Some((amax, stats)) = self.installed_stats.take() {
+                self.record(TensorRole::Weight, amax);
+                self.stats[role_index(TensorRole::Weight)] = Some(stats);
+            }
             return Ok(());
+        }
+        if weight.is_sharded() {
+            // Its values are spread over the ranks: the optimizer installs the copy.
+            return Err(internal(&self.layer, "a sharded master weight has no installed copy"));
         }
         let (out, inp) = (self.out_features, self.in_features);
         let backend = self.backend.clone();
@@ -285,6 +359,7 @@ impl LinearGemms {
             _ => WeightCopy::Plain(kernels.convert(self.dtype(), &weight.widened())?),
         };
         self.weight = Some((weight.version(), copy));
+        self.installed_stats = None;
         Ok(())
     }
 

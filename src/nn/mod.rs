@@ -44,6 +44,7 @@ pub use frozen_fp8::{BaseScaling, FrozenFp8Weight, quantize_weight as quantize_f
 pub use gqa_attention::{GqaConfig, GroupedQueryAttention, KvCache};
 pub use layernorm_linear::LayerNormLinear;
 pub use linear::Linear;
+pub(crate) use linear_gemms::WeightSliceCast;
 pub use linears::VisitLinears;
 pub use llama_layer::LlamaLayer;
 pub use lora::{LoraAdapter, LoraSettings};

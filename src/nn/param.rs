@@ -25,6 +25,9 @@ pub struct Parameter {
     /// A frozen parameter held at the checkpoint's 16-bit width ([`Parameter::hold_frozen_in`]);
     /// `value` is then empty.
     half: Option<HalfValues>,
+    /// ZeRO-1 sharded masters: `value` holds only these values of the whole tensor (the other
+    /// ranks hold the rest); `None`: it holds all of them.
+    held: Option<std::ops::Range<usize>>,
 }
 
 /// The `[rows, cols]` a parameter of `shape` is stored as: a vector is one row, a matrix itself,
@@ -57,6 +60,7 @@ impl Parameter {
             version: 0,
             frozen: false,
             half: None,
+            held: None,
         })
     }
 
@@ -71,6 +75,7 @@ impl Parameter {
             version: 0,
             frozen: false,
             half: None,
+            held: None,
         };
         p.freeze();
         p
@@ -153,7 +158,8 @@ impl Parameter {
     }
 
     /// The f32 master values, row-major (empty for a frozen parameter held in 16 bits:
-    /// [`Parameter::widened`] reads either).
+    /// [`Parameter::widened`] reads either; under sharded masters, only
+    /// [`Parameter::held_range`]).
     pub fn value(&self) -> &[f32] {
         self.value.data()
     }
@@ -207,9 +213,45 @@ impl Parameter {
         self.value.device()
     }
 
-    /// Number of values.
+    /// Number of values (of the whole tensor, also when this rank holds a slice of them).
     pub fn len(&self) -> usize {
-        self.half.as_ref().map_or(self.value.len(), HalfValues::len)
+        match (&self.held, &self.half) {
+            (Some(_), _) => self.grad.len(),
+            (None, Some(half)) => half.len(),
+            (None, None) => self.value.len(),
+        }
+    }
+
+    /// The values of the whole tensor that [`Parameter::value`] holds: all of them, unless the
+    /// masters are sharded over ranks (`train::zero1_masters`).
+    pub fn held_range(&self) -> std::ops::Range<usize> {
+        self.held.clone().unwrap_or(0..self.value.len())
+    }
+
+    /// Whether this rank holds only a slice of the f32 values.
+    pub fn is_sharded(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// Keeps only values `range` of the whole tensor (the rest lives on other ranks); the
+    /// gradient stays whole. Layers then need their compute copy installed from outside.
+    pub(crate) fn keep_only(&mut self, range: std::ops::Range<usize>) {
+        let kept = self.value.data()[range.clone()].to_vec();
+        let n = kept.len();
+        if let Ok(t) = Tensor::new(kept, 1, n) {
+            self.value = t;
+            self.held = Some(range);
+        }
+    }
+
+    /// Gives a sharded parameter its whole values back (`whole` of [`Parameter::len`] values,
+    /// checked by the caller); the version does not change (the values are the same).
+    pub(crate) fn restore_whole(&mut self, whole: Vec<f32>) {
+        let (rows, cols) = (self.grad.rows(), self.grad.cols());
+        if let Ok(t) = Tensor::new(whole, rows, cols) {
+            self.value = t;
+            self.held = None;
+        }
     }
 
     /// Whether the parameter holds no values.

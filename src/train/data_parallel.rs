@@ -4,37 +4,28 @@
 //! thread (it reports progress, writes the metrics and the checkpoint); the others on scoped
 //! threads.
 
-use std::path::Path;
-
-use crate::amp::Precision;
 use crate::backend::cuda::CudaDevice;
 use crate::backend::cuda::nccl::{NcclCollective, nccl_present};
-use crate::data::Dataset;
 use crate::device::{Device, DeviceChoice};
 use crate::dist::cpu_group::cpu_group;
 use crate::dist::{Collective, DataParallel, Parallel};
 use crate::error::{Error, Result};
 use crate::model::LanguageModel;
 use crate::train::metrics::StepMetrics;
-use crate::train::session::{RunConfig, RunControl, RunOutput, StepCallback, run_model};
+use crate::train::session::{RunControl, RunInputs, RunOutput, StepCallback, run_model};
 
 /// Builds one rank's model (every rank builds the same one: same config, same seed).
 pub type ModelBuilder<'a> = &'a (dyn Fn() -> Result<Box<dyn LanguageModel>> + Sync);
 
 /// Trains on `world_size` CPU ranks; returns every rank's output, by rank. `config.batch` and
-/// `config.micro_batches` are the step's totals over all ranks (`micro_batches` a multiple of
-/// `world_size`); `on_step` sees rank 0's metrics. The first failing rank's error is returned
-/// (the others stop at their next collective).
-#[allow(clippy::too_many_arguments)]
+/// `config.micro_batches` of `inputs` are the step's totals over all ranks (`micro_batches` a
+/// multiple of `world_size`); `on_step` sees rank 0's metrics. The first failing rank's error
+/// is returned (the others stop at their next collective).
 pub fn run_data_parallel(
     world_size: usize,
     options: &DataParallel,
     build: ModelBuilder,
-    precision: &Precision,
-    config: &RunConfig,
-    data: &Dataset,
-    dir: &Path,
-    control: RunControl,
+    inputs: &RunInputs,
     on_step: StepCallback,
 ) -> Result<Vec<RunOutput>> {
     options.validate()?;
@@ -49,7 +40,7 @@ pub fn run_data_parallel(
             on_failure: abort,
         })
         .collect();
-    run_seats(&seats, options, build, precision, config, data, dir, control, on_step)
+    run_seats(&seats, options, build, inputs, on_step)
 }
 
 /// One rank of a group in this process: its handle, its device, and what releases the other
@@ -80,16 +71,11 @@ impl Drop for FailureGuard<'_> {
 /// Trains one rank per seat, each on its own thread (seat 0 on the calling thread, which
 /// reports progress), every rank building its own model; returns every rank's output by rank,
 /// or the first failing rank's error.
-#[allow(clippy::too_many_arguments)]
 pub fn run_seats(
     seats: &[Seat],
     options: &DataParallel,
     build: ModelBuilder,
-    precision: &Precision,
-    config: &RunConfig,
-    data: &Dataset,
-    dir: &Path,
-    control: RunControl,
+    inputs: &RunInputs,
     on_step: StepCallback,
 ) -> Result<Vec<RunOutput>> {
     options.validate()?;
@@ -101,11 +87,14 @@ pub fn run_seats(
             collective: seat.collective,
             options: options.clone(),
         };
-        let control = RunControl {
-            parallel: Some(&parallel),
-            ..control
+        let inputs = RunInputs {
+            control: RunControl {
+                parallel: Some(&parallel),
+                ..inputs.control
+            },
+            ..*inputs
         };
-        let output = run_model(model.as_mut(), &device, precision, config, data, dir, control, on_step);
+        let output = run_model(model.as_mut(), &device, &inputs, on_step);
         guard.armed = output.is_err();
         output
     };
@@ -154,16 +143,11 @@ pub fn run_seats(
 /// error naming the setting before anything runs. NCCL has no way to release ranks waiting
 /// for a failed one, so `on_failure(rank, reason)` decides what happens then (the CLI prints
 /// the error and exits the process).
-#[allow(clippy::too_many_arguments)]
 pub fn run_on_gpus(
     gpus: usize,
     options: &DataParallel,
     build: ModelBuilder,
-    precision: &Precision,
-    config: &RunConfig,
-    data: &Dataset,
-    dir: &Path,
-    control: RunControl,
+    inputs: &RunInputs,
     on_step: StepCallback,
     on_failure: &(dyn Fn(usize, &str) + Sync),
 ) -> Result<Vec<RunOutput>> {
@@ -198,5 +182,5 @@ pub fn run_on_gpus(
             on_failure,
         })
         .collect();
-    run_seats(&seats, options, build, precision, config, data, dir, control, on_step)
+    run_seats(&seats, options, build, inputs, on_step)
 }

@@ -34,6 +34,7 @@ pub mod schedule;
 pub mod session;
 pub mod step;
 pub mod zero1;
+mod zero1_masters;
 
 #[cfg(test)]
 pub(crate) mod test_util;

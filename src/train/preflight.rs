@@ -4,7 +4,7 @@
 //! the largest run needs fits the machine. Every size product is checked, so
 //! absurd sizes are errors, never overflows or allocator aborts.
 
-use crate::amp::Precision;
+use crate::amp::{Fp8Recipe, Precision};
 use crate::data::Dataset;
 use crate::error::{Error, Result};
 use crate::hf::HfConfig;
@@ -30,7 +30,8 @@ const SAVED_HIDDEN_PER_TOKEN: u64 = 12;
 pub struct HostRanks {
     /// Ranks in this process (1 without data parallelism, or when launched once per rank).
     pub ranks: usize,
-    /// 0: every rank holds all optimizer state; 1: each holds its 1/ranks share.
+    /// 0: every rank holds all optimizer state; 1: each holds its 1/ranks share, and of the f32
+    /// masters that ZeRO-1 shards ([`sharded_master_bytes`]).
     pub zero: u8,
 }
 
@@ -38,17 +39,43 @@ impl HostRanks {
     /// One rank: a run without data parallelism.
     pub const ONE: HostRanks = HostRanks { ranks: 1, zero: 0 };
 
-    /// The bytes of `ranks` copies of one rank's `plan`, with the optimizer state held once
-    /// over all of them under ZeRO-1 (each rank keeps a 1/ranks share; rounding up is ignored).
-    pub fn total_bytes(&self, plan: &MemoryPlan) -> u128 {
+    /// The bytes of `ranks` copies of one rank's `plan`, with the optimizer state and the
+    /// `sharded_masters` bytes of f32 masters held once over all of them under ZeRO-1 (each rank
+    /// keeps a 1/ranks share; rounding up is ignored).
+    pub fn total_bytes(&self, plan: &MemoryPlan, sharded_masters: u128) -> u128 {
         let ranks = self.ranks.max(1) as u128;
-        let optimizer = plan.category(MemoryCategory::OptimizerState);
+        let masters = sharded_masters.min(plan.category(MemoryCategory::MasterWeights));
+        let once = plan.category(MemoryCategory::OptimizerState) + masters;
         let per_rank = plan.total_bytes();
         match self.zero {
             0 => per_rank.saturating_mul(ranks),
-            _ => (per_rank - optimizer).saturating_mul(ranks).saturating_add(optimizer),
+            _ => (per_rank - once).saturating_mul(ranks).saturating_add(once),
         }
     }
+}
+
+/// Bytes of f32 masters that ZeRO-1 shards in `model` under `precision` (`docs/distributed.md`,
+/// ZeRO-1): the weights of the linear layers whose compute copy is an element-wise cast (bf16,
+/// fp16, FP8 with delayed scaling) and the untied head's (a 16-bit copy under every FP8 recipe);
+/// none under fp32.
+pub fn sharded_master_bytes(model: &ModelConfig, precision: &Precision) -> u128 {
+    let (h, ffn, vocab) = (model.hidden as u128, model.ffn_hidden as u128, model.vocab as u128);
+    let fc1_out = if model.swiglu { ffn.saturating_mul(2) } else { ffn };
+    // qkv (3h x h), the projection (h x h), fc1 and fc2.
+    let layer = [h.saturating_mul(4), fc1_out, ffn]
+        .iter()
+        .fold(0u128, |sum, n| sum.saturating_add(n.saturating_mul(h)));
+    let layers = match precision {
+        Precision::Fp8(Fp8Recipe::Delayed(_)) | Precision::Bf16 | Precision::Fp16 => {
+            layer.saturating_mul(model.layers as u128)
+        }
+        Precision::Fp8(_) | Precision::Fp32 => 0,
+    };
+    let head = match (model.tied_head, precision) {
+        (true, _) | (_, Precision::Fp32) => 0,
+        _ => vocab.saturating_mul(h),
+    };
+    layers.saturating_add(head).saturating_mul(4)
 }
 
 /// Everything [`check_run`] looks at, for each precision about to run.
@@ -68,8 +95,12 @@ pub fn check_run_on(precisions: &[Precision], config: &RunConfig, data: &Dataset
     let planned = precisions
         .iter()
         .map(|p| (p, plan_decoder(&model, p, micro, data.seq_len(), accumulate)))
-        .max_by_key(|(_, plan)| host.total_bytes(plan));
-    if let Some((precision, plan)) = planned {
+        .map(|(p, plan)| {
+            let bytes = host.total_bytes(&plan, sharded_master_bytes(&model, p));
+            (p, plan, bytes)
+        })
+        .max_by_key(|(_, _, bytes)| *bytes);
+    if let Some((precision, plan, bytes)) = planned {
         let ranks = match host.ranks {
             0 | 1 => String::new(),
             n => format!("{n} ranks in this process (ZeRO-{}), each with ", host.zero),
@@ -84,7 +115,7 @@ pub fn check_run_on(precisions: &[Precision], config: &RunConfig, data: &Dataset
             precision.name(),
             plan_categories(&plan)
         );
-        crate::io::ensure_fits(&what, u64::try_from(host.total_bytes(&plan)).ok())?;
+        crate::io::ensure_fits(&what, u64::try_from(bytes).ok())?;
     }
     let heldout: Vec<usize> = data.heldout_batches(micro).iter().map(|b| b.batch).collect();
     for precision in precisions {
@@ -311,14 +342,62 @@ mod tests {
         let plan = plan_decoder(&model, &"fp32".parse().unwrap(), 4, 8, false);
         let (total, optimizer) = (plan.total_bytes(), plan.category(MemoryCategory::OptimizerState));
         assert!(optimizer > 0 && optimizer < total);
-        assert_eq!(HostRanks::ONE.total_bytes(&plan), total);
-        assert_eq!(HostRanks { ranks: 4, zero: 0 }.total_bytes(&plan), 4 * total);
+        assert_eq!(HostRanks::ONE.total_bytes(&plan, 0), total);
+        assert_eq!(HostRanks { ranks: 4, zero: 0 }.total_bytes(&plan, 0), 4 * total);
         assert_eq!(
-            HostRanks { ranks: 4, zero: 1 }.total_bytes(&plan),
+            HostRanks { ranks: 4, zero: 1 }.total_bytes(&plan, 0),
             4 * (total - optimizer) + optimizer
         );
         // ZeRO-1 on one rank shards nothing.
-        assert_eq!(HostRanks { ranks: 1, zero: 1 }.total_bytes(&plan), total);
+        assert_eq!(HostRanks { ranks: 1, zero: 1 }.total_bytes(&plan, 0), total);
+        // Sharded masters are held once too, and only under ZeRO-1.
+        let masters = 4096;
+        assert_eq!(
+            HostRanks { ranks: 4, zero: 1 }.total_bytes(&plan, masters),
+            4 * (total - optimizer - masters) + optimizer + masters
+        );
+        assert_eq!(HostRanks { ranks: 4, zero: 0 }.total_bytes(&plan, masters), 4 * total);
+    }
+
+    /// [`sharded_master_bytes`] is what the model's layers can shard: the f32 bytes of every
+    /// linear weight whose copy is cast element-wise.
+    #[test]
+    fn sharded_master_bytes_are_the_weights_the_layers_can_cast_in_slices() {
+        use crate::nn::VisitLinears;
+        for (swiglu, tied_head) in [(false, false), (true, true)] {
+            let model = ModelConfig {
+                hidden: 16,
+                heads: 2,
+                ffn_hidden: 32,
+                swiglu,
+                tied_head,
+                ..ModelConfig::default()
+            };
+            for name in [
+                "fp32",
+                "bf16",
+                "fp16",
+                "fp8-delayed",
+                "fp8-current",
+                "fp8-block",
+                "mxfp8",
+            ] {
+                let precision: Precision = name.parse().unwrap();
+                let mut built = DecoderModel::new(&model, &precision, 1).unwrap();
+                let mut want = 0u128;
+                built.visit_linears(&mut |linear| {
+                    if linear.weight_slice_cast().is_some() {
+                        want += 4 * linear.weight().len() as u128;
+                    }
+                });
+                assert_eq!(sharded_master_bytes(&model, &precision), want, "{name} {model:?}");
+                match name {
+                    "fp32" => assert_eq!(want, 0, "fp32 computes on its masters"),
+                    "bf16" | "fp8-delayed" => assert!(want > 0, "{name}"),
+                    _ => {}
+                }
+            }
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::amp::loss_scaler::DynamicLossScaler;
 use crate::dispatch::Backend;
 use crate::dist::Collective;
 use crate::error::Result;
-use crate::nn::Module;
+use crate::model::LanguageModel;
 use crate::train::zero1::Zero1AdamW;
 
 /// AdamW, whole or sharded over the ranks.
@@ -19,12 +19,36 @@ pub(crate) enum RankOptimizer {
 }
 
 impl RankOptimizer {
-    /// `full` as it is (ZeRO stage 0) or this rank's shard of it (stage 1).
-    pub(crate) fn new(full: AdamW, zero: u8, model: &mut dyn Module, collective: &dyn Collective) -> Result<Self> {
+    /// `full` as it is (ZeRO stage 0) or this rank's shard of it (stage 1, with the linear
+    /// weights' f32 masters sharded where their compute copies can be gathered from slices).
+    pub(crate) fn new(
+        full: AdamW,
+        zero: u8,
+        model: &mut dyn LanguageModel,
+        collective: &dyn Collective,
+    ) -> Result<Self> {
         Ok(match zero {
             0 => RankOptimizer::Whole(full),
-            _ => RankOptimizer::Sharded(Zero1AdamW::from_full(&full, model, collective)?),
+            _ => RankOptimizer::Sharded(Zero1AdamW::from_full(&full, model, collective, true)?),
         })
+    }
+
+    /// f32 master values this rank does not hold (sharded masters).
+    pub(crate) fn master_values_not_held(&self) -> usize {
+        match self {
+            RankOptimizer::Whole(_) => 0,
+            RankOptimizer::Sharded(zero) => zero.master_values_not_held(),
+        }
+    }
+
+    /// Gives `model` its whole f32 masters back (sharded masters: gathered from the ranks), so
+    /// that the model a run hands back is whole. Every rank of the group must call it, once the
+    /// optimizer is done.
+    pub(crate) fn unshard_masters(&self, model: &mut dyn LanguageModel, collective: &dyn Collective) -> Result<()> {
+        match self {
+            RankOptimizer::Whole(_) => Ok(()),
+            RankOptimizer::Sharded(zero) => zero.unshard_masters(model, collective),
+        }
     }
 
     pub(crate) fn backend(&self) -> Backend {
@@ -43,34 +67,33 @@ impl RankOptimizer {
     }
 
     /// One update of `model` (sharded: the owned values, then an all-gather of all of them).
-    pub(crate) fn step(&mut self, model: &mut dyn Module, lr: f32, collective: &dyn Collective) -> Result<()> {
+    pub(crate) fn step(&mut self, model: &mut dyn LanguageModel, lr: f32, collective: &dyn Collective) -> Result<()> {
         match self {
             RankOptimizer::Whole(adamw) => adamw.step(model, lr),
             RankOptimizer::Sharded(zero) => zero.step(model, lr, collective),
         }
     }
 
-    /// Writes the checkpoint with the whole optimizer state: every rank takes part in gathering
-    /// a sharded state, rank 0 alone writes the file.
+    /// Writes the checkpoint with the whole optimizer state and the whole f32 masters: every
+    /// rank takes part in gathering a sharded state, rank 0 alone writes the file.
     pub(crate) fn save(
         &self,
         path: &Path,
-        model: &mut dyn Module,
+        model: &mut dyn LanguageModel,
         scaler: &DynamicLossScaler,
         progress: &TrainProgress,
         collective: &dyn Collective,
     ) -> Result<()> {
-        let gathered;
-        let whole = match self {
-            RankOptimizer::Whole(adamw) => adamw,
-            RankOptimizer::Sharded(zero) => {
-                gathered = zero.to_full(model, collective)?;
-                &gathered
-            }
+        let write = |model: &mut dyn LanguageModel, whole: &AdamW| match collective.rank() {
+            0 => save_checkpoint(path, model, whole, scaler, progress),
+            _ => Ok(()),
         };
-        if collective.rank() == 0 {
-            save_checkpoint(path, model, whole, scaler, progress)?;
+        match self {
+            RankOptimizer::Whole(adamw) => write(model, adamw),
+            RankOptimizer::Sharded(zero) => {
+                let whole = zero.to_full(model, collective)?;
+                zero.with_whole_masters(model, collective, |model| write(model, &whole))
+            }
         }
-        Ok(())
     }
 }

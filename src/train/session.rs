@@ -19,7 +19,7 @@ use super::memory::{memory_summary, set_usage};
 use super::metrics::{MetricsWriter, PrecisionSummary, StepMetrics};
 use super::rank_optimizer::RankOptimizer;
 use super::schedule::{LrSchedule, ScheduleKind};
-use super::step::apply_gradients_with;
+use super::step::check_and_clip;
 use crate::amp::loss_scaler::{DynamicLossScaler, LossScalerConfig};
 use crate::amp::{Fp8Recipe, Precision};
 use crate::data::{DataStream, Dataset, SplitMix64, counted, exact_match_accuracy};
@@ -111,6 +111,9 @@ pub struct RunOutput {
     pub checkpoint: PathBuf,
     /// Peak bytes of optimizer state this rank held (all of it, or its ZeRO-1 shard).
     pub optimizer_state_bytes: u64,
+    /// Peak bytes of f32 master values this rank held (all of them, or under ZeRO-1 the
+    /// replicated ones and its slices of the sharded linear weights).
+    pub master_weight_bytes: u64,
 }
 
 /// Called after every step with its metrics.
@@ -182,37 +185,60 @@ impl RunConfig {
     }
 }
 
-/// Trains one model on `device` under `precision` on `data`, counting its memory in the
+/// What one training run reads besides its model and device: the precision, the run's settings,
+/// the data, the output directory and how the run starts and stops. Every rank of a
+/// data-parallel run reads the same inputs.
+#[derive(Clone, Copy)]
+pub struct RunInputs<'a> {
+    /// The precision the model trains in.
+    pub precision: &'a Precision,
+    /// Everything else that fixes the run.
+    pub config: &'a RunConfig,
+    /// The training and held-out data.
+    pub data: &'a Dataset,
+    /// Where `metrics.jsonl` and the checkpoint go.
+    pub dir: &'a Path,
+    /// Resume, stop, CPU twin check, data-parallel group.
+    pub control: RunControl<'a>,
+}
+
+impl RunInputs<'_> {
+    /// The built-in decoder for these inputs: `config.model` with the data's vocabulary and
+    /// sequence length, seeded with `config.seed` (every rank builds the same one).
+    pub fn decoder(&self) -> Result<DecoderModel> {
+        DecoderModel::new(&self.config.model_for(self.data), self.precision, self.config.seed)
+    }
+
+    /// [`Self::decoder`] boxed, as a data-parallel run builds one per rank.
+    pub fn decoder_builder(&self) -> impl Fn() -> Result<Box<dyn LanguageModel>> + Sync + '_ {
+        move || Ok(Box::new(self.decoder()?) as Box<dyn LanguageModel>)
+    }
+}
+
+/// Trains the built-in decoder ([`RunInputs::decoder`]) on `device`, counting its memory in the
 /// device's ledger (peaks restart at the start of the run; the run's bytes are released at
 /// its end, so runs one after another report their own peaks), writing `dir/metrics.jsonl` and
 /// `dir/checkpoint.safetensors`; resumes and stops as `control` says.
-pub fn run(
-    device: &Device,
-    precision: &Precision,
-    config: &RunConfig,
-    data: &Dataset,
-    dir: &Path,
-    control: RunControl,
-    on_step: StepCallback,
-) -> Result<RunOutput> {
-    let model_config = config.model_for(data);
-    let mut model = DecoderModel::new(&model_config, precision, config.seed)?;
-    run_model(&mut model, device, precision, config, data, dir, control, on_step)
+pub fn run(device: &Device, inputs: &RunInputs, on_step: StepCallback) -> Result<RunOutput> {
+    let mut model = inputs.decoder()?;
+    run_model(&mut model, device, inputs, on_step)
 }
 
 /// [`run`] with a model built by the caller (e.g. a loaded checkpoint to fine-tune, which the
 /// caller can save afterwards); `config.model` is then only recorded, not used.
-#[allow(clippy::too_many_arguments)]
 pub fn run_model(
     model: &mut dyn LanguageModel,
     device: &Device,
-    precision: &Precision,
-    config: &RunConfig,
-    data: &Dataset,
-    dir: &Path,
-    control: RunControl,
+    inputs: &RunInputs,
     on_step: StepCallback,
 ) -> Result<RunOutput> {
+    let RunInputs {
+        precision,
+        config,
+        data,
+        dir,
+        control,
+    } = *inputs;
     let micro_size = config.micro_batch_size()?;
     let single = SingleRank;
     let (collective, dp): (&dyn Collective, DataParallel) = match control.parallel {
@@ -298,7 +324,7 @@ pub fn run_model(
 
     let ledger = device.ledger().clone();
     ledger.restart_peaks();
-    account_static(&ledger, model, precision, optimizer.state_bytes());
+    account_static(&ledger, model, precision, &optimizer);
     // What `account_static` books as gradients (trainable values in f32).
     let gradient_bytes = model.parameter_count() as u64 * 4;
     let mut curve = Vec::new();
@@ -353,16 +379,18 @@ pub fn run_model(
         }
         amax::reduce_and_update(model, collective, reduce_amax)?;
         let lr = schedule.lr_at(progress.step);
-        let outcome = apply_gradients_with(
+        let checked = check_and_clip(
             model,
-            &mut scaler,
+            &scaler,
             optimizer.backend(),
-            lr,
             config.max_grad_norm,
             &mut |finite| agree_finite(collective, finite),
-            &mut |m, lr| optimizer.step(m, lr, collective),
         )?;
-        account_static(&ledger, model, precision, optimizer.state_bytes());
+        if !checked.skipped {
+            optimizer.step(model, lr, collective)?;
+        }
+        let outcome = checked.finish(&mut scaler, lr);
+        account_static(&ledger, model, precision, &optimizer);
         let elapsed = started.elapsed().as_secs_f64();
         skipped += u64::from(outcome.skipped);
         tokens += step_tokens as u64;
@@ -397,6 +425,8 @@ pub fn run_model(
 
     // The checkpoint first: a failing evaluation must not lose the trained model.
     optimizer.save(&checkpoint, model, &scaler, &progress, collective)?;
+    // The caller gets the model whole (ZeRO-1 may have sharded its f32 masters).
+    optimizer.unshard_masters(model, collective)?;
     amax::set_update_per_step(model, false);
     // Every rank holds the same model: rank 0 alone evaluates it.
     let heldout = match rank {
@@ -404,6 +434,13 @@ pub fn run_model(
         _ => Evaluation::NOT_RUN,
     };
     let report = ledger.report();
+    let peak_of = |category: MemoryCategory| {
+        report
+            .categories
+            .iter()
+            .find(|(c, _)| *c == category)
+            .map_or(0, |(_, u)| u.peak)
+    };
     let memory_summary = memory_summary(&ledger);
     // The run's own accounting is released; Workspace is counted by the allocations themselves
     // (the CUDA staging pool, which outlives the run) and stays as it is.
@@ -426,11 +463,8 @@ pub fn run_model(
         peak_activation_bytes: peak_activations,
         memory_summary,
         checkpoint,
-        optimizer_state_bytes: report
-            .categories
-            .iter()
-            .find(|(c, _)| *c == MemoryCategory::OptimizerState)
-            .map_or(0, |(_, u)| u.peak),
+        optimizer_state_bytes: peak_of(MemoryCategory::OptimizerState),
+        master_weight_bytes: peak_of(MemoryCategory::MasterWeights),
     })
 }
 
@@ -440,8 +474,16 @@ pub fn run_model(
 /// outside FP8 the larger of the compute copies and the trainable weights' caches is booked, not
 /// their sum. The caches of frozen weights (a LoRA base's plain copies, an FP8 base's codes) copy
 /// no trainable value: they are held beside the compute copies and added.
-fn account_static(ledger: &MemoryLedger, model: &mut dyn LanguageModel, precision: &Precision, optimizer_bytes: usize) {
+fn account_static(
+    ledger: &MemoryLedger,
+    model: &mut dyn LanguageModel,
+    precision: &Precision,
+    optimizer: &RankOptimizer,
+) {
+    let optimizer_bytes = optimizer.state_bytes();
     let values = model.parameter_count() as u64;
+    // ZeRO-1 with sharded masters: the f32 values of the other ranks' weight slices are not here.
+    let masters = values - optimizer.master_values_not_held() as u64;
     let dtype = precision.compute_dtype();
     let compute_copies = if dtype == Dtype::F32 {
         0
@@ -453,7 +495,7 @@ fn account_static(ledger: &MemoryLedger, model: &mut dyn LanguageModel, precisio
     // Frozen values (LoRA's base, an FP8 base's embeddings, norms and head) have no gradient or
     // moments; they are held in f32, or embeddings, norms and head at their checkpoint's 16 bits.
     let frozen = model.frozen_parameter_bytes() as u64;
-    set_usage(ledger, MemoryCategory::MasterWeights, values * 4);
+    set_usage(ledger, MemoryCategory::MasterWeights, masters * 4);
     set_usage(ledger, MemoryCategory::Gradients, values * 4);
     set_usage(ledger, MemoryCategory::OptimizerState, optimizer_bytes as u64);
     if precision.is_fp8() {

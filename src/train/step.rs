@@ -59,6 +59,45 @@ pub(crate) fn apply_gradients_with(
     agree: &mut dyn FnMut(bool) -> Result<bool>,
     update: &mut dyn FnMut(&mut dyn Module, f32) -> Result<()>,
 ) -> Result<StepOutcome> {
+    let checked = check_and_clip(model, scaler, backend, max_grad_norm, agree)?;
+    if !checked.skipped {
+        update(model, lr)?;
+    }
+    Ok(checked.finish(scaler, lr))
+}
+
+/// The gradients of one step, unscaled, checked and (when finite) clipped: what decides
+/// whether the optimizer runs.
+pub(crate) struct Checked {
+    grad_norm: f64,
+    /// Whether a gradient was inf or NaN: the update is skipped.
+    pub(crate) skipped: bool,
+    loss_scale: f32,
+}
+
+impl Checked {
+    /// Lets the loss scaler grow or back off (after the update, or instead of it).
+    pub(crate) fn finish(self, scaler: &mut DynamicLossScaler, lr: f32) -> StepOutcome {
+        scaler.update(self.skipped);
+        StepOutcome {
+            grad_norm: self.grad_norm,
+            skipped: self.skipped,
+            loss_scale: self.loss_scale,
+            lr,
+        }
+    }
+}
+
+/// The first half of [`apply_gradients_with`]: unscales and checks the gradients, turns the
+/// verdict into the group's with `agree`, and clips finite gradients; the caller then updates
+/// (unless skipped) and calls [`Checked::finish`].
+pub(crate) fn check_and_clip(
+    model: &mut dyn Module,
+    scaler: &DynamicLossScaler,
+    backend: Backend,
+    max_grad_norm: Option<f32>,
+    agree: &mut dyn FnMut(bool) -> Result<bool>,
+) -> Result<Checked> {
     let loss_scale = scaler.scale();
     let mut finite = true;
     let mut result = Ok(());
@@ -73,22 +112,14 @@ pub(crate) fn apply_gradients_with(
         result?;
         finite = agree(finite)?;
     }
-    let grad_norm = if finite {
-        let norm = match max_grad_norm {
-            Some(max) => clip_grad_norm_on(backend, model, max)?,
-            None => grad_norm_on(backend, model)?,
-        };
-        update(model, lr)?;
-        norm
-    } else {
-        grad_norm_on(backend, model)?
+    let grad_norm = match (finite, max_grad_norm) {
+        (true, Some(max)) => clip_grad_norm_on(backend, model, max)?,
+        _ => grad_norm_on(backend, model)?,
     };
-    scaler.update(!finite);
-    Ok(StepOutcome {
+    Ok(Checked {
         grad_norm,
         skipped: !finite,
         loss_scale,
-        lr,
     })
 }
 

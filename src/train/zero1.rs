@@ -5,8 +5,9 @@
 //!
 //! AdamW is element-wise, so each value gets the bits the unsharded optimizer gives it (same
 //! gradient, same moments, same per-step scalars). What is saved: `8 * total * (1 - 1/world)`
-//! bytes of moments per rank. The f32 values themselves stay whole on every rank: the layers
-//! make their compute copies from them (there is no separate master copy to shard).
+//! bytes of moments per rank, and with sharded masters ([`crate::train::zero1_masters`]) the f32
+//! values of the linear weights outside the rank's shard: their compute copies are gathered
+//! instead of their f32 values.
 
 use std::ops::Range;
 
@@ -14,8 +15,9 @@ use crate::dispatch::Backend;
 use crate::dist::collective::Collective;
 use crate::dist::shard::{overlap, shard_len, shard_range};
 use crate::error::{Error, Result};
-use crate::nn::Module;
+use crate::nn::{Module, VisitLinears};
 use crate::train::adamw::{AdamW, AdamWConfig, AdamWState, Moments, for_parameter, step_scalars};
+use crate::train::zero1_masters::ShardedMasters;
 
 /// One parameter's part of this rank's shard.
 #[derive(Clone, Debug)]
@@ -39,6 +41,8 @@ pub struct Zero1AdamW {
     total: usize,
     pieces: Vec<Piece>,
     backend: Backend,
+    /// Sharded linear-weight masters, when the run shards them.
+    masters: Option<ShardedMasters>,
 }
 
 /// `(name, shape, len)` of every parameter, in visiting order.
@@ -50,8 +54,16 @@ fn inventory<M: Module + ?Sized>(model: &mut M) -> Vec<(String, Vec<usize>, usiz
 
 impl Zero1AdamW {
     /// Rank `collective.rank()`'s shard of `full` (a fresh optimizer, or one loaded from a
-    /// checkpoint) for `model`; the moments outside the shard are dropped.
-    pub fn from_full<M: Module + ?Sized>(full: &AdamW, model: &mut M, collective: &dyn Collective) -> Result<Self> {
+    /// checkpoint) for `model` (holding whole masters); the moments outside the shard are
+    /// dropped. With `shard_masters`, so are the f32 values of the linear weights outside the
+    /// shard, and the layers get their compute copies gathered from the ranks' slices (every
+    /// rank of the group must call it then).
+    pub fn from_full<M: Module + VisitLinears + ?Sized>(
+        full: &AdamW,
+        model: &mut M,
+        collective: &dyn Collective,
+        shard_masters: bool,
+    ) -> Result<Self> {
         let params = inventory(model);
         let total: usize = params.iter().map(|p| p.2).sum();
         let (rank, world) = (collective.rank(), collective.world_size());
@@ -96,6 +108,13 @@ impl Zero1AdamW {
             }
             offset += len;
         }
+        let masters = shard_masters
+            .then(|| ShardedMasters::plan(model, world, rank))
+            .filter(ShardedMasters::any);
+        if let Some(masters) = &masters {
+            masters.drop_others(model);
+            masters.gather_step(model, collective)?;
+        }
         Ok(Zero1AdamW {
             config: *full.config(),
             step: state.step,
@@ -104,7 +123,40 @@ impl Zero1AdamW {
             total,
             pieces,
             backend: full.backend(),
+            masters,
         })
+    }
+
+    /// f32 master values this rank does not hold (0 unless the masters are sharded).
+    pub fn master_values_not_held(&self) -> usize {
+        self.masters.as_ref().map_or(0, ShardedMasters::values_not_held)
+    }
+
+    /// Gives every rank the whole f32 masters back for good: call it once the optimizer is done
+    /// ([`Self::step`] and [`Self::master_values_not_held`] assume sharded masters). Every rank
+    /// of the group must call it.
+    pub(crate) fn unshard_masters<M: Module + ?Sized>(&self, model: &mut M, collective: &dyn Collective) -> Result<()> {
+        match &self.masters {
+            Some(masters) => masters.gather_whole(model, collective),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `f` with the whole f32 masters on every rank (gathered, then sharded again after
+    /// `f`): what a checkpoint needs. Every rank of the group must call it.
+    pub(crate) fn with_whole_masters<M: Module + ?Sized, T>(
+        &self,
+        model: &mut M,
+        collective: &dyn Collective,
+        f: impl FnOnce(&mut M) -> Result<T>,
+    ) -> Result<T> {
+        let Some(masters) = &self.masters else {
+            return f(model);
+        };
+        masters.gather_whole(model, collective)?;
+        let out = f(model);
+        masters.drop_others(model);
+        out
     }
 
     /// The backend the updates run on.
@@ -145,9 +197,15 @@ impl Zero1AdamW {
     }
 
     /// Updates the owned values of `model` from their (already all-reduced) gradients, then
-    /// all-gathers every value so each rank holds the whole updated model; every parameter
-    /// is marked updated. Every rank of the group must call it.
-    pub fn step<M: Module + ?Sized>(&mut self, model: &mut M, lr: f32, collective: &dyn Collective) -> Result<()> {
+    /// all-gathers every value so each rank holds the whole updated model (sharded masters:
+    /// the replicated values and the sharded weights' compute copies); every parameter is
+    /// marked updated. Every rank of the group must call it.
+    pub fn step<M: Module + VisitLinears + ?Sized>(
+        &mut self,
+        model: &mut M,
+        lr: f32,
+        collective: &dyn Collective,
+    ) -> Result<()> {
         AdamW::check_lr(lr)?;
         self.check_group(collective)?;
         let params = inventory(model);
@@ -170,16 +228,27 @@ impl Zero1AdamW {
         model.visit_parameters(&mut |p| {
             if let Some(piece) = pieces.next_if(|piece| piece.param == index) {
                 let step = for_parameter(step, decay_vectors, p.shape());
+                let (held, p_len) = (p.held_range(), p.len());
                 let (value, grad) = p.value_and_grad_mut();
-                if grad.len() != value.len() {
+                if held.start > piece.range.start || held.end < piece.range.end || held.len() != value.len() {
                     result = Err(Error::LengthMismatch {
-                        what: "zero1 gradient vs value",
-                        src: grad.len(),
-                        dst: value.len(),
+                        what: "zero1 held values vs owned piece",
+                        src: value.len(),
+                        dst: piece.range.len(),
                     });
                     return;
                 }
-                let (value, grad) = (&mut value[piece.range.clone()], &mut grad[piece.range.clone()]);
+                if grad.len() != p_len {
+                    result = Err(Error::LengthMismatch {
+                        what: "zero1 gradient vs parameter",
+                        src: grad.len(),
+                        dst: p_len,
+                    });
+                    return;
+                }
+                // A sharded master holds exactly the owned piece; a whole one, all of it.
+                let at = piece.range.start - held.start;
+                let (value, grad) = (&mut value[at..at + piece.range.len()], &mut grad[piece.range.clone()]);
                 if result.is_ok() {
                     result = kernels.adamw(value, grad, &mut piece.m, &mut piece.v, &step);
                 }
@@ -190,6 +259,12 @@ impl Zero1AdamW {
             index += 1;
         });
         result?;
+        if let Some(masters) = &self.masters {
+            model.visit_parameters(&mut |p| p.mark_updated());
+            masters.gather_step(model, collective)?;
+            self.step = t;
+            return Ok(());
+        }
         let mut all = vec![0.0f32; len * self.world];
         collective.all_gather(&mine, &mut all)?;
         let mut offset = 0;

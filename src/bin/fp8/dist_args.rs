@@ -1,20 +1,16 @@
 //! `fp8 train`'s data-parallel settings (docs/distributed.md): ranks as CPU threads, gradient
 //! buckets and wire format, ZeRO-1, and the amax reduce switch.
 
-use std::path::Path;
-
 use clap::Args;
 use fp8_engine::amp::Precision;
 use fp8_engine::backend::cuda::nccl::NcclCollective;
-use fp8_engine::data::Dataset;
 use fp8_engine::device::Device;
 use fp8_engine::dist::env::LaunchEnv;
 use fp8_engine::dist::{DataParallel, Parallel, Wire};
-use fp8_engine::model::{DecoderModel, LanguageModel};
 use fp8_engine::scaling::Recipe;
 use fp8_engine::train::data_parallel::{run_data_parallel, run_on_gpus};
 use fp8_engine::train::memory::human_bytes;
-use fp8_engine::train::session::{RunConfig, RunControl, RunOutput, StepCallback, run};
+use fp8_engine::train::session::{RunControl, RunInputs, RunOutput, StepCallback, run};
 
 use crate::error::CliError;
 
@@ -32,7 +28,8 @@ pub struct DistArgs {
     /// Number format of the gradient all-reduce: f32 (exact rank-order sum) or bf16 (half the bytes).
     #[arg(long, default_value = "f32")]
     pub grad_wire: String,
-    /// ZeRO stage: 0, or 1 to shard the AdamW moments over the ranks.
+    /// ZeRO stage: 0, or 1 to shard the AdamW moments over the ranks (and the linear weights' f32
+    /// masters under bf16, fp16 and fp8-delayed).
     #[arg(long, default_value_t = 0)]
     pub zero: u8,
     /// fp8-delayed: do not max-reduce the amaxes across ranks, so each rank keeps its own scales
@@ -159,49 +156,28 @@ impl DistArgs {
 }
 
 /// Trains the built-in decoder on `--world-size` CPU ranks or `--gpus` GPU ranks; rank 0's
-/// output, after a line per rank with its optimizer state (the ZeRO-1 saving).
-pub fn run_parallel(
-    args: &DistArgs,
-    precision: &Precision,
-    config: &RunConfig,
-    data: &Dataset,
-    dir: &Path,
-    control: RunControl,
-    on_step: StepCallback,
-) -> Result<RunOutput, CliError> {
+/// output, after a line per rank with its optimizer state and master weights (the ZeRO-1 saving).
+pub fn run_parallel(args: &DistArgs, inputs: &RunInputs, on_step: StepCallback) -> Result<RunOutput, CliError> {
     let options = args.options()?;
-    let model_config = config.model_for(data);
-    let build = || -> fp8_engine::Result<Box<dyn LanguageModel>> {
-        Ok(Box::new(DecoderModel::new(&model_config, precision, config.seed)?))
-    };
+    let precision = inputs.precision;
+    let build = inputs.decoder_builder();
     // NCCL cannot release ranks that wait for a failed one: the process ends with the error.
     let exit = |rank: usize, reason: &str| {
         eprintln!("fp8 train: GPU rank {rank} {reason}; stopping every rank");
         std::process::exit(1);
     };
     let mut outputs = match args.gpus {
-        Some(gpus) => run_on_gpus(
-            gpus, &options, &build, precision, config, data, dir, control, on_step, &exit,
-        )?,
-        None => run_data_parallel(
-            args.world_size,
-            &options,
-            &build,
-            precision,
-            config,
-            data,
-            dir,
-            control,
-            on_step,
-        )?,
+        Some(gpus) => run_on_gpus(gpus, &options, &build, inputs, on_step, &exit)?,
+        None => run_data_parallel(args.world_size, &options, &build, inputs, on_step)?,
     };
     for (rank, out) in outputs.iter().enumerate() {
         eprintln!(
-            "fp8 train: {} rank {rank}/{}: optimizer state {} (ZeRO-{}), peak memory {}",
+            "fp8 train: {} rank {rank}/{}: optimizer state {} (ZeRO-{}), master weights {}, peak memory {}",
             precision.name(),
             outputs.len(),
             human_bytes(out.optimizer_state_bytes),
             options.zero,
+            human_bytes(out.master_weight_bytes),
             human_bytes(out.summary.peak_bytes)
         );
     }
@@ -211,16 +187,11 @@ pub fn run_parallel(
 /// This process as rank `env.rank` of a launch once per rank on `device` (GPU `LOCAL_RANK`),
 /// NCCL set up through the TCP rendezvous on `MASTER_ADDR:MASTER_PORT` (rank 0 writes the
 /// outputs).
-#[allow(clippy::too_many_arguments)]
 pub fn run_launched(
     args: &DistArgs,
     env: &LaunchEnv,
     device: &Device,
-    precision: &Precision,
-    config: &RunConfig,
-    data: &Dataset,
-    dir: &Path,
-    control: RunControl,
+    inputs: &RunInputs,
     on_step: StepCallback,
 ) -> Result<RunOutput, CliError> {
     let options = args.options()?;
@@ -232,18 +203,22 @@ pub fn run_launched(
         collective: &nccl,
         options,
     };
-    let control = RunControl {
-        parallel: Some(&parallel),
-        ..control
+    let inputs = RunInputs {
+        control: RunControl {
+            parallel: Some(&parallel),
+            ..inputs.control
+        },
+        ..*inputs
     };
-    let output = run(device, precision, config, data, dir, control, on_step)?;
+    let output = run(device, &inputs, on_step)?;
     eprintln!(
-        "fp8 train: {} rank {}/{} on GPU {}: optimizer state {}, peak memory {}",
-        precision.name(),
+        "fp8 train: {} rank {}/{} on GPU {}: optimizer state {}, master weights {}, peak memory {}",
+        inputs.precision.name(),
         env.rank,
         env.world_size,
         env.local_rank,
         human_bytes(output.optimizer_state_bytes),
+        human_bytes(output.master_weight_bytes),
         human_bytes(output.summary.peak_bytes)
     );
     Ok(output)

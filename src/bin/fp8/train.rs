@@ -17,7 +17,7 @@ use fp8_engine::model::{ModelConfig, Recompute};
 use fp8_engine::scaling::Recipe;
 use fp8_engine::train::metrics::{Summary, read_summary, write_summary};
 use fp8_engine::train::plot::plot_losses;
-use fp8_engine::train::session::{RunConfig, RunControl, RunOutput, run, run_model};
+use fp8_engine::train::session::{RunConfig, RunControl, RunInputs, RunOutput, run, run_model};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::base_args::BaseArgs;
@@ -421,11 +421,17 @@ pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
             bar.set_position(m.step + 1);
             bar.set_message(format!("loss {:.4}", m.loss));
         };
-        let control = RunControl {
-            resume: args.resume.as_deref(),
-            stop_after: args.stop_after,
-            check_cpu: args.check_cpu,
-            ..RunControl::default()
+        let inputs = RunInputs {
+            precision,
+            config: &config,
+            data: &data,
+            dir: &dir,
+            control: RunControl {
+                resume: args.resume.as_deref(),
+                stop_after: args.stop_after,
+                check_cpu: args.check_cpu,
+                ..RunControl::default()
+            },
         };
         let output = match &init {
             Some(hf) => {
@@ -439,16 +445,7 @@ pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
                     let forwards = steps.saturating_mul(config.micro_batches as u64);
                     model.visit_adapters(&mut |a| a.set_training_forwards(forwards));
                 }
-                let output = run_model(
-                    &mut model,
-                    &device,
-                    precision,
-                    &config,
-                    &data,
-                    &dir,
-                    control,
-                    &mut on_step,
-                )?;
+                let output = run_model(&mut model, &device, &inputs, &mut on_step)?;
                 if let (Some(lora), Some(source)) = (&lora, &args.init_from) {
                     let adapter = dir.join("adapter");
                     model.save_adapter(lora, &source.display().to_string(), &adapter)?;
@@ -474,21 +471,9 @@ pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
                 output
             }
             None => match &args.dist.launch {
-                Some(env) => run_launched(
-                    &args.dist,
-                    env,
-                    &device,
-                    precision,
-                    &config,
-                    &data,
-                    &dir,
-                    control,
-                    &mut on_step,
-                )?,
-                None if args.dist.parallel() => {
-                    run_parallel(&args.dist, precision, &config, &data, &dir, control, &mut on_step)?
-                }
-                None => run(&device, precision, &config, &data, &dir, control, &mut on_step)?,
+                Some(env) => run_launched(&args.dist, env, &device, &inputs, &mut on_step)?,
+                None if args.dist.parallel() => run_parallel(&args.dist, &inputs, &mut on_step)?,
+                None => run(&device, &inputs, &mut on_step)?,
             },
         };
         bar.finish_and_clear();
