@@ -19,6 +19,13 @@
 //! Then the epilogue: `+ bias[j]`, `+ beta * D_old` (f32 output only; beta = 0
 //! never reads it), the amax of that f32 result, and the cast to the output.
 //!
+//! Two shortcuts, taken only when every crate call has a layout-free shape
+//! ([`layout_free`], so the sums cannot change): a K-major B is read from an
+//! N-contiguous copy (`transpose.rs`), and an f32 output with beta = 0 is cut
+//! into bands of whole rows that the crate sums into directly, finished there
+//! by the epilogue (no accumulator tile to copy back). `route_tests.rs` holds
+//! them to the plain tile route bit for bit.
+//!
 //! On the CPU both accumulation modes are f32 (the crate keeps its partial
 //! sums in f32 registers with FMA); split accumulation only changes where the
 //! partial sums meet the accumulator, so the two differ by f32 rounding, not
@@ -63,6 +70,7 @@ enum Route {
     Fast,
     /// Every operand read as stored and every output through accumulator tiles (the
     /// reference the tests hold the fast route to).
+    #[cfg(test)]
     Tiles,
 }
 
