@@ -41,6 +41,11 @@ pub struct LayerNormMLP {
     replay: Replay,
     /// fc1's output (the activation's input), for the activation's backward.
     pre_activation: Option<Tensor>,
+    /// `[tokens, ffn]` buffers the last backward finished with, for the next step's
+    /// activation output and gradient: glibc hands freed 4 MiB buffers back to the kernel,
+    /// so fresh ones fault in every page again each step (docs/benchmarks.md, round 4).
+    /// Not saved state: the memory ledger counts the activations, not these.
+    spare: Vec<Vec<f32>>,
     /// Where its ops run.
     backend: Backend,
 }
@@ -88,6 +93,7 @@ impl LayerNormMLP {
             fused_cast: precision.is_fp8(),
             replay: Replay::new(recompute),
             pre_activation: None,
+            spare: Vec::new(),
             backend: Backend::default(),
         })
     }
@@ -109,7 +115,7 @@ impl LayerNormMLP {
             self.norm.forward(x)?
         };
         let a = self.fc1.forward_owned(normed, replay)?;
-        let mut g = vec![0.0; a.rows() * self.ffn];
+        let mut g = self.buffer(a.rows() * self.ffn);
         match self.activation {
             Activation::Gelu => self.backend.kernels().gelu_forward(a.data(), &mut g)?,
             Activation::SwiGlu => self
@@ -130,7 +136,7 @@ impl LayerNormMLP {
         }
         let dg = self.fc2.backward(dy)?;
         let a = self.pre_activation.take().ok_or_else(|| no_forward(&self.name))?;
-        let mut da = vec![0.0; a.len()];
+        let mut da = self.buffer(a.len());
         match self.activation {
             Activation::Gelu => self.backend.kernels().gelu_backward(dg.data(), a.data(), &mut da)?,
             Activation::SwiGlu => {
@@ -140,8 +146,19 @@ impl LayerNormMLP {
             }
         }
         self.dtype.round_slice(&mut da);
-        let dn = self.fc1.backward(&Tensor::new(da, a.rows(), a.cols())?)?;
+        let da = Tensor::new(da, a.rows(), a.cols())?;
+        let dn = self.fc1.backward(&da)?;
+        self.spare = vec![a.into_data(), da.into_data()];
         self.norm.backward(&dn)
+    }
+
+    /// `len` values for an activation output or gradient, in a spare buffer if one is left.
+    /// Its contents are unspecified: both callers' kernels overwrite every element.
+    fn buffer(&mut self, len: usize) -> Vec<f32> {
+        let mut values = self.spare.pop().unwrap_or_default();
+        values.truncate(len);
+        values.resize(len, 0.0);
+        values
     }
 
     pub(crate) fn clear_saved(&mut self) {
