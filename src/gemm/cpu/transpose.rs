@@ -5,10 +5,12 @@
 //! our row-major outputs) into 64-row panels before its micro-kernel reads it.
 //! From a K-major B that packing gathers one element from each of 64 rows per
 //! step of K (64 lines `4 K` bytes apart, which for K = 1024 all fall in one
-//! L1 set), scalar: ~7% of an fp32 layer step of docs/benchmarks.md, more under
-//! FP8 whose backward operands are all K-major. From an N-contiguous B it copies
-//! 64 consecutive values per step. Transposing once here costs one pass over B
-//! in 32 x 32 tiles; the packing it replaces ran once per tile row band.
+//! L1 set), scalar, once per tile row band. From an N-contiguous B it copies 64
+//! consecutive values per step. Transposing once here costs one pass over B in
+//! 32 x 32 tiles; with the in-place f32 outputs (`cpu.rs`) the forward
+//! GEMMs went from 0.66-0.78x to 0.89-0.94x the crate's own speed on a K-major B
+//! (docs/benchmarks.md, round 4). Every FP8 operand is
+//! K-major, so FP8 GEMMs take this route in both passes.
 //!
 //! Same bits: packing only moves values, the micro-kernel's sums do not depend
 //! on where its operands come from (`kernel.rs` tests), except on the shapes
