@@ -41,11 +41,12 @@ pub struct LayerNormMLP {
     replay: Replay,
     /// fc1's output (the activation's input), for the activation's backward.
     pre_activation: Option<Tensor>,
-    /// `[tokens, ffn]` buffers the last backward finished with, for the next step's
-    /// activation output and gradient: glibc hands freed 4 MiB buffers back to the kernel,
-    /// so fresh ones fault in every page again each step (docs/benchmarks.md, round 4).
-    /// Not saved state: the memory ledger counts the activations, not these.
-    spare: Vec<Vec<f32>>,
+    /// The activation gradient's buffer from the last backward, for the next forward's
+    /// activation output: glibc hands freed 4 MiB buffers back to the kernel, so fresh ones
+    /// fault in every page again each step (docs/benchmarks.md, round 4). One buffer, taken
+    /// at the forward's first use, so the forward's peak memory stays what it was (a second
+    /// one would sit idle through the forward). Not counted by the memory ledger.
+    spare: Option<Vec<f32>>,
     /// Where its ops run.
     backend: Backend,
 }
@@ -93,7 +94,7 @@ impl LayerNormMLP {
             fused_cast: precision.is_fp8(),
             replay: Replay::new(recompute),
             pre_activation: None,
-            spare: Vec::new(),
+            spare: None,
             backend: Backend::default(),
         })
     }
@@ -148,14 +149,14 @@ impl LayerNormMLP {
         self.dtype.round_slice(&mut da);
         let da = Tensor::new(da, a.rows(), a.cols())?;
         let dn = self.fc1.backward(&da)?;
-        self.spare = vec![a.into_data(), da.into_data()];
+        self.spare = Some(da.into_data());
         self.norm.backward(&dn)
     }
 
-    /// `len` values for an activation output or gradient, in a spare buffer if one is left.
+    /// `len` values for an activation output or gradient, in the spare buffer if it is left.
     /// Its contents are unspecified: both callers' kernels overwrite every element.
     fn buffer(&mut self, len: usize) -> Vec<f32> {
-        let mut values = self.spare.pop().unwrap_or_default();
+        let mut values = self.spare.take().unwrap_or_default();
         values.truncate(len);
         values.resize(len, 0.0);
         values
@@ -254,7 +255,7 @@ mod tests {
                 let (x2, dy2) = (values(tokens, hidden, 0.53), values(tokens, hidden, 0.29));
                 let mut used = layer();
                 step(&mut used, &x1, &dy1);
-                assert_eq!(used.spare.len(), 2, "the backward keeps its buffers");
+                assert!(used.spare.is_some(), "the backward keeps its gradient's buffer");
                 let reused = step(&mut used, &x2, &dy2);
                 assert_eq!(reused, step(&mut layer(), &x2, &dy2), "{activation:?} {precision:?}");
             }
