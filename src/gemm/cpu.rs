@@ -19,19 +19,30 @@
 //! Then the epilogue: `+ bias[j]`, `+ beta * D_old` (f32 output only; beta = 0
 //! never reads it), the amax of that f32 result, and the cast to the output.
 //!
+//! Two shortcuts, taken only when every crate call has a layout-free shape
+//! ([`layout_free`], so the sums cannot change): a K-major B is read from an
+//! N-contiguous copy (`transpose.rs`), and an f32 output with beta = 0 is cut
+//! into bands of whole rows that the crate sums into directly, finished there
+//! by the epilogue (no accumulator tile to copy back). `route_tests.rs` holds
+//! them to the plain tile route bit for bit.
+//!
 //! On the CPU both accumulation modes are f32 (the crate keeps its partial
 //! sums in f32 registers with FMA); split accumulation only changes where the
 //! partial sums meet the accumulator, so the two differ by f32 rounding, not
 //! by the GPU's ~13-bit fast accumulator.
 //!
-//! Memory: the decoded operands (`4 (M + N) K` bytes) plus two f32 tiles per
-//! running task; nothing of size `M x N x K/128`.
+//! Memory: the decoded operands (`4 (M + N) K` bytes; a K-major B also as its
+//! `4 N K`-byte transpose, `transpose.rs`) plus two f32 tiles per running task;
+//! nothing of size `M x N x K/128`.
 
 mod decode;
 mod epilogue;
 mod kernel;
+#[cfg(test)]
+mod route_tests;
 mod scales;
 mod tiles;
+mod transpose;
 
 use std::cell::Cell;
 
@@ -48,6 +59,23 @@ pub const SPLIT_K: usize = 128;
 
 /// `D = alpha * A B^T * sA * sB (+ bias) (+ beta D)`; see the module docs of [`crate::gemm`].
 pub fn gemm(a: &Operand, b: &Operand, out: Output, params: &GemmParams) -> Result<GemmReport> {
+    gemm_routed(a, b, out, params, Route::Fast)
+}
+
+/// Which ways of running a GEMM [`gemm_routed`] may take; all give the same bits.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Route {
+    /// A K-major B through its transpose, f32 outputs finished in place, where the calls
+    /// are layout-free.
+    Fast,
+    /// Every operand read as stored and every output through accumulator tiles (the
+    /// reference the tests hold the fast route to).
+    #[cfg(test)]
+    Tiles,
+}
+
+/// [`gemm`] on the given route.
+fn gemm_routed(a: &Operand, b: &Operand, out: Output, params: &GemmParams, route: Route) -> Result<GemmReport> {
     let plan = plan(a, b, &out, params)?;
     let av = decode::unscaled(a)?;
     let bv = decode::unscaled(b)?;
@@ -61,33 +89,78 @@ pub fn gemm(a: &Operand, b: &Operand, out: Output, params: &GemmParams) -> Resul
         bias: params.bias,
         beta: params.beta,
     };
-    let (tm, tn) = tiles::tile_shape(plan.m, plan.n, rayon::current_num_threads());
+    let threads = rayon::current_num_threads();
+    let (tm, tn) = tiles::tile_shape(plan.m, plan.n, threads);
+    let band = tiles::band_rows(plan.m, threads);
+    // Layout-free calls sum the same whatever the operands' layout and the tiling
+    // (`layout_free`): only then may B be transposed or the output cut differently.
+    let free = route == Route::Fast && calls_layout_free(&plan, steps, tm, tn);
+    let in_place =
+        free && params.beta == 0.0 && matches!(out, Output::F32(_)) && calls_layout_free(&plan, steps, band, plan.n);
+    let ((a_rows, a_k), (mut b_rows, mut b_k)) = (a.strides(), b.strides());
+    // A K-major B is read from an N-contiguous copy (`transpose.rs`).
+    let bv = if b_k == 1 && bv.len() == plan.n * plan.k && free {
+        (b_rows, b_k) = (1, plan.n);
+        decode::transposed(&bv, plan.n, plan.k)
+    } else {
+        bv
+    };
+    let (sa, sb) = (RowScales::of(a), RowScales::of(b));
+    // Rows `i0..i0 + rows` of A against rows `j0..j0 + cols` of B.
+    let panels = |i0: usize, rows: usize, j0: usize, cols: usize| {
+        let a_panel = Panel {
+            data: &av,
+            row_stride: a_rows,
+            k_stride: a_k,
+            first: i0,
+            rows,
+            k0: 0,
+            k: plan.k,
+        };
+        let b_panel = Panel {
+            data: &bv,
+            row_stride: b_rows,
+            k_stride: b_k,
+            first: j0,
+            rows: cols,
+            ..a_panel
+        };
+        (a_panel, b_panel)
+    };
+    if in_place && let Output::F32(d) = out {
+        // Bands of whole rows are contiguous in `d`: the crate sums straight into them and the
+        // epilogue finishes them there, with no accumulator tile to copy back (~4% of an fp32
+        // layer step, docs/benchmarks.md).
+        if plan.m == 0 || plan.n == 0 {
+            return Ok(GemmReport { amax: 0.0 });
+        }
+        let one_band = band >= plan.m;
+        let amax = d
+            .par_chunks_mut(band * plan.n)
+            .enumerate()
+            .map(|(t, rows_out)| {
+                let (a_panel, b_panel) = panels(t * band, rows_out.len() / plan.n, 0, plan.n);
+                let mut scratch = Scratch::take();
+                let partial = match steps {
+                    Steps::Scaled { .. } => scratch.tiles(rows_out.len()).1,
+                    _ => &mut [],
+                };
+                accumulate(rows_out, partial, a_panel, b_panel, steps, (sa, sb), one_band);
+                let amax = epilogue.finish_in_place(rows_out, plan.n);
+                scratch.give_back();
+                Ok(amax)
+            })
+            .try_reduce(|| 0.0, |x, y| Ok(nan_max(x, y)))?;
+        return Ok(GemmReport { amax });
+    }
     let tiles = out_tiles(out, plan.n, tm, tn);
     // One tile: let the crate spread it over the threads instead.
     let threads_per_tile = tiles.len() == 1;
-    let (sa, sb) = (RowScales::of(a), RowScales::of(b));
-    let ((a_rows, a_k), (b_rows, b_k)) = (a.strides(), b.strides());
     let amax = tiles
         .into_par_iter()
         .map(|tile: OutTile| {
             let (i0, j0, rows, cols) = tile.shape();
-            let a_panel = Panel {
-                data: &av,
-                row_stride: a_rows,
-                k_stride: a_k,
-                first: i0,
-                rows,
-                k0: 0,
-                k: plan.k,
-            };
-            let b_panel = Panel {
-                data: &bv,
-                row_stride: b_rows,
-                k_stride: b_k,
-                first: j0,
-                rows: cols,
-                ..a_panel
-            };
+            let (a_panel, b_panel) = panels(i0, rows, j0, cols);
             let mut scratch = Scratch::take();
             let (acc, partial) = scratch.tiles(rows * cols);
             accumulate(acc, partial, a_panel, b_panel, steps, (sa, sb), threads_per_tile);
@@ -116,6 +189,25 @@ pub(crate) fn epilogue_of_product(p: &mut [f32], n: usize, params: &GemmParams, 
         amax = nan_max(amax, epilogue.finish(p, tile)?);
     }
     Ok(GemmReport { amax })
+}
+
+/// Whether every crate call of the GEMM has a layout-free shape ([`layout_free`]): the
+/// smallest tile (the ragged edges) against the shortest K the calls get.
+fn calls_layout_free(plan: &GemmPlan, steps: Steps, tm: usize, tn: usize) -> bool {
+    let smallest = |len: usize, tile: usize| match len % tile {
+        0 => tile,
+        rest => rest,
+    };
+    let k = plan.k;
+    if k == 0 || tm == 0 || tn == 0 {
+        return false;
+    }
+    let shortest_k = match steps {
+        // Equal chunks of at most 512, the last one shorter by less than their count.
+        Steps::Whole => k - (k.div_ceil(kernel::k_chunk(k)) - 1) * kernel::k_chunk(k),
+        Steps::Split { k_block } | Steps::Scaled { k_block } => smallest(k, k_block.max(1)),
+    };
+    layout_free(smallest(plan.m, tm), smallest(plan.n, tn), shortest_k)
 }
 
 /// How K is walked.
@@ -442,6 +534,54 @@ mod tests {
         for (m, n, k) in [(1, 64, 64), (64, 1, 64), (64, 64, 2), (16, 16, 64), (8, 8, 8)] {
             assert!(!layout_free(m, n, k), "{m}x{n}x{k}");
         }
+    }
+
+    /// A K-major B read from its transposed copy gives the bits of the crate reading it
+    /// K-major (one call on the whole matrix), ragged tiles and chunked K included. Shapes
+    /// whose calls are not all layout-free keep B K-major (the route they always took).
+    #[test]
+    fn k_major_b_through_its_transpose_gives_the_k_major_bits() {
+        let plan_of = |m, n, k| GemmPlan {
+            m,
+            n,
+            k,
+            scales: ScalePair::None,
+        };
+        let tiles = |m, n| tiles::tile_shape(m, n, rayon::current_num_threads());
+        for (m, n, k) in [
+            (1024, 768, 256),
+            (1000, 700, 100),
+            (300, 130, 1030),
+            (64, 640, 64),
+            (192, 200, 33),
+        ] {
+            let (tm, tn) = tiles(m, n);
+            assert!(
+                calls_layout_free(&plan_of(m, n, k), Steps::Whole, tm, tn),
+                "{m}x{n}x{k}"
+            );
+            let (a, b) = (values(m, k, 0.731), values(n, k, 0.377));
+            let (am, bm) = (Mat::new(&a, m, k).unwrap(), Mat::new(&b, n, k).unwrap());
+            let mut want = vec![0.0f32; m * n];
+            f32_crate_gemm(am, bm, &mut want).unwrap();
+            let mut got = vec![f32::NAN; m * n];
+            let params = GemmParams::default();
+            gemm(&Operand::F32(am), &Operand::F32(bm), Output::F32(&mut got), &params).unwrap();
+            let same = got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits());
+            assert!(same, "{m}x{n}x{k}");
+        }
+        for (m, n, k) in [(16, 16, 64), (1, 64, 64), (64, 2, 3), (129, 257, 33), (64, 64, 2)] {
+            let (tm, tn) = tiles(m, n);
+            assert!(
+                !calls_layout_free(&plan_of(m, n, k), Steps::Whole, tm, tn),
+                "{m}x{n}x{k}"
+            );
+        }
+        // Split accumulation: a last block of 2 keeps B K-major.
+        let (tm, tn) = tiles(512, 512);
+        let split = Steps::Split { k_block: SPLIT_K };
+        assert!(calls_layout_free(&plan_of(512, 512, 256), split, tm, tn));
+        assert!(!calls_layout_free(&plan_of(512, 512, 258), split, tm, tn));
     }
 
     #[test]

@@ -12,13 +12,15 @@ use std::ops::Deref;
 use rayon::prelude::*;
 
 use super::super::operand::Operand;
+use super::transpose::transpose_into;
 use crate::convert::{self, HighPrecision};
 use crate::error::Result;
 
 /// Elements per parallel widening chunk.
 const CHUNK: usize = 1 << 16;
-/// Decoded buffers a thread keeps: the two operands of one GEMM.
-const KEPT: usize = 2;
+/// Decoded buffers a thread keeps: the two operands of one GEMM and B's transpose
+/// (`transpose.rs`), which is taken while B's decoded copy is still held.
+const KEPT: usize = 3;
 /// Largest buffer kept (64 MiB of f32): bigger ones are freed, so a rare huge GEMM does not
 /// hold its operands' size for the rest of the run.
 const KEPT_MAX_ELEMENTS: usize = 1 << 24;
@@ -61,8 +63,10 @@ impl Drop for Unscaled<'_> {
     }
 }
 
-/// A buffer of `len` zeros, reusing one this thread kept (the largest, which most often fits).
-fn zeroed(len: usize) -> Vec<f32> {
+/// A buffer of `len` values, reusing one this thread kept (the largest, which most often
+/// fits). Its contents are unspecified (a reused buffer keeps old values instead of paying
+/// a pass of zeros): every caller overwrites all of them.
+fn buffer(len: usize) -> Vec<f32> {
     let mut values = BUFFERS
         .try_with(|kept| {
             let mut kept = kept.borrow_mut();
@@ -72,7 +76,7 @@ fn zeroed(len: usize) -> Vec<f32> {
         .ok()
         .flatten()
         .unwrap_or_default();
-    values.clear();
+    values.truncate(len);
     values.resize(len, 0.0);
     values
 }
@@ -81,7 +85,7 @@ fn zeroed(len: usize) -> Vec<f32> {
 pub(super) fn unscaled<'a>(op: &Operand<'a>) -> Result<Unscaled<'a>> {
     Ok(match op {
         Operand::Fp8(format, q) => {
-            let mut values = zeroed(q.data().len());
+            let mut values = buffer(q.data().len());
             // A scale_inv of 1 decodes the codes exactly (SIMD, parallel for big tensors).
             convert::dequantize(q.data(), &mut values, *format, 1.0)?;
             Unscaled::Decoded(values)
@@ -92,8 +96,15 @@ pub(super) fn unscaled<'a>(op: &Operand<'a>) -> Result<Unscaled<'a>> {
     })
 }
 
+/// `values` (`[rows, cols]` row-major) as `[cols, rows]`, in a kept buffer.
+pub(super) fn transposed(values: &[f32], rows: usize, cols: usize) -> Unscaled<'static> {
+    let mut out = buffer(values.len());
+    transpose_into(values, rows, cols, &mut out);
+    Unscaled::Decoded(out)
+}
+
 fn widen<T: HighPrecision>(src: &[T]) -> Vec<f32> {
-    let mut values = zeroed(src.len());
+    let mut values = buffer(src.len());
     values
         .par_chunks_mut(CHUNK)
         .zip(src.par_chunks(CHUNK))

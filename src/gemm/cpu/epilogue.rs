@@ -94,6 +94,22 @@ impl Epilogue<'_> {
         }
     }
 
+    /// Finishes an f32 output in place (`width` columns from column 0, beta = 0, so no old
+    /// value is read): the arithmetic of [`Epilogue::finish`] without the copy.
+    pub fn finish_in_place(&self, out: &mut [f32], width: usize) -> f32 {
+        debug_assert!(self.beta == 0.0, "an in-place epilogue has no old output to weigh");
+        let bias = self.bias.map(|b| &b[..width]);
+        let mut amax = 0.0f32;
+        for v in out.chunks_mut(width.max(1)) {
+            v.iter_mut().for_each(|x| *x *= self.factor);
+            if let Some(bias) = bias {
+                v.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
+            }
+            amax = nan_max(amax, row_amax(v));
+        }
+        amax
+    }
+
     fn finish_rows<T>(
         &self,
         acc: &mut [f32],

@@ -22,7 +22,7 @@ use gemm::Parallelism;
 const K_CHUNK: usize = 512;
 
 /// Length of each of the `ceil(k / K_CHUNK)` chunks of `k` (the last one may be shorter).
-fn k_chunk(k: usize) -> usize {
+pub(super) fn k_chunk(k: usize) -> usize {
     k.div_ceil(k.div_ceil(K_CHUNK).max(1)).max(1)
 }
 

@@ -31,6 +31,16 @@ pub(super) fn tile_shape(m: usize, n: usize, threads: usize) -> (usize, usize) {
     (tm, tn)
 }
 
+/// Height of the row bands of an in-place f32 output (`cpu.rs`): whole rows, halved from
+/// [`TILE`] until every thread has [`TASKS_PER_THREAD`] bands or they reach [`MIN_TILE`].
+pub(super) fn band_rows(m: usize, threads: usize) -> usize {
+    let mut rows = TILE.min(m.max(1));
+    while m.div_ceil(rows) < TASKS_PER_THREAD * threads && rows > MIN_TILE {
+        rows /= 2;
+    }
+    rows
+}
+
 /// One output tile: rows `i0..i0 + rows.len()`, columns `j0..j0 + width`.
 pub(super) struct Tile<'a, T> {
     pub i0: usize,
@@ -92,5 +102,8 @@ mod tests {
         let (tm, tn) = tile_shape(256, 256, 2);
         assert!(256usize.div_ceil(tm) * 256usize.div_ceil(tn) >= 4);
         assert_eq!(tile_shape(1, 1, 2), (1, 1));
+        assert_eq!(band_rows(1024, 2), 256);
+        assert_eq!(band_rows(100, 2), 50);
+        assert_eq!(band_rows(4096, 2), 512);
     }
 }
