@@ -6,7 +6,7 @@ use half::{bf16, f16};
 
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
-use crate::tensor::{QuantizedMatrix, ScaleKind};
+use crate::tensor::{HalfValues, QuantizedMatrix, ScaleKind};
 
 /// A borrowed `rows x cols` matrix of plain values: row-major, or read in place from its
 /// stored transpose.
@@ -90,6 +90,24 @@ pub enum Operand<'a> {
     Bf16(Mat<'a, bf16>),
     /// Plain fp16 (the fp16 policy).
     F16(Mat<'a, f16>),
+}
+
+impl<'a> Operand<'a> {
+    /// 16-bit values `[rows, cols]` as an operand, read in place.
+    pub(crate) fn half(values: &'a HalfValues, rows: usize, cols: usize) -> Result<Self> {
+        Ok(match values {
+            HalfValues::Bf16(v) => Operand::Bf16(Mat::new(v, rows, cols)?),
+            HalfValues::F16(v) => Operand::F16(Mat::new(v, rows, cols)?),
+        })
+    }
+
+    /// The `rows x cols` transpose of 16-bit values held `cols x rows`, read in place.
+    pub(crate) fn half_transposed(values: &'a HalfValues, rows: usize, cols: usize) -> Result<Self> {
+        Ok(match values {
+            HalfValues::Bf16(v) => Operand::Bf16(Mat::transposed(v, rows, cols)?),
+            HalfValues::F16(v) => Operand::F16(Mat::transposed(v, rows, cols)?),
+        })
+    }
 }
 
 impl Operand<'_> {

@@ -44,8 +44,8 @@ impl<'a> Table<'a> {
         let values = match self {
             Table::Half(h) if h.dtype() == dtype => {
                 return match transposed {
-                    true => h.operand_transposed(hidden, vocab),
-                    false => h.operand(vocab, hidden),
+                    true => Operand::half_transposed(h, hidden, vocab),
+                    false => Operand::half(h, vocab, hidden),
                 };
             }
             // fp32: the widened table is the operand (no second f32 copy).

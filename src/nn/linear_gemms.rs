@@ -80,8 +80,8 @@ fn stored_operand<'a>(
 ) -> Result<Operand<'a>> {
     let half = stored.ok_or_else(|| internal(layer, "the weight is no longer held in 16 bits"))?;
     match transposed {
-        true => half.operand_transposed(rows, cols),
-        false => half.operand(rows, cols),
+        true => Operand::half_transposed(half, rows, cols),
+        false => Operand::half(half, rows, cols),
     }
 }
 

@@ -7,7 +7,6 @@ use half::{bf16, f16};
 
 use super::Dtype;
 use crate::error::{Error, Result};
-use crate::gemm::{Mat, Operand};
 
 /// Values in bf16 or fp16, row-major.
 #[derive(Clone, Debug, PartialEq)]
@@ -137,22 +136,6 @@ impl HalfValues {
             local.push(slot);
         }
         Ok((local, table))
-    }
-
-    /// The values as a `[rows, cols]` GEMM operand, read in place.
-    pub(crate) fn operand(&self, rows: usize, cols: usize) -> Result<Operand<'_>> {
-        Ok(match self {
-            HalfValues::Bf16(v) => Operand::Bf16(Mat::new(v, rows, cols)?),
-            HalfValues::F16(v) => Operand::F16(Mat::new(v, rows, cols)?),
-        })
-    }
-
-    /// The `rows x cols` transpose of these `cols x rows` values as a GEMM operand, read in place.
-    pub(crate) fn operand_transposed(&self, rows: usize, cols: usize) -> Result<Operand<'_>> {
-        Ok(match self {
-            HalfValues::Bf16(v) => Operand::Bf16(Mat::transposed(v, rows, cols)?),
-            HalfValues::F16(v) => Operand::F16(Mat::transposed(v, rows, cols)?),
-        })
     }
 }
 
