@@ -91,12 +91,13 @@ impl Contract<'_> {
 /// The f32 row's rtol where K is small (about 11 to 22 ulp).
 const F32_GEMM_RTOL: f64 = 1.3e-6;
 
-/// The rtol/atol a GEMM result in `dtype`, a sum of `k` products per output, is held to.
+/// The rtol/atol a GEMM result in `dtype`, a sum of `k` products per output, is held to
+/// first: an element outside it is judged again by the bound of the call's operands,
+/// which forms `sum |a b|` (`dispatch::gemm_check`).
 ///
 /// f32: two f32 sums of the same `k` products in different orders differ by at most
-/// `2 gamma_k sum |a b|` (`backend::cuda::gemm_f32::f32_order_bound`); taken relative to
-/// `|D|` (`sum |a b|` is not known here, so a sum with heavy cancellation may still breach),
-/// never below 1.3e-6, which `2 gamma_k` passes at K = 11 (4.9e-4 at K = 4096). The other
+/// `2 gamma_k sum |a b|` (`backend::cuda::gemm_f32::f32_order_bound`); taken here relative
+/// to `|D|`, never below 1.3e-6, which `2 gamma_k` passes at K = 11 (4.9e-4 at K = 4096). The other
 /// rows, the output format's own rounding, are far wider than `2 gamma_k` at the layers' K
 /// (2e-3 at K = 16384) and do not depend on it.
 pub(crate) fn gemm_tolerance(dtype: GemmDtype, k: usize) -> Contract<'static> {

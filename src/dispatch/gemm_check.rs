@@ -34,9 +34,9 @@ pub(super) struct GemmResult<'v> {
 /// * FP8, any scaling: `S (K/32 + 2) 2^-13` (`accumulation_bound`). Fast
 ///   accumulation keeps the whole sum in the tensor core's ~13-bit accumulator,
 ///   one rounding of at most `2^-13 S` per k32 mma, so `(K/32) 2^-13 S`; split
-///   accumulation rounds so only inside each 128 block and adds the blocks in
-///   f32 (`2^-24` each), which the `+2` covers: one bound for both modes. Block
-///   and MXFP8 scales sit inside `S`, per product.
+///   accumulation rounds so only inside each 128 block and adds the K/128
+///   blocks in f32 (`2^-24 S` each), which the `+2` covers up to K = 2^20:
+///   one bound for both modes. Block and MXFP8 scales sit inside `S`, per product.
 /// * bf16/fp16: `S (K/16 + 2) 2^-22` (k16 mma, ~22 bits kept).
 /// * f32: `2 gamma_K S` (`gemm_f32::f32_order_bound`): the two f32 sums in
 ///   different orders.
