@@ -60,6 +60,11 @@ fn element_bound(call: &GemmCall, dtype: GemmDtype, scale: f32, s: f64, p: f32, 
     (w.ratio, w.bound)
 }
 
+/// A ratio of difference to bound that keeps the bound (a NaN ratio, from a NaN bound, does not).
+fn within(ratio: f64) -> bool {
+    ratio <= 1.0
+}
+
 /// The first element of `result` outside both the output row and the call's bound.
 pub(super) fn first_breach(call: &GemmCall, result: &GemmResult) -> Option<Breach> {
     let GemmResult {
@@ -94,12 +99,12 @@ pub(super) fn first_breach(call: &GemmCall, result: &GemmResult) -> Option<Breac
             _ => 0.0,
         };
         let estimate = (cd as f64 - bias - c_before).abs();
-        if estimate.is_finite() && element_bound(call, dtype, scale, estimate, pd, cd).0 <= 1.0 {
+        if estimate.is_finite() && within(element_bound(call, dtype, scale, estimate, pd, cd).0) {
             continue;
         }
         let s = alpha * abs_product_sum(call.a, call.b, index / n, index % n);
         let (ratio, bound) = element_bound(call, dtype, scale, s, pd, cd);
-        if !(ratio <= 1.0) {
+        if !within(ratio) {
             return Some(Breach {
                 index,
                 primary: pd as f64,
@@ -121,7 +126,7 @@ pub(super) fn amax_breach(call: &GemmCall, primary: f32, cpu: f32) -> Option<Bre
     }
     let s = call.params.alpha.abs() as f64 * abs_product_sum_max(call.a, call.b);
     let (ratio, bound) = element_bound(call, GemmDtype::F32, 1.0, s, primary, cpu);
-    (!(ratio <= 1.0)).then_some(Breach {
+    (!within(ratio)).then_some(Breach {
         index: 0,
         primary: primary as f64,
         cpu: cpu as f64,

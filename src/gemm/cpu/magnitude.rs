@@ -55,7 +55,7 @@ pub(crate) fn abs_product_sum_max(a: &Operand, b: &Operand) -> f64 {
             for (kk, m) in max.iter_mut().enumerate() {
                 // NaN wins, so a NaN anywhere makes the bound NaN (a breach, never a pass).
                 let v = scaled_abs(op, scales, block, row, kk);
-                if !(v <= *m) {
+                if v > *m || v.is_nan() {
                     *m = v;
                 }
             }
