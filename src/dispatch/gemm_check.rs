@@ -49,15 +49,19 @@ fn element_bound(call: &GemmCall, dtype: GemmDtype, scale: f32, s: f64, p: f32, 
         Operand::Bf16(_) | Operand::F16(_) => accumulation_bound(Accumulation::Half, s, k),
         Operand::F32(_) => f32_order_bound(k, s),
     };
-    let ulp = match dtype {
+    let w = worst_ratio(&[p], &[c], &[accumulation], output_ulp(dtype), scale as f64);
+    (w.ratio, w.bound)
+}
+
+/// The rounding of an output format (`error_bound::OutputUlp`).
+fn output_ulp(dtype: GemmDtype) -> OutputUlp {
+    match dtype {
         GemmDtype::F32 => OutputUlp::F32,
         GemmDtype::Bf16 => OutputUlp::BF16,
         GemmDtype::F16 => OutputUlp::F16,
         GemmDtype::Fp8(Fp8Format::E4M3) => OutputUlp::E4M3,
         GemmDtype::Fp8(Fp8Format::E5M2) => OutputUlp::E5M2,
-    };
-    let w = worst_ratio(&[p], &[c], &[accumulation], ulp, scale as f64);
-    (w.ratio, w.bound)
+    }
 }
 
 /// A ratio of difference to bound that keeps the bound (a NaN ratio, from a NaN bound, does not).
@@ -83,6 +87,7 @@ pub(super) fn first_breach(call: &GemmCall, result: &GemmResult) -> Option<Breac
         ));
     }
     let n = call.b.shape().0.max(1);
+    let ulp = output_ulp(dtype);
     let (alpha, beta) = (call.params.alpha.abs() as f64, call.params.beta as f64);
     for (index, (&p, &c)) in primary.iter().zip(cpu).enumerate() {
         if agrees(row, p, c) {
@@ -90,15 +95,17 @@ pub(super) fn first_breach(call: &GemmCall, result: &GemmResult) -> Option<Breac
         }
         // D units: an FP8 code's value divided by the output scale, as the GEMM wrote it.
         let (pd, cd) = ((p as f32) / scale, (c as f32) / scale);
-        // `alpha sum a b` = D - bias - beta C, so |that| <= S (up to the CPU's own f32
-        // rounding): the bound with it is at most the exact one, and a pass stays a pass.
+        // `alpha sum a b` = D - bias - beta C before the output's rounding, so |that| less
+        // the rounding is <= S (up to the CPU's own f32 rounding): the bound with it is at
+        // most the exact one, and a pass stays a pass.
         let bias = call.params.bias.map_or(0.0, |b| b[index % n] as f64);
         // beta = 0 ignores C, even NaN.
         let c_before = match before {
             Some(d) if beta != 0.0 => beta * d[index] as f64,
             _ => 0.0,
         };
-        let estimate = (cd as f64 - bias - c_before).abs();
+        let rounding = ulp.relative * (cd as f64).abs() + ulp.subnormal / scale as f64;
+        let estimate = ((cd as f64 - bias - c_before).abs() - rounding).max(0.0);
         if estimate.is_finite() && within(element_bound(call, dtype, scale, estimate, pd, cd).0) {
             continue;
         }
