@@ -123,13 +123,20 @@ pub enum Error {
     Unsupported { op: &'static str, device: String },
     /// Shadow mode: an op's result broke its contract against its CPU twin (`docs/numerics.md`,
     /// Op contracts between backends); `index` is the first element that differs.
-    #[error("op {op} in layer {layer} differs from its CPU twin at element {index}: {primary} vs {cpu} on the CPU")]
+    #[error(
+        "op {op} in layer {layer} differs from its CPU twin at element {index}: {primary} vs {cpu} on the CPU, \
+         |difference| / bound = {ratio:.3} with bound {bound:e} (0: the same bits)"
+    )]
     TwinMismatch {
         op: &'static str,
         layer: String,
         index: usize,
         primary: f64,
         cpu: f64,
+        /// How far apart the op's contract allows the two there (0: the same bits).
+        bound: f64,
+        /// `|primary - cpu| / bound`: above 1 is the breach (infinite for a bound of 0).
+        ratio: f64,
     },
     /// An op got an input that lives on another device than the one it runs on.
     #[error("op {op} runs on {expected} but got an input on {got}")]

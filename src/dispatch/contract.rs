@@ -4,36 +4,53 @@
 
 use crate::backend::cuda::gemm_f32::f32_order_bound;
 use crate::format::Fp8Format;
+use crate::gemm::{GemmParams, Operand};
 
 /// How an op's result must agree with its CPU twin.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Contract {
+pub(crate) enum Contract<'a> {
     /// Same bits.
     Exact,
     /// `|primary - cpu| <= atol + rtol * |cpu|` per element (or the same bits: infinities, NaN).
     Close { rtol: f64, atol: f64 },
     /// The GEMM tolerance of the output's format for sums of `k` products per output
-    /// (`docs/numerics.md`, Tolerances): [`gemm_tolerance`].
-    Gemm { k: usize },
+    /// (`docs/numerics.md`, Tolerances): [`gemm_tolerance`], and where an element is
+    /// outside it, the bound of the call's operands (`dispatch::gemm_check`).
+    Gemm { k: usize, call: Option<GemmCall<'a>> },
+}
+
+/// The operands and scalars of one GEMM call, which its per-element bound is formed from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GemmCall<'a> {
+    pub a: &'a Operand<'a>,
+    pub b: &'a Operand<'a>,
+    pub params: &'a GemmParams<'a>,
+}
+
+/// Two calls are the same call: the same operands and scalars in memory.
+impl PartialEq for GemmCall<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self.a, other.a) && std::ptr::eq(self.b, other.b) && std::ptr::eq(self.params, other.params)
+    }
 }
 
 /// Reductions, `exp`/`rsqrt`/`tanh`: f32 results in another summation order, a few ulp apart.
-const REDUCTION: Contract = Contract::Close { rtol: 1e-5, atol: 1e-6 };
+const REDUCTION: Contract<'static> = Contract::Close { rtol: 1e-5, atol: 1e-6 };
 
 /// GELU-tanh: each implementation within `4 eps max(|exact|, 1)` of the exact value
 /// (`docs/numerics.md`, Activations; the CPU's is within 2 eps), so two differ by at most
 /// `8 eps max(|y|, 1)` = 9.5e-7 max(|y|, 1), inside `atol + rtol |y|`.
-const GELU: Contract = Contract::Close { rtol: 1e-5, atol: 1e-6 };
+const GELU: Contract<'static> = Contract::Close { rtol: 1e-5, atol: 1e-6 };
 
 /// The contract of `op` (a `Kernels` method name), as `docs/numerics.md` tabulates it.
-pub(crate) fn contract(op: &str) -> Contract {
+pub(crate) fn contract(op: &str) -> Contract<'static> {
     match op {
         "quantize" | "convert" | "convert_transposed" | "delayed_update" | "cast_stats" | "uncast_stats"
         | "residual_add" | "embedding_forward" | "unscale_and_check" | "rope_forward" | "rope_backward" => {
             Contract::Exact
         }
-        // K is the call's: the shadow runner sets it ([`Contract::with_reduction`]).
-        "gemm" => Contract::Gemm { k: 0 },
+        // K and the operands are the call's: the shadow runner sets them ([`Contract::for_gemm`]).
+        "gemm" => Contract::Gemm { k: 0, call: None },
         // Correctly rounded `sqrt` and division, no fused multiply-add: only the ulp of a reordering.
         "adamw" => Contract::Close { rtol: 1e-6, atol: 0.0 },
         "column_sum"
@@ -56,13 +73,17 @@ pub(crate) fn contract(op: &str) -> Contract {
     }
 }
 
-impl Contract {
-    /// This contract for a call that sums `k` products per output: a GEMM's tolerance
-    /// depends on it ([`gemm_tolerance`]), every other contract does not.
-    pub(crate) fn with_reduction(self, k: usize) -> Contract {
+impl Contract<'_> {
+    /// This contract for the GEMM call `call`: a GEMM's tolerance depends on its K
+    /// ([`gemm_tolerance`]) and its bound on the operands; every other contract on neither.
+    pub(crate) fn for_gemm<'a>(self, call: GemmCall<'a>) -> Contract<'a> {
         match self {
-            Contract::Gemm { .. } => Contract::Gemm { k },
-            other => other,
+            Contract::Gemm { .. } => Contract::Gemm {
+                k: call.a.shape().1,
+                call: Some(call),
+            },
+            Contract::Exact => Contract::Exact,
+            Contract::Close { rtol, atol } => Contract::Close { rtol, atol },
         }
     }
 }
@@ -70,15 +91,16 @@ impl Contract {
 /// The f32 row's rtol where K is small (about 11 to 22 ulp).
 const F32_GEMM_RTOL: f64 = 1.3e-6;
 
-/// The rtol/atol a GEMM result in `dtype`, a sum of `k` products per output, is held to.
+/// The rtol/atol a GEMM result in `dtype`, a sum of `k` products per output, is held to
+/// first: an element outside it is judged again by the bound of the call's operands,
+/// which forms `sum |a b|` (`dispatch::gemm_check`).
 ///
 /// f32: two f32 sums of the same `k` products in different orders differ by at most
-/// `2 gamma_k sum |a b|` (`backend::cuda::gemm_f32::f32_order_bound`); taken relative to
-/// `|D|` (`sum |a b|` is not known here, so a sum with heavy cancellation may still breach),
-/// never below 1.3e-6, which `2 gamma_k` passes at K = 11 (4.9e-4 at K = 4096). The other
+/// `2 gamma_k sum |a b|` (`backend::cuda::gemm_f32::f32_order_bound`); taken here relative
+/// to `|D|`, never below 1.3e-6, which `2 gamma_k` passes at K = 11 (4.9e-4 at K = 4096). The other
 /// rows, the output format's own rounding, are far wider than `2 gamma_k` at the layers' K
 /// (2e-3 at K = 16384) and do not depend on it.
-pub(crate) fn gemm_tolerance(dtype: GemmDtype, k: usize) -> Contract {
+pub(crate) fn gemm_tolerance(dtype: GemmDtype, k: usize) -> Contract<'static> {
     let (rtol, atol) = match dtype {
         GemmDtype::F32 => (F32_GEMM_RTOL.max(f32_order_bound(k, 1.0)), 1e-5),
         GemmDtype::Bf16 => (1.6e-2, 1e-5),
@@ -104,6 +126,38 @@ pub(crate) struct Breach {
     pub index: usize,
     pub primary: f64,
     pub cpu: f64,
+    /// How far apart the contract allowed the two there (0: the same bits).
+    pub bound: f64,
+}
+
+impl Breach {
+    /// A breach of the same-bits contract (lengths or kinds that differ).
+    pub(crate) fn exact(index: usize, primary: f64, cpu: f64) -> Breach {
+        Breach {
+            index,
+            primary,
+            cpu,
+            bound: 0.0,
+        }
+    }
+
+    /// `|primary - cpu| / bound` (infinite where the bound is 0).
+    pub(crate) fn ratio(&self) -> f64 {
+        let diff = (self.primary - self.cpu).abs();
+        if self.bound > 0.0 {
+            diff / self.bound
+        } else {
+            f64::INFINITY
+        }
+    }
+}
+
+/// The distance `contract` allows between `primary` and `cpu` (0: the same bits).
+pub(crate) fn allowed(contract: Contract, cpu: f64) -> f64 {
+    match contract {
+        Contract::Exact | Contract::Gemm { .. } => 0.0,
+        Contract::Close { rtol, atol } => atol + rtol * cpu.abs(),
+    }
 }
 
 /// Whether one pair of values keeps `contract` (`Gemm` must be resolved to `Close` first).
@@ -140,14 +194,11 @@ pub(crate) fn first_breach(
                 index,
                 primary: p,
                 cpu: c,
+                bound: allowed(contract, c),
             });
         }
     }
-    (p_len != c_len).then(|| Breach {
-        index: p_len.min(c_len),
-        primary: p_len as f64,
-        cpu: c_len as f64,
-    })
+    (p_len != c_len).then(|| Breach::exact(p_len.min(c_len), p_len as f64, c_len as f64))
 }
 
 #[cfg(test)]
@@ -238,8 +289,21 @@ mod tests {
                 }
             );
         }
-        assert_eq!(contract("gemm").with_reduction(4096), Contract::Gemm { k: 4096 });
-        assert_eq!(contract("adamw").with_reduction(4096), contract("adamw"));
+        let a = Operand::F32(crate::gemm::Mat::new(&[1.0f32; 4096], 1, 4096).unwrap());
+        let params = GemmParams::default();
+        let call = GemmCall {
+            a: &a,
+            b: &a,
+            params: &params,
+        };
+        assert_eq!(
+            contract("gemm").for_gemm(call),
+            Contract::Gemm {
+                k: 4096,
+                call: Some(call)
+            }
+        );
+        assert_eq!(contract("adamw").for_gemm(call), contract("adamw"));
     }
 
     #[test]
@@ -267,7 +331,7 @@ mod tests {
             assert_eq!(contract(op), REDUCTION, "{op}");
         }
         assert_eq!(contract("gelu_backward"), Contract::Close { rtol: 1e-5, atol: 1e-6 });
-        assert_eq!(contract("gemm"), Contract::Gemm { k: 0 });
+        assert_eq!(contract("gemm"), Contract::Gemm { k: 0, call: None });
         assert_eq!(contract("adamw"), Contract::Close { rtol: 1e-6, atol: 0.0 });
         assert_eq!(contract("an_op_with_no_stated_bound"), Contract::Exact);
     }

@@ -19,6 +19,7 @@
 mod contract;
 mod cuda_ops;
 pub(crate) mod fp8_cast;
+mod gemm_check;
 pub mod op_times;
 mod plain;
 mod shadow;
@@ -48,7 +49,7 @@ use crate::tensor::{DeviceKind, Dtype, Tensor};
 /// (a path to the reference function) and the CUDA arm (`cuda_ops::<op>`, staged).
 macro_rules! kernels {
     ($( $(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $cpu:path
-        $(, reduction = $reduction:expr)?; )*) => {
+        $(, gemm_call = $call:expr)?; )*) => {
         /// Every op of the layers, model and trainer, implemented once per backend.
         #[allow(clippy::too_many_arguments)] // the ops' own signatures (`ops::*`)
         pub(crate) trait Kernels {
@@ -71,13 +72,13 @@ macro_rules! kernels {
 
         /// Each op: state saved, the primary op, its CPU twin on the saved state, then the
         /// in-place state and the results compared by the op's contract (with the call's
-        /// reduction length where the list names it: a GEMM's K).
+        /// operands where the list names them: a GEMM's K and bound).
         #[allow(clippy::too_many_arguments)]
         impl Kernels for ShadowKernels {
             $(
                 fn $name(&self, $($arg: $ty),*) -> Result<$ret> {
                     let contract = contract::contract(stringify!($name));
-                    $( let contract = contract.with_reduction($reduction); )?
+                    $( let contract = contract.for_gemm($call); )?
                     $( let mut $arg = Saved::<$ty>::new($arg); )*
                     let primary = self.primary.kernels().$name($(Twin::primary(&mut $arg.live)),*)?;
                     let cpu = CpuKernels.$name($(Twin::twin(&$arg.live, &mut $arg.saved)),*)?;
@@ -119,7 +120,7 @@ kernels! {
         -> Cast = fp8_cast::cast;
     /// `D = A B^T` scaled (`docs/numerics.md`, GEMM), any operand precision.
     fn gemm(a: &Operand, b: &Operand, out: Output, params: &GemmParams) -> GemmReport = crate::gemm::cpu::gemm,
-        reduction = a.shape().1;
+        gemm_call = contract::GemmCall { a, b, params };
     /// f32 values to a plain compute dtype.
     fn convert(dtype: Dtype, src: &[f32]) -> PlainMat = plain::convert;
     /// The transpose of `[rows, cols]` f32 values in a plain compute dtype.

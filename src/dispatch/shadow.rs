@@ -62,6 +62,8 @@ impl ShadowKernels {
             index: breach.index,
             primary: breach.primary,
             cpu: breach.cpu,
+            bound: breach.bound,
+            ratio: breach.ratio(),
         }
     }
 }

@@ -5,6 +5,7 @@
 use half::{bf16, f16};
 
 use super::contract::{Breach, Contract, GemmDtype, first_breach, first_breach_f32, gemm_tolerance};
+use super::gemm_check::{self, GemmResult};
 use super::{Cast, PlainMat};
 use crate::format::Fp8Format;
 use crate::gemm::{GemmReport, Output};
@@ -137,7 +138,8 @@ impl Twin for &mut SlotBank {
 
 /// A GEMM output buffer, owned (the twin's copy of what the primary op starts from).
 pub(crate) enum OwnedOutput {
-    F32(Vec<f32>),
+    /// The twin's buffer, and the content both started from (what `beta` multiplies).
+    F32(Vec<f32>, Vec<f32>),
     Bf16(Vec<bf16>),
     F16(Vec<f16>),
     Fp8 {
@@ -155,7 +157,7 @@ impl Twin for Output<'_> {
         Self: 's;
     fn save(&self) -> OwnedOutput {
         match self {
-            Output::F32(d) => OwnedOutput::F32(d.to_vec()),
+            Output::F32(d) => OwnedOutput::F32(d.to_vec(), d.to_vec()),
             Output::Bf16(d) => OwnedOutput::Bf16(d.to_vec()),
             Output::F16(d) => OwnedOutput::F16(d.to_vec()),
             Output::Fp8 { codes, format, scale } => OwnedOutput::Fp8 {
@@ -179,7 +181,7 @@ impl Twin for Output<'_> {
     }
     fn twin<'s>(&'s self, saved: &'s mut OwnedOutput) -> Output<'s> {
         match saved {
-            OwnedOutput::F32(d) => Output::F32(d),
+            OwnedOutput::F32(d, _) => Output::F32(d),
             OwnedOutput::Bf16(d) => Output::Bf16(d),
             OwnedOutput::F16(d) => Output::F16(d),
             OwnedOutput::Fp8 { codes, format, scale } => Output::Fp8 {
@@ -192,32 +194,47 @@ impl Twin for Output<'_> {
     fn check(&self, saved: &OwnedOutput, contract: Contract) -> Option<Breach> {
         let widen = |v: &[bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
         let widen16 = |v: &[f16]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
-        let (dtype, primary, cpu) = match (self, saved) {
-            (Output::F32(p), OwnedOutput::F32(c)) => (
+        let (dtype, scale, primary, cpu, before) = match (self, saved) {
+            (Output::F32(p), OwnedOutput::F32(c, before)) => (
                 GemmDtype::F32,
+                1.0,
                 p.iter().map(|&v| v as f64).collect(),
                 c.iter().map(|&v| v as f64).collect(),
+                Some(before.as_slice()),
             ),
-            (Output::Bf16(p), OwnedOutput::Bf16(c)) => (GemmDtype::Bf16, widen(p), widen(c)),
-            (Output::F16(p), OwnedOutput::F16(c)) => (GemmDtype::F16, widen16(p), widen16(c)),
-            (Output::Fp8 { codes: p, format, .. }, OwnedOutput::Fp8 { codes: c, .. }) => {
+            (Output::Bf16(p), OwnedOutput::Bf16(c)) => (GemmDtype::Bf16, 1.0, widen(p), widen(c), None),
+            (Output::F16(p), OwnedOutput::F16(c)) => (GemmDtype::F16, 1.0, widen16(p), widen16(c), None),
+            (
+                Output::Fp8 {
+                    codes: p,
+                    format,
+                    scale,
+                },
+                OwnedOutput::Fp8 { codes: c, .. },
+            ) => {
                 let decode = |v: &[u8]| v.iter().map(|&q| format.decode(q) as f64).collect::<Vec<_>>();
-                (GemmDtype::Fp8(*format), decode(p), decode(c))
+                (GemmDtype::Fp8(*format), *scale, decode(p), decode(c), None)
             }
             // The twin's buffer is a copy of the primary's: the variants always match.
-            _ => {
-                return Some(Breach {
-                    index: 0,
-                    primary: f64::NAN,
-                    cpu: f64::NAN,
-                });
-            }
+            _ => return Some(Breach::exact(0, f64::NAN, f64::NAN)),
         };
-        first_breach(
-            gemm_tolerance(dtype, gemm_k(contract)),
-            primary.into_iter(),
-            cpu.into_iter(),
-        )
+        match contract {
+            Contract::Gemm { call: Some(call), .. } => gemm_check::first_breach(
+                &call,
+                &GemmResult {
+                    dtype,
+                    scale,
+                    primary: &primary,
+                    cpu: &cpu,
+                    before,
+                },
+            ),
+            _ => first_breach(
+                gemm_tolerance(dtype, gemm_k(contract)),
+                primary.into_iter(),
+                cpu.into_iter(),
+            ),
+        }
     }
     #[cfg(test)]
     fn nudge(&mut self, index: usize, ulps: i32) -> bool {
@@ -237,7 +254,7 @@ impl Twin for Output<'_> {
 /// The K of a `gemm` contract (0, the K-free floor, for any other).
 fn gemm_k(contract: Contract) -> usize {
     match contract {
-        Contract::Gemm { k } => k,
+        Contract::Gemm { k, .. } => k,
         _ => 0,
     }
 }
@@ -272,11 +289,7 @@ impl Outcome for f64 {
 
 impl Outcome for bool {
     fn breach(&self, cpu: &bool, _: Contract) -> Option<Breach> {
-        (self != cpu).then_some(Breach {
-            index: 0,
-            primary: *self as u8 as f64,
-            cpu: *cpu as u8 as f64,
-        })
+        (self != cpu).then_some(Breach::exact(0, *self as u8 as f64, *cpu as u8 as f64))
     }
 }
 
@@ -292,7 +305,10 @@ impl Outcome for Vec<f32> {
 
 impl Outcome for GemmReport {
     fn breach(&self, cpu: &GemmReport, contract: Contract) -> Option<Breach> {
-        // The amax of the f32 result before the output cast: the largest |D|, each D within the f32 row.
+        // The amax of the f32 result before the output cast: the largest |D|, each D within its bound.
+        if let Contract::Gemm { call: Some(call), .. } = contract {
+            return gemm_check::amax_breach(&call, self.amax, cpu.amax);
+        }
         first_breach_f32(
             gemm_tolerance(GemmDtype::F32, gemm_k(contract)),
             &[self.amax],
@@ -332,11 +348,7 @@ fn cast_values(c: &Cast) -> Vec<f64> {
 impl Outcome for Cast {
     fn breach(&self, cpu: &Cast, contract: Contract) -> Option<Breach> {
         if self.tensor.format() != cpu.tensor.format() || self.tensor.shape() != cpu.tensor.shape() {
-            return Some(Breach {
-                index: 0,
-                primary: f64::NAN,
-                cpu: f64::NAN,
-            });
+            return Some(Breach::exact(0, f64::NAN, f64::NAN));
         }
         first_breach(contract, cast_values(self).into_iter(), cast_values(cpu).into_iter())
     }
@@ -358,11 +370,7 @@ impl Outcome for Cast {
 impl Outcome for Fp8TensorStats {
     fn breach(&self, cpu: &Fp8TensorStats, contract: Contract) -> Option<Breach> {
         if self.name != cpu.name || self.format != cpu.format {
-            return Some(Breach {
-                index: 0,
-                primary: f64::NAN,
-                cpu: f64::NAN,
-            });
+            return Some(Breach::exact(0, f64::NAN, f64::NAN));
         }
         let values = |s: &Fp8TensorStats| {
             [

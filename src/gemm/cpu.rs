@@ -38,6 +38,7 @@
 mod decode;
 mod epilogue;
 mod kernel;
+mod magnitude;
 #[cfg(test)]
 mod route_tests;
 mod scales;
@@ -53,6 +54,8 @@ use crate::error::{Error, Result};
 use epilogue::{Epilogue, OutTile, nan_max, out_tiles};
 use kernel::{Panel, matmul_nt};
 use scales::{RowScales, tensor_scale};
+
+pub(crate) use magnitude::{abs_product_sum, abs_product_sum_max};
 
 /// K elements per promotion of per-tensor FP8 GEMMs with `split_accumulator` (`docs/numerics.md`, GEMM).
 pub const SPLIT_K: usize = 128;
