@@ -13,8 +13,11 @@
 //! (step = K per mma, bits = 13 for FP8, 22 for 16-bit inputs), plus one unit in the
 //! last place of the output type at |reference| (spec 7's rtol per type).
 
+mod common;
+
 use std::process::ExitCode;
 
+use common::out_buf::{Out, OutBuf};
 use fp8_engine::backend::cuda::CudaDevice;
 use fp8_engine::backend::cuda::cublaslt::{CublasLt, LtInputs, LtOutput, cublaslt_present};
 use fp8_engine::backend::cuda::gemm::{gemm_host, gemm_host_with};
@@ -55,13 +58,6 @@ const FP8_SHAPES: &[(usize, usize, usize)] = &[
 const HALF_SHAPES: &[(usize, usize, usize)] =
     &[(1, 1, 8), (7, 9, 24), (128, 128, 64), (131, 250, 200), (260, 385, 520)];
 
-#[derive(Clone, Copy, Debug)]
-enum Out {
-    F32,
-    Bf16,
-    F16,
-    Fp8(Fp8Format),
-}
 const OUTS: [Out; 5] = [Out::F32, Out::Bf16, Out::F16, Out::Fp8(E4M3), Out::Fp8(E5M2)];
 
 /// Finite FP8 codes of `format` spread over about 8 binades around 1.
@@ -142,59 +138,14 @@ fn magnitude(a: &Operand, b: &Operand, alpha: f32) -> Vec<f64> {
     s
 }
 
-/// Output values as f32 (FP8 decoded and divided by the output scale).
-fn values(out: &OutBuf, scale: f32) -> Vec<f32> {
+/// Relative spacing of the output type, and its smallest subnormal (in output units).
+fn ulp(out: &OutBuf) -> (f64, f64) {
     match out {
-        OutBuf::F32(d) => d.clone(),
-        OutBuf::Bf16(d) => d.iter().map(|x| x.to_f32()).collect(),
-        OutBuf::F16(d) => d.iter().map(|x| x.to_f32()).collect(),
-        OutBuf::Fp8(d, f) => {
-            let t = f.decode_table();
-            d.iter().map(|&c| t[c as usize] / scale).collect()
-        }
-    }
-}
-
-#[derive(Clone)]
-enum OutBuf {
-    F32(Vec<f32>),
-    Bf16(Vec<bf16>),
-    F16(Vec<f16>),
-    Fp8(Vec<u8>, Fp8Format),
-}
-
-impl OutBuf {
-    fn new(kind: Out, init: &[f32]) -> Self {
-        match kind {
-            Out::F32 => OutBuf::F32(init.to_vec()),
-            Out::Bf16 => OutBuf::Bf16(vec![bf16::ZERO; init.len()]),
-            Out::F16 => OutBuf::F16(vec![f16::ZERO; init.len()]),
-            Out::Fp8(f) => OutBuf::Fp8(vec![0; init.len()], f),
-        }
-    }
-
-    fn output(&mut self, scale: f32) -> Output<'_> {
-        match self {
-            OutBuf::F32(d) => Output::F32(d),
-            OutBuf::Bf16(d) => Output::Bf16(d),
-            OutBuf::F16(d) => Output::F16(d),
-            OutBuf::Fp8(d, f) => Output::Fp8 {
-                codes: d,
-                format: *f,
-                scale,
-            },
-        }
-    }
-
-    /// Relative spacing of the type, and its smallest subnormal (in output units).
-    fn ulp(&self) -> (f64, f64) {
-        match self {
-            OutBuf::F32(_) => (0.0, 0.0),
-            OutBuf::Bf16(_) => (2f64.powi(-8), 1e-38),
-            OutBuf::F16(_) => (2f64.powi(-11), 2f64.powi(-24)),
-            OutBuf::Fp8(_, E4M3) => (2f64.powi(-3), 2f64.powi(-9)),
-            OutBuf::Fp8(_, E5M2) => (2f64.powi(-2), 2f64.powi(-16)),
-        }
+        OutBuf::F32(_) => (0.0, 0.0),
+        OutBuf::Bf16(_) => (2f64.powi(-8), 1e-38),
+        OutBuf::F16(_) => (2f64.powi(-11), 2f64.powi(-24)),
+        OutBuf::Fp8(_, E4M3) => (2f64.powi(-3), 2f64.powi(-9)),
+        OutBuf::Fp8(_, E5M2) => (2f64.powi(-2), 2f64.powi(-16)),
     }
 }
 
@@ -222,9 +173,9 @@ fn compare(
     let s = magnitude(a, b, params.alpha);
     let (step, bits) = if fp8 { (32.0, 13) } else { (16.0, 22) };
     let f32_tol = |sij: f64| sij * (k as f64 / step + 2.0) * 2f64.powi(-bits);
-    let (rel, sub) = cpu_out.ulp();
-    let cv = values(&cpu_out, out_scale);
-    let gv = values(&gpu_out, out_scale);
+    let (rel, sub) = ulp(&cpu_out);
+    let cv = cpu_out.values(out_scale);
+    let gv = gpu_out.values(out_scale);
     let mut worst_tol = 0.0f64;
     let mut worst_ratio = 0.0f64;
     for idx in 0..m * n {

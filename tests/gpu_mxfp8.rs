@@ -9,8 +9,11 @@
 //! quantizer. Below sm_89 the GEMM must be a typed error naming the GPU. Without
 //! a usable GPU this prints one line, "gpu_mxfp8: skipped: <why>", and passes.
 
+mod common;
+
 use std::process::ExitCode;
 
+use common::out_buf::{Out, OutBuf};
 use fp8_engine::backend::cuda::CudaDevice;
 use fp8_engine::backend::cuda::error_bound::{Accumulation, OutputUlp, accumulation_bound, worst_ratio};
 use fp8_engine::backend::cuda::gemm::gemm_host;
@@ -18,7 +21,6 @@ use fp8_engine::format::Fp8Format::{self, E4M3, E5M2};
 use fp8_engine::gemm::{GemmParams, GemmReport, Operand, Output, cpu};
 use fp8_engine::quantize::quantize_mxfp8;
 use fp8_engine::tensor::{QuantizedMatrix, Scales};
-use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -39,13 +41,6 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (128, 128, 256),
 ];
 
-#[derive(Clone, Copy, Debug)]
-enum Out {
-    F32,
-    Bf16,
-    F16,
-    Fp8(Fp8Format),
-}
 const OUTS: [Out; 4] = [Out::F32, Out::Bf16, Out::F16, Out::Fp8(E4M3)];
 
 /// How the E8M0 exponents of a probe are drawn.
@@ -134,59 +129,14 @@ fn magnitude(a: &QuantizedMatrix, fa: Fp8Format, b: &QuantizedMatrix, fb: Fp8For
     s
 }
 
-/// An output buffer of either backend.
-#[derive(Clone)]
-enum OutBuf {
-    F32(Vec<f32>),
-    Bf16(Vec<bf16>),
-    F16(Vec<f16>),
-    Fp8(Vec<u8>, Fp8Format),
-}
-
-impl OutBuf {
-    fn new(kind: Out, init: &[f32]) -> Self {
-        match kind {
-            Out::F32 => OutBuf::F32(init.to_vec()),
-            Out::Bf16 => OutBuf::Bf16(vec![bf16::ZERO; init.len()]),
-            Out::F16 => OutBuf::F16(vec![f16::ZERO; init.len()]),
-            Out::Fp8(f) => OutBuf::Fp8(vec![0; init.len()], f),
-        }
-    }
-
-    fn output(&mut self, scale: f32) -> Output<'_> {
-        match self {
-            OutBuf::F32(d) => Output::F32(d),
-            OutBuf::Bf16(d) => Output::Bf16(d),
-            OutBuf::F16(d) => Output::F16(d),
-            OutBuf::Fp8(d, f) => Output::Fp8 {
-                codes: d,
-                format: *f,
-                scale,
-            },
-        }
-    }
-
-    /// Values in output units (FP8 decoded and divided by the output scale).
-    fn values(&self, scale: f32) -> Vec<f32> {
-        match self {
-            OutBuf::F32(d) => d.clone(),
-            OutBuf::Bf16(d) => d.iter().map(|x| x.to_f32()).collect(),
-            OutBuf::F16(d) => d.iter().map(|x| x.to_f32()).collect(),
-            OutBuf::Fp8(d, f) => {
-                let t = f.decode_table();
-                d.iter().map(|&c| t[c as usize] / scale).collect()
-            }
-        }
-    }
-
-    fn ulp(&self) -> OutputUlp {
-        match self {
-            OutBuf::F32(_) => OutputUlp::F32,
-            OutBuf::Bf16(_) => OutputUlp::BF16,
-            OutBuf::F16(_) => OutputUlp::F16,
-            OutBuf::Fp8(_, E4M3) => OutputUlp::E4M3,
-            OutBuf::Fp8(_, E5M2) => OutputUlp::E5M2,
-        }
+/// The output's rounding, for the bound.
+fn ulp(out: &OutBuf) -> OutputUlp {
+    match out {
+        OutBuf::F32(_) => OutputUlp::F32,
+        OutBuf::Bf16(_) => OutputUlp::BF16,
+        OutBuf::F16(_) => OutputUlp::F16,
+        OutBuf::Fp8(_, E4M3) => OutputUlp::E4M3,
+        OutBuf::Fp8(_, E5M2) => OutputUlp::E5M2,
     }
 }
 
@@ -237,7 +187,7 @@ fn compare(
         .iter()
         .map(|&sij| accumulation_bound(Accumulation::Fp8, sij, k))
         .collect();
-    let w = worst_ratio(&gv, &cv, &acc, c_out.ulp(), out_scale as f64);
+    let w = worst_ratio(&gv, &cv, &acc, ulp(&c_out), out_scale as f64);
     if !w.passed() {
         return Err(format!("D[{}, {}]: {w}", w.index / n, w.index % n));
     }

@@ -1,6 +1,8 @@
 //! Deliberately simple references shared by the format tests.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod out_buf;
+
 use fp8_engine::format::{Fp8Format, Overflow};
 
 /// The value of an IEEE-style 8-bit code from its fields (numerics.md section 1):
