@@ -145,20 +145,30 @@ impl Counts {
     }
 }
 
+/// Elements counted in 32-bit lanes before the counts are widened: below `u32::MAX`, and
+/// 32-bit lanes hold 16 counts per AVX-512 vector where 64-bit ones hold 8.
+const NARROW_RUN: usize = 1 << 16;
+
 /// `[saturated, underflow, nonzero, nonfinite]` of one run (see [`Counts::add`]).
 #[inline(always)]
 fn count_run<A: Copy, V: Fn(f32, A) -> (bool, bool)>(xs: &[f32], aux: &[A], verdict: &V) -> [u64; 4] {
-    let (mut saturated, mut underflow, mut nonzero, mut nonfinite) = (0u64, 0u64, 0u64, 0u64);
-    for (&x, &a) in xs.iter().zip(aux) {
-        let finite = x.abs() < f32::INFINITY; // false for NaN too
-        let live = finite & (x != 0.0);
-        let (flushed, saturates) = verdict(x, a);
-        nonfinite += u64::from(!finite);
-        nonzero += u64::from(live);
-        underflow += u64::from(live & flushed);
-        saturated += u64::from(finite & saturates);
+    let mut total = [0u64; 4];
+    for (xs, aux) in xs.chunks(NARROW_RUN).zip(aux.chunks(NARROW_RUN)) {
+        let (mut saturated, mut underflow, mut nonzero, mut nonfinite) = (0u32, 0u32, 0u32, 0u32);
+        for (&x, &a) in xs.iter().zip(aux) {
+            let finite = x.abs() < f32::INFINITY; // false for NaN too
+            let live = finite & (x != 0.0);
+            let (flushed, saturates) = verdict(x, a);
+            nonfinite += u32::from(!finite);
+            nonzero += u32::from(live);
+            underflow += u32::from(live & flushed);
+            saturated += u32::from(finite & saturates);
+        }
+        for (t, c) in total.iter_mut().zip([saturated, underflow, nonzero, nonfinite]) {
+            *t += u64::from(c);
+        }
     }
-    [saturated, underflow, nonzero, nonfinite]
+    total
 }
 
 /// [`count_run`] compiled for AVX-512F or AVX2 where the CPU has them (the default x86-64
@@ -388,6 +398,29 @@ mod tests {
                 assert_eq!(stats.nonfinite, want.nonfinite, "{name} {role:?}");
             }
         }
+    }
+
+    #[test]
+    fn counts_of_runs_longer_than_the_narrow_lanes_add_up() {
+        // One run of three and a bit 32-bit chunks, every element non-zero, every third flushed,
+        // every fifth saturating, every seventh infinite.
+        let n = 3 * NARROW_RUN + 5;
+        let xs: Vec<f32> = (0..n)
+            .map(|i| if i % 7 == 0 { f32::INFINITY } else { 1.0 + i as f32 })
+            .collect();
+        let aux: Vec<u32> = (0..n as u32).collect();
+        let verdict = |_: f32, i: u32| (i % 3 == 0, i % 5 == 0);
+        let mut want = [0u64; 4];
+        for (i, &x) in xs.iter().enumerate() {
+            let finite = x.is_finite();
+            want[0] += u64::from(finite && i % 5 == 0);
+            want[1] += u64::from(finite && i % 3 == 0);
+            want[2] += u64::from(finite);
+            want[3] += u64::from(!finite);
+        }
+        assert!(want[2] > NARROW_RUN as u64 * 2, "the run spans several narrow chunks");
+        assert_eq!(widest::count(&xs, &aux, &verdict), want);
+        assert_eq!(count_run(&xs, &aux, &verdict), want);
     }
 
     #[test]

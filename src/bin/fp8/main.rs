@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
+mod allocator;
 mod args;
 mod base_args;
 mod bench;
@@ -113,6 +114,7 @@ fn one_line(err: &clap::Error) -> String {
 }
 
 fn main() -> ExitCode {
+    allocator::keep_freed_memory();
     let parsed = parse(std::env::args_os());
     let cli = match parsed {
         Ok(cli) => cli,
