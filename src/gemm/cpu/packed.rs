@@ -1,0 +1,502 @@
+//! Our own packed f32 GEMM for f32 outputs (AVX-512): the crate's sums, bit for bit, without
+//! its per-call repacking, our transpose of a K-major B, or a separate epilogue pass.
+//!
+//! The sums are the contract of `kernel.rs`: each output element is an FMA chain over K from
+//! +0 in K order within each chunk, and the chunk sums are added to it in order (`dst + chunk`).
+//! The crate's packed micro-kernels compute exactly that on the shapes [`super::layout_free`]
+//! admits (its kernels never cut a chunk of at most 512, and every kernel it picks for such a
+//! shape keeps one register accumulator per element); the caller takes this route only there.
+//!
+//! How it runs (napkin math for the 1024 x 1024 x 256 on 2 cores, ~2 x 150 GFLOP/s):
+//! * B is packed once per GEMM, shared by all threads, in panels of [`NR`] = 64 of its rows
+//!   (`[K][64]`, zero-padded, 64-byte aligned): the crate repacked B for every call (every band),
+//!   and a K-major B first went through a transpose (`transpose.rs`); 4 (N + 63) K bytes.
+//! * The output is cut into bands of whole rows, one rayon task each; a band walks blocks of
+//!   B panels that fit half of a 2 MiB L2 (`L2_BUDGET`), and for each block, strips of [`MR`] = 6
+//!   rows of A packed `[K][6]` (24 KiB at K = 1024, in L1) against every panel of the block.
+//! * A 6 x 64 micro-tile keeps 24 AVX-512 accumulators over one chunk of K (4 loads of B and 6
+//!   broadcasts of A per 24 FMAs), adds the chunk to the tile's sum, and after the last chunk
+//!   finishes the tile (`* factor`, `+ bias`, `+ beta * old`, amax) straight into the output.
+
+use rayon::prelude::*;
+
+use super::decode::{self, Unscaled};
+use super::epilogue::{Epilogue, nan_max};
+use super::kernel::Panel;
+
+/// Rows of A per micro-tile.
+pub(super) const MR: usize = 6;
+/// Rows of B (output columns) per micro-tile: 4 AVX-512 vectors of f32.
+pub(super) const NR: usize = 64;
+/// Bytes of packed B panels a band works on at a time (half of the 2 MiB L2 of the machine in
+/// docs/benchmarks.md; the A strip and output tiles take the rest).
+const L2_BUDGET: usize = 1 << 20;
+/// Bands per thread: enough to even out a ragged last band, few enough to keep them tall.
+const BANDS_PER_THREAD: usize = 2;
+/// Packed elements from which B is packed on all threads (below, ~30 us of copying).
+const PARALLEL_MIN: usize = 1 << 16;
+/// f32 lanes per 64-byte line: the packed panels start on one.
+const LINE: usize = 16;
+
+/// Whether this CPU runs the packed kernel (AVX-512F); elsewhere the crate does all GEMMs.
+pub(super) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// B packed in panels of [`NR`] rows: panel `p` holds `B[64 p + jj, kk]` at `[kk * 64 + jj]`.
+pub(super) struct PackedB {
+    values: Unscaled<'static>,
+    /// Index of the first 64-byte aligned element of `values`.
+    start: usize,
+    n: usize,
+    k: usize,
+}
+
+impl PackedB {
+    /// Packs every row of `b` (rows `first..first + rows`, its whole K).
+    pub(super) fn pack(b: Panel) -> Self {
+        let (n, k) = (b.rows, b.k);
+        let panels = n.div_ceil(NR);
+        let panel_len = NR * k;
+        let mut values = decode::buffer(panels * panel_len + LINE);
+        let start = values.as_ptr().align_offset(64).min(LINE);
+        let pack_one = |(p, panel): (usize, &mut [f32])| pack_b_panel(&b, p * NR, panel);
+        if panel_len > 0 {
+            let dst = &mut values[start..start + panels * panel_len];
+            if dst.len() >= PARALLEL_MIN {
+                dst.par_chunks_mut(panel_len).enumerate().for_each(pack_one);
+            } else {
+                dst.chunks_mut(panel_len).enumerate().for_each(pack_one);
+            }
+        }
+        PackedB {
+            values: Unscaled::Decoded(values),
+            start,
+            n,
+            k,
+        }
+    }
+
+    fn panel(&self, p: usize) -> &[f32] {
+        let len = NR * self.k;
+        &self.values[self.start + p * len..self.start + (p + 1) * len]
+    }
+}
+
+/// `panel[kk * NR + jj] = B[j0 + jj, kk]`, zero past B's last row.
+fn pack_b_panel(b: &Panel, j0: usize, panel: &mut [f32]) {
+    let width = NR.min(b.rows - j0);
+    if width < NR {
+        panel.fill(0.0);
+    }
+    let row0 = b.first + j0;
+    if b.row_stride == 1 {
+        // N-contiguous (a stored transpose): 64 consecutive values per step of K.
+        for (kk, dst) in panel.chunks_exact_mut(NR).enumerate() {
+            let at = row0 + (b.k0 + kk) * b.k_stride;
+            dst[..width].copy_from_slice(&b.data[at..at + width]);
+        }
+    } else {
+        // K-major: 16 steps of K at a time, so the 16 packed rows written (4 KiB) stay in L1
+        // while each B row gives 16 consecutive values.
+        const STEP: usize = 16;
+        for kb in (0..b.k).step_by(STEP) {
+            let len = STEP.min(b.k - kb);
+            for jj in 0..width {
+                let at = (row0 + jj) * b.row_stride + (b.k0 + kb) * b.k_stride;
+                for t in 0..len {
+                    panel[(kb + t) * NR + jj] = b.data[at + t * b.k_stride];
+                }
+            }
+        }
+    }
+}
+
+/// `strip[kk * MR + r] = A[i0 + r, kk]` for the `rows` (at most [`MR`]) rows from `i0`, zero
+/// past them.
+fn pack_a_strip(a: &Panel, i0: usize, rows: usize, strip: &mut [f32]) {
+    if rows < MR {
+        strip.fill(0.0);
+    }
+    let row0 = a.first + i0;
+    if a.row_stride == 1 {
+        for (kk, dst) in strip.chunks_exact_mut(MR).enumerate() {
+            let at = row0 + (a.k0 + kk) * a.k_stride;
+            dst[..rows].copy_from_slice(&a.data[at..at + rows]);
+        }
+    } else {
+        for r in 0..rows {
+            let at = (row0 + r) * a.row_stride + a.k0 * a.k_stride;
+            for kk in 0..a.k {
+                strip[kk * MR + r] = a.data[at + kk * a.k_stride];
+            }
+        }
+    }
+}
+
+/// Rows per band for an `m`-row output on `threads` threads: [`BANDS_PER_THREAD`] bands per
+/// thread, each a whole number of [`MR`]-row strips.
+pub(super) fn band_rows(m: usize, threads: usize) -> usize {
+    m.div_ceil(BANDS_PER_THREAD * threads.max(1))
+        .next_multiple_of(MR)
+        .max(MR)
+}
+
+/// `out = epilogue(A B^T)` for the f32 output `out` (`a.rows x b.n`, row-major; read only for
+/// `beta != 0`), K summed in chunks of `chunk`; returns the amax. Bands of rows run as rayon
+/// tasks against the shared packed B.
+pub(super) fn gemm_f32(out: &mut [f32], a: Panel, b: &PackedB, chunk: usize, epilogue: &Epilogue) -> f32 {
+    let (m, n) = (a.rows, b.n);
+    assert!(
+        a.k == b.k && out.len() == m * n && a.in_bounds() && chunk > 0 && available(),
+        "packed gemm: inconsistent call (A {m}x{}, B {n}x{}, out {}, chunk {chunk})",
+        a.k,
+        b.k,
+        out.len()
+    );
+    if m == 0 || n == 0 {
+        return 0.0;
+    }
+    let band = band_rows(m, rayon::current_num_threads());
+    out.par_chunks_mut(band * n)
+        .enumerate()
+        .map(|(t, rows_out)| {
+            let a_band = Panel {
+                first: a.first + t * band,
+                rows: rows_out.len() / n,
+                ..a
+            };
+            run_band(rows_out, &a_band, b, chunk, epilogue)
+        })
+        .reduce(|| 0.0, nan_max)
+}
+
+/// One band: blocks of B panels (L2), strips of A (L1), micro-tiles.
+fn run_band(out: &mut [f32], a: &Panel, b: &PackedB, chunk: usize, epilogue: &Epilogue) -> f32 {
+    let (rows, n, k) = (a.rows, b.n, a.k);
+    let panels = n.div_ceil(NR);
+    let block = (L2_BUDGET / (4 * NR * k).max(1)).clamp(1, panels);
+    let mut strip = vec![0.0f32; MR * k];
+    let mut amax = Amax::default();
+    for p0 in (0..panels).step_by(block) {
+        for i0 in (0..rows).step_by(MR) {
+            let strip_rows = MR.min(rows - i0);
+            pack_a_strip(a, i0, strip_rows, &mut strip);
+            for p in p0..panels.min(p0 + block) {
+                let j0 = p * NR;
+                let tile = TileOut {
+                    out: &mut out[i0 * n..],
+                    row_stride: n,
+                    rows: strip_rows,
+                    cols: NR.min(n - j0),
+                    j0,
+                };
+                micro_tile(&strip, b.panel(p), chunk, tile, epilogue, &mut amax);
+            }
+        }
+    }
+    amax.value()
+}
+
+/// Where a micro-tile lands: `rows x cols` from column `j0` of `out` (row stride `row_stride`).
+struct TileOut<'a> {
+    out: &'a mut [f32],
+    row_stride: usize,
+    rows: usize,
+    cols: usize,
+    j0: usize,
+}
+
+/// A running amax: the largest |v| seen, and whether any v was NaN ([`nan_max`]'s result).
+#[derive(Default)]
+struct Amax {
+    max: f32,
+    nan: bool,
+}
+
+impl Amax {
+    fn value(&self) -> f32 {
+        if self.nan { f32::NAN } else { self.max }
+    }
+}
+
+/// One micro-tile over the whole K, finished into the output.
+fn micro_tile(strip: &[f32], panel: &[f32], chunk: usize, tile: TileOut, epilogue: &Epilogue, amax: &mut Amax) {
+    let k = strip.len() / MR;
+    let last = (tile.rows - 1) * tile.row_stride + tile.j0 + tile.cols;
+    let bias = epilogue.bias.map(|b| &b[tile.j0..tile.j0 + tile.cols]);
+    assert!(
+        panel.len() == NR * k
+            && (1..=MR).contains(&tile.rows)
+            && (1..=NR).contains(&tile.cols)
+            && last <= tile.out.len(),
+        "packed gemm: micro-tile out of bounds"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `available()` (asserted by `gemm_f32`, the only caller's entry) says the CPU has
+    // AVX-512F. The assert above checked every access: the kernel reads `MR * k` strip values
+    // and `NR * k` panel values, `cols` bias values, and reads/writes `cols` values of each of
+    // `rows` output rows `row_stride` apart from column `j0`, all inside `tile.out`.
+    unsafe {
+        avx512::micro_tile(strip, panel, chunk, tile, bias, epilogue, amax);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (strip, panel, chunk, tile, bias, amax);
+        unreachable!("packed gemm without AVX-512");
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{Amax, Epilogue, MR, NR, TileOut};
+
+    /// Accumulators of a micro-tile: row `r`, vector `c` (columns `16 c..16 c + 16`) at `4 r + c`.
+    type Acc = [__m512; MR * 4];
+
+    /// See [`super::micro_tile`], which checks the bounds.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn micro_tile(
+        strip: &[f32],
+        panel: &[f32],
+        chunk: usize,
+        tile: TileOut,
+        bias: Option<&[f32]>,
+        epilogue: &Epilogue,
+        amax: &mut Amax,
+    ) {
+        let k = strip.len() / MR;
+        let mut sum: Acc = [_mm512_setzero_ps(); MR * 4];
+        let mut k0 = 0;
+        while k0 < k {
+            let len = chunk.min(k - k0);
+            // SAFETY: `k0 + len <= k`: the chunk's strip and panel values lie inside them.
+            let part = unsafe { chunk_sum(strip.as_ptr().add(k0 * MR), panel.as_ptr().add(k0 * NR), len) };
+            for (s, p) in sum.iter_mut().zip(&part) {
+                // The first chunk is the sum; later ones are added to it (`dst + chunk`).
+                *s = if k0 == 0 { *p } else { _mm512_add_ps(*s, *p) };
+            }
+            k0 += len;
+        }
+        let (factor, beta) = (_mm512_set1_ps(epilogue.factor), _mm512_set1_ps(epilogue.beta));
+        let mut max = _mm512_setzero_ps();
+        let mut nan: __mmask16 = 0;
+        for r in 0..tile.rows {
+            let row = &mut tile.out[r * tile.row_stride + tile.j0..][..tile.cols];
+            for c in 0..4 {
+                let lanes = tile.cols.saturating_sub(16 * c).min(16);
+                if lanes == 0 {
+                    break;
+                }
+                let mask: __mmask16 = ((1u32 << lanes) - 1) as u16;
+                // SAFETY (loads and stores): lanes `16 c..16 c + lanes` of `row` and `bias`
+                // exist (both hold `cols` values); masked-off lanes are not touched.
+                let dst = unsafe { row.as_mut_ptr().add(16 * c) };
+                // The epilogue's order (`epilogue.rs`): `* factor`, `+ bias`, `+ beta * old`.
+                let mut v = _mm512_mul_ps(sum[4 * r + c], factor);
+                if let Some(bias) = bias {
+                    v = _mm512_add_ps(v, unsafe { _mm512_maskz_loadu_ps(mask, bias.as_ptr().add(16 * c)) });
+                }
+                if epilogue.beta != 0.0 {
+                    let old = unsafe { _mm512_maskz_loadu_ps(mask, dst) };
+                    v = _mm512_add_ps(v, _mm512_mul_ps(beta, old));
+                }
+                nan |= _mm512_mask_cmp_ps_mask::<_CMP_UNORD_Q>(mask, v, v);
+                max = _mm512_mask_max_ps(max, mask, max, _mm512_abs_ps(v));
+                unsafe { _mm512_mask_storeu_ps(dst, mask, v) };
+            }
+        }
+        amax.nan |= nan != 0;
+        amax.max = amax.max.max(_mm512_reduce_max_ps(max));
+    }
+
+    /// The FMA chains of one chunk: `acc[r][j] = fma(B[kk][j], A[kk][r], acc[r][j])` for `kk`
+    /// in order from +0, on `len` steps of the packed strip (`[len][6]`) and panel (`[len][64]`).
+    #[target_feature(enable = "avx512f")]
+    unsafe fn chunk_sum(a: *const f32, b: *const f32, len: usize) -> Acc {
+        let mut acc: Acc = [_mm512_setzero_ps(); MR * 4];
+        for kk in 0..len {
+            // SAFETY: the caller's strip and panel hold `len` steps from `a` and `b`.
+            let (a, b) = unsafe { (a.add(kk * MR), b.add(kk * NR)) };
+            let bv = unsafe {
+                [
+                    _mm512_loadu_ps(b),
+                    _mm512_loadu_ps(b.add(16)),
+                    _mm512_loadu_ps(b.add(32)),
+                    _mm512_loadu_ps(b.add(48)),
+                ]
+            };
+            for r in 0..MR {
+                let ar = _mm512_set1_ps(unsafe { *a.add(r) });
+                for c in 0..4 {
+                    acc[4 * r + c] = _mm512_fmadd_ps(bv[c], ar, acc[4 * r + c]);
+                }
+            }
+        }
+        acc
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `[rows, k]` values with wide magnitudes (sums that round) and exact zeros.
+    fn values(rows: usize, k: usize, seed: f32) -> Vec<f32> {
+        (0..rows * k)
+            .map(|i| (i as f32 * seed).sin() * 2f32.powi((i % 11) as i32 - 5))
+            .collect()
+    }
+
+    /// The contract, element by element: an FMA chain from +0 per chunk, chunks added in
+    /// order, then `* factor`, `+ bias`, `+ beta * old`.
+    fn reference(a: &Panel, b: &Panel, chunk: usize, epilogue: &Epilogue, old: &[f32]) -> Vec<f32> {
+        let at = |p: &Panel, r: usize, kk: usize| p.data[(p.first + r) * p.row_stride + (p.k0 + kk) * p.k_stride];
+        let (m, n, k) = (a.rows, b.rows, a.k);
+        let mut out = vec![0.0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let mut total = 0.0f32;
+                for k0 in (0..k).step_by(chunk) {
+                    let mut acc = 0.0f32;
+                    for kk in k0..k.min(k0 + chunk) {
+                        acc = at(b, j, kk).mul_add(at(a, i, kk), acc);
+                    }
+                    total = if k0 == 0 { acc } else { total + acc };
+                }
+                let mut v = total * epilogue.factor;
+                if let Some(bias) = epilogue.bias {
+                    v += bias[j];
+                }
+                if epilogue.beta != 0.0 {
+                    v += epilogue.beta * old[i * n + j];
+                }
+                out[i * n + j] = v;
+            }
+        }
+        out
+    }
+
+    /// Panels of `[rows, k]` values stored K-major, or as their `[k, rows]` transpose.
+    fn panel(values: &[f32], rows: usize, k: usize, transposed: bool) -> Panel<'_> {
+        let (row_stride, k_stride) = if transposed { (1, rows) } else { (k, 1) };
+        Panel {
+            data: values,
+            row_stride,
+            k_stride,
+            first: 0,
+            rows,
+            k0: 0,
+            k,
+        }
+    }
+
+    fn transpose(x: &[f32], rows: usize, k: usize) -> Vec<f32> {
+        (0..rows * k).map(|i| x[(i % rows) * k + i / rows]).collect()
+    }
+
+    #[test]
+    fn packed_sums_are_the_ordered_fma_chains_of_the_contract() {
+        assert!(
+            available(),
+            "this test needs AVX-512F (the machines of docs/benchmarks.md have it)"
+        );
+        // Ragged strips and panels, one row or column, chunks of 512 and 128 with short tails.
+        for (m, n, k, chunk) in [
+            (13, 70, 100, 100),
+            (6, 64, 1030, 344),
+            (1, 129, 300, 128),
+            (40, 1, 257, 128),
+        ] {
+            let (a, b) = (values(m, k, 0.731), values(n, k, 0.377));
+            let (at, bt) = (transpose(&a, m, k), transpose(&b, n, k));
+            let bias = values(1, n, 0.219);
+            let old = values(m, n, 0.113);
+            for (factor, bias, beta) in [(1.0, None, 0.0), (0.375, Some(&bias[..]), 0.5)] {
+                let epilogue = Epilogue { factor, bias, beta };
+                let want = reference(&panel(&a, m, k, false), &panel(&b, n, k, false), chunk, &epilogue, &old);
+                let want_amax = want.iter().fold(0.0f32, |x, &v| nan_max(x, v));
+                for (pa, pb) in [
+                    (panel(&a, m, k, false), panel(&b, n, k, false)),
+                    (panel(&at, m, k, true), panel(&bt, n, k, true)),
+                ] {
+                    let mut got = old.clone();
+                    let amax = gemm_f32(&mut got, pa, &PackedB::pack(pb), chunk, &epilogue);
+                    let case = format!("{m}x{n}x{k} chunk {chunk}, factor {factor}, beta {beta}");
+                    assert_eq!(amax.to_bits(), want_amax.to_bits(), "amax, {case}");
+                    let first = got.iter().zip(&want).position(|(g, w)| g.to_bits() != w.to_bits());
+                    assert!(first.is_none(), "element {first:?} differs, {case}");
+                }
+            }
+        }
+    }
+
+    /// A NaN (or an infinity times zero) shows in its output elements and the amax; beta = 0
+    /// never reads the old output, even a NaN one.
+    #[test]
+    fn nan_products_reach_the_output_and_the_amax() {
+        assert!(available(), "this test needs AVX-512F");
+        let (m, n, k) = (20, 100, 64);
+        let mut a = values(m, k, 0.731);
+        let mut b = values(n, k, 0.377);
+        a[7 * k + 3] = f32::NAN;
+        b[99 * k + 5] = f32::INFINITY;
+        a[19 * k + 5] = 0.0;
+        let epilogue = Epilogue {
+            factor: 1.0,
+            bias: None,
+            beta: 0.0,
+        };
+        let mut out = vec![f32::NAN; m * n];
+        let amax = gemm_f32(
+            &mut out,
+            panel(&a, m, k, false),
+            &PackedB::pack(panel(&b, n, k, false)),
+            64,
+            &epilogue,
+        );
+        assert!(amax.is_nan());
+        for i in 0..m {
+            for j in 0..n {
+                let nan = i == 7 || (i == 19 && j == 99);
+                assert_eq!(out[i * n + j].is_nan(), nan, "({i}, {j})");
+            }
+        }
+        // Without the NaN row the amax is the largest finite |v| or the infinity.
+        let (a, m) = (&a[8 * k..19 * k], 11);
+        let mut out = vec![f32::NAN; m * n];
+        let amax = gemm_f32(
+            &mut out,
+            panel(a, m, k, false),
+            &PackedB::pack(panel(&b, n, k, false)),
+            64,
+            &epilogue,
+        );
+        assert_eq!(amax, f32::INFINITY);
+    }
+
+    #[test]
+    fn bands_are_whole_strips_for_every_thread() {
+        assert_eq!(band_rows(1024, 2), 258);
+        assert_eq!(band_rows(1024, 1), 516);
+        assert_eq!(band_rows(5, 2), 6);
+        assert_eq!(band_rows(0, 2), 6);
+        for (m, threads) in [(1024, 2), (256, 2), (100, 1), (7, 4)] {
+            let band = band_rows(m, threads);
+            assert_eq!(band % MR, 0);
+            assert!(
+                m.div_ceil(band) <= BANDS_PER_THREAD * threads,
+                "{m} rows on {threads} threads"
+            );
+        }
+    }
+}
