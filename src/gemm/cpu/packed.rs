@@ -103,9 +103,24 @@ fn pack_b_panel(b: &Panel, j0: usize, panel: &mut [f32]) {
             let at = row0 + (b.k0 + kk) * b.k_stride;
             dst[..width].copy_from_slice(&b.data[at..at + width]);
         }
+    } else if b.k_stride == 1 && available() {
+        // K-major: 16 x 16 blocks transposed in registers (a scalar gather costs ~0.8 ns a
+        // value, ~6% of a 1024 x 768 x 256 GEMM).
+        let last = (row0 + width - 1) * b.row_stride + b.k0 + b.k;
+        assert!(
+            last <= b.data.len() && panel.len() == NR * b.k,
+            "packed gemm: B panel out of bounds"
+        );
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX-512F is available (checked above); the assert checked that rows
+        // `row0..row0 + width`, K columns `k0..k0 + k`, lie in `b.data` and that `panel` holds
+        // `NR * k` values, the only memory `pack_k_major` touches.
+        unsafe {
+            avx512::pack_k_major(b.data, row0 * b.row_stride + b.k0, b.row_stride, width, b.k, panel);
+        }
     } else {
-        // K-major: 16 steps of K at a time, so the 16 packed rows written (4 KiB) stay in L1
-        // while each B row gives 16 consecutive values.
+        // Any other layout: 16 steps of K at a time, so the 16 packed rows written (4 KiB) stay
+        // in L1 while each B row gives 16 consecutive values.
         const STEP: usize = 16;
         for kb in (0..b.k).step_by(STEP) {
             let len = STEP.min(b.k - kb);
@@ -183,12 +198,29 @@ fn run_band(out: &mut [f32], a: &Panel, b: &PackedB, chunk: usize, epilogue: &Ep
     let (rows, n, k) = (a.rows, b.n, a.k);
     let panels = n.div_ceil(NR);
     let block = (L2_BUDGET / (4 * NR * k).max(1)).clamp(1, panels);
-    let mut strip = vec![0.0f32; MR * k];
+    // A K-contiguous A is read in place (six row streams); any other layout is packed per strip.
+    let in_place = a.k_stride == 1;
+    let mut strip = vec![0.0f32; if in_place { 0 } else { MR * k }];
     let mut amax = Amax::default();
     for p0 in (0..panels).step_by(block) {
         for i0 in (0..rows).step_by(MR) {
             let strip_rows = MR.min(rows - i0);
-            pack_a_strip(a, i0, strip_rows, &mut strip);
+            let a_rows = if in_place {
+                // Rows past the band's end repeat its first row: read, summed, never stored.
+                let row = |r: usize| (a.first + i0 + if r < strip_rows { r } else { 0 }) * a.row_stride + a.k0;
+                ARows {
+                    data: a.data,
+                    starts: std::array::from_fn(row),
+                    k_stride: 1,
+                }
+            } else {
+                pack_a_strip(a, i0, strip_rows, &mut strip);
+                ARows {
+                    data: &strip,
+                    starts: std::array::from_fn(|r| r),
+                    k_stride: MR,
+                }
+            };
             for p in p0..panels.min(p0 + block) {
                 let j0 = p * NR;
                 let tile = TileOut {
@@ -198,11 +230,19 @@ fn run_band(out: &mut [f32], a: &Panel, b: &PackedB, chunk: usize, epilogue: &Ep
                     cols: NR.min(n - j0),
                     j0,
                 };
-                micro_tile(&strip, b.panel(p), chunk, tile, epilogue, &mut amax);
+                micro_tile(&a_rows, b.panel(p), chunk, tile, epilogue, &mut amax);
             }
         }
     }
     amax.value()
+}
+
+/// The [`MR`] rows of A a micro-tile reads: row `r`'s value at step `kk` of K is
+/// `data[starts[r] + kk * k_stride]`.
+struct ARows<'a> {
+    data: &'a [f32],
+    starts: [usize; MR],
+    k_stride: usize,
 }
 
 /// Where a micro-tile lands: `rows x cols` from column `j0` of `out` (row stride `row_stride`).
@@ -227,13 +267,15 @@ impl Amax {
     }
 }
 
-/// One micro-tile over the whole K, finished into the output.
-fn micro_tile(strip: &[f32], panel: &[f32], chunk: usize, tile: TileOut, epilogue: &Epilogue, amax: &mut Amax) {
-    let k = strip.len() / MR;
+/// One micro-tile over the whole K (`panel.len() / NR` steps), finished into the output.
+fn micro_tile(a: &ARows, panel: &[f32], chunk: usize, tile: TileOut, epilogue: &Epilogue, amax: &mut Amax) {
+    let k = panel.len() / NR;
     let last = (tile.rows - 1) * tile.row_stride + tile.j0 + tile.cols;
     let bias = epilogue.bias.map(|b| &b[tile.j0..tile.j0 + tile.cols]);
+    let a_last = a.starts.iter().max().map(|&s| s + k.saturating_sub(1) * a.k_stride);
     assert!(
-        panel.len() == NR * k
+        k > 0
+            && a_last.is_some_and(|l| l < a.data.len())
             && (1..=MR).contains(&tile.rows)
             && (1..=NR).contains(&tile.cols)
             && last <= tile.out.len(),
@@ -241,15 +283,16 @@ fn micro_tile(strip: &[f32], panel: &[f32], chunk: usize, tile: TileOut, epilogu
     );
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `available()` (asserted by `gemm_f32`, the only caller's entry) says the CPU has
-    // AVX-512F. The assert above checked every access: the kernel reads `MR * k` strip values
-    // and `NR * k` panel values, `cols` bias values, and reads/writes `cols` values of each of
-    // `rows` output rows `row_stride` apart from column `j0`, all inside `tile.out`.
+    // AVX-512F. The assert above checked every access: the kernel reads `k` steps of each A row
+    // (the last at `a_last`) and `NR * k` panel values, `cols` bias values, and reads/writes
+    // `cols` values of each of `rows` output rows `row_stride` apart from column `j0`, all
+    // inside `tile.out`.
     unsafe {
-        avx512::micro_tile(strip, panel, chunk, tile, bias, epilogue, amax);
+        avx512::micro_tile(a, panel, chunk, tile, bias, epilogue, amax);
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (strip, panel, chunk, tile, bias, amax);
+        let _ = (a, panel, chunk, tile, bias, amax);
         unreachable!("packed gemm without AVX-512");
     }
 }
@@ -258,7 +301,7 @@ fn micro_tile(strip: &[f32], panel: &[f32], chunk: usize, tile: TileOut, epilogu
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{Amax, Epilogue, MR, NR, TileOut};
+    use super::{ARows, Amax, Epilogue, MR, NR, TileOut};
 
     /// Accumulators of a micro-tile: row `r`, vector `c` (columns `16 c..16 c + 16`) at `4 r + c`.
     type Acc = [__m512; MR * 4];
@@ -266,7 +309,7 @@ mod avx512 {
     /// See [`super::micro_tile`], which checks the bounds.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn micro_tile(
-        strip: &[f32],
+        a: &ARows,
         panel: &[f32],
         chunk: usize,
         tile: TileOut,
@@ -274,13 +317,17 @@ mod avx512 {
         epilogue: &Epilogue,
         amax: &mut Amax,
     ) {
-        let k = strip.len() / MR;
+        let k = panel.len() / NR;
         let mut sum: Acc = [_mm512_setzero_ps(); MR * 4];
         let mut k0 = 0;
         while k0 < k {
             let len = chunk.min(k - k0);
-            // SAFETY: `k0 + len <= k`: the chunk's strip and panel values lie inside them.
-            let part = unsafe { chunk_sum(strip.as_ptr().add(k0 * MR), panel.as_ptr().add(k0 * NR), len) };
+            // SAFETY: `k0 + len <= k`: the chunk's A and panel values lie inside the steps the
+            // caller checked.
+            let part = unsafe {
+                let rows = a.starts.map(|start| a.data.as_ptr().add(start + k0 * a.k_stride));
+                chunk_sum(rows, a.k_stride, panel.as_ptr().add(k0 * NR), len)
+            };
             for (s, p) in sum.iter_mut().zip(&part) {
                 // The first chunk is the sum; later ones are added to it (`dst + chunk`).
                 *s = if k0 == 0 { *p } else { _mm512_add_ps(*s, *p) };
@@ -319,14 +366,75 @@ mod avx512 {
         amax.max = amax.max.max(_mm512_reduce_max_ps(max));
     }
 
-    /// The FMA chains of one chunk: `acc[r][j] = fma(B[kk][j], A[kk][r], acc[r][j])` for `kk`
-    /// in order from +0, on `len` steps of the packed strip (`[len][6]`) and panel (`[len][64]`).
+    /// `panel[kk * NR + jj] = data[start + jj * row_stride + kk]` for `jj < width`, `kk < k`
+    /// (rows past `width` are left as they are), in 16 x 16 blocks transposed in registers.
     #[target_feature(enable = "avx512f")]
-    unsafe fn chunk_sum(a: *const f32, b: *const f32, len: usize) -> Acc {
+    pub(super) unsafe fn pack_k_major(
+        data: &[f32],
+        start: usize,
+        row_stride: usize,
+        width: usize,
+        k: usize,
+        panel: &mut [f32],
+    ) {
+        for g in 0..width.div_ceil(16) {
+            let rows = (width - 16 * g).min(16);
+            for kb in (0..k).step_by(16) {
+                let len = (k - kb).min(16);
+                let mask: __mmask16 = ((1u32 << len) - 1) as u16;
+                let mut m = [_mm512_setzero_ps(); 16];
+                for (r, v) in m.iter_mut().enumerate().take(rows) {
+                    // SAFETY: row `16 g + r < width`, columns `kb..kb + len` (masked) lie in
+                    // `data` (the caller's bounds).
+                    *v = unsafe {
+                        _mm512_maskz_loadu_ps(mask, data.as_ptr().add(start + (16 * g + r) * row_stride + kb))
+                    };
+                }
+                transpose16(&mut m);
+                for (t, v) in m.iter().enumerate().take(len) {
+                    // SAFETY: step `kb + t < k`, lanes `16 g..16 g + 16` of a 64-wide row.
+                    unsafe { _mm512_storeu_ps(panel.as_mut_ptr().add((kb + t) * NR + 16 * g), *v) };
+                }
+            }
+        }
+    }
+
+    /// Transposes the 16 x 16 matrix `m` (row `r` = `m[r]`), one index bit at a time: the step
+    /// for bit `h` swaps bit `h` of the row with bit `h` of the column, so after the four steps
+    /// `(r, c)` is at `(c, r)`.
+    #[target_feature(enable = "avx512f")]
+    fn transpose16(m: &mut [__m512; 16]) {
+        for h in [8usize, 4, 2, 1] {
+            // Row i (bit h clear) keeps its columns with bit h clear and takes row i + h's
+            // columns c - h for the others; row i + h takes row i's columns c + h for its
+            // columns with bit h clear and keeps the others (`permutex2var`: index bit 4 picks
+            // the second operand).
+            let low: [i32; 16] = std::array::from_fn(|c| if c & h == 0 { c } else { 16 + c - h } as i32);
+            let high: [i32; 16] = std::array::from_fn(|c| if c & h == 0 { c + h } else { 16 + c } as i32);
+            // SAFETY: loads from two local 16-value arrays.
+            let (low, high) = unsafe {
+                (
+                    _mm512_loadu_si512(low.as_ptr().cast()),
+                    _mm512_loadu_si512(high.as_ptr().cast()),
+                )
+            };
+            for i in (0..16).filter(|i| i & h == 0) {
+                let (x, y) = (m[i], m[i + h]);
+                m[i] = _mm512_permutex2var_ps(x, low, y);
+                m[i + h] = _mm512_permutex2var_ps(x, high, y);
+            }
+        }
+    }
+
+    /// The FMA chains of one chunk: `acc[r][j] = fma(B[kk][j], A[r][kk], acc[r][j])` for `kk`
+    /// in order from +0, on `len` steps of the A rows (`a_rows[r] + kk * a_step`) and of the
+    /// packed panel (`[len][64]` from `b`).
+    #[target_feature(enable = "avx512f")]
+    unsafe fn chunk_sum(a_rows: [*const f32; MR], a_step: usize, b: *const f32, len: usize) -> Acc {
         let mut acc: Acc = [_mm512_setzero_ps(); MR * 4];
         for kk in 0..len {
-            // SAFETY: the caller's strip and panel hold `len` steps from `a` and `b`.
-            let (a, b) = unsafe { (a.add(kk * MR), b.add(kk * NR)) };
+            // SAFETY: the caller's A rows and panel hold `len` steps.
+            let b = unsafe { b.add(kk * NR) };
             let bv = unsafe {
                 [
                     _mm512_loadu_ps(b),
@@ -336,7 +444,7 @@ mod avx512 {
                 ]
             };
             for r in 0..MR {
-                let ar = _mm512_set1_ps(unsafe { *a.add(r) });
+                let ar = _mm512_set1_ps(unsafe { *a_rows[r].add(kk * a_step) });
                 for c in 0..4 {
                     acc[4 * r + c] = _mm512_fmadd_ps(bv[c], ar, acc[4 * r + c]);
                 }
