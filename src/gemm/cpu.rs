@@ -19,21 +19,29 @@
 //! Then the epilogue: `+ bias[j]`, `+ beta * D_old` (f32 output only; beta = 0
 //! never reads it), the amax of that f32 result, and the cast to the output.
 //!
-//! Two shortcuts, taken only when every crate call has a layout-free shape
-//! ([`layout_free`], so the sums cannot change): a K-major B is read from an
-//! N-contiguous copy (`transpose.rs`), and an f32 output with beta = 0 is cut
-//! into bands of whole rows that the crate sums into directly, finished there
-//! by the epilogue (no accumulator tile to copy back). `route_tests.rs` holds
-//! them to the plain tile route bit for bit.
+//! Shortcuts, taken only when every crate call has a layout-free shape
+//! ([`layout_free`], so the sums cannot change):
+//!
+//! * on CPUs with AVX-512F, an f32 output of plain or per-tensor operands (the
+//!   whole-K and split modes) runs our own packed kernel (`packed.rs`): B packed
+//!   once and shared by the threads, the crate's FMA chains in the same order,
+//!   the epilogue applied as each micro-tile is stored;
+//! * elsewhere, a K-major B is read from an N-contiguous copy (`transpose.rs`),
+//!   and an f32 output with beta = 0 is cut into bands of whole rows that the
+//!   crate sums into directly, finished there by the epilogue (no accumulator
+//!   tile to copy back).
+//!
+//! `route_tests.rs` holds both to the plain tile route bit for bit.
 //!
 //! On the CPU both accumulation modes are f32 (the crate keeps its partial
 //! sums in f32 registers with FMA); split accumulation only changes where the
 //! partial sums meet the accumulator, so the two differ by f32 rounding, not
 //! by the GPU's ~13-bit fast accumulator.
 //!
-//! Memory: the decoded operands (`4 (M + N) K` bytes; a K-major B also as its
-//! `4 N K`-byte transpose, `transpose.rs`) plus two f32 tiles per running task;
-//! nothing of size `M x N x K/128`.
+//! Memory: the decoded operands (`4 (M + N) K` bytes; B also as its packed copy,
+//! `4 ceil(N / 64) 64 K` bytes, or a K-major B as its `4 N K`-byte transpose,
+//! `transpose.rs`) plus two f32 tiles (or one A strip of `24 K` bytes) per
+//! running task; nothing of size `M x N x K/128`.
 
 mod decode;
 mod epilogue;

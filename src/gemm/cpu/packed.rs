@@ -432,8 +432,29 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     unsafe fn chunk_sum(a_rows: [*const f32; MR], a_step: usize, b: *const f32, len: usize) -> Acc {
         let mut acc: Acc = [_mm512_setzero_ps(); MR * 4];
-        for kk in 0..len {
-            // SAFETY: the caller's A rows and panel hold `len` steps.
+        let mut kk = 0;
+        // Four steps per trip (in order, one at a time: the same chains).
+        while kk + 4 <= len {
+            for u in 0..4 {
+                // SAFETY: `kk + u < len` steps of the caller's A rows and panel.
+                unsafe { step(&mut acc, a_rows, a_step, b, kk + u) };
+            }
+            kk += 4;
+        }
+        while kk < len {
+            // SAFETY: as above.
+            unsafe { step(&mut acc, a_rows, a_step, b, kk) };
+            kk += 1;
+        }
+        acc
+    }
+
+    /// Step `kk` of K for every accumulator of the micro-tile.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn step(acc: &mut Acc, a_rows: [*const f32; MR], a_step: usize, b: *const f32, kk: usize) {
+        {
+            // SAFETY: the caller's A rows and panel hold step `kk`.
             let b = unsafe { b.add(kk * NR) };
             let bv = unsafe {
                 [
@@ -450,7 +471,6 @@ mod avx512 {
                 }
             }
         }
-        acc
     }
 }
 
