@@ -97,11 +97,19 @@ fn pack_b_panel(b: &Panel, j0: usize, panel: &mut [f32]) {
         panel.fill(0.0);
     }
     let row0 = b.first + j0;
-    if b.row_stride == 1 {
+    if b.row_stride == 1 && available() {
         // N-contiguous (a stored transpose): 64 consecutive values per step of K.
-        for (kk, dst) in panel.chunks_exact_mut(NR).enumerate() {
-            let at = row0 + (b.k0 + kk) * b.k_stride;
-            dst[..width].copy_from_slice(&b.data[at..at + width]);
+        let last = row0 + width + (b.k0 + b.k - 1) * b.k_stride;
+        assert!(
+            last <= b.data.len() && panel.len() == NR * b.k,
+            "packed gemm: B panel out of bounds"
+        );
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX-512F is available (checked above); the assert checked that `width` values
+        // from `row0 + (k0 + kk) k_stride` lie in `b.data` for every `kk < k`, and that `panel`
+        // holds `NR * k` values, the only memory `pack_n_contiguous` touches.
+        unsafe {
+            avx512::pack_n_contiguous(b.data, row0 + b.k0 * b.k_stride, b.k_stride, width, b.k, panel);
         }
     } else if b.k_stride == 1 && available() {
         // K-major: 16 x 16 blocks transposed in registers (a scalar gather costs ~0.8 ns a
@@ -134,23 +142,48 @@ fn pack_b_panel(b: &Panel, j0: usize, panel: &mut [f32]) {
     }
 }
 
-/// `strip[kk * MR + r] = A[i0 + r, kk]` for the `rows` (at most [`MR`]) rows from `i0`, zero
-/// past them.
-fn pack_a_strip(a: &Panel, i0: usize, rows: usize, strip: &mut [f32]) {
-    if rows < MR {
-        strip.fill(0.0);
+/// `dst[..src.len()] = src` for the [`MR`]-value rows of a packed strip: a whole row as one
+/// fixed-size copy (vector moves; a `memcpy` call per 24-byte row cost several % of an fp32
+/// layer step in `perf`).
+fn copy_row(src: &[f32], dst: &mut [f32]) {
+    match (<&[f32; MR]>::try_from(src), <&mut [f32; MR]>::try_from(&mut *dst)) {
+        (Ok(src), Ok(dst)) => *dst = *src,
+        _ => dst[..src.len()].iter_mut().zip(src).for_each(|(d, &s)| *d = s),
     }
-    let row0 = a.first + i0;
+}
+
+/// Strips `s0..s1` of the band `a` packed ([`MR`] rows each): strip `s` holds `A[6 s + r, kk]`
+/// at `[s * 6 K + kk * 6 + r]`, zero past the band's last row.
+fn pack_a_strips(a: &Panel, s0: usize, s1: usize, strips: &mut [f32]) {
+    let (rows, k) = (a.rows, a.k);
+    let strips = &mut strips[s0 * MR * k..s1 * MR * k];
+    if s1 * MR > rows {
+        let last = strips.len() - MR * k;
+        strips[last..].fill(0.0);
+    }
     if a.row_stride == 1 {
-        for (kk, dst) in strip.chunks_exact_mut(MR).enumerate() {
-            let at = row0 + (a.k0 + kk) * a.k_stride;
-            dst[..rows].copy_from_slice(&a.data[at..at + rows]);
+        // A stored transposed: each step of K holds the rows as one contiguous run. 32 steps
+        // at a time, then strip by strip (a strip's 32 steps are 768 contiguous bytes). Both
+        // simpler orders were slow at 1024 x 256 x 1024: a strip over all K reads 6 values from
+        // a new page per step (~20% of the GEMM), and a step over all strips writes 24 bytes to
+        // each of ~80 strips 24 KiB apart, which share their L1 sets (~20% too).
+        const STEPS: usize = 32;
+        for k0 in (0..k).step_by(STEPS) {
+            for (s, strip) in (s0..s1).zip(strips.chunks_exact_mut(MR * k)) {
+                let width = MR.min(rows - s * MR);
+                for kk in k0..k.min(k0 + STEPS) {
+                    let at = a.first + s * MR + (a.k0 + kk) * a.k_stride;
+                    copy_row(&a.data[at..at + width], &mut strip[kk * MR..][..MR]);
+                }
+            }
         }
     } else {
-        for r in 0..rows {
-            let at = (row0 + r) * a.row_stride + a.k0 * a.k_stride;
-            for kk in 0..a.k {
-                strip[kk * MR + r] = a.data[at + kk * a.k_stride];
+        for (s, strip) in (s0..s1).zip(strips.chunks_exact_mut(MR * k)) {
+            for r in 0..MR.min(rows - s * MR) {
+                let at = (a.first + s * MR + r) * a.row_stride + a.k0 * a.k_stride;
+                for kk in 0..k {
+                    strip[kk * MR + r] = a.data[at + kk * a.k_stride];
+                }
             }
         }
     }
@@ -198,9 +231,15 @@ fn run_band(out: &mut [f32], a: &Panel, b: &PackedB, chunk: usize, epilogue: &Ep
     let (rows, n, k) = (a.rows, b.n, a.k);
     let panels = n.div_ceil(NR);
     let block = (L2_BUDGET / (4 * NR * k).max(1)).clamp(1, panels);
-    // A K-contiguous A is read in place (six row streams); any other layout is packed per strip.
+    // A K-contiguous A is read in place (six row streams); any other layout is packed once per
+    // band (`24 K` bytes a strip, in a kept buffer). Packing 8 strips at a time just before
+    // their first use measured slower (at 1024 x 256 x 1024, 18% of the GEMM against 13%).
     let in_place = a.k_stride == 1;
-    let mut strip = vec![0.0f32; if in_place { 0 } else { MR * k }];
+    let band_strips = rows.div_ceil(MR);
+    let mut strips = decode::buffer(if in_place { 0 } else { band_strips * MR * k });
+    if !in_place {
+        pack_a_strips(a, 0, band_strips, &mut strips);
+    }
     let mut amax = Amax::default();
     for p0 in (0..panels).step_by(block) {
         for i0 in (0..rows).step_by(MR) {
@@ -214,10 +253,9 @@ fn run_band(out: &mut [f32], a: &Panel, b: &PackedB, chunk: usize, epilogue: &Ep
                     k_stride: 1,
                 }
             } else {
-                pack_a_strip(a, i0, strip_rows, &mut strip);
                 ARows {
-                    data: &strip,
-                    starts: std::array::from_fn(|r| r),
+                    data: &strips,
+                    starts: std::array::from_fn(|r| i0 * k + r),
                     k_stride: MR,
                 }
             };
@@ -234,6 +272,8 @@ fn run_band(out: &mut [f32], a: &Panel, b: &PackedB, chunk: usize, epilogue: &Ep
             }
         }
     }
+    // Back to this thread's kept buffers for the next band.
+    drop(Unscaled::Decoded(strips));
     amax.value()
 }
 
@@ -394,6 +434,33 @@ mod avx512 {
                 for (t, v) in m.iter().enumerate().take(len) {
                     // SAFETY: step `kb + t < k`, lanes `16 g..16 g + 16` of a 64-wide row.
                     unsafe { _mm512_storeu_ps(panel.as_mut_ptr().add((kb + t) * NR + 16 * g), *v) };
+                }
+            }
+        }
+    }
+
+    /// `panel[kk * NR + jj] = data[start + kk * k_stride + jj]` for `jj < width`, `kk < k`,
+    /// zero for `width <= jj < NR`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pack_n_contiguous(
+        data: &[f32],
+        start: usize,
+        k_stride: usize,
+        width: usize,
+        k: usize,
+        panel: &mut [f32],
+    ) {
+        let masks: [__mmask16; 4] = std::array::from_fn(|g| {
+            let lanes = width.saturating_sub(16 * g).min(16);
+            ((1u32 << lanes) - 1) as u16
+        });
+        for kk in 0..k {
+            for (g, &mask) in masks.iter().enumerate() {
+                // SAFETY: the masked lanes are values `< width` of step `kk` (the caller's
+                // bounds); the store is lanes `16 g..16 g + 16` of the step's 64-wide row.
+                unsafe {
+                    let v = _mm512_maskz_loadu_ps(mask, data.as_ptr().wrapping_add(start + kk * k_stride + 16 * g));
+                    _mm512_storeu_ps(panel.as_mut_ptr().add(kk * NR + 16 * g), v);
                 }
             }
         }
