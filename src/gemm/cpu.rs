@@ -40,8 +40,9 @@
 //!
 //! Memory: the decoded operands (`4 (M + N) K` bytes; B also as its packed copy,
 //! `4 ceil(N / 64) 64 K` bytes, or a K-major B as its `4 N K`-byte transpose,
-//! `transpose.rs`) plus two f32 tiles (or one A strip of `24 K` bytes) per
-//! running task; nothing of size `M x N x K/128`.
+//! `transpose.rs`) plus two f32 tiles per running task (packed route: its band
+//! of an A that is not K-contiguous, `4 K` bytes a row); nothing of size
+//! `M x N x K/128`.
 
 mod decode;
 mod epilogue;

@@ -7,13 +7,15 @@
 //! admits (its kernels never cut a chunk of at most 512, and every kernel it picks for such a
 //! shape keeps one register accumulator per element); the caller takes this route only there.
 //!
-//! How it runs (napkin math for the 1024 x 1024 x 256 on 2 cores, ~2 x 150 GFLOP/s):
+//! How it runs:
 //! * B is packed once per GEMM, shared by all threads, in panels of [`NR`] = 64 of its rows
-//!   (`[K][64]`, zero-padded, 64-byte aligned): the crate repacked B for every call (every band),
-//!   and a K-major B first went through a transpose (`transpose.rs`); 4 (N + 63) K bytes.
+//!   (`[K][64]`, zero-padded, 64-byte aligned; a K-major B through 16 x 16 register
+//!   transposes): the crate repacked B for every call (every band), and a K-major B first went
+//!   through a transpose (`transpose.rs`). `4 ceil(N / 64) 64 K` bytes.
 //! * The output is cut into bands of whole rows, one rayon task each; a band walks blocks of
 //!   B panels that fit half of a 2 MiB L2 (`L2_BUDGET`), and for each block, strips of [`MR`] = 6
-//!   rows of A packed `[K][6]` (24 KiB at K = 1024, in L1) against every panel of the block.
+//!   rows of A (read in place when K-contiguous, else packed `[K][6]` once per band) against
+//!   every panel of the block.
 //! * A 6 x 64 micro-tile keeps 24 AVX-512 accumulators over one chunk of K (4 loads of B and 6
 //!   broadcasts of A per 24 FMAs), adds the chunk to the tile's sum, and after the last chunk
 //!   finishes the tile (`* factor`, `+ bias`, `+ beta * old`, amax) straight into the output.
