@@ -30,8 +30,9 @@ use super::kernel::Panel;
 pub(super) const MR: usize = 6;
 /// Rows of B (output columns) per micro-tile: 4 AVX-512 vectors of f32.
 pub(super) const NR: usize = 64;
-/// Bytes of packed B panels a band works on at a time (half of the 2 MiB L2 of the machine in
-/// docs/benchmarks.md; the A strip and output tiles take the rest).
+/// Bytes of packed B panels a band works on at a time: half of a 2 MiB L2 (the per-core L2 of
+/// the 2-core machine the benchmarks ran on; 512 KiB measured no faster), the A strips and
+/// output tiles take the rest.
 const L2_BUDGET: usize = 1 << 20;
 /// Bands per thread: enough to even out a ragged last band, few enough to keep them tall.
 const BANDS_PER_THREAD: usize = 2;
@@ -247,7 +248,7 @@ fn run_band(out: &mut [f32], a: &Panel, b: &PackedB, chunk: usize, epilogue: &Ep
         for i0 in (0..rows).step_by(MR) {
             let strip_rows = MR.min(rows - i0);
             let a_rows = if in_place {
-                // Rows past the band's end repeat its first row: read, summed, never stored.
+                // Rows past the band's end repeat the strip's first row: read, summed, never stored.
                 let row = |r: usize| (a.first + i0 + if r < strip_rows { r } else { 0 }) * a.row_stride + a.k0;
                 ARows {
                     data: a.data,
