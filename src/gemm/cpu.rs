@@ -19,26 +19,36 @@
 //! Then the epilogue: `+ bias[j]`, `+ beta * D_old` (f32 output only; beta = 0
 //! never reads it), the amax of that f32 result, and the cast to the output.
 //!
-//! Two shortcuts, taken only when every crate call has a layout-free shape
-//! ([`layout_free`], so the sums cannot change): a K-major B is read from an
-//! N-contiguous copy (`transpose.rs`), and an f32 output with beta = 0 is cut
-//! into bands of whole rows that the crate sums into directly, finished there
-//! by the epilogue (no accumulator tile to copy back). `route_tests.rs` holds
-//! them to the plain tile route bit for bit.
+//! Shortcuts, taken only when every crate call has a layout-free shape
+//! ([`layout_free`], so the sums cannot change):
+//!
+//! * on CPUs with AVX-512F, an f32 output of plain or per-tensor operands (the
+//!   whole-K and split modes) runs our own packed kernel (`packed.rs`): B packed
+//!   once and shared by the threads, the crate's FMA chains in the same order,
+//!   the epilogue applied as each micro-tile is stored;
+//! * elsewhere, a K-major B is read from an N-contiguous copy (`transpose.rs`),
+//!   and an f32 output with beta = 0 is cut into bands of whole rows that the
+//!   crate sums into directly, finished there by the epilogue (no accumulator
+//!   tile to copy back).
+//!
+//! `route_tests.rs` holds both to the plain tile route bit for bit.
 //!
 //! On the CPU both accumulation modes are f32 (the crate keeps its partial
 //! sums in f32 registers with FMA); split accumulation only changes where the
 //! partial sums meet the accumulator, so the two differ by f32 rounding, not
 //! by the GPU's ~13-bit fast accumulator.
 //!
-//! Memory: the decoded operands (`4 (M + N) K` bytes; a K-major B also as its
-//! `4 N K`-byte transpose, `transpose.rs`) plus two f32 tiles per running task;
-//! nothing of size `M x N x K/128`.
+//! Memory: the decoded operands (`4 (M + N) K` bytes; B also as its packed copy,
+//! `4 ceil(N / 64) 64 K` bytes, or a K-major B as its `4 N K`-byte transpose,
+//! `transpose.rs`) plus two f32 tiles per running task (packed route: its band
+//! of an A that is not K-contiguous, `4 K` bytes a row); nothing of size
+//! `M x N x K/128`.
 
 mod decode;
 mod epilogue;
 mod kernel;
 mod magnitude;
+mod packed;
 #[cfg(test)]
 mod route_tests;
 mod scales;
@@ -68,13 +78,30 @@ pub fn gemm(a: &Operand, b: &Operand, out: Output, params: &GemmParams) -> Resul
 /// Which ways of running a GEMM [`gemm_routed`] may take; all give the same bits.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Route {
-    /// A K-major B through its transpose, f32 outputs finished in place, where the calls
-    /// are layout-free.
+    /// Where the calls are layout-free: f32 outputs of unscaled chunks through our packed
+    /// kernel (`packed.rs`, on AVX-512), else [`Route::FastCrate`]'s shortcuts.
     Fast,
+    /// The fast route without our packed kernel: a K-major B through its transpose, f32
+    /// outputs finished in place (what CPUs without AVX-512 run).
+    #[cfg(test)]
+    FastCrate,
     /// Every operand read as stored and every output through accumulator tiles (the
-    /// reference the tests hold the fast route to).
+    /// reference the tests hold the fast routes to).
     #[cfg(test)]
     Tiles,
+}
+
+impl Route {
+    /// Whether the route takes shortcuts where the calls are layout-free.
+    fn fast(self) -> bool {
+        match self {
+            Route::Fast => true,
+            #[cfg(test)]
+            Route::FastCrate => true,
+            #[cfg(test)]
+            Route::Tiles => false,
+        }
+    }
 }
 
 /// [`gemm`] on the given route.
@@ -97,10 +124,38 @@ fn gemm_routed(a: &Operand, b: &Operand, out: Output, params: &GemmParams, route
     let band = tiles::band_rows(plan.m, threads);
     // Layout-free calls sum the same whatever the operands' layout and the tiling
     // (`layout_free`): only then may B be transposed or the output cut differently.
-    let free = route == Route::Fast && calls_layout_free(&plan, steps, tm, tn);
+    let free = route.fast() && calls_layout_free(&plan, steps, tm, tn);
     let in_place =
         free && params.beta == 0.0 && matches!(out, Output::F32(_)) && calls_layout_free(&plan, steps, band, plan.n);
     let ((a_rows, a_k), (mut b_rows, mut b_k)) = (a.strides(), b.strides());
+    // f32 outputs of unscaled chunks: our packed kernel, B packed once for all threads in
+    // place of the transpose and the crate's per-call packing (`packed.rs`; the same sums).
+    if free
+        && route == Route::Fast
+        && packed::available()
+        && let Some(chunk) = steps.chunk(plan.k)
+        && let Output::F32(d) = out
+    {
+        let a_panel = Panel {
+            data: &av,
+            row_stride: a_rows,
+            k_stride: a_k,
+            first: 0,
+            rows: plan.m,
+            k0: 0,
+            k: plan.k,
+        };
+        let b_panel = Panel {
+            data: &bv,
+            row_stride: b_rows,
+            k_stride: b_k,
+            rows: plan.n,
+            ..a_panel
+        };
+        let packed_b = packed::PackedB::pack(b_panel);
+        let amax = packed::gemm_f32(d, a_panel, &packed_b, chunk, &epilogue);
+        return Ok(GemmReport { amax });
+    }
     // A K-major B is read from an N-contiguous copy (`transpose.rs`).
     let bv = if b_k == 1 && bv.len() == plan.n * plan.k && free {
         (b_rows, b_k) = (1, plan.n);
@@ -225,6 +280,15 @@ enum Steps {
 }
 
 impl Steps {
+    /// The length of the chunks whose sums are added in order, for the unscaled steps.
+    fn chunk(self, k: usize) -> Option<usize> {
+        match self {
+            Steps::Whole => Some(kernel::k_chunk(k)),
+            Steps::Split { k_block } => Some(k_block),
+            Steps::Scaled { .. } => None,
+        }
+    }
+
     fn of(plan: &GemmPlan, params: &GemmParams) -> Self {
         match plan.scales.k_block() {
             Some(k_block) => Steps::Scaled { k_block },

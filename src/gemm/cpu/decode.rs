@@ -19,7 +19,7 @@ use crate::error::Result;
 /// Elements per parallel widening chunk.
 const CHUNK: usize = 1 << 16;
 /// Decoded buffers a thread keeps: the two operands of one GEMM and B's transpose
-/// (`transpose.rs`), which is taken while B's decoded copy is still held.
+/// (`transpose.rs`) or packed copy (`packed.rs`), taken while B's decoded copy is still held.
 const KEPT: usize = 3;
 /// Largest buffer kept (64 MiB of f32): bigger ones are freed, so a rare huge GEMM does not
 /// hold its operands' size for the rest of the run.
@@ -66,7 +66,7 @@ impl Drop for Unscaled<'_> {
 /// A buffer of `len` values, reusing one this thread kept (the largest, which most often
 /// fits). Its contents are unspecified (a reused buffer keeps old values instead of paying
 /// a pass of zeros): every caller overwrites all of them.
-fn buffer(len: usize) -> Vec<f32> {
+pub(super) fn buffer(len: usize) -> Vec<f32> {
     let mut values = BUFFERS
         .try_with(|kept| {
             let mut kept = kept.borrow_mut();

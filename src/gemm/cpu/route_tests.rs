@@ -1,6 +1,7 @@
-//! The fast route of the CPU GEMM (a K-major B through its transpose, f32 outputs finished in
-//! place) against the tile route it replaces: the same bits and amax on every shape, operand
-//! type, scale layout, epilogue and output, ragged tiles and K tails included. Shapes whose
+//! The fast routes of the CPU GEMM (our packed kernel for f32 outputs; a K-major B through its
+//! transpose and f32 outputs finished in place on the crate) against the tile route they
+//! replace: the same bits and amax on every shape, operand type, scale layout, epilogue and
+//! output, ragged tiles and K tails included. Shapes whose
 //! calls are not all layout-free take the tile route either way; they are here to show that
 //! the gate keeps them there.
 
@@ -77,19 +78,21 @@ fn assert_routes_agree(what: &str, a: &Operand, b: &Operand, m: usize, n: usize,
                         bias,
                         split_accumulator,
                     };
-                    let mut results = [Route::Fast, Route::Tiles].map(|route| {
+                    let [fast, fast_crate, tiles] = [Route::Fast, Route::FastCrate, Route::Tiles].map(|route| {
                         let mut out = Out::fresh(out_kind, &old);
                         let amax = gemm_routed(a, b, out.output(), &params, route).unwrap().amax;
                         (out.bits(), amax.to_bits())
                     });
-                    let [(fast, fast_amax), (tiles, tiles_amax)] = &mut results;
-                    let case = format!(
-                        "{what} {m}x{n}: output {out_kind}, alpha {alpha}, beta {beta}, bias {}, split {split_accumulator}",
-                        bias.is_some()
-                    );
-                    assert_eq!(fast_amax, tiles_amax, "amax, {case}");
-                    let first = fast.iter().zip(tiles.iter()).position(|(x, y)| x != y);
-                    assert!(first.is_none(), "element {first:?} differs, {case}");
+                    for (route, (got, got_amax)) in [("fast", fast), ("fast crate", fast_crate)] {
+                        let case = format!(
+                            "{what} {m}x{n}, {route} route: output {out_kind}, alpha {alpha}, beta {beta}, \
+                             bias {}, split {split_accumulator}",
+                            bias.is_some()
+                        );
+                        assert_eq!(got_amax, tiles.1, "amax, {case}");
+                        let first = got.iter().zip(tiles.0.iter()).position(|(x, y)| x != y);
+                        assert!(first.is_none(), "element {first:?} differs, {case}");
+                    }
                 }
             }
         }
