@@ -25,6 +25,7 @@
 
 use rayon::prelude::*;
 
+use super::attention_product::{applies, product, simd_available};
 use super::check::{elements, len};
 use crate::error::{Error, Result};
 use crate::gemm::cpu::{F32View, f32_nt_serial, layout_free};
@@ -86,18 +87,52 @@ fn operand<'a>(view: F32View<'a>, m: usize, n: usize, copy: &'a mut Vec<f32>) ->
     F32View::k_major(copy, view.rows, view.k, view.k)
 }
 
-/// Per-task copies for [`operand`] (empty unless a shape needs them).
-#[derive(Default)]
-struct Copies(Vec<f32>, Vec<f32>);
+/// The per-task products: [`product`] where it gives the crate's bits (`attention_product.rs`),
+/// else the crate on this task's thread, through [`operand`] copies where a shape needs them.
+struct Products {
+    fast: bool,
+    copies: (Vec<f32>, Vec<f32>),
+}
 
-impl Copies {
-    /// `out [m, n] = alpha * a . b^T (+ beta * out)` in f32 on this task's thread (the same
-    /// bits as the GEMM entry point).
-    fn matmul_nt(&mut self, a: F32View, b: F32View, alpha: f32, beta: f32, out: &mut [f32]) -> Result<()> {
+impl Products {
+    fn new(fast: bool) -> Self {
+        Products {
+            fast,
+            copies: Default::default(),
+        }
+    }
+
+    /// `out [m, n] = alpha * a . b^T (+ beta * out)` in f32 (the same bits as the GEMM entry
+    /// point). With `causal = Some(i0)` row `r` needs only columns `0..=i0 + r`; the others may
+    /// be left unwritten.
+    fn matmul_nt(
+        &mut self,
+        a: F32View,
+        b: F32View,
+        alpha: f32,
+        beta: f32,
+        out: &mut [f32],
+        causal: Option<usize>,
+    ) -> Result<()> {
+        if self.fast && applies(&a, &b) {
+            return product(a, b, alpha, beta, out, causal);
+        }
         let (m, n) = (a.rows, b.rows);
-        let a = operand(a, m, n, &mut self.0);
-        let b = operand(b, m, n, &mut self.1);
+        let a = operand(a, m, n, &mut self.copies.0);
+        let b = operand(b, m, n, &mut self.copies.1);
         f32_nt_serial(a, b, alpha, beta, out)
+    }
+}
+
+/// `[rows, head_dim]` rows `stride` apart, as its `[head_dim, rows]` transpose in `dst`
+/// (the products' B operands want the output's columns contiguous).
+fn transpose_head(src: &[f32], rows: usize, d: usize, stride: usize, dst: &mut Vec<f32>) {
+    dst.clear();
+    dst.resize(rows * d, 0.0);
+    for (j, row) in src.chunks(stride).take(rows).enumerate() {
+        for (c, &x) in row[..d].iter().enumerate() {
+            dst[c * rows + j] = x;
+        }
     }
 }
 
@@ -173,6 +208,22 @@ pub fn attention_forward(
     out: &mut [f32],
     lse: &mut [f32],
 ) -> Result<()> {
+    forward_with(q, k, v, shape, softmax_scale, dtype, out, lse, simd_available())
+}
+
+/// [`attention_forward`], its products through [`product`] where `fast` allows (same bits).
+#[allow(clippy::too_many_arguments)]
+fn forward_with(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    shape: AttentionShape,
+    softmax_scale: f32,
+    dtype: Dtype,
+    out: &mut [f32],
+    lse: &mut [f32],
+    fast: bool,
+) -> Result<()> {
     let (tokens, hidden) = check_inputs(&shape, q, k, v, lse.len())?;
     len("attention out [batch*seq, heads*head_dim]", tokens, hidden, out.len())?;
     let AttentionShape {
@@ -191,7 +242,12 @@ pub fn attention_forward(
         .map(|(bh, lse_h)| -> Result<Vec<f32>> {
             let (b, h) = (bh / heads, bh % heads);
             let at = |i0: usize| head_start(&shape, b, h, i0);
-            let mut copies = Copies::default();
+            let mut products = Products::new(fast);
+            // K^T `[head_dim, seq]` for the fast products (S's columns contiguous).
+            let mut k_t = Vec::new();
+            if fast {
+                transpose_head(&k[at(0)..], seq, d, hidden, &mut k_t);
+            }
             let mut oh = vec![0.0; seq * d];
             let mut scores = Vec::with_capacity(Q_BLOCK * seq);
             for i0 in (0..seq).step_by(Q_BLOCK) {
@@ -199,22 +255,30 @@ pub fn attention_forward(
                 let (rows, keys) = (i1 - i0, i1); // causal: no key past the block's last query
                 scores.clear();
                 scores.resize(rows * keys, 0.0);
-                copies.matmul_nt(
+                let k_view = if fast {
+                    F32View::transposed(&k_t, keys, d, seq)
+                } else {
+                    F32View::k_major(&k[at(0)..], keys, d, hidden)
+                };
+                // Scores past the diagonal are never read (the softmax zeroes them).
+                products.matmul_nt(
                     F32View::k_major(&q[at(i0)..], rows, d, hidden),
-                    F32View::k_major(&k[at(0)..], keys, d, hidden),
+                    k_view,
                     softmax_scale,
                     0.0,
                     &mut scores,
+                    Some(i0),
                 )?;
                 causal_softmax(&mut scores, keys, i0, LseMode::Compute(&mut lse_h[i0..i1]));
                 dtype.round_slice(&mut scores);
                 // O = P V: B is V^T `[head_dim, keys]`, read from V's rows.
-                copies.matmul_nt(
+                products.matmul_nt(
                     F32View::k_major(&scores, rows, keys, keys),
                     F32View::transposed(&v[at(0)..], d, keys, hidden),
                     1.0,
                     0.0,
                     &mut oh[i0 * d..i1 * d],
+                    None,
                 )?;
             }
             dtype.round_slice(&mut oh);
@@ -244,6 +308,27 @@ pub fn attention_backward(
     dk: &mut [f32],
     dv: &mut [f32],
 ) -> Result<()> {
+    let fast = simd_available();
+    backward_with(
+        [dout, q, k, v, out, lse],
+        shape,
+        softmax_scale,
+        dtype,
+        [dq, dk, dv],
+        fast,
+    )
+}
+
+/// [`attention_backward`] on `[dout, q, k, v, out, lse]`, its products through [`product`]
+/// where `fast` allows (same bits).
+fn backward_with(
+    [dout, q, k, v, out, lse]: [&[f32]; 6],
+    shape: AttentionShape,
+    softmax_scale: f32,
+    dtype: Dtype,
+    [dq, dk, dv]: [&mut [f32]; 3],
+    fast: bool,
+) -> Result<()> {
     let (tokens, hidden) = check_inputs(&shape, q, k, v, lse.len())?;
     len("attention dout [batch*seq, heads*head_dim]", tokens, hidden, dout.len())?;
     len("attention out [batch*seq, heads*head_dim]", tokens, hidden, out.len())?;
@@ -268,7 +353,13 @@ pub fn attention_backward(
             let at = |i0: usize| head_start(&shape, b, h, i0);
             let (mut dqh, mut dkh, mut dvh) = (vec![0.0; seq * d], vec![0.0; seq * d], vec![0.0; seq * d]);
             // Scratch reused across blocks.
-            let mut copies = Copies::default();
+            let mut products = Products::new(fast);
+            // K^T and V^T `[head_dim, seq]` for the fast products (S's and dP's columns contiguous).
+            let (mut k_t, mut v_t) = (Vec::new(), Vec::new());
+            if fast {
+                transpose_head(&k[at(0)..], seq, d, hidden, &mut k_t);
+                transpose_head(&v[at(0)..], seq, d, hidden, &mut v_t);
+            }
             let mut p = Vec::with_capacity(Q_BLOCK * seq);
             let mut dp = Vec::with_capacity(Q_BLOCK * seq);
             let mut delta = [0.0f32; Q_BLOCK];
@@ -279,21 +370,27 @@ pub fn attention_backward(
                 let q_blk = F32View::k_major(&q[at(i0)..], rows, d, hidden);
                 let do_blk = F32View::k_major(&dout[at(i0)..], rows, d, hidden);
                 let (k_keys, v_keys) = (&k[at(0)..], &v[at(0)..]);
-                // P recomputed from the saved lse.
+                let (k_view, v_view) = if fast {
+                    (
+                        F32View::transposed(&k_t, keys, d, seq),
+                        F32View::transposed(&v_t, keys, d, seq),
+                    )
+                } else {
+                    (
+                        F32View::k_major(k_keys, keys, d, hidden),
+                        F32View::k_major(v_keys, keys, d, hidden),
+                    )
+                };
+                // P recomputed from the saved lse; entries past the diagonal are never read
+                // before the softmax zeroes them, nor those of dP (dS is 0 where P is).
                 p.clear();
                 p.resize(rows * keys, 0.0);
-                copies.matmul_nt(
-                    q_blk,
-                    F32View::k_major(k_keys, keys, d, hidden),
-                    softmax_scale,
-                    0.0,
-                    &mut p,
-                )?;
+                products.matmul_nt(q_blk, k_view, softmax_scale, 0.0, &mut p, Some(i0))?;
                 causal_softmax(&mut p, keys, i0, LseMode::Given(&lse_h[i0..i1]));
                 // dP = dO V^T
                 dp.clear();
                 dp.resize(rows * keys, 0.0);
-                copies.matmul_nt(do_blk, F32View::k_major(v_keys, keys, d, hidden), 1.0, 0.0, &mut dp)?;
+                products.matmul_nt(do_blk, v_view, 1.0, 0.0, &mut dp, Some(i0))?;
                 // D_i = rowsum(dO * O)
                 for (r, dl) in delta[..rows].iter_mut().enumerate() {
                     let row = at(i0 + r);
@@ -309,28 +406,31 @@ pub fn attention_backward(
                 dtype.round_slice(&mut dp);
                 dtype.round_slice(&mut p);
                 // dV[..keys] += P^T dO: A is P^T `[keys, rows]`, B is dO^T `[head_dim, rows]`.
-                copies.matmul_nt(
+                products.matmul_nt(
                     F32View::transposed(&p, keys, rows, keys),
                     F32View::transposed(&dout[at(i0)..], d, rows, hidden),
                     1.0,
                     1.0,
                     &mut dvh[..keys * d],
+                    None,
                 )?;
                 // dK[..keys] += scale * dS^T Q
-                copies.matmul_nt(
+                products.matmul_nt(
                     F32View::transposed(&dp, keys, rows, keys),
                     F32View::transposed(&q[at(i0)..], d, rows, hidden),
                     softmax_scale,
                     1.0,
                     &mut dkh[..keys * d],
+                    None,
                 )?;
                 // dQ = scale * dS K: B is K^T `[head_dim, keys]`.
-                copies.matmul_nt(
+                products.matmul_nt(
                     F32View::k_major(&dp, rows, keys, keys),
                     F32View::transposed(k_keys, d, keys, hidden),
                     softmax_scale,
                     0.0,
                     &mut dqh[i0 * d..i1 * d],
+                    None,
                 )?;
             }
             for g in [&mut dqh, &mut dkh, &mut dvh] {
@@ -347,3 +447,7 @@ pub fn attention_backward(
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "attention_tests.rs"]
+mod tests;

@@ -1,0 +1,291 @@
+//! The attention core's per-head products (`64 x 64 x head_dim` and the like) without the
+//! GEMM crate's packing and dispatch, with the crate's bits.
+//!
+//! Why the bits match: for a layout-free shape ([`layout_free`]) the crate runs its packed
+//! micro-kernels, which keep one f32 register lane per output and add the K products into
+//! it in order with FMA, starting from zero; the CPU GEMM cuts K into `ceil(K / 512)` equal
+//! chunks first and adds the chunk sums in order (`gemm/cpu/kernel.rs`), then scales by
+//! `alpha` and adds `beta * old` (`f32_nt_serial`). [`product`] does exactly that per output,
+//! vectorized across the output's columns (each lane its own output), so the width of the
+//! vectors never enters a sum. It runs on x86-64 with AVX-512F (where the crate sums with
+//! FMA too); everywhere else, and for shapes that are not layout-free, the caller takes the
+//! crate path.
+//!
+//! Napkin math: the crate call packs both operands and dispatches per call (~2 us) for a
+//! 64 x 64 x 32 block worth ~1.3 us of FMAs on one core; a 4 x 32 register tile here loads
+//! one B row (2 vectors) and 4 broadcasts per 8 vector FMAs.
+
+use crate::error::{Error, Result};
+use crate::gemm::cpu::{F32View, layout_free};
+
+/// K per crate call, as the CPU GEMM cuts it (`gemm/cpu/kernel.rs`): `ceil(K / 512)` equal chunks.
+const K_CHUNK: usize = 512;
+
+/// Output rows per register tile.
+const ROWS: usize = 4;
+
+fn k_chunk(k: usize) -> usize {
+    k.div_ceil(k.div_ceil(K_CHUNK).max(1)).max(1)
+}
+
+/// Whether this CPU runs [`product`]: AVX-512F (its 16-lane FMA is what the crate uses there).
+pub(super) fn simd_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether [`product`] gives the crate's bits for `a . b^T`: a layout-free shape and B's
+/// rows (the output's columns) contiguous.
+pub(super) fn applies(a: &F32View, b: &F32View) -> bool {
+    layout_free(a.rows, b.rows, a.k) && b.row_stride == 1 && a.k == b.k
+}
+
+/// Index of the last element of a `rows x k` view, `None` if it overflows.
+fn last_index(v: &F32View) -> Option<usize> {
+    if v.rows == 0 || v.k == 0 {
+        return Some(0);
+    }
+    (v.rows - 1)
+        .checked_mul(v.row_stride)
+        .zip((v.k - 1).checked_mul(v.k_stride))
+        .and_then(|(r, k)| r.checked_add(k))
+}
+
+/// `out [m, n] = alpha * a . b^T (+ beta * out)`, the bits of `f32_nt_serial` where
+/// [`applies`] holds (module docs). With `causal = Some(i0)`, row `r` needs only columns
+/// `0..=i0 + r`: columns past that (rounded up to the register tile) are left unwritten.
+pub(super) fn product(
+    a: F32View,
+    b: F32View,
+    alpha: f32,
+    beta: f32,
+    out: &mut [f32],
+    causal: Option<usize>,
+) -> Result<()> {
+    let (m, n) = (a.rows, b.rows);
+    let fits = |v: &F32View| last_index(v).is_some_and(|l| v.rows == 0 || v.k == 0 || l < v.data.len());
+    if !applies(&a, &b) || !fits(&a) || !fits(&b) || out.len() != m * n || !simd_available() {
+        return Err(Error::KernelArgs {
+            kernel: "attention product",
+            detail: format!(
+                "A is {m}x{} (strides {}, {}), B is {n}x{} (strides {}, {}), out {}: need a \
+                 layout-free shape, B rows contiguous, views inside their data, FMA",
+                a.k,
+                a.row_stride,
+                a.k_stride,
+                b.k,
+                b.row_stride,
+                b.k_stride,
+                out.len()
+            ),
+        });
+    }
+    let job = Job {
+        a,
+        b,
+        alpha,
+        beta,
+        causal,
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the CPU has AVX-512F (`simd_available`, checked above), all `run` requires.
+        unsafe { avx512::run(&job, out) };
+        Ok(())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        unreachable!("simd_available is false off x86-64: {}", job.alpha)
+    }
+}
+
+struct Job<'a> {
+    a: F32View<'a>,
+    b: F32View<'a>,
+    alpha: f32,
+    beta: f32,
+    causal: Option<usize>,
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{Job, ROWS, k_chunk};
+
+    /// Lanes per vector.
+    const L: usize = 16;
+
+    /// Row tiles of [`ROWS`] (then single rows), column tiles of two vectors (the last one
+    /// masked to the columns left).
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn run(job: &Job, out: &mut [f32]) {
+        let (m, n) = (job.a.rows, job.b.rows);
+        let mut r0 = 0;
+        while r0 < m {
+            let rows = if m - r0 >= ROWS { ROWS } else { 1 };
+            let cols = job.causal.map_or(n, |i0| n.min(i0 + r0 + rows));
+            let mut c0 = 0;
+            while c0 < cols {
+                let w = (cols - c0).min(2 * L);
+                match (rows, w > L) {
+                    (ROWS, true) => tile::<ROWS, 2>(job, r0, c0, w, out),
+                    (ROWS, false) => tile::<ROWS, 1>(job, r0, c0, w, out),
+                    (_, true) => tile::<1, 2>(job, r0, c0, w, out),
+                    (_, false) => tile::<1, 1>(job, r0, c0, w, out),
+                }
+                c0 += w;
+            }
+            r0 += rows;
+        }
+    }
+
+    /// Lanes of vector `v` of a `w`-column tile, and their mask.
+    #[inline(always)]
+    fn lanes(w: usize, v: usize) -> (usize, __mmask16) {
+        let n = (w - v * L).min(L);
+        (n, if n == L { !0 } else { (1u16 << n) - 1 })
+    }
+
+    /// The first `n` values of `s` (`n <= 16`, masked lanes read as 0).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn load(s: &[f32], (n, mask): (usize, __mmask16)) -> __m512 {
+        let s = &s[..n];
+        // SAFETY: `s` holds the `n` values the mask selects; masked-off lanes are not read.
+        unsafe { _mm512_maskz_loadu_ps(mask, s.as_ptr()) }
+    }
+
+    /// Writes the first `n` lanes of `x` to `s` (`n <= 16`).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn store(s: &mut [f32], (n, mask): (usize, __mmask16), x: __m512) {
+        let s = &mut s[..n];
+        // SAFETY: `s` holds the `n` values the mask selects; masked-off lanes are not written.
+        unsafe { _mm512_mask_storeu_ps(s.as_mut_ptr(), mask, x) }
+    }
+
+    /// Outputs `r0..r0 + R` x `c0..c0 + w` (`w <= 16 V`): per output, FMA over K in order
+    /// from zero, chunk sums added in order, then `* alpha (+ beta * old)` (module docs).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn tile<const R: usize, const V: usize>(job: &Job, r0: usize, c0: usize, w: usize, out: &mut [f32]) {
+        let Job { a, b, alpha, beta, .. } = *job;
+        let (n, k) = (b.rows, a.k);
+        let chunk = k_chunk(k);
+        let mask: [(usize, __mmask16); V] = std::array::from_fn(|v| lanes(w, v));
+        let mut total = [[_mm512_setzero_ps(); V]; R];
+        let mut t0 = 0;
+        while t0 < k {
+            let t1 = (t0 + chunk).min(k);
+            let mut acc = [[_mm512_setzero_ps(); V]; R];
+            for t in t0..t1 {
+                let b_row = &b.data[t * b.k_stride + c0..];
+                let y: [__m512; V] = std::array::from_fn(|v| load(&b_row[v * L..], mask[v]));
+                let a_col = &a.data[t * a.k_stride + r0 * a.row_stride..];
+                for (r, acc_r) in acc.iter_mut().enumerate() {
+                    let x = _mm512_set1_ps(a_col[r * a.row_stride]);
+                    for (s, &yv) in acc_r.iter_mut().zip(&y) {
+                        *s = _mm512_fmadd_ps(x, yv, *s);
+                    }
+                }
+            }
+            if t0 == 0 {
+                total = acc;
+            } else {
+                for (tr, ar) in total.iter_mut().zip(&acc) {
+                    tr.iter_mut().zip(ar).for_each(|(t, &a)| *t = _mm512_add_ps(*t, a));
+                }
+            }
+            t0 = t1;
+        }
+        let (alpha, beta) = (_mm512_set1_ps(alpha), _mm512_set1_ps(beta));
+        for (r, tr) in total.iter().enumerate() {
+            let row = &mut out[(r0 + r) * n + c0..];
+            for (v, &s) in tr.iter().enumerate() {
+                let mut x = _mm512_mul_ps(s, alpha);
+                if job.beta != 0.0 {
+                    x = _mm512_add_ps(x, _mm512_mul_ps(beta, load(&row[v * L..], mask[v])));
+                }
+                store(&mut row[v * L..], mask[v], x);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gemm::cpu::f32_nt_serial;
+
+    fn values(n: usize, seed: f32) -> Vec<f32> {
+        // Mixed magnitudes and signs so reordered sums would show.
+        (0..n)
+            .map(|i| ((i as f32 * seed).sin() * 3.0).powi(3) + (i % 7) as f32 * 1e-3)
+            .collect()
+    }
+
+    #[test]
+    fn products_match_the_crate_bit_for_bit() {
+        if !simd_available() {
+            eprintln!("no AVX-512F: the product is never used here");
+            return;
+        }
+        // (m, n, k): attention blocks, odd sizes, tails of every tile, K past one 512 chunk.
+        let shapes = [
+            (64, 64, 32),
+            (64, 32, 64),
+            (17, 64, 16),
+            (64, 80, 37),
+            (33, 128, 64),
+            (5, 61, 80),
+            (64, 16, 1100),
+            (130, 48, 640),
+            (3, 129, 3),
+        ];
+        for (m, n, k) in shapes {
+            // A with both strides (a transposed read as in P^T), B from its stored transpose.
+            let (a, bt) = (values(m * k + 9, 0.731), values((n + 5) * k, 0.377));
+            let a_views = [F32View::k_major(&a, m, k, k), F32View::transposed(&a, m, k, m)];
+            let b = F32View::transposed(&bt, n, k, n + 5);
+            for av in a_views {
+                for (alpha, beta) in [(1.0, 0.0), (0.125, 1.0), (0.3, 0.7)] {
+                    let old = values(m * n, 0.113);
+                    let (mut want, mut got) = (old.clone(), old.clone());
+                    f32_nt_serial(av, b, alpha, beta, &mut want).unwrap();
+                    product(av, b, alpha, beta, &mut got, None).unwrap();
+                    let same = got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits());
+                    assert!(same, "{m}x{n}x{k} alpha {alpha} beta {beta} A strides {}", av.k_stride);
+                    // Causal rows stop at their diagonal: the columns they need are the same bits.
+                    let mut part = old.clone();
+                    product(av, b, alpha, beta, &mut part, Some(2)).unwrap();
+                    for i in 0..m {
+                        let need = n.min(i + 3);
+                        let same = (0..need).all(|j| part[i * n + j].to_bits() == want[i * n + j].to_bits());
+                        assert!(same, "{m}x{n}x{k} causal row {i}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn shapes_it_cannot_sum_the_crate_way_are_errors() {
+        let a = vec![1.0; 64 * 64];
+        let mut out = vec![0.0; 64 * 64];
+        // 8 x 8 outputs are summed by the crate's dot-product kernels: not layout-free.
+        let small = F32View::k_major(&a, 8, 8, 8);
+        assert!(product(small, small, 1.0, 0.0, &mut out[..64], None).is_err());
+        // B with strided rows, and a view past its data.
+        let strided = F32View::k_major(&a, 64, 32, 64);
+        assert!(product(strided, strided, 1.0, 0.0, &mut out, None).is_err());
+        let (q, past) = (F32View::k_major(&a, 64, 32, 32), F32View::transposed(&a, 64, 32, 200));
+        assert!(product(q, past, 1.0, 0.0, &mut out, None).is_err());
+    }
+}
