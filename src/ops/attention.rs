@@ -27,6 +27,7 @@ use rayon::prelude::*;
 
 use super::attention_product::{applies, product, simd_available};
 use super::check::{elements, len};
+use super::libm_exp::exp_shifted;
 use crate::error::{Error, Result};
 use crate::gemm::cpu::{F32View, f32_nt_serial, layout_free};
 use crate::tensor::Dtype;
@@ -138,14 +139,18 @@ fn transpose_head(src: &[f32], rows: usize, d: usize, stride: usize, dst: &mut V
 
 /// Turns scaled scores of query rows `i0..i0 + rows` (row stride `keys`) into causal probabilities
 /// `exp(s - lse)`, zero past the diagonal. Computes `lse` when `lse_out` is given, else reads `lse_in`.
-fn causal_softmax(scores: &mut [f32], keys: usize, i0: usize, lse: LseMode) {
+/// `exps` is scratch for one row's `exp(s - max)`.
+fn causal_softmax(scores: &mut [f32], keys: usize, i0: usize, lse: LseMode, exps: &mut Vec<f32>) {
     match lse {
         LseMode::Compute(lse_out) => {
             for (r, (row, l)) in scores.chunks_mut(keys).zip(lse_out.iter_mut()).enumerate() {
                 let valid = i0 + r + 1;
                 // f32::max skips NaN; a NaN score still reaches the sum below and makes the row NaN.
                 let m = row[..valid].iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-                let sum: f32 = row[..valid].iter().map(|&s| (s - m).exp()).sum();
+                exps.clear();
+                exps.extend_from_slice(&row[..valid]);
+                exp_shifted(exps, m);
+                let sum: f32 = exps.iter().sum();
                 *l = m + sum.ln();
                 fill_probs(row, valid, *l);
             }
@@ -160,7 +165,7 @@ fn causal_softmax(scores: &mut [f32], keys: usize, i0: usize, lse: LseMode) {
 
 fn fill_probs(row: &mut [f32], valid: usize, lse: f32) {
     let (live, masked) = row.split_at_mut(valid);
-    live.iter_mut().for_each(|s| *s = (*s - lse).exp());
+    exp_shifted(live, lse);
     masked.fill(0.0);
 }
 
@@ -250,6 +255,7 @@ fn forward_with(
             }
             let mut oh = vec![0.0; seq * d];
             let mut scores = Vec::with_capacity(Q_BLOCK * seq);
+            let mut exps = Vec::with_capacity(seq);
             for i0 in (0..seq).step_by(Q_BLOCK) {
                 let i1 = (i0 + Q_BLOCK).min(seq);
                 let (rows, keys) = (i1 - i0, i1); // causal: no key past the block's last query
@@ -269,7 +275,7 @@ fn forward_with(
                     &mut scores,
                     Some(i0),
                 )?;
-                causal_softmax(&mut scores, keys, i0, LseMode::Compute(&mut lse_h[i0..i1]));
+                causal_softmax(&mut scores, keys, i0, LseMode::Compute(&mut lse_h[i0..i1]), &mut exps);
                 dtype.round_slice(&mut scores);
                 // O = P V: B is V^T `[head_dim, keys]`, read from V's rows.
                 products.matmul_nt(
@@ -362,6 +368,7 @@ fn backward_with(
             }
             let mut p = Vec::with_capacity(Q_BLOCK * seq);
             let mut dp = Vec::with_capacity(Q_BLOCK * seq);
+            let mut exps = Vec::new();
             let mut delta = [0.0f32; Q_BLOCK];
             for i0 in (0..seq).step_by(Q_BLOCK) {
                 let i1 = (i0 + Q_BLOCK).min(seq);
@@ -386,7 +393,7 @@ fn backward_with(
                 p.clear();
                 p.resize(rows * keys, 0.0);
                 products.matmul_nt(q_blk, k_view, softmax_scale, 0.0, &mut p, Some(i0))?;
-                causal_softmax(&mut p, keys, i0, LseMode::Given(&lse_h[i0..i1]));
+                causal_softmax(&mut p, keys, i0, LseMode::Given(&lse_h[i0..i1]), &mut exps);
                 // dP = dO V^T
                 dp.clear();
                 dp.resize(rows * keys, 0.0);

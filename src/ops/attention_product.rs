@@ -21,8 +21,9 @@ use crate::gemm::cpu::{F32View, layout_free};
 /// K per crate call, as the CPU GEMM cuts it (`gemm/cpu/kernel.rs`): `ceil(K / 512)` equal chunks.
 const K_CHUNK: usize = 512;
 
-/// Output rows per register tile.
-const ROWS: usize = 4;
+/// Output rows per register tile: 8 rows x 2 vectors are 16 accumulators, enough
+/// independent FMA chains to hide the FMA latency (4 cycles x 2 ports).
+const ROWS: usize = 8;
 
 fn k_chunk(k: usize) -> usize {
     k.div_ceil(k.div_ceil(K_CHUNK).max(1)).max(1)
@@ -122,14 +123,18 @@ mod avx512 {
     /// Lanes per vector.
     const L: usize = 16;
 
-    /// Row tiles of [`ROWS`] (then single rows), column tiles of two vectors (the last one
+    /// Row tiles of [`ROWS`] (then 4, then single rows), column tiles of two vectors (the last one
     /// masked to the columns left).
     #[target_feature(enable = "avx512f")]
     pub(super) fn run(job: &Job, out: &mut [f32]) {
         let (m, n) = (job.a.rows, job.b.rows);
         let mut r0 = 0;
         while r0 < m {
-            let rows = if m - r0 >= ROWS { ROWS } else { 1 };
+            let rows = match m - r0 {
+                ROWS.. => ROWS,
+                4.. => 4,
+                _ => 1,
+            };
             let cols = job.causal.map_or(n, |i0| n.min(i0 + r0 + rows));
             let mut c0 = 0;
             while c0 < cols {
@@ -137,6 +142,8 @@ mod avx512 {
                 match (rows, w > L) {
                     (ROWS, true) => tile::<ROWS, 2>(job, r0, c0, w, out),
                     (ROWS, false) => tile::<ROWS, 1>(job, r0, c0, w, out),
+                    (4, true) => tile::<4, 2>(job, r0, c0, w, out),
+                    (4, false) => tile::<4, 1>(job, r0, c0, w, out),
                     (_, true) => tile::<1, 2>(job, r0, c0, w, out),
                     (_, false) => tile::<1, 1>(job, r0, c0, w, out),
                 }
@@ -185,16 +192,25 @@ mod avx512 {
         while t0 < k {
             let t1 = (t0 + chunk).min(k);
             let mut acc = [[_mm512_setzero_ps(); V]; R];
-            for t in t0..t1 {
-                let b_row = &b.data[t * b.k_stride + c0..];
-                let y: [__m512; V] = std::array::from_fn(|v| load(&b_row[v * L..], mask[v]));
-                let a_col = &a.data[t * a.k_stride + r0 * a.row_stride..];
-                for (r, acc_r) in acc.iter_mut().enumerate() {
-                    let x = _mm512_set1_ps(a_col[r * a.row_stride]);
-                    for (s, &yv) in acc_r.iter_mut().zip(&y) {
-                        *s = _mm512_fmadd_ps(x, yv, *s);
+            // Both first elements lie inside the views (`product` checked the last ones).
+            let mut a_at = a.data[t0 * a.k_stride + r0 * a.row_stride..].as_ptr();
+            let mut b_at = b.data[t0 * b.k_stride + c0..].as_ptr();
+            for _ in t0..t1 {
+                // SAFETY: `product` checked that the views' last elements lie inside their
+                // data; rows r0..r0 + R, columns c0..c0 + w (mask) and K positions t0..t1 are
+                // inside the views, so every read below is in bounds. The pointers step past
+                // the data only after the last iteration (wrapping, never read).
+                unsafe {
+                    let y: [__m512; V] = std::array::from_fn(|v| _mm512_maskz_loadu_ps(mask[v].1, b_at.add(v * L)));
+                    for (r, acc_r) in acc.iter_mut().enumerate() {
+                        let x = _mm512_set1_ps(*a_at.add(r * a.row_stride));
+                        for (s, &yv) in acc_r.iter_mut().zip(&y) {
+                            *s = _mm512_fmadd_ps(x, yv, *s);
+                        }
                     }
                 }
+                a_at = a_at.wrapping_add(a.k_stride);
+                b_at = b_at.wrapping_add(b.k_stride);
             }
             if t0 == 0 {
                 total = acc;

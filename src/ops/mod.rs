@@ -18,6 +18,7 @@ mod check;
 pub mod elementwise;
 pub mod embedding;
 mod fast_exp;
+mod libm_exp;
 pub mod loss;
 pub mod norm;
 pub mod optim;
