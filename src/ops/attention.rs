@@ -137,22 +137,46 @@ fn transpose_head(src: &[f32], rows: usize, d: usize, stride: usize, dst: &mut V
     }
 }
 
+/// Rows whose softmax sums run side by side (independent add chains; each row still sums its
+/// keys in order).
+const SUM_ROWS: usize = 8;
+
 /// Turns scaled scores of query rows `i0..i0 + rows` (row stride `keys`) into causal probabilities
 /// `exp(s - lse)`, zero past the diagonal. Computes `lse` when `lse_out` is given, else reads `lse_in`.
-/// `exps` is scratch for one row's `exp(s - max)`.
+/// `exps` is scratch for [`SUM_ROWS`] rows of `exp(s - max)`.
 fn causal_softmax(scores: &mut [f32], keys: usize, i0: usize, lse: LseMode, exps: &mut Vec<f32>) {
     match lse {
         LseMode::Compute(lse_out) => {
-            for (r, (row, l)) in scores.chunks_mut(keys).zip(lse_out.iter_mut()).enumerate() {
-                let valid = i0 + r + 1;
-                // f32::max skips NaN; a NaN score still reaches the sum below and makes the row NaN.
-                let m = row[..valid].iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+            let groups = scores.chunks_mut(SUM_ROWS * keys).zip(lse_out.chunks_mut(SUM_ROWS));
+            for (g, (rows, lse_g)) in groups.enumerate() {
+                let first = i0 + g * SUM_ROWS; // row index of the group's first row
                 exps.clear();
-                exps.extend_from_slice(&row[..valid]);
-                exp_shifted(exps, m);
-                let sum: f32 = exps.iter().sum();
-                *l = m + sum.ln();
-                fill_probs(row, valid, *l);
+                exps.resize(SUM_ROWS * keys, 0.0);
+                let mut maxes = [0.0f32; SUM_ROWS];
+                for (r, (row, e)) in rows.chunks(keys).zip(exps.chunks_mut(keys)).enumerate() {
+                    let valid = first + r + 1;
+                    maxes[r] = max_skipping_nan(&row[..valid]);
+                    e[..valid].copy_from_slice(&row[..valid]);
+                    exp_shifted(&mut e[..valid], maxes[r]);
+                }
+                // Row r sums e[0..first + r + 1] left to right (as `Iterator::sum`); the rows'
+                // chains interleave over the keys all of them have.
+                let n = lse_g.len();
+                let mut sums = [0.0f32; SUM_ROWS];
+                for j in 0..=first {
+                    for (r, sum) in sums[..n].iter_mut().enumerate() {
+                        *sum += exps[r * keys + j];
+                    }
+                }
+                for (r, sum) in sums[..n].iter_mut().enumerate() {
+                    for &e in &exps[r * keys + first + 1..r * keys + first + r + 1] {
+                        *sum += e;
+                    }
+                }
+                for (r, (row, l)) in rows.chunks_mut(keys).zip(lse_g.iter_mut()).enumerate() {
+                    *l = maxes[r] + sums[r].ln();
+                    fill_probs(row, first + r + 1, *l);
+                }
             }
         }
         LseMode::Given(lse_in) => {
@@ -161,6 +185,24 @@ fn causal_softmax(scores: &mut [f32], keys: usize, i0: usize, lse: LseMode, exps
             }
         }
     }
+}
+
+/// The largest non-NaN value (`-inf` if none), as a fold of `f32::max` gives it: the maximum
+/// is exact in any order; only the sign of a zero maximum may differ, which neither
+/// `exp(s - max)` nor `max + ln(sum)` (with `sum >= 1`) can see.
+fn max_skipping_nan(xs: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            // A NaN x compares false and leaves m.
+            *m = if x > *m { x } else { *m };
+        }
+    }
+    let m = lanes.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    tail.iter().fold(m, |m, &x| m.max(x))
 }
 
 fn fill_probs(row: &mut [f32], valid: usize, lse: f32) {
@@ -255,7 +297,7 @@ fn forward_with(
             }
             let mut oh = vec![0.0; seq * d];
             let mut scores = Vec::with_capacity(Q_BLOCK * seq);
-            let mut exps = Vec::with_capacity(seq);
+            let mut exps = Vec::with_capacity(SUM_ROWS * seq);
             for i0 in (0..seq).step_by(Q_BLOCK) {
                 let i1 = (i0 + Q_BLOCK).min(seq);
                 let (rows, keys) = (i1 - i0, i1); // causal: no key past the block's last query

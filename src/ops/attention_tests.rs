@@ -111,3 +111,45 @@ fn timing() {
         }
     }
 }
+
+/// The softmax as it was written before its exps went 8 lanes wide and its sums side by side.
+fn softmax_reference(scores: &mut [f32], keys: usize, i0: usize, lse_out: &mut [f32]) {
+    for (r, (row, l)) in scores.chunks_mut(keys).zip(lse_out.iter_mut()).enumerate() {
+        let valid = i0 + r + 1;
+        let m = row[..valid].iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+        let sum: f32 = row[..valid].iter().map(|&s| (s - m).exp()).sum();
+        *l = m + sum.ln();
+        let (live, masked) = row.split_at_mut(valid);
+        live.iter_mut().for_each(|s| *s = (*s - *l).exp());
+        masked.fill(0.0);
+    }
+}
+
+#[test]
+fn the_softmax_gives_the_scalar_loops_bits() {
+    // Block shapes (rows, i0): whole, partial and single-row groups; wide and huge score
+    // ranges (exp arguments past -88 take glibc's special branch); zeros, NaN and -inf rows.
+    for (rows, i0, spread) in [(64, 0, 4.0), (64, 64, 30.0), (13, 0, 200.0), (1, 5, 1.0), (36, 64, 1e3)] {
+        let keys = i0 + rows;
+        let mut scores = values(rows * keys, 0.61, spread);
+        if rows > 3 {
+            scores[keys..2 * keys].fill(0.0);
+            scores[2 * keys + 1] = f32::NAN;
+            scores[3 * keys..4 * keys].fill(f32::NEG_INFINITY);
+        }
+        let (mut want, mut got) = (scores.clone(), scores.clone());
+        let (mut lse_want, mut lse_got) = (vec![0.0; rows], vec![0.0; rows]);
+        softmax_reference(&mut want, keys, i0, &mut lse_want);
+        causal_softmax(&mut got, keys, i0, LseMode::Compute(&mut lse_got), &mut Vec::new());
+        let same = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
+        };
+        assert!(same(&lse_got, &lse_want), "lse, rows {rows} i0 {i0}");
+        assert!(same(&got, &want), "P, rows {rows} i0 {i0}");
+        let mut given = scores.clone();
+        causal_softmax(&mut given, keys, i0, LseMode::Given(&lse_want), &mut Vec::new());
+        assert!(same(&given, &want), "P from a given lse, rows {rows} i0 {i0}");
+    }
+}
