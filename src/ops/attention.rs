@@ -64,13 +64,17 @@ fn head_start(s: &AttentionShape, b: usize, h: usize, i0: usize) -> usize {
     (b * s.seq + i0) * s.heads * s.head_dim + h * s.head_dim
 }
 
-/// Writes a `[seq, head_dim]` head back into its place in a `[batch, seq, heads, head_dim]` tensor.
-fn scatter_head(src: &[f32], s: &AttentionShape, b: usize, h: usize, dst: &mut [f32]) {
-    let d = s.head_dim;
-    for (i, row) in src.chunks(d).enumerate() {
-        let at = head_start(s, b, h, i);
-        dst[at..at + d].copy_from_slice(row);
-    }
+/// Writes the `[seq, head_dim]` heads (`head(b * heads + h)`) back into their places in a
+/// `[batch, seq, heads, head_dim]` tensor, one sequence per rayon task.
+fn scatter_heads<'a>(head: impl Fn(usize) -> &'a [f32] + Sync, s: &AttentionShape, dst: &mut [f32]) {
+    let (d, hidden) = (s.head_dim, s.heads * s.head_dim);
+    dst.par_chunks_mut(s.seq * hidden).enumerate().for_each(|(b, dst_b)| {
+        for h in 0..s.heads {
+            for (row, src) in dst_b.chunks_mut(hidden).zip(head(b * s.heads + h).chunks(d)) {
+                row[h * d..(h + 1) * d].copy_from_slice(src);
+            }
+        }
+    });
 }
 
 /// `view` itself where an `m x n` product's sums do not depend on operand layouts, else its
@@ -126,13 +130,18 @@ impl Products {
 }
 
 /// `[rows, head_dim]` rows `stride` apart, as its `[head_dim, rows]` transpose in `dst`
-/// (the products' B operands want the output's columns contiguous).
+/// (the products' B operands want the output's columns contiguous). Blocks of 16 rows keep
+/// the writes in runs of 16 instead of one cache line per value.
 fn transpose_head(src: &[f32], rows: usize, d: usize, stride: usize, dst: &mut Vec<f32>) {
+    const BLOCK: usize = 16;
     dst.clear();
     dst.resize(rows * d, 0.0);
-    for (j, row) in src.chunks(stride).take(rows).enumerate() {
-        for (c, &x) in row[..d].iter().enumerate() {
-            dst[c * rows + j] = x;
+    for j0 in (0..rows).step_by(BLOCK) {
+        let j1 = (j0 + BLOCK).min(rows);
+        for (c, col) in dst.chunks_mut(rows).enumerate() {
+            for (j, x) in (j0..j1).zip(&mut col[j0..j1]) {
+                *x = src[j * stride + c];
+            }
         }
     }
 }
@@ -333,9 +342,7 @@ fn forward_with(
             Ok(oh)
         })
         .collect::<Result<_>>()?;
-    for (bh, oh) in heads_out.iter().enumerate() {
-        scatter_head(oh, &shape, bh / heads, bh % heads, out);
-    }
+    scatter_heads(|bh| &heads_out[bh], &shape, out);
     Ok(())
 }
 
@@ -488,11 +495,8 @@ fn backward_with(
             Ok([dqh, dkh, dvh])
         })
         .collect::<Result<_>>()?;
-    for (bh, [dqh, dkh, dvh]) in grads.iter().enumerate() {
-        let (b, h) = (bh / heads, bh % heads);
-        scatter_head(dqh, &shape, b, h, dq);
-        scatter_head(dkh, &shape, b, h, dk);
-        scatter_head(dvh, &shape, b, h, dv);
+    for (g, dst) in [dq, dk, dv].into_iter().enumerate() {
+        scatter_heads(|bh| &grads[bh][g], &shape, dst);
     }
     Ok(())
 }
