@@ -25,7 +25,7 @@
 
 use rayon::prelude::*;
 
-use super::attention_product::{applies, product, simd_available};
+use super::attention_product::{Causal, applies, product, simd_available};
 use super::check::{elements, len};
 use super::libm_exp::exp_shifted;
 use crate::error::{Error, Result};
@@ -108,8 +108,7 @@ impl Products {
     }
 
     /// `out [m, n] = alpha * a . b^T (+ beta * out)` in f32 (the same bits as the GEMM entry
-    /// point). With `causal = Some(i0)` row `r` needs only columns `0..=i0 + r`; the others may
-    /// be left unwritten.
+    /// point). `causal` is what [`product`] may skip (the crate path skips nothing).
     fn matmul_nt(
         &mut self,
         a: F32View,
@@ -117,7 +116,7 @@ impl Products {
         alpha: f32,
         beta: f32,
         out: &mut [f32],
-        causal: Option<usize>,
+        causal: Causal,
     ) -> Result<()> {
         if self.fast && applies(&a, &b) {
             return product(a, b, alpha, beta, out, causal);
@@ -144,6 +143,13 @@ fn transpose_head(src: &[f32], rows: usize, d: usize, stride: usize, dst: &mut V
             }
         }
     }
+}
+
+/// Whether `rows` rows of `d` values, `stride` apart, are all finite.
+fn rows_finite(x: &[f32], rows: usize, d: usize, stride: usize) -> bool {
+    x.chunks(stride)
+        .take(rows)
+        .all(|row| row[..d].iter().all(|v| v.is_finite()))
 }
 
 /// Rows whose softmax sums run side by side (independent add chains; each row still sums its
@@ -324,18 +330,20 @@ fn forward_with(
                     softmax_scale,
                     0.0,
                     &mut scores,
-                    Some(i0),
+                    Causal::Columns(i0),
                 )?;
                 causal_softmax(&mut scores, keys, i0, LseMode::Compute(&mut lse_h[i0..i1]), &mut exps);
                 dtype.round_slice(&mut scores);
-                // O = P V: B is V^T `[head_dim, keys]`, read from V's rows.
+                // O = P V: B is V^T `[head_dim, keys]`, read from V's rows. P is 0 past the
+                // diagonal, so those terms are left out where V's rows there are finite.
+                let finite_v = rows_finite(&v[at(i0)..], rows, d, hidden);
                 products.matmul_nt(
                     F32View::k_major(&scores, rows, keys, keys),
                     F32View::transposed(&v[at(0)..], d, keys, hidden),
                     1.0,
                     0.0,
                     &mut oh[i0 * d..i1 * d],
-                    None,
+                    if finite_v { Causal::KUpTo(i0) } else { Causal::Full },
                 )?;
             }
             dtype.round_slice(&mut oh);
@@ -441,12 +449,12 @@ fn backward_with(
                 // before the softmax zeroes them, nor those of dP (dS is 0 where P is).
                 p.clear();
                 p.resize(rows * keys, 0.0);
-                products.matmul_nt(q_blk, k_view, softmax_scale, 0.0, &mut p, Some(i0))?;
+                products.matmul_nt(q_blk, k_view, softmax_scale, 0.0, &mut p, Causal::Columns(i0))?;
                 causal_softmax(&mut p, keys, i0, LseMode::Given(&lse_h[i0..i1]), &mut exps);
                 // dP = dO V^T
                 dp.clear();
                 dp.resize(rows * keys, 0.0);
-                products.matmul_nt(do_blk, v_view, 1.0, 0.0, &mut dp, Some(i0))?;
+                products.matmul_nt(do_blk, v_view, 1.0, 0.0, &mut dp, Causal::Columns(i0))?;
                 // D_i = rowsum(dO * O)
                 for (r, dl) in delta[..rows].iter_mut().enumerate() {
                     let row = at(i0 + r);
@@ -461,6 +469,13 @@ fn backward_with(
                 }
                 dtype.round_slice(&mut dp);
                 dtype.round_slice(&mut p);
+                // P and dS are 0 past the diagonal: the products below leave those terms out
+                // where the other operand's rows there are finite.
+                let skip = |x: &[f32], from: bool| match (rows_finite(x, rows, d, hidden), from) {
+                    (false, _) => Causal::Full,
+                    (true, true) => Causal::KFrom(i0),
+                    (true, false) => Causal::KUpTo(i0),
+                };
                 // dV[..keys] += P^T dO: A is P^T `[keys, rows]`, B is dO^T `[head_dim, rows]`.
                 products.matmul_nt(
                     F32View::transposed(&p, keys, rows, keys),
@@ -468,7 +483,7 @@ fn backward_with(
                     1.0,
                     1.0,
                     &mut dvh[..keys * d],
-                    None,
+                    skip(&dout[at(i0)..], true),
                 )?;
                 // dK[..keys] += scale * dS^T Q
                 products.matmul_nt(
@@ -477,7 +492,7 @@ fn backward_with(
                     softmax_scale,
                     1.0,
                     &mut dkh[..keys * d],
-                    None,
+                    skip(&q[at(i0)..], true),
                 )?;
                 // dQ = scale * dS K: B is K^T `[head_dim, keys]`.
                 products.matmul_nt(
@@ -486,7 +501,7 @@ fn backward_with(
                     softmax_scale,
                     0.0,
                     &mut dqh[i0 * d..i1 * d],
-                    None,
+                    skip(&k[at(i0)..], false),
                 )?;
             }
             for g in [&mut dqh, &mut dkh, &mut dvh] {

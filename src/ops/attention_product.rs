@@ -58,17 +58,27 @@ fn last_index(v: &F32View) -> Option<usize> {
         .and_then(|(r, k)| r.checked_add(k))
 }
 
+/// What the causal mask of a query block starting at row `i0` lets a product skip.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Causal {
+    /// Nothing.
+    Full,
+    /// Output row `r` needs only columns `0..=i0 + r` (scores): the others, rounded up to the
+    /// register tile, are left unwritten.
+    Columns(usize),
+    /// A is zero at `(r, t)` for `t > i0 + r` (`P V`, `dS K`): those terms are left out.
+    KUpTo(usize),
+    /// A is zero at `(r, t)` for `t < r - i0` (`P^T dO`, `dS^T Q`): those terms are left out.
+    KFrom(usize),
+}
+
 /// `out [m, n] = alpha * a . b^T (+ beta * out)`, the bits of `f32_nt_serial` where
-/// [`applies`] holds (module docs). With `causal = Some(i0)`, row `r` needs only columns
-/// `0..=i0 + r`: columns past that (rounded up to the register tile) are left unwritten.
-pub(super) fn product(
-    a: F32View,
-    b: F32View,
-    alpha: f32,
-    beta: f32,
-    out: &mut [f32],
-    causal: Option<usize>,
-) -> Result<()> {
+/// [`applies`] holds (module docs). `causal` skips work the mask makes moot; with
+/// [`Causal::KUpTo`] and [`Causal::KFrom`] the caller guarantees that A is exactly zero
+/// there and that B is finite in the rows left out, so every term left out is `+-0`. Leading
+/// `+-0` terms keep a sum at its starting `+0`; trailing ones leave a nonzero sum as it is,
+/// and a zero sum (which could be `-0`) is summed again with every term.
+pub(super) fn product(a: F32View, b: F32View, alpha: f32, beta: f32, out: &mut [f32], causal: Causal) -> Result<()> {
     let (m, n) = (a.rows, b.rows);
     let fits = |v: &F32View| last_index(v).is_some_and(|l| v.rows == 0 || v.k == 0 || l < v.data.len());
     if !applies(&a, &b) || !fits(&a) || !fits(&b) || out.len() != m * n || !simd_available() {
@@ -111,14 +121,14 @@ struct Job<'a> {
     b: F32View<'a>,
     alpha: f32,
     beta: f32,
-    causal: Option<usize>,
+    causal: Causal,
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{Job, ROWS, k_chunk};
+    use super::{Causal, Job, ROWS, k_chunk};
 
     /// Lanes per vector.
     const L: usize = 16;
@@ -135,17 +145,23 @@ mod avx512 {
                 4.. => 4,
                 _ => 1,
             };
-            let cols = job.causal.map_or(n, |i0| n.min(i0 + r0 + rows));
+            let k = job.a.k;
+            let (cols, ks) = match job.causal {
+                Causal::Full => (n, 0..k),
+                Causal::Columns(i0) => (n.min(i0 + r0 + rows), 0..k),
+                Causal::KUpTo(i0) => (n, 0..k.min(i0 + r0 + rows)),
+                Causal::KFrom(i0) => (n, r0.saturating_sub(i0).min(k)..k),
+            };
             let mut c0 = 0;
             while c0 < cols {
                 let w = (cols - c0).min(2 * L);
                 match (rows, w > L) {
-                    (ROWS, true) => tile::<ROWS, 2>(job, r0, c0, w, out),
-                    (ROWS, false) => tile::<ROWS, 1>(job, r0, c0, w, out),
-                    (4, true) => tile::<4, 2>(job, r0, c0, w, out),
-                    (4, false) => tile::<4, 1>(job, r0, c0, w, out),
-                    (_, true) => tile::<1, 2>(job, r0, c0, w, out),
-                    (_, false) => tile::<1, 1>(job, r0, c0, w, out),
+                    (ROWS, true) => tile::<ROWS, 2>(job, r0, c0, w, ks.clone(), out),
+                    (ROWS, false) => tile::<ROWS, 1>(job, r0, c0, w, ks.clone(), out),
+                    (4, true) => tile::<4, 2>(job, r0, c0, w, ks.clone(), out),
+                    (4, false) => tile::<4, 1>(job, r0, c0, w, ks.clone(), out),
+                    (_, true) => tile::<1, 2>(job, r0, c0, w, ks.clone(), out),
+                    (_, false) => tile::<1, 1>(job, r0, c0, w, ks.clone(), out),
                 }
                 c0 += w;
             }
@@ -178,11 +194,19 @@ mod avx512 {
         unsafe { _mm512_mask_storeu_ps(s.as_mut_ptr(), mask, x) }
     }
 
-    /// Outputs `r0..r0 + R` x `c0..c0 + w` (`w <= 16 V`): per output, FMA over K in order
-    /// from zero, chunk sums added in order, then `* alpha (+ beta * old)` (module docs).
+    /// Outputs `r0..r0 + R` x `c0..c0 + w` (`w <= 16 V`): per output, FMA over the K terms
+    /// in `ks` in order from zero, chunk sums added in order, then `* alpha (+ beta * old)`
+    /// (module docs).
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn tile<const R: usize, const V: usize>(job: &Job, r0: usize, c0: usize, w: usize, out: &mut [f32]) {
+    fn tile<const R: usize, const V: usize>(
+        job: &Job,
+        r0: usize,
+        c0: usize,
+        w: usize,
+        ks: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
         let Job { a, b, alpha, beta, .. } = *job;
         let (n, k) = (b.rows, a.k);
         let chunk = k_chunk(k);
@@ -192,25 +216,29 @@ mod avx512 {
         while t0 < k {
             let t1 = (t0 + chunk).min(k);
             let mut acc = [[_mm512_setzero_ps(); V]; R];
-            // Both first elements lie inside the views (`product` checked the last ones).
-            let mut a_at = a.data[t0 * a.k_stride + r0 * a.row_stride..].as_ptr();
-            let mut b_at = b.data[t0 * b.k_stride + c0..].as_ptr();
-            for _ in t0..t1 {
-                // SAFETY: `product` checked that the views' last elements lie inside their
-                // data; rows r0..r0 + R, columns c0..c0 + w (mask) and K positions t0..t1 are
-                // inside the views, so every read below is in bounds. The pointers step past
-                // the data only after the last iteration (wrapping, never read).
-                unsafe {
-                    let y: [__m512; V] = std::array::from_fn(|v| _mm512_maskz_loadu_ps(mask[v].1, b_at.add(v * L)));
-                    for (r, acc_r) in acc.iter_mut().enumerate() {
-                        let x = _mm512_set1_ps(*a_at.add(r * a.row_stride));
-                        for (s, &yv) in acc_r.iter_mut().zip(&y) {
-                            *s = _mm512_fmadd_ps(x, yv, *s);
+            // The chunk's terms inside `ks` (the others are +-0: `product`).
+            let (lo, hi) = (t0.max(ks.start), t1.min(ks.end));
+            if lo < hi {
+                // Both first elements lie inside the views (`product` checked the last ones).
+                let mut a_at = a.data[lo * a.k_stride + r0 * a.row_stride..].as_ptr();
+                let mut b_at = b.data[lo * b.k_stride + c0..].as_ptr();
+                for _ in lo..hi {
+                    // SAFETY: `product` checked that the views' last elements lie inside their
+                    // data; rows r0..r0 + R, columns c0..c0 + w (mask) and K positions lo..hi
+                    // are inside the views, so every read below is in bounds. The pointers step
+                    // past the data only after the last iteration (wrapping, never read).
+                    unsafe {
+                        let y: [__m512; V] = std::array::from_fn(|v| _mm512_maskz_loadu_ps(mask[v].1, b_at.add(v * L)));
+                        for (r, acc_r) in acc.iter_mut().enumerate() {
+                            let x = _mm512_set1_ps(*a_at.add(r * a.row_stride));
+                            for (s, &yv) in acc_r.iter_mut().zip(&y) {
+                                *s = _mm512_fmadd_ps(x, yv, *s);
+                            }
                         }
                     }
+                    a_at = a_at.wrapping_add(a.k_stride);
+                    b_at = b_at.wrapping_add(b.k_stride);
                 }
-                a_at = a_at.wrapping_add(a.k_stride);
-                b_at = b_at.wrapping_add(b.k_stride);
             }
             if t0 == 0 {
                 total = acc;
@@ -220,6 +248,19 @@ mod avx512 {
                 }
             }
             t0 = t1;
+        }
+        // Trailing terms left out: a running sum of -0 (an underflowed negative product) would
+        // have become +0 with a +0 term, so a zero sum is summed again with every term.
+        if ks.end < k {
+            let zero = _mm512_setzero_ps();
+            let any_zero = total.iter().any(|tr| {
+                tr.iter()
+                    .zip(&mask)
+                    .any(|(&t, m)| _mm512_mask_cmp_ps_mask::<_CMP_EQ_OQ>(m.1, t, zero) != 0)
+            });
+            if any_zero {
+                return tile::<R, V>(job, r0, c0, w, ks.start..k, out);
+            }
         }
         let (alpha, beta) = (_mm512_set1_ps(alpha), _mm512_set1_ps(beta));
         for (r, tr) in total.iter().enumerate() {
@@ -275,12 +316,12 @@ mod tests {
                     let old = values(m * n, 0.113);
                     let (mut want, mut got) = (old.clone(), old.clone());
                     f32_nt_serial(av, b, alpha, beta, &mut want).unwrap();
-                    product(av, b, alpha, beta, &mut got, None).unwrap();
+                    product(av, b, alpha, beta, &mut got, Causal::Full).unwrap();
                     let same = got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits());
                     assert!(same, "{m}x{n}x{k} alpha {alpha} beta {beta} A strides {}", av.k_stride);
                     // Causal rows stop at their diagonal: the columns they need are the same bits.
                     let mut part = old.clone();
-                    product(av, b, alpha, beta, &mut part, Some(2)).unwrap();
+                    product(av, b, alpha, beta, &mut part, Causal::Columns(2)).unwrap();
                     for i in 0..m {
                         let need = n.min(i + 3);
                         let same = (0..need).all(|j| part[i * n + j].to_bits() == want[i * n + j].to_bits());
@@ -292,16 +333,57 @@ mod tests {
     }
 
     #[test]
+    fn terms_left_out_past_the_diagonal_keep_the_crates_bits() {
+        if !simd_available() {
+            return;
+        }
+        // A lower triangular (zero past the diagonal, as P and dS), 16 x 32 x 40: row 0's one
+        // term underflows to -0, which the left-out +0 terms turn into +0 on the crate path.
+        let (m, n, k) = (16, 32, 40);
+        let mut a = values(m * k, 0.731);
+        for r in 0..m {
+            a[r * k + r + 1..(r + 1) * k].fill(0.0);
+        }
+        a[0] = 1e-30;
+        let mut bt = values(k * n, 0.377);
+        bt[..n].fill(-1e-30);
+        let (av, bv) = (F32View::k_major(&a, m, k, k), F32View::transposed(&bt, n, k, n));
+        let mut want = vec![0.0; m * n];
+        f32_nt_serial(av, bv, 1.0, 0.0, &mut want).unwrap();
+        assert!(
+            want[..n].iter().all(|w| w.to_bits() == 0),
+            "the crate path gives +0 in row 0"
+        );
+        let mut got = vec![0.0; m * n];
+        product(av, bv, 1.0, 0.0, &mut got, Causal::KUpTo(0)).unwrap();
+        assert!(got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()));
+        // The transpose (A upper triangular past `r - i0`), leading terms left out.
+        let (mut at, mut b2) = (vec![0.0; m * k], values(n * k, 0.2));
+        for r in 0..m {
+            for t in r..k {
+                at[r * k + t] = a[(t % m) * k + r % k] + 0.5;
+            }
+        }
+        b2[5] = f32::MAX; // finite: a huge B row times a left-out zero is still +-0
+        let (av, bv) = (F32View::k_major(&at, m, k, k), F32View::k_major(&b2, n, k, k));
+        let bt2: Vec<f32> = (0..k * n).map(|i| b2[(i % n) * k + i / n]).collect();
+        let bv_t = F32View::transposed(&bt2, n, k, n);
+        f32_nt_serial(av, bv, 1.0, 0.0, &mut want).unwrap();
+        product(av, bv_t, 1.0, 0.0, &mut got, Causal::KFrom(0)).unwrap();
+        assert!(got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()));
+    }
+
+    #[test]
     fn shapes_it_cannot_sum_the_crate_way_are_errors() {
         let a = vec![1.0; 64 * 64];
         let mut out = vec![0.0; 64 * 64];
         // 8 x 8 outputs are summed by the crate's dot-product kernels: not layout-free.
         let small = F32View::k_major(&a, 8, 8, 8);
-        assert!(product(small, small, 1.0, 0.0, &mut out[..64], None).is_err());
+        assert!(product(small, small, 1.0, 0.0, &mut out[..64], Causal::Full).is_err());
         // B with strided rows, and a view past its data.
         let strided = F32View::k_major(&a, 64, 32, 64);
-        assert!(product(strided, strided, 1.0, 0.0, &mut out, None).is_err());
+        assert!(product(strided, strided, 1.0, 0.0, &mut out, Causal::Full).is_err());
         let (q, past) = (F32View::k_major(&a, 64, 32, 32), F32View::transposed(&a, 64, 32, 200));
-        assert!(product(q, past, 1.0, 0.0, &mut out, None).is_err());
+        assert!(product(q, past, 1.0, 0.0, &mut out, Causal::Full).is_err());
     }
 }

@@ -153,3 +153,46 @@ fn the_softmax_gives_the_scalar_loops_bits() {
         assert!(same(&given, &want), "P from a given lse, rows {rows} i0 {i0}");
     }
 }
+
+#[test]
+fn non_finite_inputs_past_the_diagonal_keep_the_crate_paths_bits() {
+    if !simd_available() {
+        return;
+    }
+    // 0 * inf = NaN: a non-finite V, K, Q or dO row reaches earlier rows through the masked
+    // zeros of P and dS on the crate path, so the fast path must not leave those terms out.
+    let (batch, seq, heads, d) = (1, 70, 1, 32);
+    let shape = AttentionShape {
+        batch,
+        seq,
+        heads,
+        head_dim: d,
+    };
+    let n = batch * seq * heads * d;
+    for (which, row) in [(0, 40), (1, 66), (2, 3), (3, 50)] {
+        let mut ins = [
+            values(n, 0.37, 1.5),
+            values(n, 0.71, 1.5),
+            values(n, 0.13, 1.0),
+            values(n, 0.53, 0.1),
+        ];
+        ins[which][row * d + 5] = f32::INFINITY;
+        let [q, k, v, dout] = &ins;
+        let run = |fast: bool| {
+            let (mut out, mut lse) = (vec![0.0; n], vec![0.0; seq]);
+            forward_with(q, k, v, shape, 0.2, Dtype::F32, &mut out, &mut lse, fast).unwrap();
+            let (mut dq, mut dk, mut dv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+            let ins = [&dout[..], q, k, v, &out, &lse];
+            backward_with(ins, shape, 0.2, Dtype::F32, [&mut dq, &mut dk, &mut dv], fast).unwrap();
+            [out, lse, dq, dk, dv]
+        };
+        let (want, got) = (run(false), run(true));
+        for (name, (g, w)) in ["out", "lse", "dq", "dk", "dv"].iter().zip(got.iter().zip(&want)) {
+            let same = g
+                .iter()
+                .zip(w)
+                .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()));
+            assert!(same, "input {which} row {row}: {name}");
+        }
+    }
+}
