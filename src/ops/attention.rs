@@ -129,18 +129,30 @@ impl Products {
 }
 
 /// `[rows, head_dim]` rows `stride` apart, as its `[head_dim, rows]` transpose in `dst`
-/// (the products' B operands want the output's columns contiguous). Blocks of 16 rows keep
-/// the writes in runs of 16 instead of one cache line per value.
+/// (the products' B operands want the output's columns contiguous). 8 x 8 blocks go through
+/// a local array (whole 8-wide reads and writes); the edges value by value.
 fn transpose_head(src: &[f32], rows: usize, d: usize, stride: usize, dst: &mut Vec<f32>) {
-    const BLOCK: usize = 16;
+    const B: usize = 8;
     dst.clear();
     dst.resize(rows * d, 0.0);
-    for j0 in (0..rows).step_by(BLOCK) {
-        let j1 = (j0 + BLOCK).min(rows);
-        for (c, col) in dst.chunks_mut(rows).enumerate() {
-            for (j, x) in (j0..j1).zip(&mut col[j0..j1]) {
-                *x = src[j * stride + c];
+    let (full_rows, full_cols) = (rows / B * B, d / B * B);
+    for j0 in (0..full_rows).step_by(B) {
+        for c0 in (0..full_cols).step_by(B) {
+            let block: [[f32; B]; B] =
+                std::array::from_fn(|jj| src[(j0 + jj) * stride + c0..][..B].try_into().expect("8 values"));
+            for cc in 0..B {
+                let out: &mut [f32; B] = (&mut dst[(c0 + cc) * rows + j0..][..B]).try_into().expect("8 values");
+                for (o, row) in out.iter_mut().zip(&block) {
+                    *o = row[cc];
+                }
             }
+        }
+    }
+    // Columns past the last full block, then rows past it.
+    for j in 0..rows {
+        let cs = if j < full_rows { full_cols..d } else { 0..d };
+        for c in cs {
+            dst[c * rows + j] = src[j * stride + c];
         }
     }
 }

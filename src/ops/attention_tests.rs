@@ -30,6 +30,7 @@ fn fast_products_give_the_crate_paths_bits() {
         (1, 65, 2, 128),
         (1, 600, 1, 32),
         (3, 8, 2, 32),
+        (1, 37, 2, 20),
     ];
     for (batch, seq, heads, d) in shapes {
         let shape = AttentionShape {
