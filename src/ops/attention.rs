@@ -16,12 +16,16 @@
 //! `dV = round(P)^T dO`, `dP = dO V^T`, `D_i = sum_c dO_ic O_ic`, `dS = round(P * (dP - D))`,
 //! `dQ = scale * dS K`, `dK = scale * dS^T Q`; `dq`, `dk`, `dv` are rounded to `dtype`.
 //!
-//! One (batch, head) per rayon task. The products read `q`, `k`, `v`, `out` and `dout` in place
-//! (a head's rows are `heads * head_dim` apart) and the transposed operands (`V`, `K`, `P^T`,
-//! `dS^T`, `dO^T`, `Q^T`) with swapped strides; shapes whose sums would depend on the operands'
-//! layout (`gemm::cpu::layout_free`) get K-major copies instead. Scratch per task is two
-//! `Q_BLOCK x seq` score blocks plus the head's `seq x head_dim` results, so seq = 2048 needs
-//! about 1.5 MiB per task, not `seq^2` per head.
+//! One (batch, head) per rayon task. Where `attention_product.rs` applies (AVX-512F, shapes
+//! whose sums do not depend on the operands' layout) the products run there with the GEMM
+//! crate's bits, reading `q`, `v`, `out` and `dout` in place (a head's rows are
+//! `heads * head_dim` apart) and K^T, V^T from per-task transposes; otherwise they call the
+//! crate, with K-major copies for shapes whose sums would depend on the layout
+//! (`gemm::cpu::layout_free`). The softmax's `exp` is `libm_exp.rs` (the bits of
+//! `f32::exp`). Scratch per task is two `Q_BLOCK x seq` score blocks, the head's
+//! `seq x head_dim` results (three in the backward) and one `seq x head_dim` transpose (two),
+//! so seq = 2048 at head_dim 64 needs about 2 MiB per forward task, 3.5 MiB per backward
+//! task, not `seq^2` per head.
 
 use rayon::prelude::*;
 

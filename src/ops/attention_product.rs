@@ -11,9 +11,10 @@
 //! FMA too); everywhere else, and for shapes that are not layout-free, the caller takes the
 //! crate path.
 //!
-//! Napkin math: the crate call packs both operands and dispatches per call (~2 us) for a
-//! 64 x 64 x 32 block worth ~1.3 us of FMAs on one core; a 4 x 32 register tile here loads
-//! one B row (2 vectors) and 4 broadcasts per 8 vector FMAs.
+//! Why a kernel of its own: on 64 x 64 x 32 blocks the crate path spent about as many cycles
+//! packing operands, dispatching and copying its accumulator tile as in its micro-kernels
+//! (`perf`, docs/benchmarks.md round 6). Here an 8 x 32 register tile loads one B row
+//! (2 vectors) and 8 broadcasts per 16 vector FMAs, straight from the operands.
 
 use crate::error::{Error, Result};
 use crate::gemm::cpu::{F32View, layout_free};
