@@ -16,15 +16,20 @@
 //! `dV = round(P)^T dO`, `dP = dO V^T`, `D_i = sum_c dO_ic O_ic`, `dS = round(P * (dP - D))`,
 //! `dQ = scale * dS K`, `dK = scale * dS^T Q`; `dq`, `dk`, `dv` are rounded to `dtype`.
 //!
-//! One (batch, head) per rayon task. The products read `q`, `k`, `v`, `out` and `dout` in place
-//! (a head's rows are `heads * head_dim` apart) and the transposed operands (`V`, `K`, `P^T`,
-//! `dS^T`, `dO^T`, `Q^T`) with swapped strides; shapes whose sums would depend on the operands'
-//! layout (`gemm::cpu::layout_free`) get K-major copies instead. Scratch per task is two
-//! `Q_BLOCK x seq` score blocks plus the head's `seq x head_dim` results, so seq = 2048 needs
-//! about 1.5 MiB per task, not `seq^2` per head.
+//! One (batch, head) per rayon task. Where `attention_product.rs` applies (AVX-512F, shapes
+//! whose sums do not depend on the operands' layout) the products run there with the GEMM
+//! crate's bits, reading `q`, `v`, `out` and `dout` in place (a head's rows are
+//! `heads * head_dim` apart) and K^T, V^T from per-task transposes; otherwise they call the
+//! crate, with K-major copies for shapes whose sums would depend on the layout
+//! (`gemm::cpu::layout_free`). The softmax's `exp` is `f32::exp` (the C library's `expf`).
+//! Scratch per task is two `Q_BLOCK x seq` score blocks, the head's
+//! `seq x head_dim` results (three in the backward) and one `seq x head_dim` transpose (two),
+//! so seq = 2048 at head_dim 64 needs about 2 MiB per forward task, 3.5 MiB per backward
+//! task, not `seq^2` per head.
 
 use rayon::prelude::*;
 
+use super::attention_product::{Causal, applies, product, simd_available};
 use super::check::{elements, len};
 use crate::error::{Error, Result};
 use crate::gemm::cpu::{F32View, f32_nt_serial, layout_free};
@@ -62,13 +67,17 @@ fn head_start(s: &AttentionShape, b: usize, h: usize, i0: usize) -> usize {
     (b * s.seq + i0) * s.heads * s.head_dim + h * s.head_dim
 }
 
-/// Writes a `[seq, head_dim]` head back into its place in a `[batch, seq, heads, head_dim]` tensor.
-fn scatter_head(src: &[f32], s: &AttentionShape, b: usize, h: usize, dst: &mut [f32]) {
-    let d = s.head_dim;
-    for (i, row) in src.chunks(d).enumerate() {
-        let at = head_start(s, b, h, i);
-        dst[at..at + d].copy_from_slice(row);
-    }
+/// Writes the `[seq, head_dim]` heads (`head(b * heads + h)`) back into their places in a
+/// `[batch, seq, heads, head_dim]` tensor, one sequence per rayon task.
+fn scatter_heads<'a>(head: impl Fn(usize) -> &'a [f32] + Sync, s: &AttentionShape, dst: &mut [f32]) {
+    let (d, hidden) = (s.head_dim, s.heads * s.head_dim);
+    dst.par_chunks_mut(s.seq * hidden).enumerate().for_each(|(b, dst_b)| {
+        for h in 0..s.heads {
+            for (row, src) in dst_b.chunks_mut(hidden).zip(head(b * s.heads + h).chunks(d)) {
+                row[h * d..(h + 1) * d].copy_from_slice(src);
+            }
+        }
+    });
 }
 
 /// `view` itself where an `m x n` product's sums do not depend on operand layouts, else its
@@ -86,33 +95,118 @@ fn operand<'a>(view: F32View<'a>, m: usize, n: usize, copy: &'a mut Vec<f32>) ->
     F32View::k_major(copy, view.rows, view.k, view.k)
 }
 
-/// Per-task copies for [`operand`] (empty unless a shape needs them).
-#[derive(Default)]
-struct Copies(Vec<f32>, Vec<f32>);
+/// The per-task products: [`product`] where it gives the crate's bits (`attention_product.rs`),
+/// else the crate on this task's thread, through [`operand`] copies where a shape needs them.
+struct Products {
+    fast: bool,
+    copies: (Vec<f32>, Vec<f32>),
+}
 
-impl Copies {
-    /// `out [m, n] = alpha * a . b^T (+ beta * out)` in f32 on this task's thread (the same
-    /// bits as the GEMM entry point).
-    fn matmul_nt(&mut self, a: F32View, b: F32View, alpha: f32, beta: f32, out: &mut [f32]) -> Result<()> {
+impl Products {
+    fn new(fast: bool) -> Self {
+        Products {
+            fast,
+            copies: Default::default(),
+        }
+    }
+
+    /// `out [m, n] = alpha * a . b^T (+ beta * out)` in f32 (the same bits as the GEMM entry
+    /// point). `causal` is what [`product`] may skip (the crate path skips nothing).
+    fn matmul_nt(
+        &mut self,
+        a: F32View,
+        b: F32View,
+        alpha: f32,
+        beta: f32,
+        out: &mut [f32],
+        causal: Causal,
+    ) -> Result<()> {
+        if self.fast && applies(&a, &b) {
+            return product(a, b, alpha, beta, out, causal);
+        }
         let (m, n) = (a.rows, b.rows);
-        let a = operand(a, m, n, &mut self.0);
-        let b = operand(b, m, n, &mut self.1);
+        let a = operand(a, m, n, &mut self.copies.0);
+        let b = operand(b, m, n, &mut self.copies.1);
         f32_nt_serial(a, b, alpha, beta, out)
     }
 }
 
+/// `[rows, head_dim]` rows `stride` apart, as its `[head_dim, rows]` transpose in `dst`
+/// (the products' B operands want the output's columns contiguous). 8 x 8 blocks go through
+/// a local array (whole 8-wide reads and writes); the edges value by value.
+fn transpose_head(src: &[f32], rows: usize, d: usize, stride: usize, dst: &mut Vec<f32>) {
+    const B: usize = 8;
+    dst.clear();
+    dst.resize(rows * d, 0.0);
+    let (full_rows, full_cols) = (rows / B * B, d / B * B);
+    for j0 in (0..full_rows).step_by(B) {
+        for c0 in (0..full_cols).step_by(B) {
+            let block: [[f32; B]; B] =
+                std::array::from_fn(|jj| src[(j0 + jj) * stride + c0..][..B].try_into().expect("8 values"));
+            for cc in 0..B {
+                let out: &mut [f32; B] = (&mut dst[(c0 + cc) * rows + j0..][..B]).try_into().expect("8 values");
+                for (o, row) in out.iter_mut().zip(&block) {
+                    *o = row[cc];
+                }
+            }
+        }
+    }
+    // Columns past the last full block, then rows past it.
+    for j in 0..rows {
+        let cs = if j < full_rows { full_cols..d } else { 0..d };
+        for c in cs {
+            dst[c * rows + j] = src[j * stride + c];
+        }
+    }
+}
+
+/// Whether `rows` rows of `d` values, `stride` apart, are all finite.
+fn rows_finite(x: &[f32], rows: usize, d: usize, stride: usize) -> bool {
+    x.chunks(stride)
+        .take(rows)
+        .all(|row| row[..d].iter().all(|v| v.is_finite()))
+}
+
+/// Rows whose softmax sums run side by side (independent add chains; each row still sums its
+/// keys in order).
+const SUM_ROWS: usize = 8;
+
 /// Turns scaled scores of query rows `i0..i0 + rows` (row stride `keys`) into causal probabilities
 /// `exp(s - lse)`, zero past the diagonal. Computes `lse` when `lse_out` is given, else reads `lse_in`.
-fn causal_softmax(scores: &mut [f32], keys: usize, i0: usize, lse: LseMode) {
+/// `exps` is scratch for [`SUM_ROWS`] rows of `exp(s - max)`.
+fn causal_softmax(scores: &mut [f32], keys: usize, i0: usize, lse: LseMode, exps: &mut Vec<f32>) {
     match lse {
         LseMode::Compute(lse_out) => {
-            for (r, (row, l)) in scores.chunks_mut(keys).zip(lse_out.iter_mut()).enumerate() {
-                let valid = i0 + r + 1;
-                // f32::max skips NaN; a NaN score still reaches the sum below and makes the row NaN.
-                let m = row[..valid].iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-                let sum: f32 = row[..valid].iter().map(|&s| (s - m).exp()).sum();
-                *l = m + sum.ln();
-                fill_probs(row, valid, *l);
+            let groups = scores.chunks_mut(SUM_ROWS * keys).zip(lse_out.chunks_mut(SUM_ROWS));
+            for (g, (rows, lse_g)) in groups.enumerate() {
+                let first = i0 + g * SUM_ROWS; // row index of the group's first row
+                exps.clear();
+                exps.resize(SUM_ROWS * keys, 0.0);
+                let mut maxes = [0.0f32; SUM_ROWS];
+                for (r, (row, e)) in rows.chunks(keys).zip(exps.chunks_mut(keys)).enumerate() {
+                    let valid = first + r + 1;
+                    maxes[r] = max_skipping_nan(&row[..valid]);
+                    e[..valid].copy_from_slice(&row[..valid]);
+                    exp_shifted(&mut e[..valid], maxes[r]);
+                }
+                // Row r sums e[0..first + r + 1] left to right (as `Iterator::sum`); the rows'
+                // chains interleave over the keys all of them have.
+                let n = lse_g.len();
+                let mut sums = [0.0f32; SUM_ROWS];
+                for j in 0..=first {
+                    for (r, sum) in sums[..n].iter_mut().enumerate() {
+                        *sum += exps[r * keys + j];
+                    }
+                }
+                for (r, sum) in sums[..n].iter_mut().enumerate() {
+                    for &e in &exps[r * keys + first + 1..r * keys + first + r + 1] {
+                        *sum += e;
+                    }
+                }
+                for (r, (row, l)) in rows.chunks_mut(keys).zip(lse_g.iter_mut()).enumerate() {
+                    *l = maxes[r] + sums[r].ln();
+                    fill_probs(row, first + r + 1, *l);
+                }
             }
         }
         LseMode::Given(lse_in) => {
@@ -123,9 +217,32 @@ fn causal_softmax(scores: &mut [f32], keys: usize, i0: usize, lse: LseMode) {
     }
 }
 
+/// The largest non-NaN value (`-inf` if none), as a fold of `f32::max` gives it: the maximum
+/// is exact in any order; only the sign of a zero maximum may differ, which neither
+/// `exp(s - max)` nor `max + ln(sum)` (with `sum >= 1`) can see.
+fn max_skipping_nan(xs: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            // A NaN x compares false and leaves m.
+            *m = if x > *m { x } else { *m };
+        }
+    }
+    let m = lanes.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    tail.iter().fold(m, |m, &x| m.max(x))
+}
+
+/// `xs[i] = exp(xs[i] - shift)`.
+fn exp_shifted(xs: &mut [f32], shift: f32) {
+    xs.iter_mut().for_each(|x| *x = (*x - shift).exp());
+}
+
 fn fill_probs(row: &mut [f32], valid: usize, lse: f32) {
     let (live, masked) = row.split_at_mut(valid);
-    live.iter_mut().for_each(|s| *s = (*s - lse).exp());
+    exp_shifted(live, lse);
     masked.fill(0.0);
 }
 
@@ -173,6 +290,22 @@ pub fn attention_forward(
     out: &mut [f32],
     lse: &mut [f32],
 ) -> Result<()> {
+    forward_with(q, k, v, shape, softmax_scale, dtype, out, lse, simd_available())
+}
+
+/// [`attention_forward`], its products through [`product`] where `fast` allows (same bits).
+#[allow(clippy::too_many_arguments)]
+fn forward_with(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    shape: AttentionShape,
+    softmax_scale: f32,
+    dtype: Dtype,
+    out: &mut [f32],
+    lse: &mut [f32],
+    fast: bool,
+) -> Result<()> {
     let (tokens, hidden) = check_inputs(&shape, q, k, v, lse.len())?;
     len("attention out [batch*seq, heads*head_dim]", tokens, hidden, out.len())?;
     let AttentionShape {
@@ -191,39 +324,53 @@ pub fn attention_forward(
         .map(|(bh, lse_h)| -> Result<Vec<f32>> {
             let (b, h) = (bh / heads, bh % heads);
             let at = |i0: usize| head_start(&shape, b, h, i0);
-            let mut copies = Copies::default();
+            let mut products = Products::new(fast);
+            // K^T `[head_dim, seq]` for the fast products (S's columns contiguous).
+            let mut k_t = Vec::new();
+            if fast {
+                transpose_head(&k[at(0)..], seq, d, hidden, &mut k_t);
+            }
             let mut oh = vec![0.0; seq * d];
             let mut scores = Vec::with_capacity(Q_BLOCK * seq);
+            let mut exps = Vec::with_capacity(SUM_ROWS * seq);
             for i0 in (0..seq).step_by(Q_BLOCK) {
                 let i1 = (i0 + Q_BLOCK).min(seq);
                 let (rows, keys) = (i1 - i0, i1); // causal: no key past the block's last query
                 scores.clear();
                 scores.resize(rows * keys, 0.0);
-                copies.matmul_nt(
+                let k_view = if fast {
+                    F32View::transposed(&k_t, keys, d, seq)
+                } else {
+                    F32View::k_major(&k[at(0)..], keys, d, hidden)
+                };
+                // Scores past the diagonal are never read (the softmax zeroes them).
+                products.matmul_nt(
                     F32View::k_major(&q[at(i0)..], rows, d, hidden),
-                    F32View::k_major(&k[at(0)..], keys, d, hidden),
+                    k_view,
                     softmax_scale,
                     0.0,
                     &mut scores,
+                    Causal::Columns(i0),
                 )?;
-                causal_softmax(&mut scores, keys, i0, LseMode::Compute(&mut lse_h[i0..i1]));
+                causal_softmax(&mut scores, keys, i0, LseMode::Compute(&mut lse_h[i0..i1]), &mut exps);
                 dtype.round_slice(&mut scores);
-                // O = P V: B is V^T `[head_dim, keys]`, read from V's rows.
-                copies.matmul_nt(
+                // O = P V: B is V^T `[head_dim, keys]`, read from V's rows. P is 0 past the
+                // diagonal, so those terms are left out where V's rows there are finite.
+                let finite_v = rows_finite(&v[at(i0)..], rows, d, hidden);
+                products.matmul_nt(
                     F32View::k_major(&scores, rows, keys, keys),
                     F32View::transposed(&v[at(0)..], d, keys, hidden),
                     1.0,
                     0.0,
                     &mut oh[i0 * d..i1 * d],
+                    if finite_v { Causal::KUpTo(i0) } else { Causal::Full },
                 )?;
             }
             dtype.round_slice(&mut oh);
             Ok(oh)
         })
         .collect::<Result<_>>()?;
-    for (bh, oh) in heads_out.iter().enumerate() {
-        scatter_head(oh, &shape, bh / heads, bh % heads, out);
-    }
+    scatter_heads(|bh| &heads_out[bh], &shape, out);
     Ok(())
 }
 
@@ -243,6 +390,27 @@ pub fn attention_backward(
     dq: &mut [f32],
     dk: &mut [f32],
     dv: &mut [f32],
+) -> Result<()> {
+    let fast = simd_available();
+    backward_with(
+        [dout, q, k, v, out, lse],
+        shape,
+        softmax_scale,
+        dtype,
+        [dq, dk, dv],
+        fast,
+    )
+}
+
+/// [`attention_backward`] on `[dout, q, k, v, out, lse]`, its products through [`product`]
+/// where `fast` allows (same bits).
+fn backward_with(
+    [dout, q, k, v, out, lse]: [&[f32]; 6],
+    shape: AttentionShape,
+    softmax_scale: f32,
+    dtype: Dtype,
+    [dq, dk, dv]: [&mut [f32]; 3],
+    fast: bool,
 ) -> Result<()> {
     let (tokens, hidden) = check_inputs(&shape, q, k, v, lse.len())?;
     len("attention dout [batch*seq, heads*head_dim]", tokens, hidden, dout.len())?;
@@ -268,9 +436,16 @@ pub fn attention_backward(
             let at = |i0: usize| head_start(&shape, b, h, i0);
             let (mut dqh, mut dkh, mut dvh) = (vec![0.0; seq * d], vec![0.0; seq * d], vec![0.0; seq * d]);
             // Scratch reused across blocks.
-            let mut copies = Copies::default();
+            let mut products = Products::new(fast);
+            // K^T and V^T `[head_dim, seq]` for the fast products (S's and dP's columns contiguous).
+            let (mut k_t, mut v_t) = (Vec::new(), Vec::new());
+            if fast {
+                transpose_head(&k[at(0)..], seq, d, hidden, &mut k_t);
+                transpose_head(&v[at(0)..], seq, d, hidden, &mut v_t);
+            }
             let mut p = Vec::with_capacity(Q_BLOCK * seq);
             let mut dp = Vec::with_capacity(Q_BLOCK * seq);
+            let mut exps = Vec::new();
             let mut delta = [0.0f32; Q_BLOCK];
             for i0 in (0..seq).step_by(Q_BLOCK) {
                 let i1 = (i0 + Q_BLOCK).min(seq);
@@ -279,21 +454,27 @@ pub fn attention_backward(
                 let q_blk = F32View::k_major(&q[at(i0)..], rows, d, hidden);
                 let do_blk = F32View::k_major(&dout[at(i0)..], rows, d, hidden);
                 let (k_keys, v_keys) = (&k[at(0)..], &v[at(0)..]);
-                // P recomputed from the saved lse.
+                let (k_view, v_view) = if fast {
+                    (
+                        F32View::transposed(&k_t, keys, d, seq),
+                        F32View::transposed(&v_t, keys, d, seq),
+                    )
+                } else {
+                    (
+                        F32View::k_major(k_keys, keys, d, hidden),
+                        F32View::k_major(v_keys, keys, d, hidden),
+                    )
+                };
+                // P recomputed from the saved lse; entries past the diagonal are never read
+                // before the softmax zeroes them, nor those of dP (dS is 0 where P is).
                 p.clear();
                 p.resize(rows * keys, 0.0);
-                copies.matmul_nt(
-                    q_blk,
-                    F32View::k_major(k_keys, keys, d, hidden),
-                    softmax_scale,
-                    0.0,
-                    &mut p,
-                )?;
-                causal_softmax(&mut p, keys, i0, LseMode::Given(&lse_h[i0..i1]));
+                products.matmul_nt(q_blk, k_view, softmax_scale, 0.0, &mut p, Causal::Columns(i0))?;
+                causal_softmax(&mut p, keys, i0, LseMode::Given(&lse_h[i0..i1]), &mut exps);
                 // dP = dO V^T
                 dp.clear();
                 dp.resize(rows * keys, 0.0);
-                copies.matmul_nt(do_blk, F32View::k_major(v_keys, keys, d, hidden), 1.0, 0.0, &mut dp)?;
+                products.matmul_nt(do_blk, v_view, 1.0, 0.0, &mut dp, Causal::Columns(i0))?;
                 // D_i = rowsum(dO * O)
                 for (r, dl) in delta[..rows].iter_mut().enumerate() {
                     let row = at(i0 + r);
@@ -308,29 +489,39 @@ pub fn attention_backward(
                 }
                 dtype.round_slice(&mut dp);
                 dtype.round_slice(&mut p);
+                // P and dS are 0 past the diagonal: the products below leave those terms out
+                // where the other operand's rows there are finite.
+                let skip = |x: &[f32], from: bool| match (rows_finite(x, rows, d, hidden), from) {
+                    (false, _) => Causal::Full,
+                    (true, true) => Causal::KFrom(i0),
+                    (true, false) => Causal::KUpTo(i0),
+                };
                 // dV[..keys] += P^T dO: A is P^T `[keys, rows]`, B is dO^T `[head_dim, rows]`.
-                copies.matmul_nt(
+                products.matmul_nt(
                     F32View::transposed(&p, keys, rows, keys),
                     F32View::transposed(&dout[at(i0)..], d, rows, hidden),
                     1.0,
                     1.0,
                     &mut dvh[..keys * d],
+                    skip(&dout[at(i0)..], true),
                 )?;
                 // dK[..keys] += scale * dS^T Q
-                copies.matmul_nt(
+                products.matmul_nt(
                     F32View::transposed(&dp, keys, rows, keys),
                     F32View::transposed(&q[at(i0)..], d, rows, hidden),
                     softmax_scale,
                     1.0,
                     &mut dkh[..keys * d],
+                    skip(&q[at(i0)..], true),
                 )?;
                 // dQ = scale * dS K: B is K^T `[head_dim, keys]`.
-                copies.matmul_nt(
+                products.matmul_nt(
                     F32View::k_major(&dp, rows, keys, keys),
                     F32View::transposed(k_keys, d, keys, hidden),
                     softmax_scale,
                     0.0,
                     &mut dqh[i0 * d..i1 * d],
+                    skip(&k[at(i0)..], false),
                 )?;
             }
             for g in [&mut dqh, &mut dkh, &mut dvh] {
@@ -339,11 +530,12 @@ pub fn attention_backward(
             Ok([dqh, dkh, dvh])
         })
         .collect::<Result<_>>()?;
-    for (bh, [dqh, dkh, dvh]) in grads.iter().enumerate() {
-        let (b, h) = (bh / heads, bh % heads);
-        scatter_head(dqh, &shape, b, h, dq);
-        scatter_head(dkh, &shape, b, h, dk);
-        scatter_head(dvh, &shape, b, h, dv);
+    for (g, dst) in [dq, dk, dv].into_iter().enumerate() {
+        scatter_heads(|bh| &grads[bh][g], &shape, dst);
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "attention_tests.rs"]
+mod tests;

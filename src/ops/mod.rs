@@ -13,6 +13,7 @@
 pub mod activation;
 pub mod attention;
 pub mod attention_cached;
+mod attention_product;
 mod check;
 pub mod elementwise;
 pub mod embedding;
