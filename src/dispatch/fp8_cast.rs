@@ -406,15 +406,21 @@ mod tests {
         // every fifth saturating, every seventh infinite.
         let n = 3 * NARROW_RUN + 5;
         let xs: Vec<f32> = (0..n)
-            .map(|i| if i % 7 == 0 { f32::INFINITY } else { 1.0 + i as f32 })
+            .map(|i| {
+                if i.is_multiple_of(7) {
+                    f32::INFINITY
+                } else {
+                    1.0 + i as f32
+                }
+            })
             .collect();
         let aux: Vec<u32> = (0..n as u32).collect();
-        let verdict = |_: f32, i: u32| (i % 3 == 0, i % 5 == 0);
+        let verdict = |_: f32, i: u32| (i.is_multiple_of(3), i.is_multiple_of(5));
         let mut want = [0u64; 4];
         for (i, &x) in xs.iter().enumerate() {
             let finite = x.is_finite();
-            want[0] += u64::from(finite && i % 5 == 0);
-            want[1] += u64::from(finite && i % 3 == 0);
+            want[0] += u64::from(finite && i.is_multiple_of(5));
+            want[1] += u64::from(finite && i.is_multiple_of(3));
             want[2] += u64::from(finite);
             want[3] += u64::from(!finite);
         }
