@@ -136,22 +136,8 @@ fn gemm_routed(a: &Operand, b: &Operand, out: Output, params: &GemmParams, route
         && let Some(chunk) = steps.chunk(plan.k)
         && let Output::F32(d) = out
     {
-        let a_panel = Panel {
-            data: &av,
-            row_stride: a_rows,
-            k_stride: a_k,
-            first: 0,
-            rows: plan.m,
-            k0: 0,
-            k: plan.k,
-        };
-        let b_panel = Panel {
-            data: &bv,
-            row_stride: b_rows,
-            k_stride: b_k,
-            rows: plan.n,
-            ..a_panel
-        };
+        let a_panel = Panel::whole_k(&av, (a_rows, a_k), 0, plan.m, plan.k);
+        let b_panel = Panel::whole_k(&bv, (b_rows, b_k), 0, plan.n, plan.k);
         let packed_b = packed::PackedB::pack(b_panel);
         let amax = packed::gemm_f32(d, a_panel, &packed_b, chunk, &epilogue);
         return Ok(GemmReport { amax });
@@ -166,24 +152,10 @@ fn gemm_routed(a: &Operand, b: &Operand, out: Output, params: &GemmParams, route
     let (sa, sb) = (RowScales::of(a), RowScales::of(b));
     // Rows `i0..i0 + rows` of A against rows `j0..j0 + cols` of B.
     let panels = |i0: usize, rows: usize, j0: usize, cols: usize| {
-        let a_panel = Panel {
-            data: &av,
-            row_stride: a_rows,
-            k_stride: a_k,
-            first: i0,
-            rows,
-            k0: 0,
-            k: plan.k,
-        };
-        let b_panel = Panel {
-            data: &bv,
-            row_stride: b_rows,
-            k_stride: b_k,
-            first: j0,
-            rows: cols,
-            ..a_panel
-        };
-        (a_panel, b_panel)
+        (
+            Panel::whole_k(&av, (a_rows, a_k), i0, rows, plan.k),
+            Panel::whole_k(&bv, (b_rows, b_k), j0, cols, plan.k),
+        )
     };
     if in_place && let Output::F32(d) = out {
         // Bands of whole rows are contiguous in `d`: the crate sums straight into them and the

@@ -8,6 +8,24 @@ fn values(n: usize, seed: f32, scale: f32) -> Vec<f32> {
         .collect()
 }
 
+/// The shape, its element count and Q, K, V, dO of one case.
+fn inputs(batch: usize, seq: usize, heads: usize, head_dim: usize) -> (AttentionShape, usize, [Vec<f32>; 4]) {
+    let shape = AttentionShape {
+        batch,
+        seq,
+        heads,
+        head_dim,
+    };
+    let n = batch * seq * heads * head_dim;
+    let qkvd = [
+        values(n, 0.37, 1.5),
+        values(n, 0.71, 1.5),
+        values(n, 0.13, 1.0),
+        values(n, 0.53, 0.1),
+    ];
+    (shape, n, qkvd)
+}
+
 fn same_bits(what: &str, got: &[f32], want: &[f32]) {
     let bad = got.iter().zip(want).position(|(g, w)| g.to_bits() != w.to_bits());
     assert!(bad.is_none(), "{what}: first difference at {bad:?} of {}", got.len());
@@ -33,19 +51,7 @@ fn fast_products_give_the_crate_paths_bits() {
         (1, 37, 2, 20),
     ];
     for (batch, seq, heads, d) in shapes {
-        let shape = AttentionShape {
-            batch,
-            seq,
-            heads,
-            head_dim: d,
-        };
-        let n = batch * seq * heads * d;
-        let (q, k, v, dout) = (
-            values(n, 0.37, 1.5),
-            values(n, 0.71, 1.5),
-            values(n, 0.13, 1.0),
-            values(n, 0.53, 0.1),
-        );
+        let (shape, n, [q, k, v, dout]) = inputs(batch, seq, heads, d);
         let scale = 1.0 / (d as f32).sqrt();
         for dtype in [Dtype::F32, Dtype::Bf16] {
             let what = format!("{shape:?} {dtype}");
@@ -71,19 +77,7 @@ fn fast_products_give_the_crate_paths_bits() {
 #[ignore]
 fn timing() {
     for (batch, seq, heads, d, reps) in [(16, 64, 8, 32, 50), (1, 512, 8, 32, 10), (1, 2048, 4, 64, 2)] {
-        let shape = AttentionShape {
-            batch,
-            seq,
-            heads,
-            head_dim: d,
-        };
-        let n = batch * seq * heads * d;
-        let (q, k, v, dout) = (
-            values(n, 0.37, 1.5),
-            values(n, 0.71, 1.5),
-            values(n, 0.13, 1.0),
-            values(n, 0.53, 0.1),
-        );
+        let (shape, n, [q, k, v, dout]) = inputs(batch, seq, heads, d);
         let scale = 1.0 / (d as f32).sqrt();
         for dtype in [Dtype::F32, Dtype::Bf16] {
             for fast in [false, true, false, true] {

@@ -39,7 +39,26 @@ pub(super) struct Panel<'a> {
     pub k: usize,
 }
 
-impl Panel<'_> {
+impl<'a> Panel<'a> {
+    /// Rows `first..first + rows` of `data` (strides `(row_stride, k_stride)`), all `k` of K.
+    pub(super) fn whole_k(
+        data: &'a [f32],
+        (row_stride, k_stride): (usize, usize),
+        first: usize,
+        rows: usize,
+        k: usize,
+    ) -> Self {
+        Panel {
+            data,
+            row_stride,
+            k_stride,
+            first,
+            rows,
+            k0: 0,
+            k,
+        }
+    }
+
     /// The panel's last element lies inside `data` (an empty panel reads nothing; the
     /// strides are non-negative, so every other element lies before it).
     pub(super) fn in_bounds(&self) -> bool {
