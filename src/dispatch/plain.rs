@@ -2,9 +2,9 @@
 //! non-FP8 precisions, made by the dtype conversion op.
 
 use half::{bf16, f16};
-use rayon::prelude::*;
 
 use crate::error::Result;
+use crate::gemm::cpu::transpose_tiles;
 use crate::gemm::{Mat, Operand};
 use crate::tensor::Dtype;
 
@@ -87,17 +87,9 @@ fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     transpose_map(src, rows, cols, |x| x)
 }
 
-/// Tile edge of the transposes: a 32 x 32 f32 tile (4 KiB) is gathered on the stack from
-/// 32 source row segments, then written out as 32 destination row segments. Writing the
-/// destination directly would touch 32 lines `4 rows` bytes apart, which for 1024 rows all
-/// fall in one L1 set (4 KiB stride) and evict each other.
-const TILE: usize = 32;
-/// Elements from which bands of destination rows run in parallel: below ~64 K elements
-/// (~30 us of copying) a second thread costs more than it saves.
-const PARALLEL_MIN: usize = 1 << 16;
-
 /// `out[c * rows + r] = f(src[r * cols + c])`: the `[cols, rows]` transpose of a row-major
-/// `[rows, cols]` matrix, element by element through `f`, in `TILE x TILE` tiles.
+/// `[rows, cols]` matrix, element by element through `f`, in the GEMM's cache-blocked tiles
+/// (`gemm::cpu::transpose_tiles`).
 fn transpose_map<T: Copy + Default + Send>(
     src: &[f32],
     rows: usize,
@@ -105,32 +97,12 @@ fn transpose_map<T: Copy + Default + Send>(
     f: impl Fn(f32) -> T + Sync,
 ) -> Vec<T> {
     let mut out = vec![T::default(); src.len()];
-    if rows == 0 || cols == 0 || src.len() != rows * cols {
-        return out;
-    }
-    // One band: destination rows `c0..c0 + TILE` (source columns), all source rows.
-    let tile_band = |(b, dst): (usize, &mut [T])| {
-        let c0 = b * TILE;
-        let width = TILE.min(cols - c0);
-        let mut tile = [[0.0f32; TILE]; TILE];
-        for r0 in (0..rows).step_by(TILE) {
-            let height = TILE.min(rows - r0);
-            for (r, row) in src[r0 * cols..(r0 + height) * cols].chunks_exact(cols).enumerate() {
-                for (column, &v) in tile.iter_mut().zip(&row[c0..c0 + width]) {
-                    column[r] = v;
-                }
+    if src.len() == rows * cols {
+        transpose_tiles(src, rows, cols, &mut out, |dst, column| {
+            for (d, &v) in dst.iter_mut().zip(column) {
+                *d = f(v);
             }
-            for (column, dst_row) in tile.iter().zip(dst.chunks_exact_mut(rows)) {
-                for (d, &v) in dst_row[r0..r0 + height].iter_mut().zip(&column[..height]) {
-                    *d = f(v);
-                }
-            }
-        }
-    };
-    if src.len() >= PARALLEL_MIN {
-        out.par_chunks_mut(TILE * rows).enumerate().for_each(tile_band);
-    } else {
-        out.chunks_mut(TILE * rows).enumerate().for_each(tile_band);
+        });
     }
     out
 }

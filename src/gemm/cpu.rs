@@ -64,6 +64,7 @@ use crate::error::{Error, Result};
 use epilogue::{Epilogue, OutTile, nan_max, out_tiles};
 use kernel::{Panel, matmul_nt};
 use scales::{RowScales, tensor_scale};
+pub(crate) use transpose::transpose_tiles;
 
 pub(crate) use magnitude::{abs_product_sum, abs_product_sum_max};
 

@@ -29,12 +29,36 @@ const PARALLEL_MIN: usize = 1 << 16;
 /// `dst[c * rows + r] = src[r * cols + c]`: the `[cols, rows]` transpose of the row-major
 /// `[rows, cols]` matrix `src`. Both slices hold `rows * cols` values (checked by the caller).
 pub(super) fn transpose_into(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+    transpose_tiles(src, rows, cols, dst, |dst, column| {
+        // A whole tile row as one fixed-size copy: vector moves, not a memcpy call.
+        match (
+            <&mut [f32; TILE]>::try_from(&mut *dst),
+            <&[f32; TILE]>::try_from(column),
+        ) {
+            (Ok(whole), Ok(column)) => *whole = *column,
+            _ => dst.copy_from_slice(column),
+        }
+    });
+}
+
+/// The tile walk of every CPU transpose (this one and the transposing dtype conversion):
+/// for each `TILE x TILE` tile of the row-major `[rows, cols]` matrix `src`, `write(d, column)`
+/// stores one column of the tile (`column[i] = src[(r0 + i) * cols + c]`) into the segment
+/// `d = dst[c * rows + r0..][..column.len()]` of the `[cols, rows]` transpose. Both slices hold
+/// `rows * cols` values (checked by the callers).
+pub(crate) fn transpose_tiles<T: Send>(
+    src: &[f32],
+    rows: usize,
+    cols: usize,
+    dst: &mut [T],
+    write: impl Fn(&mut [T], &[f32]) + Sync,
+) {
     debug_assert!(src.len() == rows * cols && dst.len() == rows * cols);
     if rows == 0 || cols == 0 {
         return;
     }
     // One band: destination rows `c0..c0 + TILE` (source columns), all source rows.
-    let band = |(b, dst): (usize, &mut [f32])| {
+    let band = |(b, dst): (usize, &mut [T])| {
         let c0 = b * TILE;
         let width = TILE.min(cols - c0);
         let mut tile = [[0.0f32; TILE]; TILE];
@@ -46,11 +70,7 @@ pub(super) fn transpose_into(src: &[f32], rows: usize, cols: usize, dst: &mut [f
                 }
             }
             for (column, dst_row) in tile.iter().zip(dst.chunks_exact_mut(rows)) {
-                // A whole tile row as one fixed-size copy: vector moves, not a memcpy call.
-                match <&mut [f32; TILE]>::try_from(&mut dst_row[r0..r0 + height]) {
-                    Ok(whole) => *whole = *column,
-                    Err(_) => dst_row[r0..r0 + height].copy_from_slice(&column[..height]),
-                }
+                write(&mut dst_row[r0..r0 + height], &column[..height]);
             }
         }
     };
