@@ -46,12 +46,66 @@ pub(crate) fn transpose_tile(
     mut write: impl FnMut(usize, &[u8]),
 ) {
     let height = rows.len() / stride;
+    // Whole 16 x 16 blocks in registers (x86-64), the ragged right and bottom edges by element.
+    let (whole_i, whole_j) = match cfg!(target_arch = "x86_64") {
+        true => (height / BLOCK * BLOCK, width / BLOCK * BLOCK),
+        false => (0, 0),
+    };
+    #[cfg(target_arch = "x86_64")]
+    for i0 in (0..whole_i).step_by(BLOCK) {
+        for jj0 in (0..whole_j).step_by(BLOCK) {
+            sse2::block(rows, stride, i0, j0 + jj0, &mut tile[jj0..jj0 + BLOCK], i0);
+        }
+    }
     for (i, row) in rows.chunks_exact(stride).enumerate() {
-        for (column, &q) in tile.iter_mut().zip(&row[j0..j0 + width]) {
+        let first = if i < whole_i { whole_j } else { 0 };
+        for (column, &q) in tile[first..].iter_mut().zip(&row[j0 + first..j0 + width]) {
             column[i] = q;
         }
     }
     for (jj, column) in tile.iter().enumerate().take(width) {
         write(jj, &column[..height]);
+    }
+}
+
+/// Edge of the blocks transposed in registers: 16 bytes, one SSE2 register per row.
+const BLOCK: usize = 16;
+
+/// 16 x 16 byte transposes with SSE2 (part of every x86-64 CPU, so no run-time check).
+#[cfg(target_arch = "x86_64")]
+mod sse2 {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_storeu_si128, _mm_unpackhi_epi8, _mm_unpacklo_epi8};
+
+    use super::{BLOCK, TILE};
+
+    /// `out[c][at + r] = rows[(i0 + r) * stride + j + c]` for r, c < 16.
+    ///
+    /// Each round interleaves register p with register p + 8 byte by byte (low halves into
+    /// register 2p, high halves into 2p + 1). Writing an element's place as the 8 bits (register,
+    /// byte), a round rotates them left by one, so four rounds swap register and byte: row i,
+    /// column j lands in register j, byte i.
+    pub(super) fn block(rows: &[u8], stride: usize, i0: usize, j: usize, out: &mut [[u8; TILE]], at: usize) {
+        let mut r: [__m128i; BLOCK] = std::array::from_fn(|k| {
+            let src: &[u8; BLOCK] = rows[(i0 + k) * stride + j..][..BLOCK].try_into().expect("16 bytes");
+            // SAFETY: `src` is 16 readable bytes; loadu has no alignment requirement.
+            unsafe { _mm_loadu_si128(src.as_ptr().cast()) }
+        });
+        for _ in 0..4 {
+            r = std::array::from_fn(|k| {
+                let (a, b) = (r[k / 2], r[k / 2 + BLOCK / 2]);
+                // SAFETY: SSE2 is part of the x86-64 baseline, so every x86-64 CPU has it.
+                unsafe {
+                    match k % 2 {
+                        0 => _mm_unpacklo_epi8(a, b),
+                        _ => _mm_unpackhi_epi8(a, b),
+                    }
+                }
+            });
+        }
+        for (column, v) in out.iter_mut().zip(r) {
+            let dst: &mut [u8; BLOCK] = (&mut column[at..at + BLOCK]).try_into().expect("16 bytes");
+            // SAFETY: `dst` is 16 writable bytes; storeu has no alignment requirement.
+            unsafe { _mm_storeu_si128(dst.as_mut_ptr().cast(), v) };
+        }
     }
 }
