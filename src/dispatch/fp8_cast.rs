@@ -10,7 +10,9 @@ use rayon::prelude::*;
 use crate::amp::Fp8Recipe;
 use crate::error::Result;
 use crate::format::{Fp8Format, decode_e8m0};
-use crate::quantize::{ScaleRule, amax, quantize_1x128, quantize_block_128x128, quantize_mxfp8, quantize_per_tensor};
+use crate::quantize::{
+    ScaleRule, amax, cast_transpose_visit, check_len, quantize_1x128, quantize_block_128x128, quantize_mxfp8,
+};
 use crate::scaling::{BlockDims, Fp8TensorStats, TensorRole};
 use crate::tensor::{QuantizedMatrix, QuantizedTensor, Scales};
 
@@ -22,6 +24,9 @@ pub(crate) struct Cast {
     /// amax), never derived back from `scale_inv`, whose reciprocal may be one ulp off.
     /// Block recipes: the largest block scale, `1 / smallest scale_inv`.
     pub scale: f32,
+    /// `[saturated, underflow, nonzero, nonfinite]` counted during the cast (CPU per-tensor
+    /// casts), so [`cast_stats`] need not read the source again; `None`: counted there.
+    pub counts: Option<[u64; 4]>,
 }
 
 /// Casts `[rows, cols]` in `role`; `delayed_scale` is the slot's scale under delayed scaling.
@@ -33,18 +38,18 @@ pub(crate) fn cast(
     cols: usize,
     delayed_scale: f32,
 ) -> Result<Cast> {
-    let (tensor, amax, scale) = match recipe {
+    let (tensor, amax, scale, counts) = match recipe {
         Fp8Recipe::Delayed(r) => {
-            let (tensor, amax) = quantize_per_tensor(src, rows, cols, r.format.for_role(role), delayed_scale, true)?;
-            (tensor, amax, delayed_scale)
+            let (tensor, amax, counts) = per_tensor_counted(src, rows, cols, r.format.for_role(role), delayed_scale)?;
+            (tensor, amax, delayed_scale, Some(counts))
         }
         Fp8Recipe::Current(r) => {
             // `quantize_current`, with the scale kept for the statistics.
             let rule = ScaleRule::current(r, role);
             rule.validate()?;
             let scale = rule.scale(amax(src));
-            let (tensor, amax) = quantize_per_tensor(src, rows, cols, rule.format, scale, true)?;
-            (tensor, amax, scale)
+            let (tensor, amax, counts) = per_tensor_counted(src, rows, cols, rule.format, scale)?;
+            (tensor, amax, scale, Some(counts))
         }
         Fp8Recipe::Block(r) => {
             let rule = ScaleRule::block(r, role);
@@ -60,14 +65,64 @@ pub(crate) fn cast(
             return Ok(block_cast(tensor, amax(src)));
         }
     };
-    Ok(Cast { tensor, amax, scale })
+    Ok(Cast {
+        tensor,
+        amax,
+        scale,
+        counts,
+    })
+}
+
+/// [`quantize_per_tensor`] with both copies, counting the statistics of each band of rows as it
+/// is cast (the counts [`cast_stats`] would make, without reading the source a second time).
+fn per_tensor_counted(
+    src: &[f32],
+    rows: usize,
+    cols: usize,
+    format: Fp8Format,
+    scale: f32,
+) -> Result<(QuantizedTensor, f32, [u64; 4])> {
+    check_len("per-tensor source", src.len(), rows, cols)?;
+    let (mut data, mut transposed) = (vec![0u8; src.len()], vec![0u8; src.len()]);
+    let scale_inv = 1.0 / scale;
+    // The limit of `cast_stats` for a per-tensor copy: `max * scale_inv` of the stored scale_inv.
+    let limit = format.max_finite() * scale_inv;
+    let count = |xs: &[f32], codes: &[u8]| {
+        let mut counts = Counts::default();
+        counts.add(xs, codes, |x, code| (code & 0x7F == 0, x.abs() > limit));
+        counts
+    };
+    let (amax, counts) = cast_transpose_visit(
+        src,
+        rows,
+        cols,
+        format,
+        scale,
+        &mut data,
+        &mut transposed,
+        count,
+        Counts::sum,
+    )?;
+    let rowwise = QuantizedMatrix::new(data, rows, cols, Scales::PerTensor(scale_inv))?;
+    let columnwise = QuantizedMatrix::new(transposed, cols, rows, Scales::PerTensor(scale_inv))?;
+    let tensor = QuantizedTensor::new(format, rowwise, Some(columnwise))?;
+    Ok((
+        tensor,
+        amax,
+        [counts.saturated, counts.underflow, counts.nonzero, counts.nonfinite],
+    ))
 }
 
 /// The cast of a block-scaled `tensor` (1x128, 128x128, MXFP8) of a source with `amax`: its
 /// scale is the largest block scale.
 pub(crate) fn block_cast(tensor: QuantizedTensor, amax: f32) -> Cast {
     let scale = largest_scale(tensor.rowwise().scales());
-    Cast { tensor, amax, scale }
+    Cast {
+        tensor,
+        amax,
+        scale,
+        counts: None,
+    }
 }
 
 /// The transposed copy of a cast (always made by [`cast`]).
@@ -230,6 +285,11 @@ fn scale_block_width(scales: &Scales, cols: usize) -> usize {
 pub(crate) fn cast_stats(name: String, src: &[f32], cast: &Cast) -> Fp8TensorStats {
     let q = cast.tensor.rowwise();
     let format = cast.tensor.format();
+    if let Some(counts) = cast.counts
+        && src.len() == q.data().len()
+    {
+        return stats_from_counts(name, format, cast.amax, cast.scale, src.len(), counts);
+    }
     let (cols, max) = (q.cols().max(1), format.max_finite());
     let total = src.len();
     let len = total.min(q.data().len());
@@ -383,6 +443,14 @@ mod tests {
                 assert!(
                     saturates && want.underflow > 0 && want.nonfinite == 2,
                     "{name}: {want:?}"
+                );
+                // Per-tensor casts count while casting; block casts leave it to `cast_stats`.
+                let fused = [want.saturated, want.underflow, want.nonzero, want.nonfinite];
+                let per_tensor = matches!(name, "fp8-delayed" | "fp8-current");
+                assert_eq!(
+                    cast.counts,
+                    per_tensor.then_some(fused),
+                    "{name} {role:?}: counts of the cast"
                 );
                 let stats = cast_stats("t".into(), &src, &cast);
                 assert_eq!(

@@ -34,6 +34,7 @@ pub use block_1x128::{quantize_1x128, quantize_1x128_columnwise, quantize_1x128_
 pub use block_128x128::{quantize_128x128, quantize_block_128x128};
 pub use cast_amax::{cast_amax, quantize_current, quantize_per_tensor};
 pub use cast_transpose::cast_transpose_amax;
+pub(crate) use cast_transpose::cast_transpose_visit;
 pub use mxfp8::{quantize_mxfp8, quantize_mxfp8_columnwise, quantize_mxfp8_rowwise};
 pub use transpose::transpose_codes;
 

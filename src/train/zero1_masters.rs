@@ -403,6 +403,7 @@ fn fp8_copy(codes: Vec<u8>, out: usize, inp: usize, format: Fp8Format, scale: f3
         tensor: QuantizedTensor::new(format, rowwise, Some(columnwise))?,
         amax,
         scale,
+        counts: None,
     })
 }
 

@@ -41,6 +41,7 @@ fn per_tensor(s: &Staged, src: &[f32], (rows, cols): (usize, usize), format: Fp8
         tensor: QuantizedTensor::new(format, rowwise, Some(columnwise))?,
         amax: s.down_vec(&amax)?[0],
         scale,
+        counts: None,
     })
 }
 
