@@ -33,23 +33,52 @@ fn inv_n(cols: usize) -> f32 {
 /// ~4 cycles per add, 8 independent chains keep the adders busy.
 const LANES: usize = 8;
 
-/// `out[r] = init + term(r, 0) + term(r, 1) + ... + term(r, cols - 1)`, added left to right,
-/// for every row `r < out.len()`. The chains of [`LANES`] rows advance side by side, each in its
-/// own order, so every sum has the bits of summing its row alone.
+/// Per-row sums, added left to right: `sums.0[r] = init + t(r, 0)[0] + ... + t(r, cols - 1)[0]`
+/// and `sums.1[r]` the same over `t(r, j)[1]`, for every row `r < sums.0.len()`, where
+/// `t(r, j) = term(a[r][j], b[r][j], col[j], m[r], s[r])` for the `[rows, cols]` matrices `a`,
+/// `b`, the per-column values `col` and the per-row values `m`, `s` (read as 0 past their end).
+/// The chains of [`LANES`] rows advance side by side, each in its own order, so every sum has
+/// the bits of summing its row alone.
 #[inline(always)]
-fn row_sums(cols: usize, init: f32, term: impl Fn(usize, usize) -> f32, out: &mut [f32]) {
-    let first = out.len() / LANES * LANES;
-    for (g, sums) in out.chunks_exact_mut(LANES).enumerate() {
-        let mut acc = [init; LANES];
-        for j in 0..cols {
-            for (lane, a) in acc.iter_mut().enumerate() {
-                *a += term(g * LANES + lane, j);
+fn row_sums(
+    cols: usize,
+    init: f32,
+    (a, b, col): (&[f32], &[f32], &[f32]),
+    (m, s): (&[f32], &[f32]),
+    term: impl Fn(f32, f32, f32, f32, f32) -> [f32; 2],
+    sums: (&mut [f32], &mut [f32]),
+) {
+    let col = &col[..cols];
+    let rows = sums.0.len();
+    let per_row = |v: &[f32], r: usize| v.get(r).copied().unwrap_or(0.0);
+    let groups = sums.0.chunks_exact_mut(LANES).zip(sums.1.chunks_exact_mut(LANES));
+    for (g, (out0, out1)) in groups.enumerate() {
+        let r0 = g * LANES;
+        let ra: [&[f32]; LANES] = std::array::from_fn(|l| &a[(r0 + l) * cols..][..cols]);
+        let rb: [&[f32]; LANES] = std::array::from_fn(|l| &b[(r0 + l) * cols..][..cols]);
+        let rm: [f32; LANES] = std::array::from_fn(|l| per_row(m, r0 + l));
+        let rs: [f32; LANES] = std::array::from_fn(|l| per_row(s, r0 + l));
+        let (mut acc0, mut acc1) = ([init; LANES], [init; LANES]);
+        for (j, &c) in col.iter().enumerate() {
+            for lane in 0..LANES {
+                let [t0, t1] = term(ra[lane][j], rb[lane][j], c, rm[lane], rs[lane]);
+                acc0[lane] += t0;
+                acc1[lane] += t1;
             }
         }
-        sums.copy_from_slice(&acc);
+        out0.copy_from_slice(&acc0);
+        out1.copy_from_slice(&acc1);
     }
-    for (r, sum) in out.iter_mut().enumerate().skip(first) {
-        *sum = (0..cols).fold(init, |acc, j| acc + term(r, j));
+    for r in rows / LANES * LANES..rows {
+        let (ra, rb) = (&a[r * cols..][..cols], &b[r * cols..][..cols]);
+        let (rm, rs) = (per_row(m, r), per_row(s, r));
+        let (mut acc0, mut acc1) = (init, init);
+        for j in 0..cols {
+            let [t0, t1] = term(ra[j], rb[j], col[j], rm, rs);
+            acc0 += t0;
+            acc1 += t1;
+        }
+        (sums.0[r], sums.1[r]) = (acc0, acc1);
     }
 }
 
@@ -88,15 +117,19 @@ pub fn layernorm_forward(
         .zip(mean.par_chunks_mut(block).zip(rstd.par_chunks_mut(block)))
         .for_each(|((yb, xb), (mb, rb))| {
             // Two passes (mean, then squared deviations): no cancellation for rows far from zero.
-            row_sums(cols, -0.0, |r, j| xb[r * cols + j], mb);
-            mb.iter_mut().for_each(|m| *m *= inv);
-            let mb = &*mb;
+            let mut unused = vec![0.0f32; mb.len()];
             row_sums(
                 cols,
                 -0.0,
-                |r, j| (xb[r * cols + j] - mb[r]) * (xb[r * cols + j] - mb[r]),
-                rb,
+                (xb, xb, gamma),
+                (&[], &[]),
+                |x, _, _, _, _| [x, 0.0],
+                (mb, &mut unused),
             );
+            mb.iter_mut().for_each(|m| *m *= inv);
+            let mb = &*mb;
+            let squares = |x: f32, _, _, mu: f32, _| [(x - mu) * (x - mu), 0.0];
+            row_sums(cols, -0.0, (xb, xb, gamma), (mb, &[]), squares, (rb, &mut unused));
             rb.iter_mut().for_each(|r| *r = 1.0 / (*r * inv + eps).sqrt());
             for (((yr, xr), &mu), &rs) in yb.chunks_mut(cols).zip(xb.chunks(cols)).zip(mb).zip(&*rb) {
                 for (((yv, &xv), &g), &b) in yr.iter_mut().zip(xr).zip(gamma).zip(beta) {
@@ -148,19 +181,21 @@ pub fn layernorm_backward(
             let mut part = vec![0.0f32; 2 * cols];
             let (pg, pb) = part.split_at_mut(cols);
             // The two sums of every row first (rows interleaved), then one pass per row.
-            let xhat = |r: usize, j: usize| (xb[r * cols + j] - mb[r]) * rb[r];
             let mut sums = vec![0.0f32; 2 * mb.len()];
             let (sum_g, sum_gx) = sums.split_at_mut(mb.len());
-            row_sums(cols, 0.0, |r, j| dyb[r * cols + j] * w[j], sum_g);
-            row_sums(cols, 0.0, |r, j| dyb[r * cols + j] * w[j] * xhat(r, j), sum_gx);
-            for (r, (dxr, dyr)) in dxb.chunks_mut(cols).zip(dyb.chunks(cols)).enumerate() {
+            let terms = |d: f32, x: f32, w: f32, mu: f32, rs: f32| [d * w, d * w * ((x - mu) * rs)];
+            row_sums(cols, 0.0, (dyb, xb, &w), (mb, rb), terms, (sum_g, sum_gx));
+
+            let rows = dxb.chunks_mut(cols).zip(dyb.chunks(cols)).zip(xb.chunks(cols));
+            for (r, ((dxr, dyr), xr)) in rows.enumerate() {
                 let (mean_g, mean_gx) = (sum_g[r] * inv, sum_gx[r] * inv);
-                let (xr, mu, rs) = (&xb[r * cols..][..cols], mb[r], rb[r]);
-                for (j, (dxv, (&d, &xv))) in dxr.iter_mut().zip(dyr.iter().zip(xr)).enumerate() {
+                let (mu, rs) = (mb[r], rb[r]);
+                let columns = dyr.iter().zip(xr).zip(&w).zip(pg.iter_mut().zip(pb.iter_mut()));
+                for (dxv, (((&d, &xv), &w), (pg, pb))) in dxr.iter_mut().zip(columns) {
                     let xhat = (xv - mu) * rs;
-                    pg[j] += d * xhat;
-                    pb[j] += d;
-                    let g = d * w[j];
+                    *pg += d * xhat;
+                    *pb += d;
+                    let g = d * w;
                     *dxv = rs * (g - mean_g - xhat * mean_gx);
                 }
             }
@@ -202,7 +237,15 @@ pub fn rmsnorm_forward(
         .zip(x.par_chunks(block * cols))
         .zip(rstd.par_chunks_mut(block))
         .for_each(|((yb, xb), rb)| {
-            row_sums(cols, -0.0, |r, j| xb[r * cols + j] * xb[r * cols + j], rb);
+            let mut unused = vec![0.0f32; rb.len()];
+            row_sums(
+                cols,
+                -0.0,
+                (xb, xb, gamma),
+                (&[], &[]),
+                |x, _, _, _, _| [x * x, 0.0],
+                (rb, &mut unused),
+            );
             rb.iter_mut().for_each(|r| *r = 1.0 / (*r * inv + eps).sqrt());
             for ((yr, xr), &rs) in yb.chunks_mut(cols).zip(xb.chunks(cols)).zip(&*rb) {
                 for ((yv, &xv), &g) in yr.iter_mut().zip(xr).zip(gamma) {
@@ -246,12 +289,9 @@ pub fn rmsnorm_backward(
         .map(|((dxb, (dyb, xb)), rb)| {
             let mut pg = vec![0.0f32; cols];
             let mut sum_gx = vec![0.0f32; rb.len()];
-            row_sums(
-                cols,
-                0.0,
-                |r, j| dyb[r * cols + j] * w[j] * (xb[r * cols + j] * rb[r]),
-                &mut sum_gx,
-            );
+            let mut unused = vec![0.0f32; rb.len()];
+            let terms = |d: f32, x: f32, w: f32, _, rs: f32| [d * w * (x * rs), 0.0];
+            row_sums(cols, 0.0, (dyb, xb, &w), (&[], rb), terms, (&mut sum_gx, &mut unused));
             for (((dxr, dyr), xr), (&rs, &sum_gx)) in dxb
                 .chunks_mut(cols)
                 .zip(dyb.chunks(cols))
@@ -259,10 +299,11 @@ pub fn rmsnorm_backward(
                 .zip(rb.iter().zip(&sum_gx))
             {
                 let mean_gx = sum_gx * inv;
-                for (j, (dxv, (&d, &xv))) in dxr.iter_mut().zip(dyr.iter().zip(xr)).enumerate() {
+                let columns = dyr.iter().zip(xr).zip(&w).zip(pg.iter_mut());
+                for (dxv, (((&d, &xv), &w), pg)) in dxr.iter_mut().zip(columns) {
                     let xhat = xv * rs;
-                    pg[j] += d * xhat;
-                    let g = d * w[j];
+                    *pg += d * xhat;
+                    let g = d * w;
                     *dxv = rs * (g - xv * rs * mean_gx);
                 }
             }
