@@ -25,6 +25,7 @@ use crate::gemm::{FP8_K_MULTIPLE, GemmParams, Mat, Operand, Output};
 use crate::scaling::Fp8TensorStats;
 use crate::scaling::{DelayedSlot, SlotBank, TensorRole, current_scale};
 use crate::tensor::QuantizedMatrix;
+use crate::tensor::scratch;
 use crate::tensor::{Dtype, HalfValues};
 
 /// The weight's compute copies, made at one parameter version.
@@ -400,7 +401,8 @@ impl LinearGemms {
         self.check_tokens(rows)?;
         self.refresh_weight(weight, replay)?;
         let (inp, out) = (self.in_features, self.out_features);
-        let mut y = vec![0.0f32; rows * out];
+        // Every GEMM below writes all of `y` (beta = 0): a recycled buffer needs no zeroing.
+        let mut y = scratch::overwritten(rows * out);
         let Some((_, copy)) = &self.weight else {
             return Err(internal(&self.layer, "no weight copy after refresh"));
         };
@@ -498,7 +500,8 @@ impl LinearGemms {
         let Some((_, copy)) = &self.weight else {
             return Err(internal(&self.layer, "no weight copy in backward"));
         };
-        let mut dx = vec![0.0f32; rows * inp];
+        // Both dgrad GEMMs write all of `dx` (beta = 0).
+        let mut dx = scratch::overwritten(rows * inp);
         let accumulate = GemmParams {
             beta: 1.0,
             ..GemmParams::default()
@@ -553,6 +556,9 @@ impl LinearGemms {
                 ));
             }
         };
+        if let SavedInput::Plain(PlainMat::F32(x)) = saved {
+            scratch::recycle(x);
+        }
         if let Some((amax, stats)) = output_grad_cast {
             self.record(TensorRole::OutputGrad, amax);
             self.stats[3] = Some(stats);

@@ -13,6 +13,7 @@ use crate::error::Result;
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
 use crate::tensor::Tensor;
+use crate::tensor::scratch;
 use crate::tensor::{DeviceKind, Dtype};
 
 /// The MLP's activation.
@@ -148,6 +149,8 @@ impl LayerNormMLP {
         }
         self.dtype.round_slice(&mut da);
         let da = Tensor::new(da, a.rows(), a.cols())?;
+        scratch::recycle(a.into_data());
+        scratch::recycle(dg.into_data());
         let dn = self.fc1.backward(&da)?;
         self.spare = Some(da.into_data());
         self.norm.backward(&dn)
