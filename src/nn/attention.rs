@@ -155,7 +155,8 @@ impl MultiheadAttention {
             heads: self.heads,
             head_dim: self.hidden / self.heads,
         };
-        let mut out = vec![0.0; tokens * self.hidden];
+        // The attention forward writes all of `out` (and `lse`), the backward all of dq, dk, dv.
+        let mut out = scratch::overwritten(tokens * self.hidden);
         let mut lse = vec![0.0; batch * self.heads * seq];
         let scale = 1.0 / (shape.head_dim as f32).sqrt();
         self.backend
@@ -186,7 +187,7 @@ impl MultiheadAttention {
         let dout = self.proj.backward(dy)?;
         let s = self.saved.take().ok_or_else(|| no_forward(&self.name))?;
         let n = s.q.len();
-        let (mut dq, mut dk, mut dv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+        let [mut dq, mut dk, mut dv] = [(); 3].map(|()| scratch::overwritten(n));
         let scale = 1.0 / (s.shape.head_dim as f32).sqrt();
         self.backend.kernels().attention_backward(
             dout.data(),

@@ -339,6 +339,12 @@ impl LinearGemms {
             // Its values are spread over the ranks: the optimizer installs the copy.
             return Err(internal(&self.layer, "a sharded master weight has no installed copy"));
         }
+        // The old f32 copy's buffer serves the new one (`PlainMat::new`).
+        if matches!(self.weight, Some((_, WeightCopy::Plain(PlainMat::F32(_)))))
+            && let Some((_, WeightCopy::Plain(PlainMat::F32(old)))) = self.weight.take()
+        {
+            scratch::recycle(old);
+        }
         let (out, inp) = (self.out_features, self.in_features);
         let backend = self.backend.clone();
         let kernels = backend.kernels();

@@ -156,13 +156,17 @@ impl LayerNormMLP {
         self.norm.backward(&dn)
     }
 
-    /// `len` values for an activation output or gradient, in the spare buffer if it is left.
-    /// Its contents are unspecified: both callers' kernels overwrite every element.
+    /// `len` values for an activation output or gradient, in the spare buffer if it is left
+    /// (else a recycled one, `tensor::scratch`). Its contents are unspecified: both callers'
+    /// kernels overwrite every element.
     fn buffer(&mut self, len: usize) -> Vec<f32> {
-        let mut values = self.spare.take().unwrap_or_default();
-        values.truncate(len);
-        values.resize(len, 0.0);
-        values
+        match self.spare.take() {
+            Some(values) if values.len() == len => values,
+            other => {
+                other.into_iter().for_each(scratch::recycle);
+                scratch::overwritten(len)
+            }
+        }
     }
 
     pub(crate) fn clear_saved(&mut self) {

@@ -135,3 +135,70 @@ mod tests {
         assert!(kept().1 <= MAX_BYTES, "a buffer over the bound is not kept");
     }
 }
+
+#[cfg(test)]
+mod layer_tests {
+    use super::recycle;
+    use crate::amp::Precision;
+    use crate::nn::{Module, TransformerConfig, TransformerLayer};
+    use crate::tensor::Tensor;
+
+    fn values(rows: usize, cols: usize, seed: f32) -> Tensor {
+        let data = (0..rows * cols).map(|i| (i as f32 * seed).sin()).collect();
+        Tensor::new(data, rows, cols).unwrap()
+    }
+
+    /// Two steps (the weights marked updated between them, so their copies are remade): the
+    /// outputs, dX and every parameter gradient, as bits. `poison` runs before each step.
+    fn two_steps(precision: &Precision, poison: &dyn Fn()) -> Vec<u32> {
+        let config = TransformerConfig {
+            hidden: 32,
+            heads: 2,
+            ffn_hidden: 64,
+            ..TransformerConfig::default()
+        };
+        let (batch, seq) = (2, 16);
+        let mut layer = TransformerLayer::new("layer", &config, precision, 11).unwrap();
+        let mut bits = Vec::new();
+        for step in 0..2 {
+            let seed = 0.3 + step as f32 * 0.17;
+            let (x, dy) = (values(batch * seq, 32, seed), values(batch * seq, 32, seed + 0.5));
+            layer.visit_parameters(&mut |p| {
+                p.zero_grad();
+                p.mark_updated();
+            });
+            poison();
+            bits.extend(
+                layer
+                    .forward(&x, batch, seq)
+                    .unwrap()
+                    .data()
+                    .iter()
+                    .map(|v| v.to_bits()),
+            );
+            poison();
+            bits.extend(layer.backward(&dy).unwrap().data().iter().map(|v| v.to_bits()));
+            layer.visit_parameters(&mut |p| bits.extend(p.grad().iter().map(|v| v.to_bits())));
+        }
+        bits
+    }
+
+    /// Recycled buffers hold stale values: with the pool full of NaN buffers of every size a
+    /// layer step allocates (32 tokens x 32, x 96, x 64; the weights' sizes coincide), a layer
+    /// gives the bits it gives without them. A stale value read anywhere would show as a NaN.
+    #[test]
+    fn stale_recycled_buffers_leave_a_layer_step_unchanged() {
+        let poison = || {
+            for len in [32 * 32, 32 * 96, 32 * 64] {
+                for _ in 0..6 {
+                    recycle(vec![f32::NAN; len]);
+                }
+            }
+        };
+        for name in ["fp32", "bf16", "fp8-delayed"] {
+            let precision: Precision = name.parse().unwrap();
+            let plain = two_steps(&precision, &|| {});
+            assert_eq!(plain, two_steps(&precision, &poison), "{name}");
+        }
+    }
+}
