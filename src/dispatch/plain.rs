@@ -7,6 +7,7 @@ use crate::error::Result;
 use crate::gemm::cpu::transpose_tiles;
 use crate::gemm::{Mat, Operand};
 use crate::tensor::Dtype;
+use crate::tensor::scratch;
 
 /// A plain matrix in a compute dtype.
 #[derive(Clone, Debug)]
@@ -20,7 +21,11 @@ impl PlainMat {
     /// `src` converted to `dtype` (round to nearest even).
     pub(crate) fn new(dtype: Dtype, src: &[f32]) -> Self {
         match dtype {
-            Dtype::F32 => PlainMat::F32(src.to_vec()),
+            Dtype::F32 => {
+                let mut copy = scratch::empty_with_room(src.len());
+                copy.extend_from_slice(src);
+                PlainMat::F32(copy)
+            }
             Dtype::Bf16 => PlainMat::Bf16(src.iter().map(|&x| bf16::from_f32(x)).collect()),
             Dtype::F16 => PlainMat::F16(src.iter().map(|&x| f16::from_f32(x)).collect()),
         }

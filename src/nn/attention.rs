@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
 use crate::tensor::Tensor;
+use crate::tensor::scratch;
 use crate::tensor::{DeviceKind, Dtype};
 
 /// The QKV projection, with or without its input norm.
@@ -147,13 +148,15 @@ impl MultiheadAttention {
             QkvProjection::Normed(fused) => fused.run(x, replay)?,
         };
         let [q, k, v] = split_qkv(qkv.data(), tokens, self.hidden);
+        scratch::recycle(qkv.into_data());
         let shape = AttentionShape {
             batch,
             seq,
             heads: self.heads,
             head_dim: self.hidden / self.heads,
         };
-        let mut out = vec![0.0; tokens * self.hidden];
+        // The attention forward writes all of `out` (and `lse`), the backward all of dq, dk, dv.
+        let mut out = scratch::overwritten(tokens * self.hidden);
         let mut lse = vec![0.0; batch * self.heads * seq];
         let scale = 1.0 / (shape.head_dim as f32).sqrt();
         self.backend
@@ -164,7 +167,7 @@ impl MultiheadAttention {
         // keeps this one): handed over, so fp32 copies it once, not twice.
         let y = self
             .proj
-            .forward_owned(Tensor::new(out.clone(), tokens, self.hidden)?, replay)?;
+            .forward_owned(Tensor::new(copy_of(&out), tokens, self.hidden)?, replay)?;
         self.saved = Some(AttentionSaved {
             q,
             k,
@@ -184,7 +187,7 @@ impl MultiheadAttention {
         let dout = self.proj.backward(dy)?;
         let s = self.saved.take().ok_or_else(|| no_forward(&self.name))?;
         let n = s.q.len();
-        let (mut dq, mut dk, mut dv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+        let [mut dq, mut dk, mut dv] = [(); 3].map(|()| scratch::overwritten(n));
         let scale = 1.0 / (s.shape.head_dim as f32).sqrt();
         self.backend.kernels().attention_backward(
             dout.data(),
@@ -202,12 +205,17 @@ impl MultiheadAttention {
         )?;
         let tokens = dout.rows();
         let mut dqkv = join_qkv([&dq, &dk, &dv], tokens, self.hidden);
+        for dead in [dout.into_data(), s.q, s.k, s.v, s.out, dq, dk, dv] {
+            scratch::recycle(dead);
+        }
         self.dtype.round_slice(&mut dqkv);
         let dqkv = Tensor::new(dqkv, tokens, 3 * self.hidden)?;
-        match &mut self.qkv {
+        let dx = match &mut self.qkv {
             QkvProjection::Plain(linear) => linear.backward(&dqkv),
             QkvProjection::Normed(fused) => fused.backward(&dqkv),
-        }
+        };
+        scratch::recycle(dqkv.into_data());
+        dx
     }
 
     pub(crate) fn clear_saved(&mut self) {
@@ -238,7 +246,7 @@ impl MultiheadAttention {
 /// `[tokens, 3h]` -> q, k, v each `[tokens, h]`.
 fn split_qkv(qkv: &[f32], tokens: usize, h: usize) -> [Vec<f32>; 3] {
     std::array::from_fn(|part| {
-        let mut out = Vec::with_capacity(tokens * h);
+        let mut out = scratch::empty_with_room(tokens * h);
         for row in qkv.chunks(3 * h) {
             out.extend_from_slice(&row[part * h..(part + 1) * h]);
         }
@@ -246,9 +254,16 @@ fn split_qkv(qkv: &[f32], tokens: usize, h: usize) -> [Vec<f32>; 3] {
     })
 }
 
+/// A copy of `values` (in a recycled buffer where one is kept).
+fn copy_of(values: &[f32]) -> Vec<f32> {
+    let mut copy = scratch::empty_with_room(values.len());
+    copy.extend_from_slice(values);
+    copy
+}
+
 /// The inverse of [`split_qkv`].
 fn join_qkv(parts: [&[f32]; 3], tokens: usize, h: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(tokens * 3 * h);
+    let mut out = scratch::empty_with_room(tokens * 3 * h);
     for t in 0..tokens {
         for part in parts {
             out.extend_from_slice(&part[t * h..(t + 1) * h]);

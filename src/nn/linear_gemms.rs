@@ -25,6 +25,7 @@ use crate::gemm::{FP8_K_MULTIPLE, GemmParams, Mat, Operand, Output};
 use crate::scaling::Fp8TensorStats;
 use crate::scaling::{DelayedSlot, SlotBank, TensorRole, current_scale};
 use crate::tensor::QuantizedMatrix;
+use crate::tensor::scratch;
 use crate::tensor::{Dtype, HalfValues};
 
 /// The weight's compute copies, made at one parameter version.
@@ -338,6 +339,12 @@ impl LinearGemms {
             // Its values are spread over the ranks: the optimizer installs the copy.
             return Err(internal(&self.layer, "a sharded master weight has no installed copy"));
         }
+        // The old f32 copy's buffer serves the new one (`PlainMat::new`).
+        if matches!(self.weight, Some((_, WeightCopy::Plain(PlainMat::F32(_)))))
+            && let Some((_, WeightCopy::Plain(PlainMat::F32(old)))) = self.weight.take()
+        {
+            scratch::recycle(old);
+        }
         let (out, inp) = (self.out_features, self.in_features);
         let backend = self.backend.clone();
         let kernels = backend.kernels();
@@ -400,7 +407,8 @@ impl LinearGemms {
         self.check_tokens(rows)?;
         self.refresh_weight(weight, replay)?;
         let (inp, out) = (self.in_features, self.out_features);
-        let mut y = vec![0.0f32; rows * out];
+        // Every GEMM below writes all of `y` (beta = 0): a recycled buffer needs no zeroing.
+        let mut y = scratch::overwritten(rows * out);
         let Some((_, copy)) = &self.weight else {
             return Err(internal(&self.layer, "no weight copy after refresh"));
         };
@@ -498,7 +506,8 @@ impl LinearGemms {
         let Some((_, copy)) = &self.weight else {
             return Err(internal(&self.layer, "no weight copy in backward"));
         };
-        let mut dx = vec![0.0f32; rows * inp];
+        // Both dgrad GEMMs write all of `dx` (beta = 0).
+        let mut dx = scratch::overwritten(rows * inp);
         let accumulate = GemmParams {
             beta: 1.0,
             ..GemmParams::default()
@@ -553,6 +562,9 @@ impl LinearGemms {
                 ));
             }
         };
+        if let SavedInput::Plain(PlainMat::F32(x)) = saved {
+            scratch::recycle(x);
+        }
         if let Some((amax, stats)) = output_grad_cast {
             self.record(TensorRole::OutputGrad, amax);
             self.stats[3] = Some(stats);

@@ -13,6 +13,7 @@ use crate::error::Result;
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
 use crate::tensor::Tensor;
+use crate::tensor::scratch;
 use crate::tensor::{DeviceKind, Dtype};
 
 /// The MLP's activation.
@@ -148,18 +149,24 @@ impl LayerNormMLP {
         }
         self.dtype.round_slice(&mut da);
         let da = Tensor::new(da, a.rows(), a.cols())?;
+        scratch::recycle(a.into_data());
+        scratch::recycle(dg.into_data());
         let dn = self.fc1.backward(&da)?;
         self.spare = Some(da.into_data());
         self.norm.backward(&dn)
     }
 
-    /// `len` values for an activation output or gradient, in the spare buffer if it is left.
-    /// Its contents are unspecified: both callers' kernels overwrite every element.
+    /// `len` values for an activation output or gradient, in the spare buffer if it is left
+    /// (else a recycled one, `tensor::scratch`). Its contents are unspecified: both callers'
+    /// kernels overwrite every element.
     fn buffer(&mut self, len: usize) -> Vec<f32> {
-        let mut values = self.spare.take().unwrap_or_default();
-        values.truncate(len);
-        values.resize(len, 0.0);
-        values
+        match self.spare.take() {
+            Some(values) if values.len() == len => values,
+            other => {
+                other.into_iter().for_each(scratch::recycle);
+                scratch::overwritten(len)
+            }
+        }
     }
 
     pub(crate) fn clear_saved(&mut self) {

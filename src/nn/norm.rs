@@ -10,6 +10,7 @@ use crate::amp::Precision;
 use crate::dispatch::{Backend, NormShape};
 use crate::error::Result;
 use crate::tensor::Tensor;
+use crate::tensor::scratch;
 use crate::tensor::{DeviceKind, Dtype};
 
 /// Which normalization.
@@ -94,7 +95,8 @@ impl NormCore {
             rows: x.rows(),
             cols: self.hidden,
         };
-        let mut y = vec![0.0; x.len()];
+        // Both norm kernels write every output value.
+        let mut y = scratch::overwritten(x.len());
         let mut rstd = vec![0.0; x.rows()];
         let mut mean = Vec::new();
         match &self.beta {
@@ -123,7 +125,11 @@ impl NormCore {
             )?,
         }
         self.saved = Some(NormSaved {
-            x: x.data().to_vec(),
+            x: {
+                let mut kept = scratch::empty_with_room(x.len());
+                kept.extend_from_slice(x.data());
+                kept
+            },
             rows: x.rows(),
             mean,
             rstd,
@@ -149,7 +155,8 @@ impl NormCore {
             rows: saved.rows,
             cols: self.hidden,
         };
-        let mut dx = vec![0.0; dy.len()];
+        // dX is overwritten by both backward kernels (their gamma and beta gradients accumulate).
+        let mut dx = scratch::overwritten(dy.len());
         let zc = self.config.zero_centered_gamma;
         // A frozen norm (LoRA) still needs dX; its weight gradients go to a scratch buffer.
         let (mut gamma_scratch, mut beta_scratch) = (Vec::new(), Vec::new());
@@ -193,6 +200,7 @@ impl NormCore {
             )?,
         }
         self.dtype.round_slice(&mut dx);
+        scratch::recycle(saved.x);
         Tensor::new(dx, saved.rows, self.hidden)
     }
 

@@ -14,6 +14,7 @@ use crate::error::Result;
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
 use crate::tensor::Tensor;
+use crate::tensor::scratch;
 use crate::tensor::{DeviceKind, Dtype};
 
 /// Shape and options of a [`TransformerLayer`].
@@ -132,8 +133,12 @@ impl TransformerLayer {
     fn run(&mut self, x: &Tensor, batch: usize, seq: usize, replay: bool) -> Result<Tensor> {
         let a = self.attn.run(x, batch, seq, replay)?;
         let h = self.residual(x, &a)?;
+        scratch::recycle(a.into_data());
         let m = self.mlp.run(&h, replay)?;
-        self.residual(&h, &m)
+        let y = self.residual(&h, &m);
+        scratch::recycle(h.into_data());
+        scratch::recycle(m.into_data());
+        y
     }
 
     fn residual(&self, x: &Tensor, f: &Tensor) -> Result<Tensor> {
@@ -156,8 +161,12 @@ impl TransformerLayer {
         dy.expect(&self.name, "output gradient", None, self.config.hidden)?;
         let dm = self.mlp.backward(dy)?;
         let dh = self.residual(dy, &dm)?;
+        scratch::recycle(dm.into_data());
         let da = self.attn.backward(&dh)?;
-        self.residual(&dh, &da)
+        let dx = self.residual(&dh, &da);
+        scratch::recycle(dh.into_data());
+        scratch::recycle(da.into_data());
+        dx
     }
 }
 

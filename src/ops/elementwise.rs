@@ -3,11 +3,13 @@
 use super::check::len;
 use crate::error::Result;
 use crate::tensor::Dtype;
+use crate::tensor::scratch;
 
 /// `x + f` elementwise, rounded to `dtype` (the residual connection of a transformer layer).
 pub fn residual_add(x: &[f32], f: &[f32], dtype: Dtype) -> Result<Vec<f32>> {
     len("residual branch f", 1, x.len(), f.len())?;
-    let mut sum: Vec<f32> = x.iter().zip(f).map(|(a, b)| a + b).collect();
+    let mut sum = scratch::empty_with_room(x.len());
+    sum.extend(x.iter().zip(f).map(|(a, b)| a + b));
     dtype.round_slice(&mut sum);
     Ok(sum)
 }

@@ -16,6 +16,7 @@ mod device_kind;
 mod dtype;
 mod half_values;
 mod scales;
+pub(crate) mod scratch;
 
 pub use dense::Tensor;
 pub use device_kind::DeviceKind;
