@@ -53,6 +53,18 @@ pub(super) fn available() -> bool {
     }
 }
 
+/// Whether this CPU has AVX-512VL too (masked 256-bit moves, [`avx512::copy_steps`]).
+fn masked_ymm() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        available() && std::arch::is_x86_feature_detected!("avx512vl")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// B packed in panels of [`NR`] rows: panel `p` holds `B[64 p + jj, kk]` at `[kk * 64 + jj]`.
 pub(super) struct PackedB {
     values: Unscaled<'static>,
@@ -171,12 +183,26 @@ fn pack_a_strips(a: &Panel, s0: usize, s1: usize, strips: &mut [f32]) {
         // a new page per step (~20% of the GEMM), and a step over all strips writes 24 bytes to
         // each of ~80 strips 24 KiB apart, which share their L1 sets (~20% too).
         const STEPS: usize = 32;
+        let vector = masked_ymm();
         for k0 in (0..k).step_by(STEPS) {
+            let k1 = k.min(k0 + STEPS);
             for (s, strip) in (s0..s1).zip(strips.chunks_exact_mut(MR * k)) {
                 let width = MR.min(rows - s * MR);
-                for kk in k0..k.min(k0 + STEPS) {
-                    let at = a.first + s * MR + (a.k0 + kk) * a.k_stride;
-                    copy_row(&a.data[at..at + width], &mut strip[kk * MR..][..MR]);
+                let at = a.first + s * MR + (a.k0 + k0) * a.k_stride;
+                if vector {
+                    let end = at + (k1 - 1 - k0) * a.k_stride + width;
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: AVX-512F and VL are available (`masked_ymm`); `copy_steps` reads
+                    // only inside the slice `a.data[at..end]` (indexing checks it) and writes
+                    // only `strip[k0 * MR..k1 * MR]` (likewise).
+                    unsafe {
+                        avx512::copy_steps(&a.data[at..end], a.k_stride, width, &mut strip[k0 * MR..k1 * MR]);
+                    }
+                } else {
+                    for kk in k0..k1 {
+                        let at = at + (kk - k0) * a.k_stride;
+                        copy_row(&a.data[at..at + width], &mut strip[kk * MR..][..MR]);
+                    }
                 }
             }
         }
@@ -442,6 +468,28 @@ mod avx512 {
         }
     }
 
+    /// `strip[t * MR + r] = src[t * stride + r]` for `r < width`, zero for `width <= r < MR`, for
+    /// every step `t < strip.len() / MR`: rows of a transposed A into a packed strip, one masked
+    /// 256-bit load and store per step. Against the two moves of each 24-byte copy of `copy_row`
+    /// this took ~20% off the packing, ~1-2% of a wgrad GEMM on one thread; 512-bit masked
+    /// moves measured no faster than those copies (docs/benchmarks.md).
+    /// `1 <= width <= MR`; `src` must hold every step's `width` values (the last step's end).
+    #[target_feature(enable = "avx512f,avx512vl")]
+    pub(super) unsafe fn copy_steps(src: &[f32], stride: usize, width: usize, strip: &mut [f32]) {
+        debug_assert!((1..=MR).contains(&width));
+        let steps = strip.len() / MR;
+        let load: __mmask8 = ((1u32 << width) - 1) as u8;
+        let store: __mmask8 = (1 << MR) - 1;
+        for t in 0..steps {
+            // SAFETY: the caller's bounds: lanes `< width` of step `t` lie in `src` (masked-off
+            // lanes are not read), and `strip` holds `MR` values from `t * MR`.
+            unsafe {
+                let v = _mm256_maskz_loadu_ps(load, src.as_ptr().wrapping_add(t * stride));
+                _mm256_mask_storeu_ps(strip.as_mut_ptr().add(t * MR), store, v);
+            }
+        }
+    }
+
     /// `panel[kk * NR + jj] = data[start + kk * k_stride + jj]` for `jj < width`, `kk < k`,
     /// zero for `width <= jj < NR`.
     #[target_feature(enable = "avx512f")]
@@ -614,6 +662,7 @@ mod tests {
             (6, 64, 1030, 344),
             (1, 129, 300, 128),
             (40, 1, 257, 128),
+            (14, 192, 300, 128),
         ] {
             let (a, b) = (values(m, k, 0.731), values(n, k, 0.377));
             let (at, bt) = (transpose(&a, m, k), transpose(&b, n, k));
