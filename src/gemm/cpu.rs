@@ -139,7 +139,7 @@ fn gemm_routed(a: &Operand, b: &Operand, out: Output, params: &GemmParams, route
     {
         let a_panel = Panel::whole_k(&av, (a_rows, a_k), 0, plan.m, plan.k);
         let b_panel = Panel::whole_k(&bv, (b_rows, b_k), 0, plan.n, plan.k);
-        let packed_b = packed::PackedB::pack(b_panel);
+        let packed_b = packed::PackedB::for_a(b_panel, &a_panel);
         let amax = packed::gemm_f32(d, a_panel, &packed_b, chunk, &epilogue);
         return Ok(GemmReport { amax });
     }
