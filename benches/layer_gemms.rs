@@ -9,24 +9,33 @@
 //! contains it, e.g. `wgrad`, for a profiler), threads from `RAYON_NUM_THREADS`; prints
 //! one row per GEMM: the median of REPEAT timed calls (default 50) after warm-up, wall ms and
 //! the process's CPU ms (all threads; on a shared machine the CPU time is the steadier figure),
-//! and the best wall ms (the call that found the machine's cores free).
+//! and the best wall ms (the call that found the machine's cores free). With
+//! `LAYER_GEMMS_ALIGNED=1` every operand starts on a 64-byte line (wgrad then reads `X^T` in
+//! place, `gemm/cpu/packed.rs`); else where the allocator puts it, as in the layer.
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use fp8_engine::gemm::{self, GemmParams, Mat, Operand, Output};
 
-/// Deterministic values in [-0.5, 0.5).
-fn input(len: usize, seed: u64) -> Vec<f32> {
+/// `len` deterministic values in [-0.5, 0.5) inside a buffer: the buffer and their first index
+/// (0, or the first on a 64-byte line with `aligned`).
+fn input(len: usize, seed: u64, aligned: bool) -> (Vec<f32>, usize) {
     let mut state = 0x2545_F491_4F6C_DD1Du64 ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect()
+    let mut values: Vec<f32> = Vec::with_capacity(len + 16);
+    let at = if aligned {
+        values.as_ptr().align_offset(64).min(16)
+    } else {
+        0
+    };
+    values.resize(at, 0.0);
+    values.extend((0..len).map(|_| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    }));
+    (values, at)
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -72,6 +81,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let repeat = args.first().and_then(|a| a.parse::<usize>().ok()).unwrap_or(50).max(1);
     let filter = args.get(1).cloned().unwrap_or_default();
+    let aligned = std::env::var_os("LAYER_GEMMS_ALIGNED").is_some_and(|v| v == "1");
     let tokens = 1024;
     // (name, in, out) of the layer's linears.
     let linears = [
@@ -81,8 +91,13 @@ fn main() {
         ("fc2", 1024, 256),
     ];
     println!(
-        "threads {}, {repeat} timed calls per GEMM, median ms",
-        rayon::current_num_threads()
+        "threads {}, {repeat} timed calls per GEMM, median ms, operands {}",
+        rayon::current_num_threads(),
+        if aligned {
+            "on 64-byte lines"
+        } else {
+            "where the allocator put them"
+        }
     );
     println!(
         "| GEMM | M x N x K | layouts (A, B) | ours wall ms | GFLOP/s | best wall ms | ours CPU ms | crate K-major CPU ms | ours / crate CPU |"
@@ -99,31 +114,32 @@ fn main() {
             if !format!("{name} {label}").contains(&filter) {
                 continue;
             }
-            let x = input(tokens * inp, 1);
-            let w = input(out * inp, 2);
-            let dy = input(tokens * out, 3);
-            let bias = input(out, 4);
+            let (xs, xi) = input(tokens * inp, 1, aligned);
+            let (ws, wi) = input(out * inp, 2, aligned);
+            let (dys, dyi) = input(tokens * out, 3, aligned);
+            let (x, w, dy) = (&xs[xi..], &ws[wi..], &dys[dyi..]);
+            let (bias, _) = input(out, 4, false);
             // (A, B, M, N, K, layouts) as the layer passes them.
             let (a, b, m, n, k, layouts) = match pass {
                 Pass::Forward => (
-                    Mat::new(&x, tokens, inp).unwrap(),
-                    Mat::new(&w, out, inp).unwrap(),
+                    Mat::new(x, tokens, inp).unwrap(),
+                    Mat::new(w, out, inp).unwrap(),
                     tokens,
                     out,
                     inp,
                     "X, W (both K-major)",
                 ),
                 Pass::Dgrad => (
-                    Mat::new(&dy, tokens, out).unwrap(),
-                    Mat::transposed(&w, inp, out).unwrap(),
+                    Mat::new(dy, tokens, out).unwrap(),
+                    Mat::transposed(w, inp, out).unwrap(),
                     tokens,
                     inp,
                     out,
                     "dY K-major, W^T from W",
                 ),
                 Pass::Wgrad => (
-                    Mat::transposed(&dy, out, tokens).unwrap(),
-                    Mat::transposed(&x, inp, tokens).unwrap(),
+                    Mat::transposed(dy, out, tokens).unwrap(),
+                    Mat::transposed(x, inp, tokens).unwrap(),
                     out,
                     inp,
                     tokens,

@@ -96,8 +96,8 @@ impl<'a> PackedB<'a> {
     /// in-place B against an A read in place (dgrad), docs/benchmarks.md.
     pub(super) fn for_a(b: Panel<'a>, a: &Panel) -> Self {
         let start = b.first + b.k0 * b.k_stride;
-        let on_lines = b.data.as_ptr().wrapping_add(start).align_offset(64) == 0 && b.k_stride % LINE == 0;
-        let whole_panels = b.rows % NR == 0 && b.rows > 0 && b.k > 0;
+        let on_lines = b.data.as_ptr().wrapping_add(start).align_offset(64) == 0 && b.k_stride.is_multiple_of(LINE);
+        let whole_panels = b.rows.is_multiple_of(NR) && b.rows > 0 && b.k > 0;
         if a.k_stride != 1
             && b.row_stride == 1
             && b.k_stride <= IN_PLACE_MAX_STRIDE
