@@ -39,7 +39,8 @@
 //! by the GPU's ~13-bit fast accumulator.
 //!
 //! Memory: the decoded operands (`4 (M + N) K` bytes; B also as its packed copy,
-//! `4 ceil(N / 64) 64 K` bytes, or a K-major B as its `4 N K`-byte transpose,
+//! `4 ceil(N / 64) 64 K` bytes, unless `packed.rs` reads it in place, or a K-major B as
+//! its `4 N K`-byte transpose,
 //! `transpose.rs`) plus two f32 tiles per running task (packed route: its band
 //! of an A that is not K-contiguous, `4 K` bytes a row); nothing of size
 //! `M x N x K/128`.
