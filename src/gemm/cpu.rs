@@ -39,7 +39,8 @@
 //! by the GPU's ~13-bit fast accumulator.
 //!
 //! Memory: the decoded operands (`4 (M + N) K` bytes; B also as its packed copy,
-//! `4 ceil(N / 64) 64 K` bytes, or a K-major B as its `4 N K`-byte transpose,
+//! `4 ceil(N / 64) 64 K` bytes, unless `packed.rs` reads it in place, or a K-major B as
+//! its `4 N K`-byte transpose,
 //! `transpose.rs`) plus two f32 tiles per running task (packed route: its band
 //! of an A that is not K-contiguous, `4 K` bytes a row); nothing of size
 //! `M x N x K/128`.
@@ -139,7 +140,7 @@ fn gemm_routed(a: &Operand, b: &Operand, out: Output, params: &GemmParams, route
     {
         let a_panel = Panel::whole_k(&av, (a_rows, a_k), 0, plan.m, plan.k);
         let b_panel = Panel::whole_k(&bv, (b_rows, b_k), 0, plan.n, plan.k);
-        let packed_b = packed::PackedB::pack(b_panel);
+        let packed_b = packed::PackedB::for_a(b_panel, &a_panel);
         let amax = packed::gemm_f32(d, a_panel, &packed_b, chunk, &epilogue);
         return Ok(GemmReport { amax });
     }

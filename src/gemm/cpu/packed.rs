@@ -11,7 +11,9 @@
 //! * B is packed once per GEMM, shared by all threads, in panels of [`NR`] = 64 of its rows
 //!   (`[K][64]`, zero-padded, 64-byte aligned; a K-major B through 16 x 16 register
 //!   transposes): the crate repacked B for every call (every band), and a K-major B first went
-//!   through a transpose (`transpose.rs`). `4 ceil(N / 64) 64 K` bytes.
+//!   through a transpose (`transpose.rs`). `4 ceil(N / 64) 64 K` bytes. One exception is read
+//!   in place: a 64-byte aligned, N-contiguous B (wgrad's `X^T`) whose steps of K are at most
+//!   1 KiB apart, when A is packed too ([`PackedB::for_a`]).
 //! * The output is cut into bands of whole rows, one rayon task each; a band walks blocks of
 //!   B panels that fit half of a 2 MiB L2 (`L2_BUDGET`), and for each block, strips of [`MR`] = 6
 //!   rows of A (read in place when K-contiguous, else packed `[K][6]` once per band) against
@@ -53,16 +55,69 @@ pub(super) fn available() -> bool {
     }
 }
 
-/// B packed in panels of [`NR`] rows: panel `p` holds `B[64 p + jj, kk]` at `[kk * 64 + jj]`.
-pub(super) struct PackedB {
-    values: Unscaled<'static>,
-    /// Index of the first 64-byte aligned element of `values`.
+/// Whether this CPU has AVX-512VL too (masked 256-bit moves, [`avx512::copy_steps`]).
+fn masked_ymm() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        available() && std::arch::is_x86_feature_detected!("avx512vl")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Largest K stride (f32 values) of an N-contiguous B that [`PackedB::for_a`] reads in place:
+/// 1 KiB, four steps of K per 4 KiB page.
+const IN_PLACE_MAX_STRIDE: usize = 256;
+
+/// B as the micro-kernel reads it, in panels of [`NR`] rows: panel `p` holds `B[64 p + jj, kk]`
+/// at `values[start + p * panel_step + kk * k_step + jj]`: packed (`k_step` = 64), or B's own
+/// values read in place (`k_step` = its K stride).
+pub(super) struct PackedB<'a> {
+    values: Unscaled<'a>,
+    /// Index of panel 0's first value (64-byte aligned).
     start: usize,
+    /// Distance between consecutive steps of K in a panel.
+    k_step: usize,
+    /// Distance between consecutive panels.
+    panel_step: usize,
     n: usize,
     k: usize,
 }
 
-impl PackedB {
+impl<'a> PackedB<'a> {
+    /// `b` for a GEMM whose A is `a`: read in place where that measured faster than packing,
+    /// else packed ([`PackedB::pack`]). In place: an A that the bands pack (not K-contiguous:
+    /// wgrad's `dY^T`) and an N-contiguous B of whole panels whose every step of K starts on a
+    /// 64-byte line, at most [`IN_PLACE_MAX_STRIDE`] apart. At 768 / 256 / 1024 x 256 x 1024
+    /// that was 4-15% faster than packing (one thread); at 4 KiB per step, or off the 64-byte
+    /// lines (each 64-value load then spans five lines), it was 10-20% slower, and so was an
+    /// in-place B against an A read in place (dgrad), docs/benchmarks.md.
+    pub(super) fn for_a(b: Panel<'a>, a: &Panel) -> Self {
+        let start = b.first + b.k0 * b.k_stride;
+        let on_lines = b.data.as_ptr().wrapping_add(start).align_offset(64) == 0 && b.k_stride.is_multiple_of(LINE);
+        let whole_panels = b.rows.is_multiple_of(NR) && b.rows > 0 && b.k > 0;
+        if a.k_stride != 1
+            && b.row_stride == 1
+            && b.k_stride <= IN_PLACE_MAX_STRIDE
+            && on_lines
+            && whole_panels
+            && b.in_bounds()
+        {
+            PackedB {
+                values: Unscaled::Borrowed(b.data),
+                start,
+                k_step: b.k_stride,
+                panel_step: NR,
+                n: b.rows,
+                k: b.k,
+            }
+        } else {
+            Self::pack(b)
+        }
+    }
+
     /// Packs every row of `b` (rows `first..first + rows`, its whole K).
     pub(super) fn pack(b: Panel) -> Self {
         let (n, k) = (b.rows, b.k);
@@ -82,15 +137,28 @@ impl PackedB {
         PackedB {
             values: Unscaled::Decoded(values),
             start,
+            k_step: NR,
+            panel_step: panel_len,
             n,
             k,
         }
     }
 
-    fn panel(&self, p: usize) -> &[f32] {
-        let len = NR * self.k;
-        &self.values[self.start + p * len..self.start + (p + 1) * len]
+    /// Panel `p`: its K steps are `k_step` apart from `start`.
+    fn panel(&self, p: usize) -> BPanel<'_> {
+        BPanel {
+            data: &self.values,
+            start: self.start + p * self.panel_step,
+            k_step: self.k_step,
+        }
     }
+}
+
+/// One panel of [`NR`] rows of B: step `kk` of K is `data[start + kk * k_step..][..NR]`.
+struct BPanel<'a> {
+    data: &'a [f32],
+    start: usize,
+    k_step: usize,
 }
 
 /// `panel[kk * NR + jj] = B[j0 + jj, kk]`, zero past B's last row.
@@ -171,12 +239,26 @@ fn pack_a_strips(a: &Panel, s0: usize, s1: usize, strips: &mut [f32]) {
         // a new page per step (~20% of the GEMM), and a step over all strips writes 24 bytes to
         // each of ~80 strips 24 KiB apart, which share their L1 sets (~20% too).
         const STEPS: usize = 32;
+        let vector = masked_ymm();
         for k0 in (0..k).step_by(STEPS) {
+            let k1 = k.min(k0 + STEPS);
             for (s, strip) in (s0..s1).zip(strips.chunks_exact_mut(MR * k)) {
                 let width = MR.min(rows - s * MR);
-                for kk in k0..k.min(k0 + STEPS) {
-                    let at = a.first + s * MR + (a.k0 + kk) * a.k_stride;
-                    copy_row(&a.data[at..at + width], &mut strip[kk * MR..][..MR]);
+                let at = a.first + s * MR + (a.k0 + k0) * a.k_stride;
+                if vector {
+                    let end = at + (k1 - 1 - k0) * a.k_stride + width;
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: AVX-512F and VL are available (`masked_ymm`); `copy_steps` reads
+                    // only inside the slice `a.data[at..end]` (indexing checks it) and writes
+                    // only `strip[k0 * MR..k1 * MR]` (likewise).
+                    unsafe {
+                        avx512::copy_steps(&a.data[at..end], a.k_stride, width, &mut strip[k0 * MR..k1 * MR]);
+                    }
+                } else {
+                    for kk in k0..k1 {
+                        let at = at + (kk - k0) * a.k_stride;
+                        copy_row(&a.data[at..at + width], &mut strip[kk * MR..][..MR]);
+                    }
                 }
             }
         }
@@ -271,7 +353,7 @@ fn run_band(out: &mut [f32], a: &Panel, b: &PackedB, chunk: usize, epilogue: &Ep
                     cols: NR.min(n - j0),
                     j0,
                 };
-                micro_tile(&a_rows, b.panel(p), chunk, tile, epilogue, &mut amax);
+                micro_tile(&a_rows, b.panel(p), k, chunk, tile, epilogue, &mut amax);
             }
         }
     }
@@ -310,15 +392,19 @@ impl Amax {
     }
 }
 
-/// One micro-tile over the whole K (`panel.len() / NR` steps), finished into the output.
-fn micro_tile(a: &ARows, panel: &[f32], chunk: usize, tile: TileOut, epilogue: &Epilogue, amax: &mut Amax) {
-    let k = panel.len() / NR;
+/// One micro-tile over the whole K (`k` steps), finished into the output.
+fn micro_tile(a: &ARows, panel: BPanel, k: usize, chunk: usize, tile: TileOut, epilogue: &Epilogue, amax: &mut Amax) {
     let last = (tile.rows - 1) * tile.row_stride + tile.j0 + tile.cols;
+    let b_end = k
+        .checked_sub(1)
+        .and_then(|steps| steps.checked_mul(panel.k_step))
+        .and_then(|at| at.checked_add(panel.start + NR));
     let bias = epilogue.bias.map(|b| &b[tile.j0..tile.j0 + tile.cols]);
     let a_last = a.starts.iter().max().map(|&s| s + k.saturating_sub(1) * a.k_stride);
     assert!(
         k > 0
             && a_last.is_some_and(|l| l < a.data.len())
+            && b_end.is_some_and(|end| end <= panel.data.len())
             && (1..=MR).contains(&tile.rows)
             && (1..=NR).contains(&tile.cols)
             && last <= tile.out.len(),
@@ -327,15 +413,17 @@ fn micro_tile(a: &ARows, panel: &[f32], chunk: usize, tile: TileOut, epilogue: &
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `available()` (asserted by `gemm_f32`, the only caller's entry) says the CPU has
     // AVX-512F. The assert above checked every access: the kernel reads `k` steps of each A row
-    // (the last at `a_last`) and `NR * k` panel values, `cols` bias values, and reads/writes
+    // (the last at `a_last`) and `NR` panel values at each of `k` steps (the last ending at
+    // `b_end`), `cols` bias values, and reads/writes
     // `cols` values of each of `rows` output rows `row_stride` apart from column `j0`, all
     // inside `tile.out`.
     unsafe {
-        avx512::micro_tile(a, panel, chunk, tile, bias, epilogue, amax);
+        let b = panel.data.as_ptr().add(panel.start);
+        avx512::micro_tile(a, (b, panel.k_step), k, chunk, tile, bias, epilogue, amax);
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (a, panel, chunk, tile, bias, amax);
+        let _ = (a, panel, k, chunk, tile, bias, amax);
         unreachable!("packed gemm without AVX-512");
     }
 }
@@ -349,18 +437,21 @@ mod avx512 {
     /// Accumulators of a micro-tile: row `r`, vector `c` (columns `16 c..16 c + 16`) at `4 r + c`.
     type Acc = [__m512; MR * 4];
 
-    /// See [`super::micro_tile`], which checks the bounds.
+    /// See [`super::micro_tile`], which checks the bounds; `panel`: B's step 0 and the distance
+    /// between steps.
     #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn micro_tile(
         a: &ARows,
-        panel: &[f32],
+        panel: (*const f32, usize),
+        k: usize,
         chunk: usize,
         tile: TileOut,
         bias: Option<&[f32]>,
         epilogue: &Epilogue,
         amax: &mut Amax,
     ) {
-        let k = panel.len() / NR;
+        let (b, b_step) = panel;
         let mut sum: Acc = [_mm512_setzero_ps(); MR * 4];
         let mut k0 = 0;
         while k0 < k {
@@ -369,7 +460,7 @@ mod avx512 {
             // caller checked.
             let part = unsafe {
                 let rows = a.starts.map(|start| a.data.as_ptr().add(start + k0 * a.k_stride));
-                chunk_sum(rows, a.k_stride, panel.as_ptr().add(k0 * NR), len)
+                chunk_sum(rows, a.k_stride, (b.add(k0 * b_step), b_step), len)
             };
             for (s, p) in sum.iter_mut().zip(&part) {
                 // The first chunk is the sum; later ones are added to it (`dst + chunk`).
@@ -442,6 +533,28 @@ mod avx512 {
         }
     }
 
+    /// `strip[t * MR + r] = src[t * stride + r]` for `r < width`, zero for `width <= r < MR`, for
+    /// every step `t < strip.len() / MR`: rows of a transposed A into a packed strip, one masked
+    /// 256-bit load and store per step. Against the two moves of each 24-byte copy of `copy_row`
+    /// this took ~20% off the packing, ~1-2% of a wgrad GEMM on one thread; 512-bit masked
+    /// moves measured no faster than those copies (docs/benchmarks.md).
+    /// `1 <= width <= MR`; `src` must hold every step's `width` values (the last step's end).
+    #[target_feature(enable = "avx512f,avx512vl")]
+    pub(super) unsafe fn copy_steps(src: &[f32], stride: usize, width: usize, strip: &mut [f32]) {
+        debug_assert!((1..=MR).contains(&width));
+        let steps = strip.len() / MR;
+        let load: __mmask8 = ((1u32 << width) - 1) as u8;
+        let store: __mmask8 = (1 << MR) - 1;
+        for t in 0..steps {
+            // SAFETY: the caller's bounds: lanes `< width` of step `t` lie in `src` (masked-off
+            // lanes are not read), and `strip` holds `MR` values from `t * MR`.
+            unsafe {
+                let v = _mm256_maskz_loadu_ps(load, src.as_ptr().wrapping_add(t * stride));
+                _mm256_mask_storeu_ps(strip.as_mut_ptr().add(t * MR), store, v);
+            }
+        }
+    }
+
     /// `panel[kk * NR + jj] = data[start + kk * k_stride + jj]` for `jj < width`, `kk < k`,
     /// zero for `width <= jj < NR`.
     #[target_feature(enable = "avx512f")]
@@ -498,9 +611,9 @@ mod avx512 {
 
     /// The FMA chains of one chunk: `acc[r][j] = fma(B[kk][j], A[r][kk], acc[r][j])` for `kk`
     /// in order from +0, on `len` steps of the A rows (`a_rows[r] + kk * a_step`) and of the
-    /// packed panel (`[len][64]` from `b`).
+    /// panel (64 values at `b.0 + kk * b.1`).
     #[target_feature(enable = "avx512f")]
-    unsafe fn chunk_sum(a_rows: [*const f32; MR], a_step: usize, b: *const f32, len: usize) -> Acc {
+    unsafe fn chunk_sum(a_rows: [*const f32; MR], a_step: usize, b: (*const f32, usize), len: usize) -> Acc {
         let mut acc: Acc = [_mm512_setzero_ps(); MR * 4];
         let mut kk = 0;
         // Four steps per trip (in order, one at a time: the same chains).
@@ -522,10 +635,10 @@ mod avx512 {
     /// Step `kk` of K for every accumulator of the micro-tile.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    unsafe fn step(acc: &mut Acc, a_rows: [*const f32; MR], a_step: usize, b: *const f32, kk: usize) {
+    unsafe fn step(acc: &mut Acc, a_rows: [*const f32; MR], a_step: usize, b: (*const f32, usize), kk: usize) {
         {
-            // SAFETY: the caller's A rows and panel hold step `kk`.
-            let b = unsafe { b.add(kk * NR) };
+            // SAFETY: the caller's A rows and panel hold step `kk` (`b.1` apart).
+            let b = unsafe { b.0.add(kk * b.1) };
             let bv = unsafe {
                 [
                     _mm512_loadu_ps(b),
@@ -545,156 +658,4 @@ mod avx512 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `[rows, k]` values with wide magnitudes (sums that round) and exact zeros.
-    fn values(rows: usize, k: usize, seed: f32) -> Vec<f32> {
-        (0..rows * k)
-            .map(|i| (i as f32 * seed).sin() * 2f32.powi((i % 11) as i32 - 5))
-            .collect()
-    }
-
-    /// The contract, element by element: an FMA chain from +0 per chunk, chunks added in
-    /// order, then `* factor`, `+ bias`, `+ beta * old`.
-    fn reference(a: &Panel, b: &Panel, chunk: usize, epilogue: &Epilogue, old: &[f32]) -> Vec<f32> {
-        let at = |p: &Panel, r: usize, kk: usize| p.data[(p.first + r) * p.row_stride + (p.k0 + kk) * p.k_stride];
-        let (m, n, k) = (a.rows, b.rows, a.k);
-        let mut out = vec![0.0f32; m * n];
-        for i in 0..m {
-            for j in 0..n {
-                let mut total = 0.0f32;
-                for k0 in (0..k).step_by(chunk) {
-                    let mut acc = 0.0f32;
-                    for kk in k0..k.min(k0 + chunk) {
-                        acc = at(b, j, kk).mul_add(at(a, i, kk), acc);
-                    }
-                    total = if k0 == 0 { acc } else { total + acc };
-                }
-                let mut v = total * epilogue.factor;
-                if let Some(bias) = epilogue.bias {
-                    v += bias[j];
-                }
-                if epilogue.beta != 0.0 {
-                    v += epilogue.beta * old[i * n + j];
-                }
-                out[i * n + j] = v;
-            }
-        }
-        out
-    }
-
-    /// Panels of `[rows, k]` values stored K-major, or as their `[k, rows]` transpose.
-    fn panel(values: &[f32], rows: usize, k: usize, transposed: bool) -> Panel<'_> {
-        let (row_stride, k_stride) = if transposed { (1, rows) } else { (k, 1) };
-        Panel {
-            data: values,
-            row_stride,
-            k_stride,
-            first: 0,
-            rows,
-            k0: 0,
-            k,
-        }
-    }
-
-    fn transpose(x: &[f32], rows: usize, k: usize) -> Vec<f32> {
-        (0..rows * k).map(|i| x[(i % rows) * k + i / rows]).collect()
-    }
-
-    #[test]
-    fn packed_sums_are_the_ordered_fma_chains_of_the_contract() {
-        assert!(
-            available(),
-            "this test needs AVX-512F (the machines of docs/benchmarks.md have it)"
-        );
-        // Ragged strips and panels, one row or column, chunks of 512 and 128 with short tails.
-        for (m, n, k, chunk) in [
-            (13, 70, 100, 100),
-            (6, 64, 1030, 344),
-            (1, 129, 300, 128),
-            (40, 1, 257, 128),
-        ] {
-            let (a, b) = (values(m, k, 0.731), values(n, k, 0.377));
-            let (at, bt) = (transpose(&a, m, k), transpose(&b, n, k));
-            let bias = values(1, n, 0.219);
-            let old = values(m, n, 0.113);
-            for (factor, bias, beta) in [(1.0, None, 0.0), (0.375, Some(&bias[..]), 0.5)] {
-                let epilogue = Epilogue { factor, bias, beta };
-                let want = reference(&panel(&a, m, k, false), &panel(&b, n, k, false), chunk, &epilogue, &old);
-                let want_amax = want.iter().fold(0.0f32, |x, &v| nan_max(x, v));
-                for (pa, pb) in [
-                    (panel(&a, m, k, false), panel(&b, n, k, false)),
-                    (panel(&at, m, k, true), panel(&bt, n, k, true)),
-                ] {
-                    let mut got = old.clone();
-                    let amax = gemm_f32(&mut got, pa, &PackedB::pack(pb), chunk, &epilogue);
-                    let case = format!("{m}x{n}x{k} chunk {chunk}, factor {factor}, beta {beta}");
-                    assert_eq!(amax.to_bits(), want_amax.to_bits(), "amax, {case}");
-                    let first = got.iter().zip(&want).position(|(g, w)| g.to_bits() != w.to_bits());
-                    assert!(first.is_none(), "element {first:?} differs, {case}");
-                }
-            }
-        }
-    }
-
-    /// A NaN (or an infinity times zero) shows in its output elements and the amax; beta = 0
-    /// never reads the old output, even a NaN one.
-    #[test]
-    fn nan_products_reach_the_output_and_the_amax() {
-        assert!(available(), "this test needs AVX-512F");
-        let (m, n, k) = (20, 100, 64);
-        let mut a = values(m, k, 0.731);
-        let mut b = values(n, k, 0.377);
-        a[7 * k + 3] = f32::NAN;
-        b[99 * k + 5] = f32::INFINITY;
-        a[19 * k + 5] = 0.0;
-        let epilogue = Epilogue {
-            factor: 1.0,
-            bias: None,
-            beta: 0.0,
-        };
-        let mut out = vec![f32::NAN; m * n];
-        let amax = gemm_f32(
-            &mut out,
-            panel(&a, m, k, false),
-            &PackedB::pack(panel(&b, n, k, false)),
-            64,
-            &epilogue,
-        );
-        assert!(amax.is_nan());
-        for i in 0..m {
-            for j in 0..n {
-                let nan = i == 7 || (i == 19 && j == 99);
-                assert_eq!(out[i * n + j].is_nan(), nan, "({i}, {j})");
-            }
-        }
-        // Without the NaN row the amax is the largest finite |v| or the infinity.
-        let (a, m) = (&a[8 * k..19 * k], 11);
-        let mut out = vec![f32::NAN; m * n];
-        let amax = gemm_f32(
-            &mut out,
-            panel(a, m, k, false),
-            &PackedB::pack(panel(&b, n, k, false)),
-            64,
-            &epilogue,
-        );
-        assert_eq!(amax, f32::INFINITY);
-    }
-
-    #[test]
-    fn bands_are_whole_strips_for_every_thread() {
-        assert_eq!(band_rows(1024, 2), 258);
-        assert_eq!(band_rows(1024, 1), 516);
-        assert_eq!(band_rows(5, 2), 6);
-        assert_eq!(band_rows(0, 2), 6);
-        for (m, threads) in [(1024, 2), (256, 2), (100, 1), (7, 4)] {
-            let band = band_rows(m, threads);
-            assert_eq!(band % MR, 0);
-            assert!(
-                m.div_ceil(band) <= BANDS_PER_THREAD * threads,
-                "{m} rows on {threads} threads"
-            );
-        }
-    }
-}
+mod tests;
