@@ -71,6 +71,38 @@ fn fast_products_give_the_crate_paths_bits() {
     }
 }
 
+#[test]
+fn head_transposes_match_the_definition() {
+    // (rows, head_dim, stride): the head, edges past whole 16 and 8 blocks, one value.
+    for (rows, d, stride) in [
+        (64, 32, 256),
+        (16, 16, 16),
+        (37, 20, 40),
+        (100, 80, 83),
+        (8, 24, 24),
+        (1, 1, 1),
+    ] {
+        let src = values(rows * stride, 0.291, 2.0);
+        let mut dst = vec![f32::NAN; 3];
+        transpose_head(&src, rows, d, stride, &mut dst);
+        assert_eq!(dst.len(), rows * d);
+        for j in 0..rows {
+            for c in 0..d {
+                let (got, want) = (dst[c * rows + j], src[j * stride + c]);
+                assert_eq!(got.to_bits(), want.to_bits(), "{rows}x{d} stride {stride}: ({j}, {c})");
+            }
+        }
+        // The fallback's 8 x 8 blocks give the same (edges left to `transpose_head`).
+        let mut small = vec![0.0; rows * d];
+        let b = transpose_blocks_8(&src, rows, d, stride, &mut small);
+        for j in 0..rows / b * b {
+            for c in 0..d / b * b {
+                assert_eq!(small[c * rows + j].to_bits(), src[j * stride + c].to_bits());
+            }
+        }
+    }
+}
+
 /// Timing of both paths on the shape and a long sequence (not a check: run with
 /// `cargo test --release --lib ops::attention::tests::timing -- --ignored --nocapture`).
 #[test]
