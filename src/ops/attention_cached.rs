@@ -3,13 +3,15 @@
 //!
 //! The `queries` new tokens sit at positions `keys - queries .. keys`; query `i` attends to
 //! keys `0..=keys - queries + i`. Query head `h` reads key/value head `h / (heads / kv_heads)`.
-//! Scores are f32 dot products times `softmax_scale`, the softmax is in f32, the probabilities
+//! Scores are f32 dot products times `softmax_scale`, the softmax is in f32 (the training
+//! forward's `softmax_exp::exp`), the probabilities
 //! and the output are rounded to `dtype` as in [`super::attention_forward`], so a cached step
 //! agrees with a full recompute to the rounding of a reordered sum.
 
 use rayon::prelude::*;
 
 use super::check::len;
+use super::softmax_exp::exp_shifted;
 use crate::error::{Error, Result};
 use crate::tensor::Dtype;
 
@@ -88,11 +90,8 @@ pub fn attention_cached(
             })
             .collect();
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut total = 0.0f32;
-        for s in &mut scores {
-            *s = (*s - max).exp();
-            total += *s;
-        }
+        exp_shifted(&mut scores, max);
+        let total: f32 = scores.iter().sum();
         o.fill(0.0);
         for (j, s) in scores.iter().enumerate() {
             let p = dtype.round(s / total);

@@ -117,6 +117,20 @@ pub(super) fn product(a: F32View, b: F32View, alpha: f32, beta: f32, out: &mut [
     }
 }
 
+/// `dst[c * rows + j] = src[j * stride + c]` for the rows and columns of whole 16 x 16 blocks
+/// (`j < rows / 16 * 16`, `c < d / 16 * 16`), each block transposed in registers; the others
+/// are left to the caller. Returns false, writing nothing, where the CPU lacks AVX-512F.
+pub(super) fn transpose_blocks(src: &[f32], rows: usize, d: usize, stride: usize, dst: &mut [f32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        // SAFETY: the CPU has AVX-512F (`simd_available`), all `transpose_blocks` requires.
+        unsafe { avx512::transpose_blocks(src, rows, d, stride, dst) };
+        return true;
+    }
+    let _ = (src, rows, d, stride, dst);
+    false
+}
+
 struct Job<'a> {
     a: F32View<'a>,
     b: F32View<'a>,
@@ -167,6 +181,54 @@ mod avx512 {
                 c0 += w;
             }
             r0 += rows;
+        }
+    }
+
+    /// [`super::transpose_blocks`]: 16 rows loaded, pairs interleaved (32-bit, then 64-bit
+    /// elements: each 128-bit lane then holds one column of 4 rows), then the 4 x 4 grid of
+    /// 128-bit lanes transposed with two lane shuffles per output vector.
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn transpose_blocks(src: &[f32], rows: usize, d: usize, stride: usize, dst: &mut [f32]) {
+        const ALL: (usize, __mmask16) = (L, !0);
+        for j0 in (0..rows / L * L).step_by(L) {
+            for c0 in (0..d / L * L).step_by(L) {
+                let r: [__m512; L] = std::array::from_fn(|j| load(&src[(j0 + j) * stride + c0..], ALL));
+                // t[2p] = rows 2p, 2p + 1 interleaved from columns 0, 1 of each lane; t[2p + 1] from 2, 3.
+                let t: [__m512d; L] = std::array::from_fn(|i| {
+                    let (a, b) = (r[i & !1], r[i | 1]);
+                    _mm512_castps_pd(if i % 2 == 0 {
+                        _mm512_unpacklo_ps(a, b)
+                    } else {
+                        _mm512_unpackhi_ps(a, b)
+                    })
+                });
+                // u[g][m], lane l: column 4 l + m of rows 4 g .. 4 g + 4.
+                let u: [[__m512; 4]; 4] = std::array::from_fn(|g| {
+                    let (lo, hi) = ((t[4 * g], t[4 * g + 2]), (t[4 * g + 1], t[4 * g + 3]));
+                    [
+                        _mm512_castpd_ps(_mm512_unpacklo_pd(lo.0, lo.1)),
+                        _mm512_castpd_ps(_mm512_unpackhi_pd(lo.0, lo.1)),
+                        _mm512_castpd_ps(_mm512_unpacklo_pd(hi.0, hi.1)),
+                        _mm512_castpd_ps(_mm512_unpackhi_pd(hi.0, hi.1)),
+                    ]
+                });
+                for m in 0..4 {
+                    // x0 = lanes 0, 1 of groups 0, 1; x1 = lanes 2, 3 of them; x2, x3 of groups 2, 3.
+                    let x0 = _mm512_shuffle_f32x4::<0x44>(u[0][m], u[1][m]);
+                    let x1 = _mm512_shuffle_f32x4::<0xEE>(u[0][m], u[1][m]);
+                    let x2 = _mm512_shuffle_f32x4::<0x44>(u[2][m], u[3][m]);
+                    let x3 = _mm512_shuffle_f32x4::<0xEE>(u[2][m], u[3][m]);
+                    let cols = [
+                        _mm512_shuffle_f32x4::<0x88>(x0, x2),
+                        _mm512_shuffle_f32x4::<0xDD>(x0, x2),
+                        _mm512_shuffle_f32x4::<0x88>(x1, x3),
+                        _mm512_shuffle_f32x4::<0xDD>(x1, x3),
+                    ];
+                    for (l, col) in cols.into_iter().enumerate() {
+                        store(&mut dst[(c0 + 4 * l + m) * rows + j0..], ALL, col);
+                    }
+                }
+            }
         }
     }
 

@@ -71,6 +71,38 @@ fn fast_products_give_the_crate_paths_bits() {
     }
 }
 
+#[test]
+fn head_transposes_match_the_definition() {
+    // (rows, head_dim, stride): the head, edges past whole 16 and 8 blocks, one value.
+    for (rows, d, stride) in [
+        (64, 32, 256),
+        (16, 16, 16),
+        (37, 20, 40),
+        (100, 80, 83),
+        (8, 24, 24),
+        (1, 1, 1),
+    ] {
+        let src = values(rows * stride, 0.291, 2.0);
+        let mut dst = vec![f32::NAN; 3];
+        transpose_head(&src, rows, d, stride, &mut dst);
+        assert_eq!(dst.len(), rows * d);
+        for j in 0..rows {
+            for c in 0..d {
+                let (got, want) = (dst[c * rows + j], src[j * stride + c]);
+                assert_eq!(got.to_bits(), want.to_bits(), "{rows}x{d} stride {stride}: ({j}, {c})");
+            }
+        }
+        // The fallback's 8 x 8 blocks give the same (edges left to `transpose_head`).
+        let mut small = vec![0.0; rows * d];
+        let b = transpose_blocks_8(&src, rows, d, stride, &mut small);
+        for j in 0..rows / b * b {
+            for c in 0..d / b * b {
+                assert_eq!(small[c * rows + j].to_bits(), src[j * stride + c].to_bits());
+            }
+        }
+    }
+}
+
 /// Timing of both paths on the shape and a long sequence (not a check: run with
 /// `cargo test --release --lib ops::attention::tests::timing -- --ignored --nocapture`).
 #[test]
@@ -107,15 +139,17 @@ fn timing() {
     }
 }
 
-/// The softmax as it was written before its exps went 8 lanes wide and its sums side by side.
+/// The softmax as it was written before its sums went side by side and its exps 16 lanes wide
+/// (with the softmax's own scalar `exp`, which the loops must reproduce).
 fn softmax_reference(scores: &mut [f32], keys: usize, i0: usize, lse_out: &mut [f32]) {
+    use crate::ops::softmax_exp::exp;
     for (r, (row, l)) in scores.chunks_mut(keys).zip(lse_out.iter_mut()).enumerate() {
         let valid = i0 + r + 1;
         let m = row[..valid].iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-        let sum: f32 = row[..valid].iter().map(|&s| (s - m).exp()).sum();
+        let sum: f32 = row[..valid].iter().map(|&s| exp(s - m)).sum();
         *l = m + sum.ln();
         let (live, masked) = row.split_at_mut(valid);
-        live.iter_mut().for_each(|s| *s = (*s - *l).exp());
+        live.iter_mut().for_each(|s| *s = exp(*s - *l));
         masked.fill(0.0);
     }
 }
@@ -123,7 +157,7 @@ fn softmax_reference(scores: &mut [f32], keys: usize, i0: usize, lse_out: &mut [
 #[test]
 fn the_softmax_gives_the_scalar_loops_bits() {
     // Block shapes (rows, i0): whole, partial and single-row groups; wide and huge score
-    // ranges (exp arguments past -88 take glibc's special branch); zeros, NaN and -inf rows.
+    // ranges (exp arguments past -87 give subnormals and zeros); zeros, NaN and -inf rows.
     for (rows, i0, spread) in [(64, 0, 4.0), (64, 64, 30.0), (13, 0, 200.0), (1, 5, 1.0), (36, 64, 1e3)] {
         let keys = i0 + rows;
         let mut scores = values(rows * keys, 0.61, spread);

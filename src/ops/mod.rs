@@ -22,6 +22,7 @@ pub mod loss;
 pub mod norm;
 pub mod optim;
 pub mod rope;
+mod softmax_exp;
 
 /// The activation dtype now lives next to `Tensor`; re-exported for the old path.
 pub use crate::tensor::Dtype;
