@@ -5,9 +5,11 @@
 //! The decoded copies live in buffers kept per thread across calls: a fresh
 //! multi-megabyte buffer costs a page fault per 4 KiB on every GEMM (the
 //! allocator hands large freed blocks back to the kernel), a reused one nothing.
+//! A kept buffer keeps its whole length when it serves a shorter request (a [`Kept`] views a
+//! prefix), so it is zeroed once, when it first grows, not again on every longer request.
 
 use std::cell::RefCell;
-use std::ops::Deref;
+use std::ops::{Deref, DerefMut};
 
 use rayon::prelude::*;
 
@@ -32,7 +34,7 @@ thread_local! {
 /// The f32 values of an operand: borrowed (plain f32) or decoded into a kept buffer.
 pub(super) enum Unscaled<'a> {
     Borrowed(&'a [f32]),
-    Decoded(Vec<f32>),
+    Decoded(Kept),
 }
 
 impl Deref for Unscaled<'_> {
@@ -46,12 +48,31 @@ impl Deref for Unscaled<'_> {
     }
 }
 
-impl Drop for Unscaled<'_> {
+/// The first `len` values of a buffer this thread keeps; handed back to the thread's buffers
+/// when dropped.
+pub(super) struct Kept {
+    values: Vec<f32>,
+    len: usize,
+}
+
+impl Deref for Kept {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        &self.values[..self.len]
+    }
+}
+
+impl DerefMut for Kept {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        &mut self.values[..self.len]
+    }
+}
+
+impl Drop for Kept {
     fn drop(&mut self) {
-        if let Unscaled::Decoded(values) = self
-            && values.capacity() <= KEPT_MAX_ELEMENTS
-        {
-            let values = std::mem::take(values);
+        if self.values.capacity() <= KEPT_MAX_ELEMENTS {
+            let values = std::mem::take(&mut self.values);
             // `try_with`: a value dropped while the thread exits has nowhere to go.
             let _ = BUFFERS.try_with(|kept| {
                 let mut kept = kept.borrow_mut();
@@ -63,22 +84,24 @@ impl Drop for Unscaled<'_> {
     }
 }
 
-/// A buffer of `len` values, reusing one this thread kept (the largest, which most often
+/// A buffer of `len` values, reusing one this thread kept (the longest, which most often
 /// fits). Its contents are unspecified (a reused buffer keeps old values instead of paying
-/// a pass of zeros): every caller overwrites all of them.
-pub(super) fn buffer(len: usize) -> Vec<f32> {
+/// a pass of zeros): every caller overwrites all of them. Only growth past the longest kept
+/// length is zeroed.
+pub(super) fn buffer(len: usize) -> Kept {
     let mut values = BUFFERS
         .try_with(|kept| {
             let mut kept = kept.borrow_mut();
-            let largest = (0..kept.len()).max_by_key(|&i| kept[i].capacity());
-            largest.map(|i| kept.swap_remove(i))
+            let longest = (0..kept.len()).max_by_key(|&i| kept[i].len());
+            longest.map(|i| kept.swap_remove(i))
         })
         .ok()
         .flatten()
         .unwrap_or_default();
-    values.truncate(len);
-    values.resize(len, 0.0);
-    values
+    if values.len() < len {
+        values.resize(len, 0.0);
+    }
+    Kept { values, len }
 }
 
 /// Every element of `op` as f32, row-major `rows x K`; plain f32 is borrowed.
@@ -103,7 +126,7 @@ pub(super) fn transposed(values: &[f32], rows: usize, cols: usize) -> Unscaled<'
     Unscaled::Decoded(out)
 }
 
-fn widen<T: HighPrecision>(src: &[T]) -> Vec<f32> {
+fn widen<T: HighPrecision>(src: &[T]) -> Kept {
     let mut values = buffer(src.len());
     values
         .par_chunks_mut(CHUNK)

@@ -358,7 +358,7 @@ fn run_band(out: &mut [f32], a: &Panel, b: &PackedB, chunk: usize, epilogue: &Ep
         }
     }
     // Back to this thread's kept buffers for the next band.
-    drop(Unscaled::Decoded(strips));
+    drop(strips);
     amax.value()
 }
 
