@@ -87,11 +87,7 @@ fn per_tensor_counted(
     let scale_inv = 1.0 / scale;
     // The limit of `cast_stats` for a per-tensor copy: `max * scale_inv` of the stored scale_inv.
     let limit = format.max_finite() * scale_inv;
-    let count = |xs: &[f32], codes: &[u8]| {
-        let mut counts = Counts::default();
-        counts.add(xs, codes, |x, code| (code & 0x7F == 0, x.abs() > limit));
-        counts
-    };
+    let count = |xs: &[f32], codes: &[u8]| per_tensor_run(xs, codes, limit);
     let (amax, counts) = cast_transpose_visit(
         src,
         rows,
@@ -106,11 +102,7 @@ fn per_tensor_counted(
     let rowwise = QuantizedMatrix::new(data, rows, cols, Scales::PerTensor(scale_inv))?;
     let columnwise = QuantizedMatrix::new(transposed, cols, rows, Scales::PerTensor(scale_inv))?;
     let tensor = QuantizedTensor::new(format, rowwise, Some(columnwise))?;
-    Ok((
-        tensor,
-        amax,
-        [counts.saturated, counts.underflow, counts.nonzero, counts.nonfinite],
-    ))
+    Ok((tensor, amax, counts.array()))
 }
 
 /// The cast of a block-scaled `tensor` (1x128, 128x128, MXFP8) of a source with `amax`: its
@@ -165,6 +157,11 @@ struct Counts {
 const STATS_CHUNK: usize = 1 << 14;
 
 impl Counts {
+    /// `[saturated, underflow, nonzero, nonfinite]`.
+    fn array(&self) -> [u64; 4] {
+        [self.saturated, self.underflow, self.nonzero, self.nonfinite]
+    }
+
     fn sum(self, o: Counts) -> Counts {
         Counts {
             saturated: self.saturated + o.saturated,
@@ -322,16 +319,20 @@ pub(crate) fn cast_stats(name: String, src: &[f32], cast: &Cast) -> Fp8TensorSta
 /// those of the whole tensor ([`stats_from_counts`] finishes them).
 pub(crate) fn per_tensor_counts(src: &[f32], codes: &[u8], format: Fp8Format, scale: f32) -> [u64; 4] {
     let limit = format.max_finite() * (1.0 / scale);
-    let counts = src
-        .par_chunks(STATS_CHUNK)
+    src.par_chunks(STATS_CHUNK)
         .zip(codes.par_chunks(STATS_CHUNK))
-        .map(|(xs, cs)| {
-            let mut counts = Counts::default();
-            counts.add(xs, cs, |x, code| (code & 0x7F == 0, x.abs() > limit));
-            counts
-        })
-        .reduce(Counts::default, Counts::sum);
-    [counts.saturated, counts.underflow, counts.nonzero, counts.nonfinite]
+        .map(|(xs, cs)| per_tensor_run(xs, cs, limit))
+        .reduce(Counts::default, Counts::sum)
+        .array()
+}
+
+/// The counts of one run of a per-tensor cast into `codes` whose saturation limit is `limit`
+/// (`max * scale_inv`, as [`cast_stats`] computes it).
+fn per_tensor_run(xs: &[f32], codes: &[u8], limit: f32) -> Counts {
+    let mut counts = Counts::default();
+    // E4M3 and E5M2 codes decode to zero exactly when their magnitude bits are 0.
+    counts.add(xs, codes, |x, code| (code & 0x7F == 0, x.abs() > limit));
+    counts
 }
 
 /// The statistics of a cast of `total` elements from its [`per_tensor_counts`].

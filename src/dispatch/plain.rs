@@ -21,11 +21,7 @@ impl PlainMat {
     /// `src` converted to `dtype` (round to nearest even).
     pub(crate) fn new(dtype: Dtype, src: &[f32]) -> Self {
         match dtype {
-            Dtype::F32 => {
-                let mut copy = scratch::empty_with_room(src.len());
-                copy.extend_from_slice(src);
-                PlainMat::F32(copy)
-            }
+            Dtype::F32 => PlainMat::F32(scratch::copy_of(src)),
             Dtype::Bf16 => PlainMat::Bf16(src.iter().map(|&x| bf16::from_f32(x)).collect()),
             Dtype::F16 => PlainMat::F16(src.iter().map(|&x| f16::from_f32(x)).collect()),
         }

@@ -167,7 +167,7 @@ impl MultiheadAttention {
         // keeps this one): handed over, so fp32 copies it once, not twice.
         let y = self
             .proj
-            .forward_owned(Tensor::new(copy_of(&out), tokens, self.hidden)?, replay)?;
+            .forward_owned(Tensor::new(scratch::copy_of(&out), tokens, self.hidden)?, replay)?;
         self.saved = Some(AttentionSaved {
             q,
             k,
@@ -252,13 +252,6 @@ fn split_qkv(qkv: &[f32], tokens: usize, h: usize) -> [Vec<f32>; 3] {
         }
         out
     })
-}
-
-/// A copy of `values` (in a recycled buffer where one is kept).
-fn copy_of(values: &[f32]) -> Vec<f32> {
-    let mut copy = scratch::empty_with_room(values.len());
-    copy.extend_from_slice(values);
-    copy
 }
 
 /// The inverse of [`split_qkv`].

@@ -125,11 +125,7 @@ impl NormCore {
             )?,
         }
         self.saved = Some(NormSaved {
-            x: {
-                let mut kept = scratch::empty_with_room(x.len());
-                kept.extend_from_slice(x.data());
-                kept
-            },
+            x: scratch::copy_of(x.data()),
             rows: x.rows(),
             mean,
             rstd,

@@ -76,6 +76,13 @@ pub(crate) fn empty_with_room(len: usize) -> Vec<f32> {
     }
 }
 
+/// A copy of `values`, in a recycled buffer where one of their length is kept.
+pub(crate) fn copy_of(values: &[f32]) -> Vec<f32> {
+    let mut copy = empty_with_room(values.len());
+    copy.extend_from_slice(values);
+    copy
+}
+
 /// Gives `buffer` back for a later [`overwritten`] or [`empty_with_room`] of its length.
 pub(crate) fn recycle(buffer: Vec<f32>) {
     POOL.with_borrow_mut(|pool| pool.keep(buffer));
