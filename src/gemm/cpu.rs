@@ -50,6 +50,7 @@ mod epilogue;
 mod kernel;
 mod magnitude;
 mod packed;
+mod pairs;
 #[cfg(test)]
 mod route_tests;
 mod scales;
@@ -109,8 +110,6 @@ impl Route {
 /// [`gemm`] on the given route.
 fn gemm_routed(a: &Operand, b: &Operand, out: Output, params: &GemmParams, route: Route) -> Result<GemmReport> {
     let plan = plan(a, b, &out, params)?;
-    let av = decode::unscaled(a)?;
-    let bv = decode::unscaled(b)?;
     let steps = Steps::of(&plan, params);
     let epilogue = Epilogue {
         factor: match plan.scales {
@@ -121,6 +120,19 @@ fn gemm_routed(a: &Operand, b: &Operand, out: Output, params: &GemmParams, route
         bias: params.bias,
         beta: params.beta,
     };
+    // FP8 x FP8 with per-tensor scales: the pair order on every route (AMX tiles where the CPU
+    // has them, `pairs.rs`), chunks rounded up to whole blocks of 32.
+    if let (Operand::Fp8(fa, qa), Operand::Fp8(fb, qb)) = (a, b)
+        && plan.scales == ScalePair::PerTensor
+        && let Some(chunk) = steps.chunk(plan.k)
+    {
+        let chunk = chunk.div_ceil(pairs::EDGE) * pairs::EDGE;
+        let (a, b) = (pairs::Codes::of(*fa, qa), pairs::Codes::of(*fb, qb));
+        let amax = pairs::gemm(a, b, chunk, &epilogue, out, pairs::Kernel::best())?;
+        return Ok(GemmReport { amax });
+    }
+    let av = decode::unscaled(a)?;
+    let bv = decode::unscaled(b)?;
     let threads = rayon::current_num_threads();
     let (tm, tn) = tiles::tile_shape(plan.m, plan.n, threads);
     let band = tiles::band_rows(plan.m, threads);

@@ -1,0 +1,156 @@
+//! The pair-order chunk sum on Intel AMX: four 16 x 16 f32 tiles (a 32 x 32 output block), two
+//! A tiles (16 rows x 32 bf16 of K) and two B tiles (16 pairs of K x 16 columns) per block of
+//! 32 of K, four `TDPBF16PS` each.
+//!
+//! `TDPBF16PS` adds to each element of its accumulator tile `even + odd`, the two chains of
+//! the 16 even and the 16 odd K products from +0 (Intel's pseudocode, measured bit for bit on
+//! the machine of docs/benchmarks.md): the order [`super::portable`] spells out. Its inputs
+//! and outputs flush subnormals, which FP8 products never make (module docs of `pairs.rs`).
+//! Written with `asm!` because Rust's AMX intrinsics are not stable; the tile registers are
+//! used inside one `asm!` block only, which loads the tile configuration first and releases
+//! the tiles last.
+
+use super::{BLOCK, EDGE};
+
+/// Bytes of one 16-row tile of a packed block (16 x 64 bytes).
+const TILE_BYTES: usize = 1024;
+
+/// Palette 1: tiles 0-7 of 16 rows x 64 bytes (f32 accumulators: 16 x 16; bf16 operands:
+/// 16 x 32). Layout: palette, start row, 14 reserved bytes, 16 `colsb` (u16), 16 `rows` (u8).
+#[repr(C, align(64))]
+struct TileConfig([u8; 64]);
+
+const CONFIG: TileConfig = {
+    let mut bytes = [0u8; 64];
+    bytes[0] = 1;
+    let mut t = 0;
+    while t < 8 {
+        bytes[16 + 2 * t] = 64;
+        bytes[48 + t] = 16;
+        t += 1;
+    }
+    TileConfig(bytes)
+};
+
+/// Whether this CPU has AMX-BF16 and the OS lets this process use the tile data (Linux asks
+/// each process to request it; the request is process-wide and made here once).
+pub(super) fn available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(detect)
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
+fn detect() -> bool {
+    /// `arch_prctl` request for an extended state component, and the tile data's number.
+    const ARCH_REQ_XCOMP_PERM: libc::c_int = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_ulong = 18;
+    // CPUID leaf 7 (if leaf 0 reports it): EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
+    let leaf7 = {
+        if std::arch::x86_64::__cpuid(0).eax < 7 {
+            return false;
+        }
+        std::arch::x86_64::__cpuid_count(7, 0)
+    };
+    if leaf7.edx & (1 << 22) == 0 || leaf7.edx & (1 << 24) == 0 {
+        return false;
+    }
+    // SAFETY: a plain system call with integer arguments; it fails cleanly (non-zero) where
+    // the kernel or CPU lacks the tile state.
+    unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")))]
+fn detect() -> bool {
+    false
+}
+
+/// `c = ` the chunk sums of `blocks` K blocks of the packed strips at `a` and `b`.
+///
+/// # Safety
+/// [`available`] returned true, and `a` and `b` point to at least `blocks * BLOCK` values.
+#[cfg(target_arch = "x86_64")]
+pub(super) unsafe fn chunk(a: *const u16, b: *const u16, blocks: usize, c: &mut [f32; BLOCK]) {
+    if blocks == 0 {
+        c.fill(0.0);
+        return;
+    }
+    // SAFETY: the caller guarantees AMX and the operand lengths; `c` holds 32 rows of 128
+    // bytes, the four tiles' stores; the tile registers are not used outside this block.
+    unsafe {
+        std::arch::asm!(
+            "ldtilecfg [{cfg}]",
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            "2:",
+            "tileloadd tmm4, [{a} + {row}*1]",
+            "tileloadd tmm6, [{b} + {row}*1]",
+            "tdpbf16ps tmm0, tmm4, tmm6",
+            "tileloadd tmm7, [{b} + {row}*1 + {tile}]",
+            "tdpbf16ps tmm1, tmm4, tmm7",
+            "tileloadd tmm5, [{a} + {row}*1 + {tile}]",
+            "tdpbf16ps tmm2, tmm5, tmm6",
+            "tdpbf16ps tmm3, tmm5, tmm7",
+            "add {a}, {step}",
+            "add {b}, {step}",
+            "dec {n}",
+            "jnz 2b",
+            "tilestored [{c} + {c_row}*1], tmm0",
+            "tilestored [{c} + {c_row}*1 + 64], tmm1",
+            "tilestored [{c} + {c_row}*1 + {c_half}], tmm2",
+            "tilestored [{c} + {c_row}*1 + {c_half} + 64], tmm3",
+            "tilerelease",
+            cfg = in(reg) CONFIG.0.as_ptr(),
+            a = inout(reg) a => _,
+            b = inout(reg) b => _,
+            n = inout(reg) blocks => _,
+            row = in(reg) 64usize,
+            c = in(reg) c.as_mut_ptr(),
+            c_row = in(reg) EDGE * 4,
+            tile = const TILE_BYTES,
+            step = const 2 * TILE_BYTES,
+            c_half = const 16 * EDGE * 4,
+            options(nostack),
+        );
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) unsafe fn chunk(_: *const u16, _: *const u16, _: usize, _: &mut [f32; BLOCK]) {
+    unreachable!("AMX is x86-64 only; `available` is false elsewhere")
+}
+
+/// The first difference between this kernel and the portable one on random FP8 blocks (every
+/// finite code of both formats, cancelling sums, 1 to 6 blocks per chunk); `None` if none.
+pub(super) fn self_check() -> Option<String> {
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let finite: Vec<u16> = [crate::format::Fp8Format::E4M3, crate::format::Fp8Format::E5M2]
+        .iter()
+        .flat_map(|&f| {
+            let table = super::bf16_table(f);
+            (0..=255u8).filter(move |&c| f.decode(c).is_finite()).map(move |c| table[c as usize])
+        })
+        .collect();
+    for blocks in 1..=6 {
+        let mut fill = || -> Vec<u16> { (0..blocks * BLOCK).map(|_| finite[next() as usize % finite.len()]).collect() };
+        let (a, b) = (fill(), fill());
+        let (mut want, mut got) = ([0.0f32; BLOCK], [1.0f32; BLOCK]);
+        super::portable::chunk(&a, &b, blocks, &mut want);
+        // SAFETY: only called where `available()` held; both strips hold `blocks` blocks.
+        unsafe { chunk(a.as_ptr(), b.as_ptr(), blocks, &mut got) };
+        if let Some(i) = (0..BLOCK).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+            return Some(format!(
+                "{blocks} blocks, element {i}: AMX {:e}, portable {:e}",
+                got[i], want[i]
+            ));
+        }
+    }
+    None
+}
