@@ -120,15 +120,23 @@ fn gemm_routed(a: &Operand, b: &Operand, out: Output, params: &GemmParams, route
         bias: params.bias,
         beta: params.beta,
     };
-    // FP8 x FP8 with per-tensor scales: the pair order on every route (AMX tiles where the CPU
-    // has them, `pairs.rs`), chunks rounded up to whole blocks of 32.
-    if let (Operand::Fp8(fa, qa), Operand::Fp8(fb, qb)) = (a, b)
-        && plan.scales == ScalePair::PerTensor
+    // FP8 x FP8 with per-tensor scales, bf16 x bf16: the pair order on every route (AMX tiles
+    // where the CPU has them and no sum can be subnormal, `pairs.rs`), chunks rounded up to
+    // whole blocks of 32.
+    if let (Some(pa), Some(pb)) = (pairs::Source::of(a), pairs::Source::of(b))
+        && matches!(
+            (a, b, plan.scales),
+            (Operand::Fp8(..), Operand::Fp8(..), ScalePair::PerTensor)
+                | (Operand::Bf16(_), Operand::Bf16(_), ScalePair::None)
+        )
         && let Some(chunk) = steps.chunk(plan.k)
     {
         let chunk = chunk.div_ceil(pairs::EDGE) * pairs::EDGE;
-        let (a, b) = (pairs::Codes::of(*fa, qa), pairs::Codes::of(*fb, qb));
-        let amax = pairs::gemm(a, b, chunk, &epilogue, out, pairs::Kernel::best())?;
+        let kernel = match pairs::sums_stay_normal(&pa, &pb) {
+            true => pairs::Kernel::best(),
+            false => pairs::Kernel::Portable,
+        };
+        let amax = pairs::gemm(pa, pb, chunk, &epilogue, out, kernel)?;
         return Ok(GemmReport { amax });
     }
     let av = decode::unscaled(a)?;

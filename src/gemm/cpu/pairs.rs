@@ -31,9 +31,10 @@ use std::sync::OnceLock;
 use rayon::prelude::*;
 
 use super::epilogue::{Epilogue, nan_max, out_tiles};
+use half::bf16;
+
 use crate::format::Fp8Format;
-use crate::gemm::Output;
-use crate::tensor::QuantizedMatrix;
+use crate::gemm::{Operand, Output};
 
 /// Output rows and columns per kernel call, and K per block (one tile step).
 pub(super) const EDGE: usize = 32;
@@ -73,7 +74,10 @@ impl Kernel {
     /// `c = ` the chunk sums of the 32 x 32 block of `blocks` K blocks whose packed A strip
     /// starts at `a` and B strip at `b` (`c` row-major 32 x 32, overwritten).
     pub(super) fn chunk(self, a: &[u16], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
-        assert!(a.len() >= blocks * BLOCK && b.len() >= blocks * BLOCK, "pairs: short strips");
+        assert!(
+            a.len() >= blocks * BLOCK && b.len() >= blocks * BLOCK,
+            "pairs: short strips"
+        );
         match self {
             // SAFETY: `Amx` is only chosen where `amx::available()` held (the CPU has AMX-BF16
             // and the OS granted the tile data); the lengths were checked above.
@@ -83,24 +87,184 @@ impl Kernel {
     }
 }
 
-/// An FP8 operand for the pair GEMM: `rows x k` codes, K-major.
+/// The values of a pair-GEMM operand.
 #[derive(Clone, Copy)]
-pub(super) struct Codes<'a> {
-    pub format: Fp8Format,
-    pub codes: &'a [u8],
-    pub rows: usize,
-    pub k: usize,
+pub(super) enum Values<'a> {
+    /// FP8 codes.
+    Fp8(Fp8Format, &'a [u8]),
+    /// bf16 values.
+    Bf16(&'a [bf16]),
 }
 
-impl<'a> Codes<'a> {
-    pub(super) fn of(format: Fp8Format, q: &'a QuantizedMatrix) -> Self {
-        Codes {
-            format,
-            codes: q.data(),
-            rows: q.rows(),
-            k: q.cols(),
+/// A pair-GEMM operand: `rows x k`, element `(r, kk)` at `r * row_stride + kk * k_stride`.
+#[derive(Clone, Copy)]
+pub(super) struct Source<'a> {
+    pub values: Values<'a>,
+    pub rows: usize,
+    pub k: usize,
+    pub row_stride: usize,
+    pub k_stride: usize,
+}
+
+impl<'a> Source<'a> {
+    /// The operand, if the pair GEMM takes it (FP8 codes or bf16 values).
+    pub(super) fn of(op: &Operand<'a>) -> Option<Self> {
+        let (rows, k) = op.shape();
+        let (row_stride, k_stride) = op.strides();
+        let values = match op {
+            Operand::Fp8(format, q) => Values::Fp8(*format, q.data()),
+            Operand::Bf16(m) => Values::Bf16(m.data),
+            _ => return None,
+        };
+        Some(Source {
+            values,
+            rows,
+            k,
+            row_stride,
+            k_stride,
+        })
+    }
+
+    /// The smallest biased exponent of a non-zero value (0 for a subnormal; 255 if all are
+    /// zero). FP8 values are at least 2^-16 (E5M2) or 2^-9 (E4M3).
+    fn min_exponent(&self) -> u32 {
+        match self.values {
+            Values::Fp8(Fp8Format::E4M3, _) => 127 - 9,
+            Values::Fp8(Fp8Format::E5M2, _) => 127 - 16,
+            Values::Bf16(v) => {
+                let key = min_exponent_bits(v);
+                if key == i16::MAX { 255 } else { (key >> 7) as u32 }
+            }
         }
     }
+
+    /// Writes row `r` (all of K) as bf16 bits into `out[..k]`.
+    #[inline]
+    fn row_to_bf16(&self, r: usize, out: &mut [u16]) {
+        let out = &mut out[..self.k];
+        let start = r * self.row_stride;
+        match (self.values, self.k_stride) {
+            (Values::Fp8(format, codes), 1) => fp8_to_bf16(format, &codes[start..][..self.k], out),
+            (Values::Bf16(v), 1) => out.iter_mut().zip(&v[start..]).for_each(|(d, x)| *d = x.to_bits()),
+            (Values::Fp8(format, codes), ks) => {
+                let table = bf16_table(format);
+                out.iter_mut()
+                    .enumerate()
+                    .for_each(|(t, d)| *d = table[codes[start + t * ks] as usize]);
+            }
+            (Values::Bf16(v), ks) => out
+                .iter_mut()
+                .enumerate()
+                .for_each(|(t, d)| *d = v[start + t * ks].to_bits()),
+        }
+    }
+}
+
+/// bf16 bits of an E4M3 code, branch-free (vectorizes): the table's values.
+#[inline(always)]
+fn e4m3_bits(c: u8) -> u16 {
+    let m = (c & 0x7F) as u16;
+    let sign = ((c & 0x80) as u16) << 8;
+    // Exponent field e >= 1: bf16 exponent e + 120, mantissa shifted up by 4.
+    let normal = (m << 4) + (120 << 7);
+    // e = 0: m * 2^-9, exact in f32.
+    let subnormal = ((m as f32 * (1.0 / 512.0)).to_bits() >> 16) as u16;
+    sign | if m == 0x7F {
+        NAN_BITS
+    } else if m < 8 {
+        subnormal
+    } else {
+        normal
+    }
+}
+
+/// bf16 bits of an E5M2 code, branch-free (vectorizes): the table's values.
+#[inline(always)]
+fn e5m2_bits(c: u8) -> u16 {
+    let m = (c & 0x7F) as u16;
+    let sign = ((c & 0x80) as u16) << 8;
+    // Exponent field e in 1..=30: bf16 exponent e + 112, mantissa shifted up by 5.
+    let normal = (m << 5) + (112 << 7);
+    // e = 0: m * 2^-16, exact in f32.
+    let subnormal = ((m as f32 * (1.0 / 65536.0)).to_bits() >> 16) as u16;
+    sign | if m > 0x7C {
+        NAN_BITS
+    } else if m == 0x7C {
+        0x7F80
+    } else if m < 4 {
+        subnormal
+    } else {
+        normal
+    }
+}
+
+/// The quiet NaN an FP8 NaN code decodes to (`Fp8Format::decode`), without its sign.
+const NAN_BITS: u16 = (f32::NAN.to_bits() >> 16) as u16;
+
+/// `out[i]` = bf16 bits of `codes[i]` (AVX-512BW where the CPU has it).
+fn fp8_to_bf16(format: Fp8Format, codes: &[u8], out: &mut [u16]) {
+    #[inline(always)]
+    fn convert(format: Fp8Format, codes: &[u8], out: &mut [u16]) {
+        match format {
+            Fp8Format::E4M3 => out.iter_mut().zip(codes).for_each(|(d, &c)| *d = e4m3_bits(c)),
+            Fp8Format::E5M2 => out.iter_mut().zip(codes).for_each(|(d, &c)| *d = e5m2_bits(c)),
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512bw")]
+        fn wide(format: Fp8Format, codes: &[u8], out: &mut [u16]) {
+            convert(format, codes, out)
+        }
+        if std::arch::is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the CPU has AVX-512BW (checked just above).
+            return unsafe { wide(format, codes, out) };
+        }
+    }
+    convert(format, codes, out)
+}
+
+/// The smallest exponent field (`bits & 0x7F80`) of a non-zero value, `i16::MAX` if none:
+/// a branch-free min the compiler vectorizes (AVX-512BW where the CPU has it).
+fn min_exponent_bits(values: &[bf16]) -> i16 {
+    #[inline(always)]
+    fn key(x: &bf16) -> i16 {
+        let b = x.to_bits();
+        // Zeros (either sign) map to 0x7FFF, above every exponent field.
+        let zero = (((b & 0x7FFF) == 0) as u16).wrapping_neg();
+        ((b & 0x7F80) | (zero & 0x7FFF)) as i16
+    }
+    #[inline(always)]
+    fn scan(values: &[bf16]) -> i16 {
+        // 32 lanes of running minimums: a loop the compiler turns into vector mins.
+        let mut lanes = [i16::MAX; 32];
+        let mut chunks = values.chunks_exact(32);
+        for chunk in &mut chunks {
+            lanes.iter_mut().zip(chunk).for_each(|(m, x)| *m = (*m).min(key(x)));
+        }
+        let tail = chunks.remainder().iter().map(key).min().unwrap_or(i16::MAX);
+        lanes.into_iter().min().unwrap_or(i16::MAX).min(tail)
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512bw")]
+        fn wide(values: &[bf16]) -> i16 {
+            scan(values)
+        }
+        if std::arch::is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the CPU has AVX-512BW (checked just above).
+            return unsafe { wide(values) };
+        }
+    }
+    scan(values)
+}
+
+/// Whether no sum of the GEMM can be subnormal, so that the tile unit's flushing never fires:
+/// every value is normal or zero and the products' common grain, `2^(ea - 127 - 7) 2^(eb -
+/// 127 - 7)` for the smallest exponents `ea`, `eb`, is at least 2^-126 (always for FP8).
+pub(super) fn sums_stay_normal(a: &Source, b: &Source) -> bool {
+    let (ea, eb) = (a.min_exponent(), b.min_exponent());
+    ea > 0 && eb > 0 && ea + eb >= 268 - 126
 }
 
 /// Every FP8 code of `format` as bf16 bits (exact: at most 4 significant bits, and bf16 has
@@ -122,41 +286,40 @@ fn padded_k(k: usize) -> usize {
 }
 
 /// Packs rows `first..first + 32` of `op` (rows past its end are zeros) as an A strip:
-/// `[K / 32][32 rows][32 K]`, K past its end zeros.
-fn pack_a_strip(op: Codes, first: usize, out: &mut [u16]) {
-    let table = bf16_table(op.format);
+/// `[K / 32][32 rows][32 K]`, K past its end zeros. `row` holds `padded_k(op.k)` values.
+fn pack_a_strip(op: Source, first: usize, out: &mut [u16], row: &mut [u16]) {
     let kp = padded_k(op.k);
-    for (kb, block) in out[..kp * EDGE].chunks_exact_mut(BLOCK).enumerate() {
-        let k0 = kb * EDGE;
-        let width = EDGE.min(op.k - k0);
-        for (r, row) in block.chunks_exact_mut(EDGE).enumerate() {
-            let i = first + r;
-            if i < op.rows {
-                let codes = &op.codes[i * op.k + k0..][..width];
-                row[..width].iter_mut().zip(codes).for_each(|(d, &c)| *d = table[c as usize]);
-                row[width..].fill(0);
-            } else {
-                row.fill(0);
-            }
+    row[op.k..kp].fill(0);
+    for r in 0..EDGE {
+        if first + r < op.rows {
+            op.row_to_bf16(first + r, row);
+        } else {
+            row[..op.k].fill(0);
+        }
+        for (block, values) in out[..kp * EDGE].chunks_exact_mut(BLOCK).zip(row.chunks_exact(EDGE)) {
+            block[r * EDGE..][..EDGE].copy_from_slice(values);
         }
     }
 }
 
 /// Packs rows `first..first + 32` of `op` as a B strip: `[K / 32][2 halves][16 pairs]
-/// [16 columns][2]` (column `16 h + c`, K `32 kb + 2 p + q`), padding zeros.
-fn pack_b_strip(op: Codes, first: usize, out: &mut [u16]) {
-    let table = bf16_table(op.format);
+/// [16 columns][2]` (column `16 h + c`, K `32 kb + 2 p + q`), padding zeros. `row` holds
+/// `padded_k(op.k)` values.
+fn pack_b_strip(op: Source, first: usize, out: &mut [u16], row: &mut [u16]) {
     let kp = padded_k(op.k);
-    for (kb, block) in out[..kp * EDGE].chunks_exact_mut(BLOCK).enumerate() {
-        let k0 = kb * EDGE;
-        let width = EDGE.min(op.k - k0);
-        block.fill(0);
-        for col in 0..EDGE.min(op.rows.saturating_sub(first)) {
-            let codes = &op.codes[(first + col) * op.k + k0..][..width];
-            let (h, c) = (col / 16, col % 16);
-            for (kk, &code) in codes.iter().enumerate() {
-                let (p, q) = (kk / 2, kk % 2);
-                block[((h * 16 + p) * 16 + c) * 2 + q] = table[code as usize];
+    row[op.k..kp].fill(0);
+    for col in 0..EDGE {
+        if first + col < op.rows {
+            op.row_to_bf16(first + col, row);
+        } else {
+            row[..op.k].fill(0);
+        }
+        let (h, c) = (col / 16, col % 16);
+        for (block, values) in out[..kp * EDGE].chunks_exact_mut(BLOCK).zip(row.chunks_exact(EDGE)) {
+            let half = &mut block[h * BLOCK / 2..][..BLOCK / 2];
+            for (p, pair) in values.chunks_exact(2).enumerate() {
+                let at = (p * 16 + c) * 2;
+                half[at..at + 2].copy_from_slice(pair);
             }
         }
     }
@@ -196,14 +359,17 @@ fn band_rows(m: usize, threads: usize) -> usize {
 /// `D = epilogue(A B^T)` in the pair order, chunks of `chunk` (a multiple of 32) along K;
 /// returns the amax of the f32 results (the epilogue's, before the output cast).
 pub(super) fn gemm(
-    a: Codes,
-    b: Codes,
+    a: Source,
+    b: Source,
     chunk: usize,
     epilogue: &Epilogue,
     out: Output,
     kernel: Kernel,
 ) -> crate::error::Result<f32> {
-    assert!(a.k == b.k && chunk > 0 && chunk.is_multiple_of(EDGE), "pairs::gemm: bad shapes");
+    assert!(
+        a.k == b.k && chunk > 0 && chunk.is_multiple_of(EDGE),
+        "pairs::gemm: bad shapes"
+    );
     let (m, n, k) = (a.rows, b.rows, a.k);
     if m == 0 || n == 0 {
         return Ok(0.0);
@@ -213,17 +379,18 @@ pub(super) fn gemm(
     let n_strips = n.div_ceil(EDGE);
     let band = band_rows(m, rayon::current_num_threads());
     with_kept(&B_STRIPS, n_strips * strip_len, |packed_b| {
-        packed_b
-            .par_chunks_mut(strip_len.max(1))
-            .enumerate()
-            .for_each(|(s, strip)| pack_b_strip(b, s * EDGE, strip));
+        packed_b.par_chunks_mut(strip_len.max(1)).enumerate().for_each_init(
+            || vec![0u16; kp],
+            |row, (s, strip)| pack_b_strip(b, s * EDGE, strip, row),
+        );
         let packed_b = &*packed_b;
         // Rows `i0..i0 + rows` of the sum, into `acc` (`rows x n`).
         let sum_band = |i0: usize, acc: &mut [f32]| {
             let rows = acc.len() / n;
-            with_kept(&A_STRIPS, rows.div_ceil(EDGE) * strip_len, |packed_a| {
+            with_kept(&A_STRIPS, rows.div_ceil(EDGE) * strip_len + kp, |packed_a| {
+                let (packed_a, row) = packed_a.split_at_mut(rows.div_ceil(EDGE) * strip_len);
                 for (s, strip) in packed_a.chunks_exact_mut(strip_len.max(1)).enumerate() {
-                    pack_a_strip(a, i0 + s * EDGE, strip);
+                    pack_a_strip(a, i0 + s * EDGE, strip, row);
                 }
                 sum_strips(packed_a, packed_b, (rows, n, kp), chunk, acc, kernel);
             });
@@ -256,6 +423,29 @@ pub(super) fn gemm(
 fn sum_strips(
     packed_a: &[u16],
     packed_b: &[u16],
+    shape: (usize, usize, usize),
+    chunk: usize,
+    acc: &mut [f32],
+    kernel: Kernel,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f")]
+        fn wide(a: &[u16], b: &[u16], shape: (usize, usize, usize), chunk: usize, acc: &mut [f32], kernel: Kernel) {
+            sum_strips_body(a, b, shape, chunk, acc, kernel)
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { wide(packed_a, packed_b, shape, chunk, acc, kernel) };
+        }
+    }
+    sum_strips_body(packed_a, packed_b, shape, chunk, acc, kernel)
+}
+
+#[inline(always)]
+fn sum_strips_body(
+    packed_a: &[u16],
+    packed_b: &[u16],
     (rows, n, kp): (usize, usize, usize),
     chunk: usize,
     acc: &mut [f32],
@@ -263,7 +453,6 @@ fn sum_strips(
 ) {
     let strip_len = kp * EDGE;
     let (blocks, chunk_blocks) = (kp / EDGE, chunk / EDGE);
-    acc.fill(0.0);
     let mut t = [0.0f32; BLOCK];
     for (s, a_strip) in packed_a.chunks_exact(strip_len.max(1)).enumerate() {
         let i0 = s * EDGE;
@@ -274,12 +463,20 @@ fn sum_strips(
             for kb in (0..blocks).step_by(chunk_blocks) {
                 let count = chunk_blocks.min(blocks - kb);
                 kernel.chunk(&a_strip[kb * BLOCK..], &b_strip[kb * BLOCK..], count, &mut t);
-                // The chunk sums join the element's sum in order (from +0: `acc` was zeroed).
+                // The chunk sums join the element's sum in order, from +0: the first one is
+                // copied (`+0 + t` is `t`: a chunk sum starts at +0 and is never -0).
                 for (r, t_row) in t.chunks_exact(EDGE).take(height).enumerate() {
                     let row = &mut acc[(i0 + r) * n + j0..][..width];
-                    row.iter_mut().zip(t_row).for_each(|(x, &v)| *x += v);
+                    if kb == 0 {
+                        row.copy_from_slice(&t_row[..width]);
+                    } else {
+                        row.iter_mut().zip(t_row).for_each(|(x, &v)| *x += v);
+                    }
                 }
             }
         }
+    }
+    if kp == 0 {
+        acc.fill(0.0);
     }
 }

@@ -135,11 +135,17 @@ pub(super) fn self_check() -> Option<String> {
         .iter()
         .flat_map(|&f| {
             let table = super::bf16_table(f);
-            (0..=255u8).filter(move |&c| f.decode(c).is_finite()).map(move |c| table[c as usize])
+            (0..=255u8)
+                .filter(move |&c| f.decode(c).is_finite())
+                .map(move |c| table[c as usize])
         })
         .collect();
     for blocks in 1..=6 {
-        let mut fill = || -> Vec<u16> { (0..blocks * BLOCK).map(|_| finite[next() as usize % finite.len()]).collect() };
+        let mut fill = || -> Vec<u16> {
+            (0..blocks * BLOCK)
+                .map(|_| finite[next() as usize % finite.len()])
+                .collect()
+        };
         let (a, b) = (fill(), fill());
         let (mut want, mut got) = ([0.0f32; BLOCK], [1.0f32; BLOCK]);
         super::portable::chunk(&a, &b, blocks, &mut want);

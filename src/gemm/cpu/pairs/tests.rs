@@ -3,6 +3,8 @@
 //! against f64 sums.
 
 use super::*;
+use half::bf16;
+
 use crate::format::Fp8Format;
 use crate::gemm::cpu::epilogue::Epilogue;
 
@@ -25,6 +27,29 @@ impl Rng {
                 return c;
             }
         }
+    }
+}
+
+/// FP8 codes `rows x k`, K-major.
+fn fp8<'a>(format: Fp8Format, codes: &'a [u8], rows: usize, k: usize) -> Source<'a> {
+    Source {
+        values: Values::Fp8(format, codes),
+        rows,
+        k,
+        row_stride: k,
+        k_stride: 1,
+    }
+}
+
+/// bf16 values `rows x k`: K-major, or stored transposed (`[k, rows]`).
+fn bf16s(values: &[bf16], rows: usize, k: usize, transposed: bool) -> Source<'_> {
+    let (row_stride, k_stride) = if transposed { (1, rows) } else { (k, 1) };
+    Source {
+        values: Values::Bf16(values),
+        rows,
+        k,
+        row_stride,
+        k_stride,
     }
 }
 
@@ -53,7 +78,7 @@ fn element(a: &[f32], b: &[f32], chunk: usize) -> f32 {
     d
 }
 
-fn run(a: Codes, b: Codes, chunk: usize, kernel: Kernel) -> Vec<f32> {
+fn run(a: Source, b: Source, chunk: usize, kernel: Kernel) -> Vec<f32> {
     let mut d = vec![f32::NAN; a.rows * b.rows];
     let epilogue = Epilogue {
         factor: 1.0,
@@ -81,15 +106,19 @@ fn portable_gemm_is_the_pair_order_of_every_element() {
     for (m, n, k, chunk) in SHAPES {
         let (fa, fb) = (Fp8Format::E5M2, Fp8Format::E4M3);
         let (ca, cb) = (codes(&mut rng, fa, m * k), codes(&mut rng, fb, n * k));
-        let a = Codes { format: fa, codes: &ca, rows: m, k };
-        let b = Codes { format: fb, codes: &cb, rows: n, k };
+        let a = fp8(fa, &ca, m, k);
+        let b = fp8(fb, &cb, n, k);
         let got = run(a, b, chunk, Kernel::Portable);
         for i in 0..m {
             let ar: Vec<f32> = ca[i * k..][..k].iter().map(|&c| fa.decode(c)).collect();
             for j in 0..n {
                 let br: Vec<f32> = cb[j * k..][..k].iter().map(|&c| fb.decode(c)).collect();
                 let want = element(&ar, &br, chunk);
-                assert_eq!(got[i * n + j].to_bits(), want.to_bits(), "{m}x{n}x{k} chunk {chunk}: ({i}, {j})");
+                assert_eq!(
+                    got[i * n + j].to_bits(),
+                    want.to_bits(),
+                    "{m}x{n}x{k} chunk {chunk}: ({i}, {j})"
+                );
             }
         }
     }
@@ -106,8 +135,8 @@ fn amx_gemm_matches_the_portable_gemm_bit_for_bit() {
     for (m, n, k, chunk) in SHAPES.into_iter().chain([(256, 256, 1024, 128), (300, 200, 768, 384)]) {
         for (fa, fb) in [(Fp8Format::E4M3, Fp8Format::E4M3), (Fp8Format::E5M2, Fp8Format::E4M3)] {
             let (ca, cb) = (codes(&mut rng, fa, m * k), codes(&mut rng, fb, n * k));
-            let a = Codes { format: fa, codes: &ca, rows: m, k };
-            let b = Codes { format: fb, codes: &cb, rows: n, k };
+            let a = fp8(fa, &ca, m, k);
+            let b = fp8(fb, &cb, n, k);
             let (want, got) = (run(a, b, chunk, Kernel::Portable), run(a, b, chunk, Kernel::Amx));
             let bad = (0..m * n).find(|&i| got[i].to_bits() != want[i].to_bits());
             assert_eq!(bad, None, "{m}x{n}x{k} chunk {chunk} {fa:?} x {fb:?}");
@@ -122,8 +151,8 @@ fn gemm_is_within_the_f32_bound_of_f64_sums() {
     let (m, n, k) = (37, 45, 700);
     let fmt = Fp8Format::E4M3;
     let (ca, cb) = (codes(&mut rng, fmt, m * k), codes(&mut rng, fmt, n * k));
-    let a = Codes { format: fmt, codes: &ca, rows: m, k };
-    let b = Codes { format: fmt, codes: &cb, rows: n, k };
+    let a = fp8(fmt, &ca, m, k);
+    let b = fp8(fmt, &cb, n, k);
     let got = run(a, b, 512, Kernel::best());
     for i in 0..m {
         for j in 0..n {
@@ -146,9 +175,90 @@ fn zero_products_sum_to_positive_zero() {
     let (m, n, k) = (3, 4, 64);
     let ca: Vec<u8> = (0..m * k).map(|i| if i % 2 == 0 { 0x80 } else { 0x00 }).collect();
     let cb: Vec<u8> = (0..n * k).map(|i| if i % 3 == 0 { 0xB8 } else { 0x38 }).collect();
-    let a = Codes { format: Fp8Format::E4M3, codes: &ca, rows: m, k };
-    let b = Codes { format: Fp8Format::E4M3, codes: &cb, rows: n, k };
+    let a = fp8(Fp8Format::E4M3, &ca, m, k);
+    let b = fp8(Fp8Format::E4M3, &cb, n, k);
     for kernel in [Kernel::Portable, Kernel::best()] {
         assert!(run(a, b, 64, kernel).iter().all(|x| x.to_bits() == 0), "{kernel:?}");
+    }
+}
+
+/// bf16 values of every sign and a wide range of exponents (all normal), a few zeros.
+fn bf16_values(rng: &mut Rng, len: usize, min_exponent: u64) -> Vec<bf16> {
+    (0..len)
+        .map(|_| {
+            let r = rng.next();
+            if r.is_multiple_of(17) {
+                return bf16::ZERO;
+            }
+            let exponent = (min_exponent + (r >> 8) % 40) as u16;
+            bf16::from_bits(((r as u16 & 1) << 15) | (exponent << 7) | ((r >> 32) as u16 & 0x7F))
+        })
+        .collect()
+}
+
+/// bf16 operands: AMX and portable agree where the sums stay normal, and a transposed operand
+/// gives the bits of its K-major copy.
+#[test]
+fn bf16_operands_sum_in_the_same_order_on_every_kernel_and_layout() {
+    let mut rng = Rng(0x5151_7777_3333_9999);
+    for (m, n, k, chunk) in SHAPES {
+        let (va, vb) = (bf16_values(&mut rng, m * k, 100), bf16_values(&mut rng, n * k, 100));
+        let (a, b) = (bf16s(&va, m, k, false), bf16s(&vb, n, k, false));
+        assert!(sums_stay_normal(&a, &b));
+        let want = run(a, b, chunk, Kernel::Portable);
+        let transpose =
+            |v: &[bf16], rows: usize| -> Vec<bf16> { (0..rows * k).map(|i| v[(i % rows) * k + i / rows]).collect() };
+        let (ta, tb) = (transpose(&va, m), transpose(&vb, n));
+        let got = run(bf16s(&ta, m, k, true), bf16s(&tb, n, k, true), chunk, Kernel::best());
+        let bad = (0..m * n).find(|&i| got[i].to_bits() != want[i].to_bits());
+        assert_eq!(bad, None, "{m}x{n}x{k} chunk {chunk}");
+    }
+}
+
+/// Values small enough for a subnormal sum (or subnormal themselves) fail the guard, so the
+/// portable kernel (no flushing) runs them on every CPU.
+#[test]
+fn tiny_bf16_values_fail_the_guard() {
+    let mut rng = Rng(0x0123_4567_89AB_CDEF);
+    let big = bf16_values(&mut rng, 64, 100);
+    let tiny = bf16_values(&mut rng, 64, 1);
+    assert!(!sums_stay_normal(
+        &bf16s(&big, 2, 32, false),
+        &bf16s(&tiny, 2, 32, false)
+    ));
+    let subnormal = [bf16::from_bits(1); 64];
+    assert!(!sums_stay_normal(
+        &bf16s(&subnormal, 2, 32, false),
+        &bf16s(&big, 2, 32, false)
+    ));
+    // 2^-56 x 2^-56 with 7-bit mantissas: the grain 2^-126, just normal.
+    let edge = [bf16::from_bits(71 << 7); 64];
+    assert!(sums_stay_normal(
+        &bf16s(&edge, 2, 32, false),
+        &bf16s(&edge, 2, 32, false)
+    ));
+    let below = [bf16::from_bits(70 << 7); 64];
+    assert!(!sums_stay_normal(
+        &bf16s(&edge, 2, 32, false),
+        &bf16s(&below, 2, 32, false)
+    ));
+}
+
+/// The branch-free FP8 -> bf16 conversions give the table's bits for every code.
+#[test]
+fn fp8_to_bf16_matches_the_decode_table_on_every_code() {
+    for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+        let codes: Vec<u8> = (0..=255).collect();
+        let mut out = vec![0u16; 256];
+        fp8_to_bf16(format, &codes, &mut out);
+        let scalar: Vec<u16> = codes
+            .iter()
+            .map(|&c| match format {
+                Fp8Format::E4M3 => e4m3_bits(c),
+                Fp8Format::E5M2 => e5m2_bits(c),
+            })
+            .collect();
+        assert_eq!(&out[..], &bf16_table(format)[..], "{format:?}");
+        assert_eq!(out, scalar, "{format:?}");
     }
 }
