@@ -113,6 +113,18 @@ fn one_line(err: &clap::Error) -> String {
     words.join(" ").trim_start_matches("error: ").to_string()
 }
 
+/// Runs `f` on a thread of a rayon pool (`RAYON_NUM_THREADS` threads, else one per CPU), so
+/// that each parallel op is split from a worker that takes part in it, instead of from a
+/// thread outside the pool that hands the op over and sleeps until it is done: three futex
+/// wake-ups and context switches per op, ~7% of an `fp8 train` step on 2 cores
+/// (docs/benchmarks.md). Stacks of 8 MiB, like the main thread's.
+fn on_worker_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    match rayon::ThreadPoolBuilder::new().stack_size(8 << 20).build() {
+        Ok(pool) => pool.install(f),
+        Err(_) => f(),
+    }
+}
+
 fn main() -> ExitCode {
     allocator::keep_freed_memory();
     let parsed = parse(std::env::args_os());
@@ -134,7 +146,7 @@ fn main() -> ExitCode {
             return ExitCode::from(err.exit_code().clamp(0, 255) as u8);
         }
     };
-    match run(cli) {
+    match on_worker_thread(|| run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             // Escaped: messages may quote names from input files (newlines, terminal escapes).
