@@ -71,18 +71,33 @@ impl Kernel {
         })
     }
 
+    /// Runs `f` with this kernel ready on the calling thread (AMX: tiles configured for the
+    /// duration). `f` must not start other work on this thread (no rayon calls).
+    fn run<R>(self, f: impl FnOnce(&mut Ready) -> R) -> R {
+        match self {
+            // SAFETY: `Amx` is only chosen where `amx::available()` held; `f` runs no other
+            // task on this thread, so no other `Tiles` is alive on it.
+            Kernel::Amx => f(&mut Ready::Amx(unsafe { amx::Tiles::load() })),
+            Kernel::Portable => f(&mut Ready::Portable),
+        }
+    }
+}
+
+/// A kernel ready to run on this thread ([`Kernel::run`]).
+enum Ready {
+    Amx(amx::Tiles),
+    Portable,
+}
+
+impl Ready {
     /// `c = ` the chunk sums of the 32 x 32 block of `blocks` K blocks whose packed A strip
     /// starts at `a` and B strip at `b` (`c` row-major 32 x 32, overwritten).
-    pub(super) fn chunk(self, a: &[u16], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
-        assert!(
-            a.len() >= blocks * BLOCK && b.len() >= blocks * BLOCK,
-            "pairs: short strips"
-        );
+    fn chunk(&mut self, a: &[u16], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
+        assert!(a.len() >= blocks * BLOCK && b.len() >= blocks * BLOCK, "pairs: short strips");
         match self {
-            // SAFETY: `Amx` is only chosen where `amx::available()` held (the CPU has AMX-BF16
-            // and the OS granted the tile data); the lengths were checked above.
-            Kernel::Amx => unsafe { amx::chunk(a.as_ptr(), b.as_ptr(), blocks, c) },
-            Kernel::Portable => portable::chunk(a, b, blocks, c),
+            // SAFETY: the lengths were checked above.
+            Ready::Amx(tiles) => unsafe { tiles.chunk(a.as_ptr(), b.as_ptr(), blocks, c) },
+            Ready::Portable => portable::chunk(a, b, blocks, c),
         }
     }
 }
@@ -428,28 +443,30 @@ fn sum_strips(
     acc: &mut [f32],
     kernel: Kernel,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f")]
-        fn wide(a: &[u16], b: &[u16], shape: (usize, usize, usize), chunk: usize, acc: &mut [f32], kernel: Kernel) {
-            sum_strips_body(a, b, shape, chunk, acc, kernel)
+    kernel.run(|ready| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx512f")]
+            fn wide(a: &[u16], b: &[u16], shape: (usize, usize, usize), chunk: usize, acc: &mut [f32], k: &mut Ready) {
+                sum_strips_ready(a, b, shape, chunk, acc, k)
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F (checked just above).
+                return unsafe { wide(packed_a, packed_b, shape, chunk, acc, ready) };
+            }
         }
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F (checked just above).
-            return unsafe { wide(packed_a, packed_b, shape, chunk, acc, kernel) };
-        }
-    }
-    sum_strips_body(packed_a, packed_b, shape, chunk, acc, kernel)
+        sum_strips_ready(packed_a, packed_b, shape, chunk, acc, ready)
+    })
 }
 
 #[inline(always)]
-fn sum_strips_body(
+fn sum_strips_ready(
     packed_a: &[u16],
     packed_b: &[u16],
     (rows, n, kp): (usize, usize, usize),
     chunk: usize,
     acc: &mut [f32],
-    kernel: Kernel,
+    kernel: &mut Ready,
 ) {
     let strip_len = kp * EDGE;
     let (blocks, chunk_blocks) = (kp / EDGE, chunk / EDGE);

@@ -6,9 +6,11 @@
 //! the 16 even and the 16 odd K products from +0 (Intel's pseudocode, measured bit for bit on
 //! the machine of docs/benchmarks.md): the order [`super::portable`] spells out. Its inputs
 //! and outputs flush subnormals, which FP8 products never make (module docs of `pairs.rs`).
-//! Written with `asm!` because Rust's AMX intrinsics are not stable; the tile registers are
-//! used inside one `asm!` block only, which loads the tile configuration first and releases
-//! the tiles last.
+//! Written with `asm!` because Rust's AMX intrinsics are not stable. A [`Tiles`] value loads
+//! the tile configuration once (`LDTILECFG` cost about as much as a 32 x 32 x 128 chunk when
+//! it ran per call) and releases the tiles when dropped; the tile registers keep their
+//! configuration between `asm!` blocks because nothing else in the program uses them (the
+//! compiler never allocates them; the OS saves them on context switches).
 
 use super::{BLOCK, EDGE};
 
@@ -64,61 +66,87 @@ fn detect() -> bool {
     false
 }
 
-/// `c = ` the chunk sums of `blocks` K blocks of the packed strips at `a` and `b`.
-///
-/// # Safety
-/// [`available`] returned true, and `a` and `b` point to at least `blocks * BLOCK` values.
-#[cfg(target_arch = "x86_64")]
-pub(super) unsafe fn chunk(a: *const u16, b: *const u16, blocks: usize, c: &mut [f32; BLOCK]) {
-    if blocks == 0 {
-        c.fill(0.0);
-        return;
+/// The tile configuration loaded on this thread, for as long as the value lives.
+pub(super) struct Tiles(());
+
+impl Tiles {
+    /// Loads the configuration.
+    ///
+    /// # Safety
+    /// [`available`] returned true. No other `Tiles` is alive on this thread.
+    pub(super) unsafe fn load() -> Tiles {
+        // SAFETY: AMX is available (caller); the configuration is 64 aligned bytes.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            std::arch::asm!("ldtilecfg [{cfg}]", cfg = in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
+        }
+        Tiles(())
     }
-    // SAFETY: the caller guarantees AMX and the operand lengths; `c` holds 32 rows of 128
-    // bytes, the four tiles' stores; the tile registers are not used outside this block.
-    unsafe {
-        std::arch::asm!(
-            "ldtilecfg [{cfg}]",
-            "tilezero tmm0",
-            "tilezero tmm1",
-            "tilezero tmm2",
-            "tilezero tmm3",
-            "2:",
-            "tileloadd tmm4, [{a} + {row}*1]",
-            "tileloadd tmm6, [{b} + {row}*1]",
-            "tdpbf16ps tmm0, tmm4, tmm6",
-            "tileloadd tmm7, [{b} + {row}*1 + {tile}]",
-            "tdpbf16ps tmm1, tmm4, tmm7",
-            "tileloadd tmm5, [{a} + {row}*1 + {tile}]",
-            "tdpbf16ps tmm2, tmm5, tmm6",
-            "tdpbf16ps tmm3, tmm5, tmm7",
-            "add {a}, {step}",
-            "add {b}, {step}",
-            "dec {n}",
-            "jnz 2b",
-            "tilestored [{c} + {c_row}*1], tmm0",
-            "tilestored [{c} + {c_row}*1 + 64], tmm1",
-            "tilestored [{c} + {c_row}*1 + {c_half}], tmm2",
-            "tilestored [{c} + {c_row}*1 + {c_half} + 64], tmm3",
-            "tilerelease",
-            cfg = in(reg) CONFIG.0.as_ptr(),
-            a = inout(reg) a => _,
-            b = inout(reg) b => _,
-            n = inout(reg) blocks => _,
-            row = in(reg) 64usize,
-            c = in(reg) c.as_mut_ptr(),
-            c_row = in(reg) EDGE * 4,
-            tile = const TILE_BYTES,
-            step = const 2 * TILE_BYTES,
-            c_half = const 16 * EDGE * 4,
-            options(nostack),
-        );
+
+    /// `c = ` the chunk sums of `blocks` K blocks of the packed strips at `a` and `b`.
+    ///
+    /// # Safety
+    /// `a` and `b` point to at least `blocks * BLOCK` values.
+    #[cfg(target_arch = "x86_64")]
+    pub(super) unsafe fn chunk(&mut self, a: *const u16, b: *const u16, blocks: usize, c: &mut [f32; BLOCK]) {
+        if blocks == 0 {
+            c.fill(0.0);
+            return;
+        }
+        // SAFETY: the tiles are configured (`self`), the operand lengths are the caller's; `c`
+        // holds 32 rows of 128 bytes, the four tiles' stores.
+        unsafe {
+            std::arch::asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                "2:",
+                "tileloadd tmm4, [{a} + {row}*1]",
+                "tileloadd tmm6, [{b} + {row}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tileloadd tmm7, [{b} + {row}*1 + {tile}]",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tileloadd tmm5, [{a} + {row}*1 + {tile}]",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "add {a}, {step}",
+                "add {b}, {step}",
+                "dec {n}",
+                "jnz 2b",
+                "tilestored [{c} + {c_row}*1], tmm0",
+                "tilestored [{c} + {c_row}*1 + 64], tmm1",
+                "tilestored [{c} + {c_row}*1 + {c_half}], tmm2",
+                "tilestored [{c} + {c_row}*1 + {c_half} + 64], tmm3",
+                a = inout(reg) a => _,
+                b = inout(reg) b => _,
+                n = inout(reg) blocks => _,
+                row = in(reg) 64usize,
+                c = in(reg) c.as_mut_ptr(),
+                c_row = in(reg) EDGE * 4,
+                tile = const TILE_BYTES,
+                step = const 2 * TILE_BYTES,
+                c_half = const 16 * EDGE * 4,
+                options(nostack),
+            );
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    pub(super) unsafe fn chunk(&mut self, _: *const u16, _: *const u16, _: usize, _: &mut [f32; BLOCK]) {
+        unreachable!("AMX is x86-64 only; `available` is false elsewhere")
     }
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-pub(super) unsafe fn chunk(_: *const u16, _: *const u16, _: usize, _: &mut [f32; BLOCK]) {
-    unreachable!("AMX is x86-64 only; `available` is false elsewhere")
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        // SAFETY: the tiles were configured by `load` (so AMX is available); releasing them
+        // returns the tile state to its initial, unconfigured one.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            std::arch::asm!("tilerelease", options(nostack, nomem));
+        }
+    }
 }
 
 /// The first difference between this kernel and the portable one on random FP8 blocks (every
@@ -149,8 +177,9 @@ pub(super) fn self_check() -> Option<String> {
         let (a, b) = (fill(), fill());
         let (mut want, mut got) = ([0.0f32; BLOCK], [1.0f32; BLOCK]);
         super::portable::chunk(&a, &b, blocks, &mut want);
-        // SAFETY: only called where `available()` held; both strips hold `blocks` blocks.
-        unsafe { chunk(a.as_ptr(), b.as_ptr(), blocks, &mut got) };
+        // SAFETY: only called where `available()` held, with no other `Tiles` on this thread;
+        // both strips hold `blocks` blocks.
+        unsafe { Tiles::load().chunk(a.as_ptr(), b.as_ptr(), blocks, &mut got) };
         if let Some(i) = (0..BLOCK).find(|&i| got[i].to_bits() != want[i].to_bits()) {
             return Some(format!(
                 "{blocks} blocks, element {i}: AMX {:e}, portable {:e}",
