@@ -153,6 +153,19 @@ impl<'a> Source<'a> {
         }
     }
 
+    /// For bf16 stored transposed (rows contiguous at each K): the values of rows
+    /// `first..first + len` at one K.
+    #[allow(clippy::type_complexity)]
+    fn columns(&self) -> Option<impl Fn(usize, usize, usize) -> &'a [bf16] + use<'a>> {
+        match self.values {
+            Values::Bf16(v) if self.row_stride == 1 && self.k_stride != 1 => {
+                let ks = self.k_stride;
+                Some(move |k: usize, first: usize, len: usize| &v[k * ks + first..][..len])
+            }
+            _ => None,
+        }
+    }
+
     /// Writes row `r` (all of K) as bf16 bits into `out[..k]`.
     #[inline]
     fn row_to_bf16(&self, r: usize, out: &mut [u16]) {
@@ -304,6 +317,19 @@ fn padded_k(k: usize) -> usize {
 /// `[K / 32][32 rows][32 K]`, K past its end zeros. `row` holds `padded_k(op.k)` values.
 fn pack_a_strip(op: Source, first: usize, out: &mut [u16], row: &mut [u16]) {
     let kp = padded_k(op.k);
+    if let Some(column) = op.columns() {
+        // Stored transposed: the strip's rows are contiguous at each K.
+        let height = EDGE.min(op.rows.saturating_sub(first));
+        for (kb, block) in out[..kp * EDGE].chunks_exact_mut(BLOCK).enumerate() {
+            block.fill(0);
+            for kk in 0..EDGE.min(op.k - kb * EDGE) {
+                for (r, x) in column(kb * EDGE + kk, first, height).iter().enumerate() {
+                    block[r * EDGE + kk] = x.to_bits();
+                }
+            }
+        }
+        return;
+    }
     row[op.k..kp].fill(0);
     for r in 0..EDGE {
         if first + r < op.rows {
@@ -322,6 +348,21 @@ fn pack_a_strip(op: Source, first: usize, out: &mut [u16], row: &mut [u16]) {
 /// `padded_k(op.k)` values.
 fn pack_b_strip(op: Source, first: usize, out: &mut [u16], row: &mut [u16]) {
     let kp = padded_k(op.k);
+    if let Some(column) = op.columns() {
+        // Stored transposed: the strip's columns are contiguous at each K.
+        let width = EDGE.min(op.rows.saturating_sub(first));
+        for (kb, block) in out[..kp * EDGE].chunks_exact_mut(BLOCK).enumerate() {
+            block.fill(0);
+            for kk in 0..EDGE.min(op.k - kb * EDGE) {
+                let (p, q) = (kk / 2, kk % 2);
+                for (col, x) in column(kb * EDGE + kk, first, width).iter().enumerate() {
+                    let (h, c) = (col / 16, col % 16);
+                    block[((h * 16 + p) * 16 + c) * 2 + q] = x.to_bits();
+                }
+            }
+        }
+        return;
+    }
     row[op.k..kp].fill(0);
     for col in 0..EDGE {
         if first + col < op.rows {
