@@ -22,7 +22,11 @@ impl PlainMat {
     pub(crate) fn new(dtype: Dtype, src: &[f32]) -> Self {
         match dtype {
             Dtype::F32 => PlainMat::F32(scratch::copy_of(src)),
-            Dtype::Bf16 => PlainMat::Bf16(src.iter().map(|&x| bf16::from_f32(x)).collect()),
+            Dtype::Bf16 => {
+                let mut values = vec![bf16::ZERO; src.len()];
+                crate::tensor::bf16_from_f32_slice(src, &mut values);
+                PlainMat::Bf16(values)
+            }
             Dtype::F16 => PlainMat::F16(src.iter().map(|&x| f16::from_f32(x)).collect()),
         }
     }
@@ -32,7 +36,7 @@ impl PlainMat {
     pub(crate) fn transposed(dtype: Dtype, src: &[f32], rows: usize, cols: usize) -> Self {
         match dtype {
             Dtype::F32 => PlainMat::F32(transpose_map(src, rows, cols, |x| x)),
-            Dtype::Bf16 => PlainMat::Bf16(transpose_map(src, rows, cols, bf16::from_f32)),
+            Dtype::Bf16 => PlainMat::Bf16(transpose_map(src, rows, cols, crate::tensor::bf16_of)),
             Dtype::F16 => PlainMat::F16(transpose_map(src, rows, cols, f16::from_f32)),
         }
     }

@@ -98,6 +98,42 @@ fn round_bf16_bits(x: f32) -> f32 {
     f32::from_bits(if nan { (b | 0x0040_0000) & 0xffff_0000 } else { rounded })
 }
 
+/// `x` as bf16: `half`'s `bf16::from_f32` bit for bit, branch-free (vectorizes).
+#[inline(always)]
+pub(crate) fn bf16_of(x: f32) -> bf16 {
+    bf16::from_bits((round_bf16_bits(x).to_bits() >> 16) as u16)
+}
+
+/// `dst[i]` = `src[i]` as bf16 (round to nearest even, NaN quieted: `half`'s `bf16::from_f32`
+/// bit for bit), vectorized like the rounding below, in parallel for long slices.
+pub(crate) fn bf16_from_f32_slice(src: &[f32], dst: &mut [bf16]) {
+    #[inline(always)]
+    fn run(src: &[f32], dst: &mut [bf16]) {
+        dst.iter_mut().zip(src).for_each(|(d, &x)| *d = bf16_of(x));
+    }
+    fn serial(src: &[f32], dst: &mut [bf16]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx512f")]
+            fn wide(src: &[f32], dst: &mut [bf16]) {
+                run(src, dst)
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU has AVX-512F (checked just above).
+                return unsafe { wide(src, dst) };
+            }
+        }
+        run(src, dst)
+    }
+    if src.len() >= PARALLEL_MIN {
+        dst.par_chunks_mut(PARALLEL_MIN / 4)
+            .zip(src.par_chunks(PARALLEL_MIN / 4))
+            .for_each(|(d, s)| serial(s, d));
+    } else {
+        serial(src, dst);
+    }
+}
+
 /// [`round_bf16_bits`] over a slice, for the compiler to vectorize at the caller's width.
 #[inline(always)]
 fn round_bf16_run(xs: &mut [f32]) {
@@ -182,6 +218,19 @@ mod tests {
         // Exact bf16 ties (dropped half == 0x8000) with even and odd kept bits.
         v.extend([0x3f80_8000u32, 0x3f81_8000, 0x7f7f_8000, 0x0000_8000].map(f32::from_bits));
         v
+    }
+
+    #[test]
+    fn slice_conversion_to_bf16_matches_the_half_crate_bit_for_bit() {
+        let mut src = samples();
+        src.extend([f32::from_bits(0xffc1_2345), f32::from_bits(0x7f80_0001), -f32::NAN]);
+        // Long enough for the parallel path too.
+        let src: Vec<f32> = src.iter().cycle().take(src.len() * 2).copied().collect();
+        let mut got = vec![bf16::ZERO; src.len()];
+        bf16_from_f32_slice(&src, &mut got);
+        for (x, g) in src.iter().zip(&got) {
+            assert_eq!(g.to_bits(), bf16::from_f32(*x).to_bits(), "{x:e} ({:#x})", x.to_bits());
+        }
     }
 
     #[test]

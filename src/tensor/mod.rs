@@ -21,6 +21,7 @@ pub(crate) mod scratch;
 pub use dense::Tensor;
 pub use device_kind::DeviceKind;
 pub use dtype::Dtype;
+pub(crate) use dtype::{bf16_from_f32_slice, bf16_of};
 pub use half_values::HalfValues;
 pub use scales::{MXFP8_BLOCK, ScaleKind, Scales};
 

@@ -93,7 +93,10 @@ impl Ready {
     /// `c = ` the chunk sums of the 32 x 32 block of `blocks` K blocks whose packed A strip
     /// starts at `a` and B strip at `b` (`c` row-major 32 x 32, overwritten).
     fn chunk(&mut self, a: &[u16], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
-        assert!(a.len() >= blocks * BLOCK && b.len() >= blocks * BLOCK, "pairs: short strips");
+        assert!(
+            a.len() >= blocks * BLOCK && b.len() >= blocks * BLOCK,
+            "pairs: short strips"
+        );
         match self {
             // SAFETY: the lengths were checked above.
             Ready::Amx(tiles) => unsafe { tiles.chunk(a.as_ptr(), b.as_ptr(), blocks, c) },
