@@ -354,13 +354,19 @@ fn pack_b_strip(op: Source, first: usize, out: &mut [u16], row: &mut [u16]) {
     if let Some(column) = op.columns() {
         // Stored transposed: the strip's columns are contiguous at each K.
         let width = EDGE.min(op.rows.saturating_sub(first));
+        let zeros = [bf16::ZERO; EDGE];
         for (kb, block) in out[..kp * EDGE].chunks_exact_mut(BLOCK).enumerate() {
             block.fill(0);
-            for kk in 0..EDGE.min(op.k - kb * EDGE) {
-                let (p, q) = (kk / 2, kk % 2);
-                for (col, x) in column(kb * EDGE + kk, first, width).iter().enumerate() {
-                    let (h, c) = (col / 16, col % 16);
-                    block[((h * 16 + p) * 16 + c) * 2 + q] = x.to_bits();
+            let k0 = kb * EDGE;
+            for p in 0..EDGE.min(op.k - k0).div_ceil(2) {
+                // K `2p` and `2p + 1` (zeros past K: K is even for FP8, not always for bf16).
+                let k = k0 + 2 * p;
+                let even = column(k, first, width);
+                let odd = if k + 1 < op.k { column(k + 1, first, width) } else { &zeros[..width] };
+                for (col, (e, o)) in even.iter().zip(odd).enumerate() {
+                    let at = ((col / 16 * 16 + p) * 16 + col % 16) * 2;
+                    block[at] = e.to_bits();
+                    block[at + 1] = o.to_bits();
                 }
             }
         }
