@@ -362,7 +362,11 @@ fn pack_b_strip(op: Source, first: usize, out: &mut [u16], row: &mut [u16]) {
                 // K `2p` and `2p + 1` (zeros past K: K is even for FP8, not always for bf16).
                 let k = k0 + 2 * p;
                 let even = column(k, first, width);
-                let odd = if k + 1 < op.k { column(k + 1, first, width) } else { &zeros[..width] };
+                let odd = if k + 1 < op.k {
+                    column(k + 1, first, width)
+                } else {
+                    &zeros[..width]
+                };
                 for (col, (e, o)) in even.iter().zip(odd).enumerate() {
                     let at = ((col / 16 * 16 + p) * 16 + col % 16) * 2;
                     block[at] = e.to_bits();
