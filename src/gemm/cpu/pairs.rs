@@ -298,6 +298,18 @@ pub(super) fn sums_stay_normal(a: &Source, b: &Source) -> bool {
     ea > 0 && eb > 0 && ea + eb >= 268 - 126
 }
 
+/// A xorshift64 stream: the random blocks of the AMX self-check and of the tests.
+pub(super) struct XorShift(pub u64);
+
+impl XorShift {
+    pub(super) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
 /// Every FP8 code of `format` as bf16 bits (exact: at most 4 significant bits, and bf16 has
 /// f32's exponent range).
 fn bf16_table(format: Fp8Format) -> &'static [u16; 256] {

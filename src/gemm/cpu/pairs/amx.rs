@@ -152,13 +152,7 @@ impl Drop for Tiles {
 /// The first difference between this kernel and the portable one on random FP8 blocks (every
 /// finite code of both formats, cancelling sums, 1 to 6 blocks per chunk); `None` if none.
 pub(super) fn self_check() -> Option<String> {
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut rng = super::XorShift(0x2545_F491_4F6C_DD1D);
     let finite: Vec<u16> = [crate::format::Fp8Format::E4M3, crate::format::Fp8Format::E5M2]
         .iter()
         .flat_map(|&f| {
@@ -171,7 +165,7 @@ pub(super) fn self_check() -> Option<String> {
     for blocks in 1..=6 {
         let mut fill = || -> Vec<u16> {
             (0..blocks * BLOCK)
-                .map(|_| finite[next() as usize % finite.len()])
+                .map(|_| finite[rng.next() as usize % finite.len()])
                 .collect()
         };
         let (a, b) = (fill(), fill());

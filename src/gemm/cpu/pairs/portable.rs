@@ -128,17 +128,11 @@ mod tests {
     /// registers where the CPU has them) give the same bits.
     #[test]
     fn every_compiled_body_gives_the_same_bits() {
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut rng = super::super::XorShift(0x9E37_79B9_7F4A_7C15);
         // bf16 values of 4-bit significands over 2^-20..2^20, both signs, some zeros.
         let mut value = || -> u16 {
-            let r = next();
-            if r % 11 == 0 {
+            let r = rng.next();
+            if r.is_multiple_of(11) {
                 return 0;
             }
             let exponent = 107 + (r >> 8) % 40;

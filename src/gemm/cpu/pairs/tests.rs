@@ -8,17 +8,7 @@ use half::bf16;
 use crate::format::Fp8Format;
 use crate::gemm::cpu::epilogue::Epilogue;
 
-/// A small xorshift stream.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
+impl XorShift {
     /// A finite code of `format` (every finite code equally likely).
     fn code(&mut self, format: Fp8Format) -> u8 {
         loop {
@@ -53,7 +43,7 @@ fn bf16s(values: &[bf16], rows: usize, k: usize, transposed: bool) -> Source<'_>
     }
 }
 
-fn codes(rng: &mut Rng, format: Fp8Format, len: usize) -> Vec<u8> {
+fn codes(rng: &mut XorShift, format: Fp8Format, len: usize) -> Vec<u8> {
     (0..len).map(|_| rng.code(format)).collect()
 }
 
@@ -102,7 +92,7 @@ const SHAPES: [(usize, usize, usize, usize); 7] = [
 
 #[test]
 fn portable_gemm_is_the_pair_order_of_every_element() {
-    let mut rng = Rng(0x1234_5678_9ABC_DEF1);
+    let mut rng = XorShift(0x1234_5678_9ABC_DEF1);
     for (m, n, k, chunk) in SHAPES {
         let (fa, fb) = (Fp8Format::E5M2, Fp8Format::E4M3);
         let (ca, cb) = (codes(&mut rng, fa, m * k), codes(&mut rng, fb, n * k));
@@ -131,7 +121,7 @@ fn amx_gemm_matches_the_portable_gemm_bit_for_bit() {
         return;
     }
     assert_eq!(amx::self_check(), None);
-    let mut rng = Rng(0x0F0F_1234_5555_AAAA);
+    let mut rng = XorShift(0x0F0F_1234_5555_AAAA);
     for (m, n, k, chunk) in SHAPES.into_iter().chain([(256, 256, 1024, 128), (300, 200, 768, 384)]) {
         for (fa, fb) in [(Fp8Format::E4M3, Fp8Format::E4M3), (Fp8Format::E5M2, Fp8Format::E4M3)] {
             let (ca, cb) = (codes(&mut rng, fa, m * k), codes(&mut rng, fb, n * k));
@@ -147,7 +137,7 @@ fn amx_gemm_matches_the_portable_gemm_bit_for_bit() {
 /// The sums are f32 sums of exact products: within the f32 bound `K u sum |a b|` of f64 sums.
 #[test]
 fn gemm_is_within_the_f32_bound_of_f64_sums() {
-    let mut rng = Rng(0xDEAD_BEEF_0000_0001);
+    let mut rng = XorShift(0xDEAD_BEEF_0000_0001);
     let (m, n, k) = (37, 45, 700);
     let fmt = Fp8Format::E4M3;
     let (ca, cb) = (codes(&mut rng, fmt, m * k), codes(&mut rng, fmt, n * k));
@@ -183,7 +173,7 @@ fn zero_products_sum_to_positive_zero() {
 }
 
 /// bf16 values of every sign and a wide range of exponents (all normal), a few zeros.
-fn bf16_values(rng: &mut Rng, len: usize, min_exponent: u64) -> Vec<bf16> {
+fn bf16_values(rng: &mut XorShift, len: usize, min_exponent: u64) -> Vec<bf16> {
     (0..len)
         .map(|_| {
             let r = rng.next();
@@ -200,7 +190,7 @@ fn bf16_values(rng: &mut Rng, len: usize, min_exponent: u64) -> Vec<bf16> {
 /// gives the bits of its K-major copy.
 #[test]
 fn bf16_operands_sum_in_the_same_order_on_every_kernel_and_layout() {
-    let mut rng = Rng(0x5151_7777_3333_9999);
+    let mut rng = XorShift(0x5151_7777_3333_9999);
     // bf16 K need not be even: odd K tails too.
     for (m, n, k, chunk) in SHAPES.into_iter().chain([(33, 40, 45, 64), (17, 70, 1, 32)]) {
         let (va, vb) = (bf16_values(&mut rng, m * k, 100), bf16_values(&mut rng, n * k, 100));
@@ -220,7 +210,7 @@ fn bf16_operands_sum_in_the_same_order_on_every_kernel_and_layout() {
 /// portable kernel (no flushing) runs them on every CPU.
 #[test]
 fn tiny_bf16_values_fail_the_guard() {
-    let mut rng = Rng(0x0123_4567_89AB_CDEF);
+    let mut rng = XorShift(0x0123_4567_89AB_CDEF);
     let big = bf16_values(&mut rng, 64, 100);
     let tiny = bf16_values(&mut rng, 64, 1);
     assert!(!sums_stay_normal(
