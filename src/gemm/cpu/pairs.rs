@@ -32,6 +32,7 @@ use rayon::prelude::*;
 
 use super::epilogue::{Epilogue, nan_max, out_tiles};
 use half::bf16;
+use half::slice::HalfFloatSliceExt;
 
 use crate::format::Fp8Format;
 use crate::gemm::{Operand, Output};
@@ -169,90 +170,21 @@ impl<'a> Source<'a> {
         }
     }
 
-    /// Writes row `r` (all of K) as bf16 bits into `out[..k]`.
+    /// Writes row `r` (all of K) as bf16 into `out[..k]`: FP8 codes through the crate's
+    /// dequantizer at scale 1 (exact: at most 4 significant bits, f32's exponent range). Only
+    /// K-contiguous rows come here: FP8 operands are always K-major, and a bf16 operand stored
+    /// transposed is read by [`Source::columns`].
     #[inline]
-    fn row_to_bf16(&self, r: usize, out: &mut [u16]) {
+    fn row_to_bf16(&self, r: usize, out: &mut [bf16]) {
+        assert_eq!(self.k_stride, 1, "pairs: a strided row is read by columns");
         let out = &mut out[..self.k];
         let start = r * self.row_stride;
-        match (self.values, self.k_stride) {
-            (Values::Fp8(format, codes), 1) => fp8_to_bf16(format, &codes[start..][..self.k], out),
-            (Values::Bf16(v), 1) => out.iter_mut().zip(&v[start..]).for_each(|(d, x)| *d = x.to_bits()),
-            (Values::Fp8(format, codes), ks) => {
-                let table = bf16_table(format);
-                out.iter_mut()
-                    .enumerate()
-                    .for_each(|(t, d)| *d = table[codes[start + t * ks] as usize]);
-            }
-            (Values::Bf16(v), ks) => out
-                .iter_mut()
-                .enumerate()
-                .for_each(|(t, d)| *d = v[start + t * ks].to_bits()),
+        match self.values {
+            Values::Fp8(format, codes) => crate::convert::dequantize(&codes[start..][..self.k], out, format, 1.0)
+                .expect("equal lengths and a scale_inv of 1 are valid"),
+            Values::Bf16(v) => out.copy_from_slice(&v[start..][..self.k]),
         }
     }
-}
-
-/// bf16 bits of an E4M3 code, branch-free (vectorizes): the table's values.
-#[inline(always)]
-fn e4m3_bits(c: u8) -> u16 {
-    let m = (c & 0x7F) as u16;
-    let sign = ((c & 0x80) as u16) << 8;
-    // Exponent field e >= 1: bf16 exponent e + 120, mantissa shifted up by 4.
-    let normal = (m << 4) + (120 << 7);
-    // e = 0: m * 2^-9, exact in f32.
-    let subnormal = ((m as f32 * (1.0 / 512.0)).to_bits() >> 16) as u16;
-    sign | if m == 0x7F {
-        NAN_BITS
-    } else if m < 8 {
-        subnormal
-    } else {
-        normal
-    }
-}
-
-/// bf16 bits of an E5M2 code, branch-free (vectorizes): the table's values.
-#[inline(always)]
-fn e5m2_bits(c: u8) -> u16 {
-    let m = (c & 0x7F) as u16;
-    let sign = ((c & 0x80) as u16) << 8;
-    // Exponent field e in 1..=30: bf16 exponent e + 112, mantissa shifted up by 5.
-    let normal = (m << 5) + (112 << 7);
-    // e = 0: m * 2^-16, exact in f32.
-    let subnormal = ((m as f32 * (1.0 / 65536.0)).to_bits() >> 16) as u16;
-    sign | if m > 0x7C {
-        NAN_BITS
-    } else if m == 0x7C {
-        0x7F80
-    } else if m < 4 {
-        subnormal
-    } else {
-        normal
-    }
-}
-
-/// The quiet NaN an FP8 NaN code decodes to (`Fp8Format::decode`), without its sign.
-const NAN_BITS: u16 = (f32::NAN.to_bits() >> 16) as u16;
-
-/// `out[i]` = bf16 bits of `codes[i]` (AVX-512BW where the CPU has it).
-fn fp8_to_bf16(format: Fp8Format, codes: &[u8], out: &mut [u16]) {
-    #[inline(always)]
-    fn convert(format: Fp8Format, codes: &[u8], out: &mut [u16]) {
-        match format {
-            Fp8Format::E4M3 => out.iter_mut().zip(codes).for_each(|(d, &c)| *d = e4m3_bits(c)),
-            Fp8Format::E5M2 => out.iter_mut().zip(codes).for_each(|(d, &c)| *d = e5m2_bits(c)),
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512bw")]
-        fn wide(format: Fp8Format, codes: &[u8], out: &mut [u16]) {
-            convert(format, codes, out)
-        }
-        if std::arch::is_x86_feature_detected!("avx512bw") {
-            // SAFETY: the CPU has AVX-512BW (checked just above).
-            return unsafe { wide(format, codes, out) };
-        }
-    }
-    convert(format, codes, out)
 }
 
 /// The smallest exponent field (`bits & 0x7F80`) of a non-zero value, `i16::MAX` if none:
@@ -310,19 +242,6 @@ impl XorShift {
     }
 }
 
-/// Every FP8 code of `format` as bf16 bits (exact: at most 4 significant bits, and bf16 has
-/// f32's exponent range).
-fn bf16_table(format: Fp8Format) -> &'static [u16; 256] {
-    static TABLES: OnceLock<[[u16; 256]; 2]> = OnceLock::new();
-    let tables = TABLES.get_or_init(|| {
-        [Fp8Format::E4M3, Fp8Format::E5M2].map(|f| std::array::from_fn(|c| (f.decode(c as u8).to_bits() >> 16) as u16))
-    });
-    &tables[match format {
-        Fp8Format::E4M3 => 0,
-        Fp8Format::E5M2 => 1,
-    }]
-}
-
 /// K padded to whole blocks.
 fn padded_k(k: usize) -> usize {
     k.div_ceil(EDGE) * EDGE
@@ -330,7 +249,7 @@ fn padded_k(k: usize) -> usize {
 
 /// Packs rows `first..first + 32` of `op` (rows past its end are zeros) as an A strip:
 /// `[K / 32][32 rows][32 K]`, K past its end zeros. `row` holds `padded_k(op.k)` values.
-fn pack_a_strip(op: Source, first: usize, out: &mut [u16], row: &mut [u16]) {
+fn pack_a_strip(op: Source, first: usize, out: &mut [u16], row: &mut [bf16]) {
     let kp = padded_k(op.k);
     if let Some(column) = op.columns() {
         // Stored transposed: the strip's rows are contiguous at each K.
@@ -345,15 +264,15 @@ fn pack_a_strip(op: Source, first: usize, out: &mut [u16], row: &mut [u16]) {
         }
         return;
     }
-    row[op.k..kp].fill(0);
+    row[op.k..kp].fill(bf16::ZERO);
     for r in 0..EDGE {
         if first + r < op.rows {
             op.row_to_bf16(first + r, row);
         } else {
-            row[..op.k].fill(0);
+            row[..op.k].fill(bf16::ZERO);
         }
         for (block, values) in out[..kp * EDGE].chunks_exact_mut(BLOCK).zip(row.chunks_exact(EDGE)) {
-            block[r * EDGE..][..EDGE].copy_from_slice(values);
+            block[r * EDGE..][..EDGE].copy_from_slice(values.reinterpret_cast());
         }
     }
 }
@@ -361,7 +280,7 @@ fn pack_a_strip(op: Source, first: usize, out: &mut [u16], row: &mut [u16]) {
 /// Packs rows `first..first + 32` of `op` as a B strip: `[K / 32][2 halves][16 pairs]
 /// [16 columns][2]` (column `16 h + c`, K `32 kb + 2 p + q`), padding zeros. `row` holds
 /// `padded_k(op.k)` values.
-fn pack_b_strip(op: Source, first: usize, out: &mut [u16], row: &mut [u16]) {
+fn pack_b_strip(op: Source, first: usize, out: &mut [u16], row: &mut [bf16]) {
     let kp = padded_k(op.k);
     if let Some(column) = op.columns() {
         // Stored transposed: the strip's columns are contiguous at each K.
@@ -388,17 +307,17 @@ fn pack_b_strip(op: Source, first: usize, out: &mut [u16], row: &mut [u16]) {
         }
         return;
     }
-    row[op.k..kp].fill(0);
+    row[op.k..kp].fill(bf16::ZERO);
     for col in 0..EDGE {
         if first + col < op.rows {
             op.row_to_bf16(first + col, row);
         } else {
-            row[..op.k].fill(0);
+            row[..op.k].fill(bf16::ZERO);
         }
         let (h, c) = (col / 16, col % 16);
         for (block, values) in out[..kp * EDGE].chunks_exact_mut(BLOCK).zip(row.chunks_exact(EDGE)) {
             let half = &mut block[h * BLOCK / 2..][..BLOCK / 2];
-            for (p, pair) in values.chunks_exact(2).enumerate() {
+            for (p, pair) in values.reinterpret_cast().chunks_exact(2).enumerate() {
                 let at = (p * 16 + c) * 2;
                 half[at..at + 2].copy_from_slice(pair);
             }
@@ -409,6 +328,8 @@ fn pack_b_strip(op: Source, first: usize, out: &mut [u16], row: &mut [u16]) {
 thread_local! {
     /// The packed A strips of the band a thread works on, kept across calls.
     static A_STRIPS: Cell<Vec<u16>> = const { Cell::new(Vec::new()) };
+    /// One row of A as bf16 while it is packed.
+    static A_ROW: Cell<Vec<bf16>> = const { Cell::new(Vec::new()) };
     /// The f32 band accumulator of a non-f32 (or beta != 0) output, kept across calls.
     static BAND: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     /// The packed B strips, kept by the calling thread across calls.
@@ -461,18 +382,19 @@ pub(super) fn gemm(
     let band = band_rows(m, rayon::current_num_threads());
     with_kept(&B_STRIPS, n_strips * strip_len, |packed_b| {
         packed_b.par_chunks_mut(strip_len.max(1)).enumerate().for_each_init(
-            || vec![0u16; kp],
+            || vec![bf16::ZERO; kp],
             |row, (s, strip)| pack_b_strip(b, s * EDGE, strip, row),
         );
         let packed_b = &*packed_b;
         // Rows `i0..i0 + rows` of the sum, into `acc` (`rows x n`).
         let sum_band = |i0: usize, acc: &mut [f32]| {
             let rows = acc.len() / n;
-            with_kept(&A_STRIPS, rows.div_ceil(EDGE) * strip_len + kp, |packed_a| {
-                let (packed_a, row) = packed_a.split_at_mut(rows.div_ceil(EDGE) * strip_len);
-                for (s, strip) in packed_a.chunks_exact_mut(strip_len.max(1)).enumerate() {
-                    pack_a_strip(a, i0 + s * EDGE, strip, row);
-                }
+            with_kept(&A_STRIPS, rows.div_ceil(EDGE) * strip_len, |packed_a| {
+                with_kept(&A_ROW, kp, |row| {
+                    for (s, strip) in packed_a.chunks_exact_mut(strip_len.max(1)).enumerate() {
+                        pack_a_strip(a, i0 + s * EDGE, strip, row);
+                    }
+                });
                 sum_strips(packed_a, packed_b, (rows, n, kp), chunk, acc, kernel);
             });
         };
