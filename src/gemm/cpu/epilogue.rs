@@ -74,7 +74,7 @@ impl Epilogue<'_> {
     pub fn finish(&self, acc: &mut [f32], tile: OutTile) -> Result<f32> {
         match tile {
             OutTile::F32(t) => self.finish_rows(acc, t, |&old| old, |v, d| d.copy_from_slice(v)),
-            OutTile::Bf16(t) => self.finish_rows(acc, t, |old| old.to_f32(), narrow),
+            OutTile::Bf16(t) => self.finish_rows(acc, t, |old| old.to_f32(), crate::tensor::bf16_from_f32_slice),
             OutTile::F16(t) => self.finish_rows(acc, t, |old| old.to_f32(), narrow),
             OutTile::Fp8(t, format, scale) => {
                 let mut result = Ok(());
@@ -135,8 +135,8 @@ impl Epilogue<'_> {
     }
 }
 
-/// RNE narrowing with `half`'s slice conversion (F16C for f16 where the CPU
-/// has it: ~10x the scalar `f16::from_f32`).
+/// f16 RNE narrowing with `half`'s slice conversion (F16C where the CPU has it: ~10x the
+/// scalar `f16::from_f32`); bf16 tiles use the crate's vectorized `bf16_from_f32_slice`.
 fn narrow<T: HalfFloatSliceExt + ?Sized>(v: &[f32], d: &mut T) {
     d.convert_from_f32_slice(v);
 }
