@@ -3,8 +3,8 @@
 //!
 //! `e + a * b` rounds once, like the tile unit's FMA: the product of two FP8 (or, within the
 //! guard of `pairs.rs`, bf16) values is exact, so a fused multiply-add gives the same bits.
-//! Compiled twice, for the default target (multiply, then add) and for AVX-512F with FMA
-//! (picked at run time): the same sums in the same order, only wider and fused.
+//! Two bodies, picked at run time: the generic one (multiply, then add) and one in AVX-512 FMA
+//! registers ([`chunk_avx512`]): the same sums in the same order, only wider and fused.
 
 use super::{BLOCK, EDGE};
 
@@ -24,17 +24,10 @@ pub(super) fn chunk(a: &[u16], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
         unsafe { chunk_avx512(a, b, blocks, c) };
         return;
     }
-    chunk_body::<false>(a, b, blocks, c);
+    chunk_body(a, b, blocks, c);
 }
 
-/// `e + a * b`: fused where the CPU has FMA (the product is exact: the same bits).
-#[inline(always)]
-fn add_product<const FUSED: bool>(e: f32, a: f32, b: f32) -> f32 {
-    if FUSED { a.mul_add(b, e) } else { e + a * b }
-}
-
-#[inline(always)]
-fn chunk_body<const FUSED: bool>(a: &[u16], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
+fn chunk_body(a: &[u16], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
     c.fill(0.0);
     for kb in 0..blocks {
         let a_block = &a[kb * BLOCK..][..BLOCK];
@@ -47,8 +40,8 @@ fn chunk_body<const FUSED: bool>(a: &[u16], b: &[u16], blocks: usize, c: &mut [f
                 for p in 0..HALF {
                     let (ae, ao) = (widen(a_row[2 * p]), widen(a_row[2 * p + 1]));
                     for col in 0..HALF {
-                        e[col] = add_product::<FUSED>(e[col], ae, even[p][col]);
-                        o[col] = add_product::<FUSED>(o[col], ao, odd[p][col]);
+                        e[col] += ae * even[p][col];
+                        o[col] += ao * odd[p][col];
                     }
                 }
                 let out = &mut c[row * EDGE + h * HALF..][..HALF];
@@ -142,7 +135,7 @@ mod tests {
             let a: Vec<u16> = (0..blocks * BLOCK).map(|_| value()).collect();
             let b: Vec<u16> = (0..blocks * BLOCK).map(|_| value()).collect();
             let (mut generic, mut picked) = ([0.0f32; BLOCK], [0.0f32; BLOCK]);
-            chunk_body::<false>(&a, &b, blocks, &mut generic);
+            chunk_body(&a, &b, blocks, &mut generic);
             chunk(&a, &b, blocks, &mut picked);
             let bad = (0..BLOCK).find(|&i| generic[i].to_bits() != picked[i].to_bits());
             assert_eq!(bad, None, "{blocks} blocks");
