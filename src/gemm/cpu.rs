@@ -5,7 +5,7 @@
 //! FP8 x FP8 GEMMs with per-tensor scales and bf16 x bf16 GEMMs sum in the pair order of AMX
 //! `TDPBF16PS` instead (`pairs.rs`: AMX tiles where the CPU has them, a portable twin
 //! elsewhere); split accumulation only sets their chunk (128). Everything below describes the
-//! other GEMMs (f32, f16, mixed, block-scaled and MXFP8).
+//! other GEMMs (f32, f16, block-scaled and MXFP8).
 //!
 //! How it runs: both operands are decoded to f32 without their scales (exact;
 //! a plain operand stored transposed stays so and is read with swapped strides),
