@@ -43,26 +43,44 @@ cat > "$out/run.sh" <<'RUN'
 # goes under $OUT (default results/ here): summary.txt (one PASS/FAIL/SKIP
 # line per step, with the worst err/bound the step printed), the GEMM bench
 # outputs, and logs.tar.gz (one log per step). `run.sh layers` and `run.sh
-# train` run the other parts instead: summary-PART.txt and logs-PART.tar.gz.
+# train` and `run.sh benches` run the other parts instead: summary-PART.txt
+# and logs-PART.tar.gz.
+# `run.sh all` runs the three parts' steps in one go, correctness before the
+# long benches (summary-all.txt). BUDGET_S=N cuts every step's limit to what is
+# left of N seconds and skips the steps that no longer fit, so a leased GPU's
+# time cannot be overrun (the summary and logs are always written).
 part=${1:-kernels}
 case $part in
     kernels) suffix="" ;;
+    benches) suffix="-benches" ;;
     layers) suffix="-layers" ;;
     train) suffix="-train" ;;
-    *) echo "usage: run.sh [kernels|layers|train]" >&2; exit 2 ;;
+    all) suffix="-all" ;;
+    *) echo "usage: run.sh [kernels|benches|layers|train|all]" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")"
 OUT=${OUT:-$PWD/results}
 logs=$OUT/logs$suffix
 mkdir -p "$logs"
 summary=$OUT/summary$suffix.txt
+budget=${BUDGET_S:-0}
 {
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "commit: $(cat COMMIT)"
-    echo "part: $part"
+    echo "part: $part$( ((budget > 0)) && echo ", budget $budget s")"
 } > "$summary"
 status=0
 say() { echo "$*" | tee -a "$summary"; }
+
+# cuBLASLt, NCCL and compute-sanitizer are found where a CUDA image keeps them
+# when they are not on the default paths (the kernels themselves need only the driver).
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+    /usr/lib/python3*/site-packages/nvidia/*/lib /opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib \
+    /usr/local/lib/python3*/dist-packages/nvidia/*/lib; do
+    [[ -d $d ]] && LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d
+done
+export LD_LIBRARY_PATH
+[[ -d /usr/local/cuda/bin ]] && PATH=$PATH:/usr/local/cuda/bin
 
 # The worst "err/bound=X" a log printed, and how many it printed.
 ratios() {
@@ -70,10 +88,19 @@ ratios() {
         | cut -d= -f2 | sort -g | awk 'END { if (NR) printf "; worst err/bound=%s over %d", $0, NR }'
 }
 
+# fit LIMIT: LIMIT cut to what is left of BUDGET_S (15 s kept for `timeout -k`
+# and the archive); 0 when under 20 s would be left.
+fit() {
+    if ((budget <= 0)); then echo "$1"; return; fi
+    local left=$((budget - SECONDS - 15))
+    if ((left < 20)); then echo 0; elif ((left < $1)); then echo "$left"; else echo "$1"; fi
+}
+
 # step NAME LIMIT_S COMMAND...: runs COMMAND under `timeout`, output to logs/NAME.log.
 # SKIP when it exits 0 after printing "skipped:", PASS on 0, FAIL otherwise.
 step() {
-    local name=$1 limit=$2; shift 2
+    local name=$1 limit; limit=$(fit "$2"); shift 2
+    if ((limit == 0)); then say "SKIP $name: out of the run's time budget ($budget s)"; return; fi
     local log=$logs/$name.log start=$SECONDS rc
     timeout -k 10 "$limit" "$@" > "$log" 2>&1
     rc=$?
@@ -92,7 +119,8 @@ step() {
 
 # step_out NAME LIMIT_S FILE COMMAND...: as step, stdout to $OUT/FILE (bench JSON or table).
 step_out() {
-    local name=$1 limit=$2 file=$3; shift 3
+    local name=$1 limit file=$3; limit=$(fit "$2"); shift 3
+    if ((limit == 0)); then say "SKIP $name: out of the run's time budget ($budget s)"; return; fi
     local start=$SECONDS rc
     timeout -k 10 "$limit" "$@" > "$OUT/$file" 2> "$logs/$name.log"
     rc=$?
@@ -125,60 +153,87 @@ gpu_step() { # gpu_step step|step_out NAME ...: a step that needs a GPU, SKIP wi
 # The order localizes failures: loading, memory-bound kernels (bit-exact), the
 # layer ops (bit-exact or within their contract's bound), the portable GEMMs
 # (the self-check's reference), the Hopper probes (exact, one tile first), its
-# random cases, then the self-check, sanitizers and benches.
-if [[ $part == kernels ]]; then
+# random cases, then the self-check, sanitizers and benches. A failed probe
+# step skips the later Hopper steps: their kernels would be the ones that failed,
+# and the production variants have no bounded waits.
+hopper_step() { # hopper_step step|step_out NAME ...: SKIP once the probes failed
+    if [[ -n ${hopper_failed:-} ]]; then say "SKIP $2: hopper_probes failed"; else gpu_step "$@"; fi
+}
 # part: kernels
+part_kernels() {
 step info 45 ./fp8 info --load-all
 step gpu_kernels 60 ./gpu_kernels
 step gpu_ops 90 ./gpu_ops
 step gpu_gemm 75 ./gpu_gemm
+local before=$status
 step hopper_probes 90 ./hopper_host hopper_probes --test-threads=1 --nocapture
-step hopper_random 90 ./hopper_host hopper_gemm_matches --test-threads=1 --nocapture
-gpu_step step_out self_check 30 self-check.txt env FP8_GEMM_PATH=hopper ./fp8 bench gemm --backend cuda \
+[[ $status != "$before" ]] && hopper_failed=1
+hopper_step step hopper_random 90 ./hopper_host hopper_gemm_matches --test-threads=1 --nocapture
+hopper_step step_out self_check 30 self-check.txt env FP8_GEMM_PATH=hopper ./fp8 bench gemm --backend cuda \
     --m 512 --n 512 --k 512 --repeat 1
 sanitizer=$(command -v compute-sanitizer || true)
 if [[ -z $sanitizer ]]; then
     say "SKIP sanitizers: compute-sanitizer not on PATH"
 else
     # The small probes only (HOPPER_HOST_SMALL): a sanitizer slows kernels 10-100x.
-    step memcheck 100 env HOPPER_HOST_SMALL=1 "$sanitizer" --tool memcheck --error-exitcode 1 \
+    hopper_step step memcheck 100 env HOPPER_HOST_SMALL=1 "$sanitizer" --tool memcheck --error-exitcode 1 \
         ./hopper_host hopper_probes --test-threads=1
-    step synccheck 90 env HOPPER_HOST_SMALL=1 "$sanitizer" --tool synccheck --error-exitcode 1 \
+    hopper_step step synccheck 90 env HOPPER_HOST_SMALL=1 "$sanitizer" --tool synccheck --error-exitcode 1 \
         ./hopper_host hopper_probes --test-threads=1
 fi
 gpu_step step bench_cast 30 ./fp8 bench cast --device cuda
 gpu_step step_out bench_gemm_llm_portable 80 bench-gemm-llm-portable.jsonl \
     env FP8_GEMM_PATH=portable ./fp8 bench gemm --backend cuda --suite llm --json
-gpu_step step_out bench_gemm_llm_hopper 80 bench-gemm-llm-hopper.jsonl \
+hopper_step step_out bench_gemm_llm_hopper 80 bench-gemm-llm-hopper.jsonl \
     env FP8_GEMM_PATH=hopper ./fp8 bench gemm --backend cuda --suite llm --json
-gpu_step step_out bench_gemm_bf16_8192 30 bench-gemm-bf16-8192.txt \
-    ./fp8 bench gemm --backend cuda --m 8192 --n 8192 --k 8192 --a-format bf16 --b-format bf16
-fi
+}
 # end of part
 
-if [[ $part == layers ]]; then
+# part: benches
+# The GEMM cases the llm suite leaves out: bf16 (portable vs cuBLASLt), FP8 8192^3 with fast
+# accumulation (the llm suite's 8192^3 row is split), block-scaled 4096x7168x16384.
+part_benches() {
+gpu_step step_out bench_gemm_bf16_8192 30 bench-gemm-bf16-8192.txt \
+    ./fp8 bench gemm --backend cuda --m 8192 --n 8192 --k 8192 --a-format bf16 --b-format bf16
+gpu_step step_out bench_gemm_fast_8192 30 bench-gemm-fast-8192.txt \
+    ./fp8 bench gemm --backend cuda --m 8192 --n 8192 --k 8192 --split off
+gpu_step step_out bench_gemm_block 40 bench-gemm-block.txt \
+    ./fp8 bench gemm --backend cuda --m 4096 --n 7168 --k 16384 --scaling block
+}
+# end of part
+
 # part: layers
 # The MXFP8 GEMM kernels against the CPU GEMM (exact probes, then the bound), which the layers'
 # MXFP8 cases use; every layer x precision on the staged CUDA backend, every op checked against
-# its CPU twin, then the issue's layer FP8 vs bf16 (staged: copies included).
+# its CPU twin; NCCL at world size 1 (skips without libnccl on the machine).
+part_layers_checks() {
 step gpu_mxfp8 45 ./gpu_mxfp8
 step gpu_layers 200 ./gpu_layers
-# NCCL at world size 1 (skips without libnccl on the machine).
 step gpu_nccl 60 ./gpu_nccl
+}
+# The issue's layer FP8 vs bf16 (staged: copies included).
+part_layers_bench() {
 gpu_step step_out bench_layer 240 bench-layer.txt ./fp8 bench layer --device cuda \
     --hidden 4096 --heads 32 --ffn 16384 --seq 2048 --batch 2 --runs 3 --precision bf16,fp8-delayed
-fi
+}
 # end of part
-
-if [[ $part == train ]]; then
 # part: train
 # Short `fp8 train` runs on both devices (every op checked against its CPU twin), fp32 on
 # cuBLASLt, the default --compare, resume across devices; then the tiny Llama model (rotary,
 # grouped-query and cached attention) forward + backward and greedy generation.
+part_train() {
 step gpu_train 420 ./gpu_train
 step gpu_llama 180 ./gpu_llama
-fi
+}
 # end of part
+
+case $part in
+    kernels) part_kernels ;;
+    benches) part_benches ;;
+    layers) part_layers_checks; part_layers_bench ;;
+    train) part_train ;;
+    all) part_kernels; part_benches; part_layers_checks; part_train; part_layers_bench ;; # the long layer bench last
+esac
 
 say "result: $([[ $status == 0 ]] && echo "no failures" || echo FAILURES)"
 tar -czf "$OUT/logs$suffix.tar.gz" -C "$OUT" "logs$suffix" && rm -rf "$logs"
@@ -189,9 +244,9 @@ size=$(du -sm "$out" | cut -f1)
 echo "gpu-bundle: $out ($size MiB): $(ls "$out" | tr '\n' ' ')"
 if (( size >= 64 )); then echo "gpu-bundle: over the 64 MiB limit" >&2; exit 1; fi
 # The plan: in each part, every step's limit (timeout -k adds 10 s at most per step) under 15 minutes.
-for part in kernels layers train; do
+for part in kernels benches layers train; do
     limits=$(sed -n "/^# part: $part\$/,/^# end of part\$/p" "$out/run.sh" \
-        | grep -oE "^ *(gpu_step )?step(_out)? [a-z_0-9]+ [0-9]+" | awk '{s += $NF} END {print s + 0}')
+        | grep -oE "^ *((gpu|hopper)_step )?step(_out)? [a-z_0-9]+ [0-9]+" | awk '{s += $NF} END {print s + 0}')
     echo "gpu-bundle: $part step limits add up to $limits s (15 min = 900 s)"
     if (( limits == 0 || limits >= 900 )); then echo "gpu-bundle: $part step limits are 0 or exceed 15 minutes" >&2; exit 1; fi
 done
