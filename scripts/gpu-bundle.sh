@@ -176,10 +176,14 @@ if [[ -z $sanitizer ]]; then
     say "SKIP sanitizers: compute-sanitizer not on PATH"
 else
     # The small probes only (HOPPER_HOST_SMALL): a sanitizer slows kernels 10-100x.
-    hopper_step step memcheck 100 env HOPPER_HOST_SMALL=1 "$sanitizer" --tool memcheck --error-exitcode 1 \
+    # Limits: both took 2-3 s on an H200 (first run, 2026-11-27).
+    hopper_step step memcheck 60 env HOPPER_HOST_SMALL=1 "$sanitizer" --tool memcheck --error-exitcode 1 \
         ./hopper_host hopper_probes --test-threads=1
-    hopper_step step synccheck 90 env HOPPER_HOST_SMALL=1 "$sanitizer" --tool synccheck --error-exitcode 1 \
+    hopper_step step synccheck 60 env HOPPER_HOST_SMALL=1 "$sanitizer" --tool synccheck --error-exitcode 1 \
         ./hopper_host hopper_probes --test-threads=1
+    # The layer-op kernels under memcheck (it found the norm's missing rstd address and the
+    # attention kernels' vector read past their shared rows on the first run).
+    gpu_step step memcheck_ops 60 "$sanitizer" --tool memcheck --print-limit 5 --error-exitcode 1 ./gpu_ops
 fi
 gpu_step step bench_cast 30 ./fp8 bench cast --device cuda
 gpu_step step_out bench_gemm_llm_portable 80 bench-gemm-llm-portable.jsonl \

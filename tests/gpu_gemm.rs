@@ -8,10 +8,12 @@
 //! "gpu_gemm: skipped: <why>", and passes.
 //!
 //! Tolerance: GPU and CPU sum the same exact products in different orders (and
-//! FP8 tensor cores keep ~13-14 bits inside an mma), so element (i, j) may differ
-//! by `S_ij * (K / step + 2) * 2^-bits` with `S_ij = |alpha| sum_k |a_ik b_jk| sA sB`
-//! (step = K per mma, bits = 13 for FP8, 22 for 16-bit inputs), plus one unit in the
-//! last place of the output type at |reference| (spec 7's rtol per type).
+//! FP8 tensor cores truncate to 13 significant bits inside an mma), so element (i, j)
+//! may differ by `S_ij * (K / step + 2) * 2^-bits` with `S_ij = |alpha| sum_k |a_ik b_jk| sA sB`
+//! (step = K per mma, bits = 12 for FP8 as measured on an H200, 22 for 16-bit inputs:
+//! `error_bound::accumulation_bound`), plus one unit in the last place of the output
+//! type at the larger magnitude (`error_bound::OutputUlp`). Each check prints its
+//! line as it finishes, so a step cut short by its time limit still shows how far it got.
 
 mod common;
 
@@ -20,6 +22,7 @@ use std::process::ExitCode;
 use common::out_buf::{Out, OutBuf};
 use fp8_engine::backend::cuda::CudaDevice;
 use fp8_engine::backend::cuda::cublaslt::{CublasLt, LtInputs, LtOutput, cublaslt_present};
+use fp8_engine::backend::cuda::error_bound::{Accumulation, OutputUlp, accumulation_bound};
 use fp8_engine::backend::cuda::gemm::{gemm_host, gemm_host_with};
 use fp8_engine::backend::cuda::gemm_dispatch::{GemmInputs, GemmKernel, cached_kernel, select_kernel};
 use fp8_engine::device::MemoryCategory::Workspace;
@@ -29,12 +32,22 @@ use fp8_engine::tensor::{QuantizedMatrix, ScaleKind, Scales};
 use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
 
 /// `Ok`: the worst `err/bound` of the check as text; `Err`: what failed.
 type Check = Result<String, String>;
 
 /// scale_inv of (row, K-block).
 type ScaleOf<'a> = Box<dyn Fn(usize, usize) -> f64 + 'a>;
+
+/// Prints one check's line at once (a step cut short still shows how far it got) and keeps it.
+fn record(results: &mut Vec<(String, Check)>, label: String, check: Check) {
+    match &check {
+        Ok(ratio) => println!("ok {label}: {ratio}"),
+        Err(why) => println!("FAIL {label}: {why}"),
+    }
+    results.push((label, check));
+}
 
 /// `diff <= bound`, false for a NaN difference.
 fn within(diff: f64, bound: f64) -> bool {
@@ -120,32 +133,37 @@ fn abs_values<'a>(op: &'a Operand<'a>) -> (Vec<f64>, ScaleOf<'a>) {
     }
 }
 
-/// `S_ij = |alpha| sum_k |a_ik b_jk| sA sB` for every output.
+/// `|a_rk| s(r, k / 128)` of every element of an operand, row-major.
+fn scaled_abs(op: &Operand) -> Vec<f64> {
+    let (rows, k) = op.shape();
+    let (v, s) = abs_values(op);
+    (0..rows * k).map(|i| v[i] * s(i / k, (i % k) / 128)).collect()
+}
+
+/// `S_ij = |alpha| sum_k |a_ik b_jk| sA sB` for every output, rows in parallel
+/// (O(M N K) in f64: the largest cases take seconds on one core).
 fn magnitude(a: &Operand, b: &Operand, alpha: f32) -> Vec<f64> {
     let ((m, k), (n, _)) = (a.shape(), b.shape());
-    let (av, sa) = abs_values(a);
-    let (bv, sb) = abs_values(b);
+    let (av, bv) = (scaled_abs(a), scaled_abs(b));
     let mut s = vec![0.0; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            let mut t = 0.0;
-            for kk in 0..k {
-                t += av[i * k + kk] * bv[j * k + kk] * sa(i, kk / 128) * sb(j, kk / 128);
-            }
-            s[i * n + j] = t * alpha.abs() as f64;
+    s.par_chunks_mut(n.max(1)).enumerate().for_each(|(i, row)| {
+        let ai = &av[i * k..(i + 1) * k];
+        for (j, out) in row.iter_mut().enumerate() {
+            let t: f64 = ai.iter().zip(&bv[j * k..(j + 1) * k]).map(|(x, y)| x * y).sum();
+            *out = t * alpha.abs() as f64;
         }
-    }
+    });
     s
 }
 
-/// Relative spacing of the output type, and its smallest subnormal (in output units).
-fn ulp(out: &OutBuf) -> (f64, f64) {
+/// The output's rounding (`error_bound::OutputUlp`, as every GPU GEMM check uses).
+fn ulp(out: &OutBuf) -> OutputUlp {
     match out {
-        OutBuf::F32(_) => (0.0, 0.0),
-        OutBuf::Bf16(_) => (2f64.powi(-8), 1e-38),
-        OutBuf::F16(_) => (2f64.powi(-11), 2f64.powi(-24)),
-        OutBuf::Fp8(_, E4M3) => (2f64.powi(-3), 2f64.powi(-9)),
-        OutBuf::Fp8(_, E5M2) => (2f64.powi(-2), 2f64.powi(-16)),
+        OutBuf::F32(_) => OutputUlp::F32,
+        OutBuf::Bf16(_) => OutputUlp::BF16,
+        OutBuf::F16(_) => OutputUlp::F16,
+        OutBuf::Fp8(_, E4M3) => OutputUlp::E4M3,
+        OutBuf::Fp8(_, E5M2) => OutputUlp::E5M2,
     }
 }
 
@@ -171,9 +189,12 @@ fn compare(
     let gpu_report =
         gemm_host_with(gpu, kernel, a, b, gpu_out.output(out_scale), params).map_err(|e| format!("gpu: {e}"))?;
     let s = magnitude(a, b, params.alpha);
-    let (step, bits) = if fp8 { (32.0, 13) } else { (16.0, 22) };
-    let f32_tol = |sij: f64| sij * (k as f64 / step + 2.0) * 2f64.powi(-bits);
-    let (rel, sub) = ulp(&cpu_out);
+    let kind = if fp8 { Accumulation::Fp8 } else { Accumulation::Half };
+    let f32_tol = |sij: f64| accumulation_bound(kind, sij, k);
+    let OutputUlp {
+        relative: rel,
+        subnormal: sub,
+    } = ulp(&cpu_out);
     let cv = cpu_out.values(out_scale);
     let gv = gpu_out.values(out_scale);
     let mut worst_tol = 0.0f64;
@@ -266,7 +287,7 @@ fn check_fp8(gpu: &CudaDevice, rng: &mut StdRng, results: &mut Vec<(String, Chec
                         &params,
                         rng,
                     );
-                    results.push((label, check));
+                    record(results, label, check);
                 }
             }
         }
@@ -298,7 +319,7 @@ fn check_half(gpu: &CudaDevice, rng: &mut StdRng, results: &mut Vec<(String, Che
                     &params,
                     rng,
                 );
-                results.push((label, check));
+                record(results, label, check);
             }
             let (a, b): (Vec<f16>, Vec<f16>) = (
                 av.iter().map(|&x| f16::from_f32(x)).collect(),
@@ -317,7 +338,7 @@ fn check_half(gpu: &CudaDevice, rng: &mut StdRng, results: &mut Vec<(String, Che
                 &params,
                 rng,
             );
-            results.push((label, check));
+            record(results, label, check);
         }
     }
 }
@@ -346,7 +367,7 @@ fn check_f16_k8(gpu: &CudaDevice, rng: &mut StdRng, results: &mut Vec<(String, C
                 &params,
                 rng,
             );
-            results.push((label, check));
+            record(results, label, check);
         }
     }
 }
@@ -361,7 +382,7 @@ fn check_cublaslt(gpu: &CudaDevice, rng: &mut StdRng, results: &mut Vec<(String,
     let mut lt = match CublasLt::new(gpu) {
         Ok(lt) => lt,
         Err(e) => {
-            results.push(("cublaslt handle".into(), Err(e.to_string())));
+            record(results, "cublaslt handle".into(), Err(e.to_string()));
             return;
         }
     };
@@ -403,11 +424,11 @@ fn check_cublaslt(gpu: &CudaDevice, rng: &mut StdRng, results: &mut Vec<(String,
             ratio_check(
                 &lt_d,
                 &cpu_d,
-                |i| mag[i] * (k as f64 / 32.0 + 2.0) * 2f64.powi(-13),
+                |i| accumulation_bound(Accumulation::Fp8, mag[i], k),
                 "cuBLASLt",
             )
         })();
-        results.push((label, check));
+        record(results, label, check);
     }
     // bf16 baseline vs CPU.
     if gpu.info().compute_capability >= (8, 0) {
@@ -442,11 +463,11 @@ fn check_cublaslt(gpu: &CudaDevice, rng: &mut StdRng, results: &mut Vec<(String,
             ratio_check(
                 &lt_d,
                 &cpu_d,
-                |i| mag[i] * (k as f64 / 16.0 + 2.0) * 2f64.powi(-22),
+                |i| accumulation_bound(Accumulation::Half, mag[i], k),
                 "cuBLASLt",
             )
         })();
-        results.push((format!("cublaslt bf16 {m}x{n}x{k}"), check));
+        record(results, format!("cublaslt bf16 {m}x{n}x{k}"), check);
     }
 }
 
@@ -568,12 +589,7 @@ fn main() -> ExitCode {
     check_f16_k8(&gpu, &mut rng, &mut results);
     check_cublaslt(&gpu, &mut rng, &mut results);
     split_experiment(&gpu, &mut rng);
-    // Every check with its error as a ratio to its bound, then the failures again.
-    for (label, r) in &results {
-        if let Ok(ratio) = r {
-            println!("ok {label}: {ratio}");
-        }
-    }
+    // The failures again, after every check's own line.
     let failed: Vec<_> = results.iter().filter(|(_, r)| r.is_err()).collect();
     for (label, r) in &failed {
         println!("FAIL {label}: {}", r.as_ref().err().map(String::as_str).unwrap_or(""));

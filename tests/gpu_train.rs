@@ -34,13 +34,16 @@ fn fp8_bin() -> PathBuf {
 }
 
 const RUN: &[&str] = &[
-    "train", "--steps", "5", "--hidden", "64", "--heads", "2", "--layers", "2", "--batch", "16", "--digits", "2",
+    "train", "--hidden", "64", "--heads", "2", "--layers", "2", "--batch", "16", "--digits", "2",
     "--quiet",
 ];
 
+/// 5 steps unless `extra` names its own `--steps` (clap refuses a flag given twice).
 fn train(device: &str, precision: &str, out: &Path, extra: &[&str]) -> Output {
+    let steps: &[&str] = if extra.contains(&"--steps") { &[] } else { &["--steps", "5"] };
     Command::new(fp8_bin())
         .args(RUN)
+        .args(steps)
         .args(["--device", device, "--precision", precision, "--out"])
         .arg(out)
         .args(extra)
@@ -138,7 +141,7 @@ fn default_compare(scratch: &Path, names: &[&str]) -> Result<String, String> {
     let out_dir = scratch.join("default");
     let out = Command::new(fp8_bin())
         .args(RUN)
-        .args(["--device", "cuda", "--out"])
+        .args(["--steps", "5", "--device", "cuda", "--out"])
         .arg(&out_dir)
         .output()
         .expect("run fp8");

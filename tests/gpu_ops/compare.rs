@@ -68,6 +68,43 @@ pub fn bounded(what: &str, gpu: &[f32], cpu: &[f32], rtol: f64, atol: f64) -> Re
     }
 }
 
+/// `|gpu - cpu| <= atol + rtol (|cpu| + magnitude)` per element: a sum whose terms may each
+/// move by `rtol` of themselves, judged against the sum of their sizes (`magnitude`, an upper
+/// bound on it) instead of the result alone, which cancellation can make arbitrarily small.
+pub fn bounded_by_magnitude(
+    what: &str,
+    gpu: &[f32],
+    cpu: &[f32],
+    magnitude: &[f64],
+    rtol: f64,
+    atol: f64,
+) -> Result<f64, String> {
+    if gpu.len() != cpu.len() || gpu.len() != magnitude.len() {
+        return Err(format!("{what}: {} vs {} values", gpu.len(), cpu.len()));
+    }
+    let mut worst = (0.0f64, 0usize);
+    for (i, ((&g, &c), &m)) in gpu.iter().zip(cpu).zip(magnitude).enumerate() {
+        let ratio = if g.to_bits() == c.to_bits() || (g.is_nan() && c.is_nan()) {
+            0.0
+        } else {
+            let r = (g as f64 - c as f64).abs() / (atol + rtol * ((c as f64).abs() + m));
+            if r.is_nan() { f64::INFINITY } else { r }
+        };
+        if ratio > worst.0 {
+            worst = (ratio, i);
+        }
+    }
+    let (ratio, at) = worst;
+    if ratio <= 1.0 {
+        Ok(ratio)
+    } else {
+        Err(format!(
+            "{what}: element {at}: gpu {:e}, cpu {:e}, magnitude {:e}: err/bound={ratio:.3} (rtol {rtol:e}, atol {atol:e})",
+            gpu[at], cpu[at], magnitude[at]
+        ))
+    }
+}
+
 /// The reduction contract: rtol 1e-5, atol 1e-6.
 pub fn reduction(what: &str, gpu: &[f32], cpu: &[f32]) -> Result<f64, String> {
     bounded(what, gpu, cpu, 1e-5, 1e-6)

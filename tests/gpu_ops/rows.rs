@@ -5,11 +5,16 @@ use fp8_engine::backend::cuda::norm::{NormFp8Out, NormParamsRef};
 use fp8_engine::format::{Fp8Format, Overflow};
 use fp8_engine::ops::{self, AttentionShape, Dtype, NormShape};
 
-use crate::compare::{bounded, exact, reduction};
-use crate::{Check, Ctx, cpu, gpu, worst};
+use crate::compare::{bounded, bounded_by_magnitude, exact, reduction};
+use crate::{Check, Ctx, cpu, gpu, skipped, worst};
 
 pub fn run(ctx: &mut Ctx, results: &mut Vec<(String, Check)>) {
-    for (rows, cols) in [(1, 1), (5, 17), (64, 768), (300, 1024), (8, 4096), (2, 5000)] {
+    let norm_shapes: &[(usize, usize)] = if skipped("norm") {
+        &[]
+    } else {
+        &[(1, 1), (5, 17), (64, 768), (300, 1024), (8, 4096), (2, 5000)]
+    };
+    for &(rows, cols) in norm_shapes {
         for zero_centered in [false, true] {
             for layer in [true, false] {
                 let name = if layer { "layernorm" } else { "rmsnorm" };
@@ -20,7 +25,12 @@ pub fn run(ctx: &mut Ctx, results: &mut Vec<(String, Check)>) {
             }
         }
     }
-    for (batch, seq, heads, head_dim) in [(1, 1, 1, 8), (2, 70, 3, 16), (1, 256, 4, 64), (1, 130, 2, 128)] {
+    let attention_shapes: &[(usize, usize, usize, usize)] = if skipped("attention") {
+        &[]
+    } else {
+        &[(1, 1, 1, 8), (2, 70, 3, 16), (1, 256, 4, 64), (1, 130, 2, 128)]
+    };
+    for &(batch, seq, heads, head_dim) in attention_shapes {
         let shape = AttentionShape {
             batch,
             seq,
@@ -174,6 +184,32 @@ pub fn attention_bound(what: &str, gpu: &[f32], cpu: &[f32], dtype: Dtype) -> Ch
     }
 }
 
+/// The attention output in a 16-bit dtype: `O_ic = sum_j P_ij V_jc` with each `P_ij` rounded to
+/// the dtype on both sides from `exp`s that may differ by an ulp, so a `P` may land one dtype
+/// step apart (2^-7 of itself in bf16) and move `O_ic` by up to that share of
+/// `sum_j P_ij |V_jc| <= max_{j<=i} |V_jc|` (the `P` of a row sum to 1): the dtype's rtol
+/// charged on that magnitude, not on `|O_ic|` alone, which cancellation makes small (the
+/// first GPU run: bf16, seq 256, an output of -1.7e-3 one such step apart). f32: the reduction bound.
+fn attention_out_bound(gpu: &[f32], cpu: &[f32], v: &[f32], shape: AttentionShape, dtype: Dtype) -> Check {
+    if dtype == Dtype::F32 {
+        return reduction("out", gpu, cpu);
+    }
+    let (seq, width) = (shape.seq, shape.heads * shape.head_dim);
+    let mut magnitude = vec![0.0f64; v.len()];
+    for b in 0..shape.batch {
+        for c in 0..width {
+            let mut running = 0.0f64;
+            for i in 0..seq {
+                let at = (b * seq + i) * width + c;
+                running = running.max((v[at] as f64).abs());
+                magnitude[at] = running;
+            }
+        }
+    }
+    let rtol = if dtype == Dtype::Bf16 { 1.6e-2 } else { 1e-3 };
+    bounded_by_magnitude("out", gpu, cpu, &magnitude, rtol, 1e-5)
+}
+
 /// Twins: `ops::attention_forward` / `attention_backward`; the backward twin runs on the
 /// GPU's out and lse, so each kernel is compared on the same inputs.
 fn attention(ctx: &mut Ctx, shape: AttentionShape, dtype: Dtype) -> Check {
@@ -211,7 +247,7 @@ fn attention(ctx: &mut Ctx, shape: AttentionShape, dtype: Dtype) -> Check {
     ))?;
     worst([
         reduction("lse", &glse, &clse),
-        attention_bound("out", &gout, &cout, dtype),
+        attention_out_bound(&gout, &cout, &v, shape, dtype),
         attention_bound("dq", &ctx.down(&dq)?, &cdq, dtype),
         attention_bound("dk", &ctx.down(&dk)?, &cdk, dtype),
         attention_bound("dv", &ctx.down(&dv)?, &cdv, dtype),

@@ -8,7 +8,7 @@
 use super::buffer::DeviceBuffer;
 use super::context::CudaDevice;
 use super::launch::launch_grid;
-use super::op_args::{GRID_YZ_LIMIT, SHARED_LIMIT, check_len, dtype_code, elements, to_u32};
+use super::op_args::{GRID_YZ_LIMIT, SHARED_LIMIT, check_len, dtype_code, elements, shared_row_bytes, to_u32};
 use super::params::Fp8AttentionParams;
 use crate::error::{Error, Result};
 use crate::memory::MemoryCategory;
@@ -34,7 +34,7 @@ pub(crate) const STATIC_SHARED: usize = 256;
 /// `rows_in_shared` f32 rows of `seq` values in shared memory (1 forward and
 /// dq, 2 for dk/dv).
 pub(crate) fn plan(kernel: &'static str, shape: &AttentionShape, rows_in_shared: usize) -> Result<AttentionLaunch> {
-    let shared = shape.seq.saturating_mul(rows_in_shared * size_of::<f32>());
+    let shared = shared_row_bytes(shape.seq.saturating_mul(rows_in_shared));
     let limit = SHARED_LIMIT - STATIC_SHARED;
     if shared > limit {
         return Err(Error::KernelArgs {
@@ -217,18 +217,22 @@ mod tests {
             l,
             AttentionLaunch {
                 grid: (1024, 12, 2),
-                shared_bytes: 4096
+                shared_bytes: (1024 + 4) * 4
             }
         );
-        assert_eq!(plan("a", &shape(2, 1024, 12, 64), 2).unwrap().shared_bytes, 8192);
+        assert_eq!(plan("a", &shape(2, 1024, 12, 64), 2).unwrap().shared_bytes, (2048 + 4) * 4);
+        // The slack rounds up to whole 16-byte vectors.
+        assert_eq!(plan("a", &shape(1, 1, 1, 8), 1).unwrap().shared_bytes, 16 + 16);
+        assert_eq!(plan("a", &shape(1, 3, 1, 8), 2).unwrap().shared_bytes, 16 * 3);
     }
 
     #[test]
     fn sequences_past_the_shared_memory_of_the_simple_kernel_are_refused() {
-        assert!(plan("a", &shape(1, 12 * 1024 - 64, 1, 64), 1).is_ok());
-        assert!(plan("a", &shape(1, 12 * 1024 - 63, 1, 64), 1).is_err());
-        assert!(plan("a", &shape(1, 6 * 1024 - 32, 1, 64), 2).is_ok());
-        assert!(plan("a", &shape(1, 6 * 1024 - 31, 1, 64), 2).is_err());
+        // 48 KiB less 256 static bytes is 12224 floats, 4 of them the tail's slack.
+        assert!(plan("a", &shape(1, 12 * 1024 - 68, 1, 64), 1).is_ok());
+        assert!(plan("a", &shape(1, 12 * 1024 - 67, 1, 64), 1).is_err());
+        assert!(plan("a", &shape(1, 6 * 1024 - 34, 1, 64), 2).is_ok());
+        assert!(plan("a", &shape(1, 6 * 1024 - 33, 1, 64), 2).is_err());
         assert!(plan("a", &shape(70_000, 16, 1, 64), 1).is_err());
     }
 

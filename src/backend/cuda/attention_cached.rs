@@ -7,7 +7,7 @@ use super::attention::STATIC_SHARED;
 use super::buffer::DeviceBuffer;
 use super::context::CudaDevice;
 use super::launch::launch_grid;
-use super::op_args::{GRID_YZ_LIMIT, SHARED_LIMIT, dtype_code, to_u32};
+use super::op_args::{GRID_YZ_LIMIT, SHARED_LIMIT, dtype_code, shared_row_bytes, to_u32};
 use super::params::Fp8CachedAttentionParams;
 use crate::error::{Error, Result};
 use crate::ops::CachedAttentionShape;
@@ -19,7 +19,7 @@ const KERNEL: &str = "attention_cached";
 
 /// Grid `(queries, heads)` and the dynamic shared bytes (one f32 score per key).
 pub(crate) fn plan(shape: &CachedAttentionShape) -> Result<((u32, u32, u32), u32)> {
-    let shared = shape.keys.saturating_mul(size_of::<f32>());
+    let shared = shared_row_bytes(shape.keys);
     let limit = SHARED_LIMIT - STATIC_SHARED;
     if shared > limit {
         return Err(Error::KernelArgs {
@@ -92,11 +92,12 @@ mod tests {
 
     #[test]
     fn the_grid_is_queries_by_heads_and_shared_memory_holds_one_row_of_scores() {
-        assert_eq!(plan(&shape(1, 300, 8, 2)).unwrap(), ((1, 8, 1), 1200));
-        assert_eq!(plan(&shape(17, 17, 4, 4)).unwrap(), ((17, 4, 1), 68));
-        assert!(plan(&shape(1, 12 * 1024 - 64, 8, 2)).is_ok());
-        let err = plan(&shape(1, 12 * 1024 - 63, 8, 2)).unwrap_err();
-        assert!(err.to_string().contains("12225 cached keys"), "{err}");
+        // One score per key, 4 floats of slack, whole 16-byte vectors (`shared_row_bytes`).
+        assert_eq!(plan(&shape(1, 300, 8, 2)).unwrap(), ((1, 8, 1), 1216));
+        assert_eq!(plan(&shape(17, 17, 4, 4)).unwrap(), ((17, 4, 1), 96));
+        assert!(plan(&shape(1, 12 * 1024 - 68, 8, 2)).is_ok());
+        let err = plan(&shape(1, 12 * 1024 - 67, 8, 2)).unwrap_err();
+        assert!(err.to_string().contains("12221 cached keys"), "{err}");
         assert!(plan(&shape(1, 4, 70_000, 1)).is_err());
     }
 

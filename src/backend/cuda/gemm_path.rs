@@ -206,7 +206,7 @@ mod tests {
     }
 
     #[test]
-    fn default_auto_stays_portable_and_never_checks() {
+    fn default_auto_checks_then_uses_the_fast_path_and_falls_back_on_a_mismatch() {
         let s = PathSelector::new(None, hopper::self_check::HOPPER_AUTO_DEFAULT);
         let called = Cell::new(false);
         let path = route(&s, 0, true, true, || {
@@ -214,8 +214,12 @@ mod tests {
             passing()
         })
         .unwrap();
+        assert_eq!(path, GemmPath::Hopper);
+        assert!(called.get());
+        // Another device whose self-check fails: portable, with one warning.
+        let path = route(&s, 1, true, true, failing).unwrap();
         assert_eq!(path, GemmPath::Portable);
-        assert!(!called.get());
+        assert_eq!(s.warnings().len(), 1);
     }
 
     #[test]

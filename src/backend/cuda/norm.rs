@@ -72,6 +72,7 @@ impl CudaDevice {
         let mut p = Fp8NormParams {
             x: x.address(self),
             gamma: params.gamma.address(self),
+            rstd: rstd.address_mut(self),
             rows: rows as u64,
             cols: cols as u64,
             eps,

@@ -65,6 +65,20 @@ pub(crate) fn stride_blocks(multiprocessors: u32, n: usize) -> u32 {
     (n as u64).div_ceil(super::launch::THREADS as u64).clamp(1, cap) as u32
 }
 
+/// Slack after f32 rows kept in dynamic shared memory: ptxas reads the last elements of a
+/// row as one aligned 16-byte vector (`LDS.128` in the loop remainder of
+/// `fp8_attention_forward`'s sm_90a SASS), so up to 3 floats past the row's end;
+/// compute-sanitizer memcheck flagged it on the first GPU run.
+pub(crate) const SHARED_TAIL_FLOATS: usize = 4;
+
+/// Dynamic shared bytes of `floats` f32 values and the tail's slack, in whole 16-byte vectors.
+pub(crate) fn shared_row_bytes(floats: usize) -> usize {
+    floats
+        .saturating_add(SHARED_TAIL_FLOATS)
+        .next_multiple_of(SHARED_TAIL_FLOATS)
+        .saturating_mul(size_of::<f32>())
+}
+
 /// One block per row (row kernels), refused past the grid's x limit.
 pub(crate) fn row_blocks(kernel: &'static str, rows: usize) -> Result<u32> {
     super::launch::tile_blocks(kernel, rows as u64)

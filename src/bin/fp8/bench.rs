@@ -15,7 +15,7 @@ use fp8_engine::scaling::{BlockScaling, TensorRole};
 use half::bf16;
 
 use crate::error::CliError;
-use crate::timing::median;
+use crate::timing::{median, median_ms};
 
 /// Benchmark a family of kernels.
 #[derive(Args)]
@@ -80,29 +80,10 @@ fn time_cpu(mut f: impl FnMut() -> Result<(), CliError>) -> Result<f64, CliError
     Ok(median(times))
 }
 
-/// The same on the GPU, timed with CUDA events on the device's stream.
-fn time_gpu(gpu: &CudaDevice, mut f: impl FnMut() -> fp8_engine::Result<()>) -> Result<f64, CliError> {
-    let event = || {
-        gpu.context()
-            .new_event(None)
-            .map_err(|e| CliError(format!("cuEventCreate: {e:?}")))
-    };
-    f()?;
-    let mut times = Vec::with_capacity(RUNS);
-    for _ in 0..RUNS {
-        let (start, end) = (event()?, event()?);
-        start
-            .record(gpu.stream())
-            .map_err(|e| CliError(format!("cuEventRecord: {e:?}")))?;
-        f()?;
-        end.record(gpu.stream())
-            .map_err(|e| CliError(format!("cuEventRecord: {e:?}")))?;
-        let ms = start
-            .elapsed_ms(&end)
-            .map_err(|e| CliError(format!("cuEventElapsedTime: {e:?}")))?;
-        times.push(ms as f64 / 1e3);
-    }
-    Ok(median(times))
+/// The same on the GPU: one warm-up, then the median of RUNS calls, each timed by a pair
+/// of CUDA events on the device's stream (events with timing enabled: `timing::median_ms`).
+fn time_gpu(gpu: &CudaDevice, f: impl FnMut() -> fp8_engine::Result<()>) -> Result<f64, CliError> {
+    Ok(median_ms(gpu, 1, RUNS, f)? / 1e3)
 }
 
 fn input(n: usize) -> Vec<bf16> {
