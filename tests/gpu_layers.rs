@@ -214,7 +214,13 @@ fn values(seed: u64, n: usize, std: f32) -> Vec<f32> {
 }
 
 fn tensor(seed: u64) -> Tensor {
-    Tensor::new(values(seed, BATCH * SEQ * HIDDEN, 1.0), BATCH * SEQ, HIDDEN).expect("shape")
+    shaped(seed, HIDDEN)
+}
+
+/// `BATCH * SEQ` rows of `cols` seeded values (an output gradient takes the output's width:
+/// LayerNormLinear's is 3 * HIDDEN).
+fn shaped(seed: u64, cols: usize) -> Tensor {
+    Tensor::new(values(seed, BATCH * SEQ * cols, 1.0), BATCH * SEQ, cols).expect("shape")
 }
 
 /// `docs/numerics.md` layer tolerance of `precision` (relative), forward or backward.
@@ -260,8 +266,10 @@ fn run(layer: &mut dyn Layer) -> Result<Vec<Tensor>, Error> {
     layer.zero_grad();
     let mut out = Vec::new();
     for micro in 0..2 {
-        out.push(layer.fwd(&tensor(10 + micro))?);
-        out.push(layer.bwd(&tensor(20 + micro))?);
+        let y = layer.fwd(&tensor(10 + micro))?;
+        let dy = shaped(20 + micro, y.shape().1);
+        out.push(y);
+        out.push(layer.bwd(&dy)?);
     }
     Ok(out)
 }

@@ -34,13 +34,16 @@ fn fp8_bin() -> PathBuf {
 }
 
 const RUN: &[&str] = &[
-    "train", "--hidden", "64", "--heads", "2", "--layers", "2", "--batch", "16", "--digits", "2",
-    "--quiet",
+    "train", "--hidden", "64", "--heads", "2", "--layers", "2", "--batch", "16", "--digits", "2", "--quiet",
 ];
 
 /// 5 steps unless `extra` names its own `--steps` (clap refuses a flag given twice).
 fn train(device: &str, precision: &str, out: &Path, extra: &[&str]) -> Output {
-    let steps: &[&str] = if extra.contains(&"--steps") { &[] } else { &["--steps", "5"] };
+    let steps: &[&str] = if extra.contains(&"--steps") {
+        &[]
+    } else {
+        &["--steps", "5"]
+    };
     Command::new(fp8_bin())
         .args(RUN)
         .args(steps)

@@ -49,7 +49,7 @@ use crate::tensor::{DeviceKind, Dtype, Tensor};
 /// (a path to the reference function) and the CUDA arm (`cuda_ops::<op>`, staged).
 macro_rules! kernels {
     ($( $(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $cpu:path
-        $(, gemm_call = $call:expr)?; )*) => {
+        $(, gemm_call = $call:expr)? $(, contract = $own:expr)?; )*) => {
         /// Every op of the layers, model and trainer, implemented once per backend.
         #[allow(clippy::too_many_arguments)] // the ops' own signatures (`ops::*`)
         pub(crate) trait Kernels {
@@ -79,6 +79,8 @@ macro_rules! kernels {
                 fn $name(&self, $($arg: $ty),*) -> Result<$ret> {
                     let contract = contract::contract(stringify!($name));
                     $( let contract = contract.for_gemm($call); )?
+                    // An op's own contract from its call (attention: its dtype) replaces the name's.
+                    $( let contract = { let _ = contract; $own }; )?
                     $( let mut $arg = Saved::<$ty>::new($arg); )*
                     let primary = self.primary.kernels().$name($(Twin::primary(&mut $arg.live)),*)?;
                     let cpu = CpuKernels.$name($(Twin::twin(&$arg.live, &mut $arg.saved)),*)?;
@@ -148,14 +150,14 @@ kernels! {
         = crate::ops::swiglu_backward;
     /// Causal attention core forward, saving the log-sum-exp.
     fn attention_forward(q: &[f32], k: &[f32], v: &[f32], shape: AttentionShape, softmax_scale: f32, dtype: Dtype,
-        out: &mut [f32], lse: &mut [f32]) -> () = crate::ops::attention_forward;
+        out: &mut [f32], lse: &mut [f32]) -> () = crate::ops::attention_forward, contract = contract::attention(dtype);
     /// Causal attention core backward.
     fn attention_backward(dout: &[f32], q: &[f32], k: &[f32], v: &[f32], out: &[f32], lse: &[f32],
         shape: AttentionShape, softmax_scale: f32, dtype: Dtype, dq: &mut [f32], dk: &mut [f32], dv: &mut [f32])
-        -> () = crate::ops::attention_backward;
+        -> () = crate::ops::attention_backward, contract = contract::attention(dtype);
     /// Causal attention of new queries against a key/value cache (generation), forward only.
     fn attention_cached(q: &[f32], k: &[f32], v: &[f32], shape: CachedAttentionShape, softmax_scale: f32,
-        dtype: Dtype, out: &mut [f32]) -> () = crate::ops::attention_cached;
+        dtype: Dtype, out: &mut [f32]) -> () = crate::ops::attention_cached, contract = contract::attention(dtype);
     /// Rotary position embedding of `[rows, heads * head_dim]`, in place.
     fn rope_forward(x: &mut [f32], shape: RopeShape, table: &RopeTable) -> () = cpu_rope_forward;
     /// The rotary embedding's backward (the transposed rotation), in place.

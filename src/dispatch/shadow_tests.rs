@@ -2,9 +2,9 @@
 //! keeps its results; a perturbed exact op fails naming op, layer and index; a
 //! perturbed bounded op passes within its bound and fails beyond it.
 
-use crate::backend::cuda::error_bound::FP8_ACCUMULATOR_BITS;
 use super::{Backend, Perturbed, perturb_cpu_primaries};
 use crate::amp::{Fp8Recipe, Precision};
+use crate::backend::cuda::error_bound::FP8_ACCUMULATOR_BITS;
 use crate::error::{Error, Result};
 use crate::gemm::{GemmParams, Mat, Operand, Output};
 use crate::nn::{Module, TransformerConfig, TransformerLayer};
@@ -389,7 +389,8 @@ fn a_perturbed_f32_gemm_keeps_the_f32_bound() {
             let u = 2f64.powi(-24);
             let order = 2.0 * 64.0 * u / (1.0 - 64.0 * u) * 96.0;
             assert!((bound - order).abs() <= 1e-12 * order, "bound {bound} vs {order}");
-            assert!((ratio - 0.0234375 / order).abs() < 1e-6 * ratio, "{ratio}");
+            let half_fp8 = 96.0 * 4.0 * 2f64.powi(-FP8_ACCUMULATOR_BITS) / 2.0;
+            assert!((ratio - half_fp8 / order).abs() < 1e-6 * ratio, "{ratio}");
         }
         other => panic!("expected a gemm mismatch, got {other:?}"),
     }

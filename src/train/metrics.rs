@@ -178,6 +178,10 @@ impl MetricsWriter {
                 }
             }
         }
+        // A resume into a new --out has no directory yet (the first GPU run's resume across devices).
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            fs::create_dir_all(dir).map_err(|err| io_error(dir, "cannot create directory", err))?;
+        }
         write_atomic(path, kept.as_bytes())?;
         Self::open(path, true)
     }
@@ -367,6 +371,17 @@ mod tests {
         resumed.append(&line(1, 1.5)).unwrap();
         let steps: Vec<(u64, f32)> = read_metrics(&path).unwrap().iter().map(|m| (m.step, m.loss)).collect();
         assert_eq!(steps, vec![(0, 3.0), (1, 1.5)]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_resume_into_a_new_directory_creates_it_and_starts_empty() {
+        let dir = temp_dir("resume-new-dir");
+        let path = dir.join("fp8-delayed").join("metrics.jsonl");
+        let mut resumed = MetricsWriter::resume(&path, 3).unwrap();
+        resumed.append(&line(3, 2.5)).unwrap();
+        let steps: Vec<u64> = read_metrics(&path).unwrap().iter().map(|m| m.step).collect();
+        assert_eq!(steps, vec![3]);
         fs::remove_dir_all(&dir).unwrap();
     }
 

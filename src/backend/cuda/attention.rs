@@ -220,7 +220,10 @@ mod tests {
                 shared_bytes: (1024 + 4) * 4
             }
         );
-        assert_eq!(plan("a", &shape(2, 1024, 12, 64), 2).unwrap().shared_bytes, (2048 + 4) * 4);
+        assert_eq!(
+            plan("a", &shape(2, 1024, 12, 64), 2).unwrap().shared_bytes,
+            (2048 + 4) * 4
+        );
         // The slack rounds up to whole 16-byte vectors.
         assert_eq!(plan("a", &shape(1, 1, 1, 8), 1).unwrap().shared_bytes, 16 + 16);
         assert_eq!(plan("a", &shape(1, 3, 1, 8), 2).unwrap().shared_bytes, 16 * 3);

@@ -8,11 +8,13 @@
 //! and the staged op arm. FP8 operands with MXFP8 (E8M0) scales run on their own portable
 //! kernels (`cuda/gemm_mma_mxfp8.cu`); the Hopper path does not take them.
 
+use std::borrow::Cow;
+
 use half::{bf16, f16};
 
 use super::buffer::DeviceBuffer;
 use super::context::CudaDevice;
-use super::gemm_dispatch::{GemmKernel, LaunchPlan};
+use super::gemm_dispatch::{GemmKernel, HALF_K_MULTIPLE, LaunchPlan};
 use super::gemm_path::{hopper_scales, path_for};
 use super::gemm_portable;
 use super::hopper::{self, GemmPath, HopperScales};
@@ -188,6 +190,26 @@ pub fn gemm_host_with(
     })
 }
 
+/// `rows x k` row-major values with each row zero-padded to a multiple of `multiple`, and
+/// the padded K. The 16-bit kernels read 16-byte rows (K % 8 == 0); a model's small K (a
+/// 12-token vocabulary's head dgrad, the first GPU run) is padded rather than refused.
+pub(crate) fn pad_k<T: Copy + Default>(
+    values: Cow<'_, [T]>,
+    rows: usize,
+    k: usize,
+    multiple: usize,
+) -> (Cow<'_, [T]>, usize) {
+    let padded = k.next_multiple_of(multiple);
+    if padded == k {
+        return (values, k);
+    }
+    let mut out = vec![T::default(); rows * padded];
+    for (row, src) in out.chunks_exact_mut(padded).zip(values.chunks_exact(k.max(1))) {
+        row[..k].copy_from_slice(src);
+    }
+    (Cow::Owned(out), padded)
+}
+
 /// A host operand's device copy (FP8 codes with their scales, or 16-bit values).
 #[derive(Debug)]
 pub enum HostUpload {
@@ -242,9 +264,16 @@ impl HostUpload {
                     cols: q.cols(),
                 }
             }
-            // The CUDA GEMM reads K-major operands: a transposed one is copied K-major first.
-            Operand::Bf16(m) => HostUpload::Bf16(device.upload(&m.k_major(), category)?, m.rows, m.cols),
-            Operand::F16(m) => HostUpload::F16(device.upload(&m.k_major(), category)?, m.rows, m.cols),
+            // The CUDA GEMM reads K-major operands: a transposed one is copied K-major first,
+            // its rows zero-padded to the kernels' K multiple (zeros add nothing to any sum).
+            Operand::Bf16(m) => {
+                let (values, k) = pad_k(m.k_major(), m.rows, m.cols, HALF_K_MULTIPLE);
+                HostUpload::Bf16(device.upload(&values, category)?, m.rows, k)
+            }
+            Operand::F16(m) => {
+                let (values, k) = pad_k(m.k_major(), m.rows, m.cols, HALF_K_MULTIPLE);
+                HostUpload::F16(device.upload(&values, category)?, m.rows, k)
+            }
             Operand::F32(m) => {
                 return Err(Error::KernelArgs {
                     kernel: "gemm_mma",
@@ -289,5 +318,23 @@ impl HostUpload {
                 cols: *cols,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pad_k;
+    use std::borrow::Cow;
+
+    #[test]
+    fn rows_are_zero_padded_to_the_k_multiple_and_aligned_ones_are_kept() {
+        let (v, k) = pad_k(Cow::Owned(vec![1u16, 2, 3, 4, 5, 6]), 2, 3, 8);
+        assert_eq!(k, 8);
+        assert_eq!(*v, [1, 2, 3, 0, 0, 0, 0, 0, 4, 5, 6, 0, 0, 0, 0, 0]);
+        let kept = [7u16; 16];
+        let (v, k) = pad_k(Cow::Borrowed(&kept[..]), 2, 8, 8);
+        assert!(matches!(v, Cow::Borrowed(_)) && k == 8);
+        let (v, k) = pad_k(Cow::<[u16]>::Owned(Vec::new()), 0, 12, 8);
+        assert_eq!((v.len(), k), (0, 16));
     }
 }

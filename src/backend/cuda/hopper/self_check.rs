@@ -357,7 +357,9 @@ mod tests {
         }
         assert_eq!(calls.get(), 1);
         // Not capable (not sm_90, or no kernels): portable, and no self-check.
-        let path = s.select(1, false, || panic!("no self-check on an incapable GPU")).unwrap();
+        let path = s
+            .select(1, false, || panic!("no self-check on an incapable GPU"))
+            .unwrap();
         assert_eq!(path, GemmPath::Portable);
     }
 
