@@ -260,7 +260,7 @@ mod tests {
         let breach = first_breach_f32(normwise, &gpu, &cpu).expect("beyond the scale's share");
         assert_eq!(breach.index, 1);
         assert!(
-            (breach.bound - (1e-5 + 1.6e-2 * (1.0 + 0.094_238_28 as f64))).abs() < 1e-9,
+            (breach.bound - (1e-5 + 1.6e-2 * (1.0 + f64::from(0.094_238_28f32)))).abs() < 1e-9,
             "{}",
             breach.bound
         );
