@@ -343,29 +343,9 @@ mod tests {
     }
 
     #[test]
-    fn the_default_checks_once_then_takes_the_fast_path_where_capable() {
+    fn the_default_checks_once_per_device_then_takes_the_fast_path() {
+        // No FP8_GEMM_PATH and the build's default: auto, with the fast path enabled.
         let s = PathSelector::new(None, HOPPER_AUTO_DEFAULT);
-        let calls = Cell::new(0);
-        for _ in 0..2 {
-            let path = s
-                .select(0, true, || {
-                    calls.set(calls.get() + 1);
-                    good()
-                })
-                .unwrap();
-            assert_eq!(path, GemmPath::Hopper);
-        }
-        assert_eq!(calls.get(), 1);
-        // Not capable (not sm_90, or no kernels): portable, and no self-check.
-        let path = s
-            .select(1, false, || panic!("no self-check on an incapable GPU"))
-            .unwrap();
-        assert_eq!(path, GemmPath::Portable);
-    }
-
-    #[test]
-    fn auto_enabled_checks_once_per_device() {
-        let s = PathSelector::new(Some("auto".into()), true);
         let calls = Cell::new(0);
         for _ in 0..3 {
             let path = s
@@ -380,6 +360,11 @@ mod tests {
         // Another device gets its own check.
         assert_eq!(s.select(1, true, good).unwrap(), GemmPath::Hopper);
         assert!(s.warnings().is_empty());
+        // Not capable (not sm_90, or no kernels): portable, and no self-check.
+        let path = s
+            .select(2, false, || panic!("no self-check on an incapable GPU"))
+            .unwrap();
+        assert_eq!(path, GemmPath::Portable);
     }
 
     #[test]
