@@ -10,9 +10,12 @@
 # part instead: the MXFP8 GEMM, every layer on the staged CUDA backend in shadow
 # mode, NCCL and the layer bench (summary-layers.txt); `run.sh train` the third: `fp8 train`
 # on both devices (fp32 included, resume across devices) and the tiny Llama
-# model with generation (summary-train.txt). Each part's step limits add up to
-# under 15 minutes. Copy the folder to a GPU machine (driver 580+, no toolkit
-# needed) and run `OUT=/some/dir bash gpu-bundle/run.sh [kernels|layers|train]`.
+# model with generation (summary-train.txt); `run.sh benches` the GEMM cases the
+# llm suite leaves out. Each part's step limits add up to under 15 minutes.
+# `run.sh all` runs every part's steps (about 3 minutes on an H200), and
+# BUDGET_S=N cuts each step's limit to what is left of N seconds. Copy the folder
+# to a GPU machine (driver 580+, no toolkit needed) and run
+# `BUDGET_S=300 OUT=/some/dir bash gpu-bundle/run.sh all` (or one part).
 # Usage: scripts/gpu-bundle.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
