@@ -11,7 +11,8 @@
 # mode, NCCL and the layer bench (summary-layers.txt); `run.sh train` the third: `fp8 train`
 # on both devices (fp32 included, resume across devices) and the tiny Llama
 # model with generation (summary-train.txt); `run.sh benches` the GEMM cases the
-# llm suite leaves out. Each part's step limits add up to under 15 minutes.
+# llm suite leaves out; `run.sh profile` ncu's counters of the Hopper GEMM and the
+# cast + transpose (not yet run on a GPU). Each part's step limits add up to under 15 minutes.
 # `run.sh all` runs every part's steps (about 3 minutes on an H200), and
 # BUDGET_S=N cuts each step's limit to what is left of N seconds. Copy the folder
 # to a GPU machine (driver 580+, no toolkit needed) and run
@@ -58,8 +59,9 @@ case $part in
     benches) suffix="-benches" ;;
     layers) suffix="-layers" ;;
     train) suffix="-train" ;;
+    profile) suffix="-profile" ;;
     all) suffix="-all" ;;
-    *) echo "usage: run.sh [kernels|benches|layers|train|all]" >&2; exit 2 ;;
+    *) echo "usage: run.sh [kernels|benches|layers|train|profile|all]" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")"
 OUT=${OUT:-$PWD/results}
@@ -209,6 +211,24 @@ gpu_step step_out bench_gemm_block 40 bench-gemm-block.txt \
 }
 # end of part
 
+# part: profile
+# Hardware counters (ncu, clocks left alone) of the kernels that miss their targets: the
+# Hopper GEMM at 8192^3 and the cast + transpose + amax at 8192^2. SKIP without ncu.
+part_profile() {
+local ncu
+ncu=$(command -v ncu || true)
+if [[ -z $ncu ]]; then say "SKIP profile: ncu not on PATH"; return; fi
+local sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
+    --section WarpStateStats --section LaunchStats --section Occupancy)
+gpu_step step_out profile_gemm 90 profile-gemm.txt env FP8_GEMM_PATH=hopper "$ncu" --clock-control none \
+    -k regex:fp8_gemm_wgmma_n256 --launch-skip 2 --launch-count 1 "${sections[@]}" \
+    ./fp8 bench gemm --backend cuda --m 8192 --n 8192 --k 8192 --repeat 1
+gpu_step step_out profile_cast 60 profile-cast.txt "$ncu" --clock-control none \
+    -k regex:fp8_cast_transpose_amax --launch-skip 2 --launch-count 1 "${sections[@]}" \
+    ./fp8 bench cast --device cuda
+}
+# end of part
+
 # part: layers
 # The MXFP8 GEMM kernels against the CPU GEMM (exact probes, then the bound), which the layers'
 # MXFP8 cases use; every layer x precision on the staged CUDA backend, every op checked against
@@ -239,7 +259,8 @@ case $part in
     benches) part_benches ;;
     layers) part_layers_checks; part_layers_bench ;;
     train) part_train ;;
-    all) part_kernels; part_benches; part_layers_checks; part_train; part_layers_bench ;; # the long layer bench last
+    profile) part_profile ;;
+    all) part_kernels; part_benches; part_layers_checks; part_train; part_profile; part_layers_bench ;; # the long layer bench last
 esac
 
 say "result: $([[ $status == 0 ]] && echo "no failures" || echo FAILURES)"
@@ -251,7 +272,7 @@ size=$(du -sm "$out" | cut -f1)
 echo "gpu-bundle: $out ($size MiB): $(ls "$out" | tr '\n' ' ')"
 if (( size >= 64 )); then echo "gpu-bundle: over the 64 MiB limit" >&2; exit 1; fi
 # The plan: in each part, every step's limit (timeout -k adds 10 s at most per step) under 15 minutes.
-for part in kernels benches layers train; do
+for part in kernels benches profile layers train; do
     limits=$(sed -n "/^# part: $part\$/,/^# end of part\$/p" "$out/run.sh" \
         | grep -oE "^ *((gpu|hopper)_step )?step(_out)? [a-z_0-9]+ [0-9]+" | awk '{s += $NF} END {print s + 0}')
     echo "gpu-bundle: $part step limits add up to $limits s (15 min = 900 s)"
