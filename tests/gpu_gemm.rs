@@ -156,17 +156,6 @@ fn magnitude(a: &Operand, b: &Operand, alpha: f32) -> Vec<f64> {
     s
 }
 
-/// The output's rounding (`error_bound::OutputUlp`, as every GPU GEMM check uses).
-fn ulp(out: &OutBuf) -> OutputUlp {
-    match out {
-        OutBuf::F32(_) => OutputUlp::F32,
-        OutBuf::Bf16(_) => OutputUlp::BF16,
-        OutBuf::F16(_) => OutputUlp::F16,
-        OutBuf::Fp8(_, E4M3) => OutputUlp::E4M3,
-        OutBuf::Fp8(_, E5M2) => OutputUlp::E5M2,
-    }
-}
-
 /// Runs CPU and GPU on the same inputs and compares element by element and the amax.
 #[allow(clippy::too_many_arguments)]
 fn compare(
@@ -194,7 +183,7 @@ fn compare(
     let OutputUlp {
         relative: rel,
         subnormal: sub,
-    } = ulp(&cpu_out);
+    } = cpu_out.ulp();
     let cv = cpu_out.values(out_scale);
     let gv = gpu_out.values(out_scale);
     let mut worst_tol = 0.0f64;

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 use common::out_buf::{Out, OutBuf};
 use fp8_engine::backend::cuda::CudaDevice;
-use fp8_engine::backend::cuda::error_bound::{Accumulation, OutputUlp, accumulation_bound, worst_ratio};
+use fp8_engine::backend::cuda::error_bound::{Accumulation, accumulation_bound, worst_ratio};
 use fp8_engine::backend::cuda::gemm::gemm_host;
 use fp8_engine::format::Fp8Format::{self, E4M3, E5M2};
 use fp8_engine::gemm::{GemmParams, GemmReport, Operand, Output, cpu};
@@ -129,17 +129,6 @@ fn magnitude(a: &QuantizedMatrix, fa: Fp8Format, b: &QuantizedMatrix, fb: Fp8For
     s
 }
 
-/// The output's rounding, for the bound.
-fn ulp(out: &OutBuf) -> OutputUlp {
-    match out {
-        OutBuf::F32(_) => OutputUlp::F32,
-        OutBuf::Bf16(_) => OutputUlp::BF16,
-        OutBuf::F16(_) => OutputUlp::F16,
-        OutBuf::Fp8(_, E4M3) => OutputUlp::E4M3,
-        OutBuf::Fp8(_, E5M2) => OutputUlp::E5M2,
-    }
-}
-
 /// Equal values (either zero sign; a NaN only where the CPU has one).
 fn same(g: f32, c: f32) -> bool {
     g == c || (g.is_nan() && c.is_nan())
@@ -187,7 +176,7 @@ fn compare(
         .iter()
         .map(|&sij| accumulation_bound(Accumulation::Fp8, sij, k))
         .collect();
-    let w = worst_ratio(&gv, &cv, &acc, ulp(&c_out), out_scale as f64);
+    let w = worst_ratio(&gv, &cv, &acc, c_out.ulp(), out_scale as f64);
     if !w.passed() {
         return Err(format!("D[{}, {}]: {w}", w.index / n, w.index % n));
     }

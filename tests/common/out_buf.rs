@@ -1,6 +1,7 @@
 //! A GEMM output buffer of any output dtype, shared by the GEMM tests that run two backends on
 //! the same inputs.
 
+use fp8_engine::backend::cuda::error_bound::OutputUlp;
 use fp8_engine::format::Fp8Format;
 use fp8_engine::gemm::Output;
 use half::{bf16, f16};
@@ -24,6 +25,17 @@ pub enum OutBuf {
 }
 
 impl OutBuf {
+    /// The output's rounding, for a GEMM error bound (`error_bound::OutputUlp`).
+    pub fn ulp(&self) -> OutputUlp {
+        match self {
+            OutBuf::F32(_) => OutputUlp::F32,
+            OutBuf::Bf16(_) => OutputUlp::BF16,
+            OutBuf::F16(_) => OutputUlp::F16,
+            OutBuf::Fp8(_, Fp8Format::E4M3) => OutputUlp::E4M3,
+            OutBuf::Fp8(_, Fp8Format::E5M2) => OutputUlp::E5M2,
+        }
+    }
+
     /// An f32 buffer starts from `init` (what `beta` multiplies); the others from zeros.
     pub fn new(kind: Out, init: &[f32]) -> Self {
         match kind {
