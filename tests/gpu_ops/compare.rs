@@ -31,9 +31,43 @@ pub fn exact(what: &str, gpu: &[f32], cpu: &[f32]) -> Result<f64, String> {
 /// an error naming the worst element when it is above 1. Also prints the normwise
 /// error max|gpu - cpu| / max|cpu| for diagnosis.
 pub fn bounded(what: &str, gpu: &[f32], cpu: &[f32], rtol: f64, atol: f64) -> Result<f64, String> {
+    judged(what, gpu, cpu, None, rtol, atol)
+}
+
+/// `|gpu - cpu| <= atol + rtol (|cpu| + magnitude)` per element: a sum whose terms may each
+/// move by `rtol` of themselves, judged against the sum of their sizes (`magnitude`, an upper
+/// bound on it) instead of the result alone, which cancellation can make arbitrarily small.
+pub fn bounded_by_magnitude(
+    what: &str,
+    gpu: &[f32],
+    cpu: &[f32],
+    magnitude: &[f64],
+    rtol: f64,
+    atol: f64,
+) -> Result<f64, String> {
+    if magnitude.len() != cpu.len() {
+        return Err(format!(
+            "{what}: {} magnitudes for {} values",
+            magnitude.len(),
+            cpu.len()
+        ));
+    }
+    judged(what, gpu, cpu, Some(magnitude), rtol, atol)
+}
+
+/// Both of the above: element i's bound is `atol + rtol (|cpu_i| + magnitude_i)` (0 without one).
+fn judged(
+    what: &str,
+    gpu: &[f32],
+    cpu: &[f32],
+    magnitude: Option<&[f64]>,
+    rtol: f64,
+    atol: f64,
+) -> Result<f64, String> {
     if gpu.len() != cpu.len() {
         return Err(format!("{what}: {} vs {} values", gpu.len(), cpu.len()));
     }
+    let size = |i: usize| magnitude.map_or(0.0, |m| m[i]);
     let (mut worst, mut at) = (0.0f64, 0usize);
     let (mut max_err, mut max_ref) = (0.0f64, 0.0f64);
     for (i, (&g, &c)) in gpu.iter().zip(cpu).enumerate() {
@@ -44,7 +78,7 @@ pub fn bounded(what: &str, gpu: &[f32], cpu: &[f32], rtol: f64, atol: f64) -> Re
             if err.is_finite() {
                 max_err = max_err.max(err);
             }
-            err / (atol + rtol * (c as f64).abs())
+            err / (atol + rtol * ((c as f64).abs() + size(i)))
         };
         if c.is_finite() {
             max_ref = max_ref.max((c as f64).abs());
@@ -59,50 +93,13 @@ pub fn bounded(what: &str, gpu: &[f32], cpu: &[f32], rtol: f64, atol: f64) -> Re
         max_err / max_ref.max(f64::MIN_POSITIVE)
     );
     if worst <= 1.0 {
-        Ok(worst)
-    } else {
-        Err(format!(
-            "{what}: element {at}: gpu {:e}, cpu {:e}: err/bound={worst:.3} (rtol {rtol:e}, atol {atol:e})",
-            gpu[at], cpu[at]
-        ))
+        return Ok(worst);
     }
-}
-
-/// `|gpu - cpu| <= atol + rtol (|cpu| + magnitude)` per element: a sum whose terms may each
-/// move by `rtol` of themselves, judged against the sum of their sizes (`magnitude`, an upper
-/// bound on it) instead of the result alone, which cancellation can make arbitrarily small.
-pub fn bounded_by_magnitude(
-    what: &str,
-    gpu: &[f32],
-    cpu: &[f32],
-    magnitude: &[f64],
-    rtol: f64,
-    atol: f64,
-) -> Result<f64, String> {
-    if gpu.len() != cpu.len() || gpu.len() != magnitude.len() {
-        return Err(format!("{what}: {} vs {} values", gpu.len(), cpu.len()));
-    }
-    let mut worst = (0.0f64, 0usize);
-    for (i, ((&g, &c), &m)) in gpu.iter().zip(cpu).zip(magnitude).enumerate() {
-        let ratio = if g.to_bits() == c.to_bits() || (g.is_nan() && c.is_nan()) {
-            0.0
-        } else {
-            let r = (g as f64 - c as f64).abs() / (atol + rtol * ((c as f64).abs() + m));
-            if r.is_nan() { f64::INFINITY } else { r }
-        };
-        if ratio > worst.0 {
-            worst = (ratio, i);
-        }
-    }
-    let (ratio, at) = worst;
-    if ratio <= 1.0 {
-        Ok(ratio)
-    } else {
-        Err(format!(
-            "{what}: element {at}: gpu {:e}, cpu {:e}, magnitude {:e}: err/bound={ratio:.3} (rtol {rtol:e}, atol {atol:e})",
-            gpu[at], cpu[at], magnitude[at]
-        ))
-    }
+    let magnitude_text = magnitude.map_or(String::new(), |m| format!(", magnitude {:e}", m[at]));
+    Err(format!(
+        "{what}: element {at}: gpu {:e}, cpu {:e}{magnitude_text}: err/bound={worst:.3} (rtol {rtol:e}, atol {atol:e})",
+        gpu[at], cpu[at]
+    ))
 }
 
 /// The reduction contract: rtol 1e-5, atol 1e-6.
