@@ -225,9 +225,12 @@ pub(crate) fn first_breach(
     primary: impl ExactSizeIterator<Item = f64>,
     cpu: impl ExactSizeIterator<Item = f64>,
 ) -> Option<Breach> {
+    if let Contract::Normwise { .. } = contract {
+        // Its scale needs the whole result first; every other contract reads it once, in place.
+        let cpu: Vec<f64> = cpu.collect();
+        return first_breach(resolved(contract, &cpu), primary, cpu.into_iter());
+    }
     let (p_len, c_len) = (primary.len(), cpu.len());
-    let cpu: Vec<f64> = cpu.collect();
-    let contract = resolved(contract, &cpu);
     for (index, (p, c)) in primary.zip(cpu).enumerate() {
         if !agrees(contract, p, c) {
             return Some(Breach {

@@ -201,10 +201,11 @@ pub(crate) fn pad_k<T: Copy + Default>(
 ) -> (Cow<'_, [T]>, usize) {
     let padded = k.next_multiple_of(multiple);
     if padded == k {
+        // Aligned (K = 0 included): nothing to copy.
         return (values, k);
     }
     let mut out = vec![T::default(); rows * padded];
-    for (row, src) in out.chunks_exact_mut(padded).zip(values.chunks_exact(k.max(1))) {
+    for (row, src) in out.chunks_exact_mut(padded).zip(values.chunks_exact(k)) {
         row[..k].copy_from_slice(src);
     }
     (Cow::Owned(out), padded)
