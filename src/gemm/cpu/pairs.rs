@@ -90,18 +90,30 @@ enum Ready {
     Portable,
 }
 
+/// Packed A strips as a kernel reads them: the bf16 bits for AMX, widened to f32 for the
+/// portable kernel (once per band, since each strip meets every B strip).
+#[derive(Clone, Copy)]
+enum StripsA<'a> {
+    Bf16(&'a [u16]),
+    F32(&'a [f32]),
+}
+
 impl Ready {
     /// `c = ` the chunk sums of the 32 x 32 block of `blocks` K blocks whose packed A strip
-    /// starts at `a` and B strip at `b` (`c` row-major 32 x 32, overwritten).
-    fn chunk(&mut self, a: &[u16], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
-        assert!(
-            a.len() >= blocks * BLOCK && b.len() >= blocks * BLOCK,
-            "pairs: short strips"
-        );
-        match self {
-            // SAFETY: the lengths were checked above.
-            Ready::Amx(tiles) => unsafe { tiles.chunk(a.as_ptr(), b.as_ptr(), blocks, c) },
-            Ready::Portable => portable::chunk(a, b, blocks, c),
+    /// starts at block `kb` of `a` and B strip at `b` (`c` row-major 32 x 32, overwritten).
+    fn chunk(&mut self, a: StripsA, kb: usize, b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
+        match (self, a) {
+            (Ready::Amx(tiles), StripsA::Bf16(a)) => {
+                let a = &a[kb * BLOCK..];
+                assert!(
+                    a.len() >= blocks * BLOCK && b.len() >= blocks * BLOCK,
+                    "pairs: short strips"
+                );
+                // SAFETY: the lengths were checked above.
+                unsafe { tiles.chunk(a.as_ptr(), b.as_ptr(), blocks, c) }
+            }
+            (Ready::Portable, StripsA::F32(a)) => portable::chunk(&a[kb * BLOCK..], b, blocks, c),
+            _ => unreachable!("pairs: A strips packed for another kernel"),
         }
     }
 }
@@ -328,6 +340,8 @@ fn pack_b_strip(op: Source, first: usize, out: &mut [u16], row: &mut [bf16]) {
 thread_local! {
     /// The packed A strips of the band a thread works on, kept across calls.
     static A_STRIPS: Cell<Vec<u16>> = const { Cell::new(Vec::new()) };
+    /// The same strips widened to f32 for the portable kernel, kept across calls.
+    static A_WIDE: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     /// One row of A as bf16 while it is packed.
     static A_ROW: Cell<Vec<bf16>> = const { Cell::new(Vec::new()) };
     /// The f32 band accumulator of a non-f32 (or beta != 0) output, kept across calls.
@@ -431,25 +445,41 @@ fn sum_strips(
     acc: &mut [f32],
     kernel: Kernel,
 ) {
-    kernel.run(|ready| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            #[target_feature(enable = "avx512f")]
-            fn wide(a: &[u16], b: &[u16], shape: (usize, usize, usize), chunk: usize, acc: &mut [f32], k: &mut Ready) {
-                sum_strips_ready(a, b, shape, chunk, acc, k)
+    let mut run = |a: StripsA| {
+        kernel.run(|ready| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                fn wide(
+                    a: StripsA,
+                    b: &[u16],
+                    shape: (usize, usize, usize),
+                    chunk: usize,
+                    acc: &mut [f32],
+                    k: &mut Ready,
+                ) {
+                    sum_strips_ready(a, b, shape, chunk, acc, k)
+                }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has AVX-512F (checked just above).
+                    return unsafe { wide(a, packed_b, shape, chunk, acc, ready) };
+                }
             }
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                // SAFETY: the CPU has AVX-512F (checked just above).
-                return unsafe { wide(packed_a, packed_b, shape, chunk, acc, ready) };
-            }
-        }
-        sum_strips_ready(packed_a, packed_b, shape, chunk, acc, ready)
-    })
+            sum_strips_ready(a, packed_b, shape, chunk, acc, ready)
+        })
+    };
+    match kernel {
+        Kernel::Amx => run(StripsA::Bf16(packed_a)),
+        Kernel::Portable => with_kept(&A_WIDE, packed_a.len(), |wide| {
+            portable::widen(packed_a, wide);
+            run(StripsA::F32(wide))
+        }),
+    }
 }
 
 #[inline(always)]
 fn sum_strips_ready(
-    packed_a: &[u16],
+    packed_a: StripsA,
     packed_b: &[u16],
     (rows, n, kp): (usize, usize, usize),
     chunk: usize,
@@ -459,7 +489,11 @@ fn sum_strips_ready(
     let strip_len = kp * EDGE;
     let (blocks, chunk_blocks) = (kp / EDGE, chunk / EDGE);
     let mut t = [0.0f32; BLOCK];
-    for (s, a_strip) in packed_a.chunks_exact(strip_len.max(1)).enumerate() {
+    for s in 0..rows.div_ceil(EDGE) {
+        let a_strip = match packed_a {
+            StripsA::Bf16(a) => StripsA::Bf16(&a[s * strip_len..][..strip_len]),
+            StripsA::F32(a) => StripsA::F32(&a[s * strip_len..][..strip_len]),
+        };
         let i0 = s * EDGE;
         let height = EDGE.min(rows - i0);
         for (js, b_strip) in packed_b.chunks_exact(strip_len.max(1)).enumerate() {
@@ -467,7 +501,7 @@ fn sum_strips_ready(
             let width = EDGE.min(n - j0);
             for kb in (0..blocks).step_by(chunk_blocks) {
                 let count = chunk_blocks.min(blocks - kb);
-                kernel.chunk(&a_strip[kb * BLOCK..], &b_strip[kb * BLOCK..], count, &mut t);
+                kernel.chunk(a_strip, kb, &b_strip[kb * BLOCK..], count, &mut t);
                 // The chunk sums join the element's sum in order, from +0: the first one is
                 // copied (`+0 + t` is `t`: a chunk sum starts at +0 and is never -0).
                 for (r, t_row) in t.chunks_exact(EDGE).take(height).enumerate() {

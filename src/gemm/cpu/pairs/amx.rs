@@ -171,7 +171,9 @@ pub(super) fn self_check() -> Option<String> {
         };
         let (a, b) = (fill(), fill());
         let (mut want, mut got) = ([0.0f32; BLOCK], [1.0f32; BLOCK]);
-        super::portable::chunk(&a, &b, blocks, &mut want);
+        let mut a_wide = vec![0.0f32; a.len()];
+        super::portable::widen(&a, &mut a_wide);
+        super::portable::chunk(&a_wide, &b, blocks, &mut want);
         // SAFETY: only called where `available()` held, with no other `Tiles` on this thread;
         // both strips hold `blocks` blocks.
         unsafe { Tiles::load().chunk(a.as_ptr(), b.as_ptr(), blocks, &mut got) };

@@ -5,6 +5,10 @@
 //! guard of `pairs.rs`, bf16) values is exact, so a fused multiply-add gives the same bits.
 //! Two bodies, picked at run time: the generic one (multiply, then add) and one in AVX-512 FMA
 //! registers ([`chunk_avx512`]): the same sums in the same order, only wider and fused.
+//!
+//! A comes as f32 (its packed bf16 strip widened once, [`widen`]: each A strip meets every B
+//! strip), B as the packed bf16 pairs the tile unit reads: one 512-bit load of a pair row holds
+//! 16 columns' (even, odd) K, and a shift and a mask make them f32 in registers.
 
 use super::{BLOCK, EDGE};
 
@@ -12,22 +16,33 @@ use super::{BLOCK, EDGE};
 const HALF: usize = 16;
 
 #[inline(always)]
-fn widen(bits: u16) -> f32 {
+fn widen_one(bits: u16) -> f32 {
     f32::from_bits((bits as u32) << 16)
 }
 
-/// `c = ` the chunk sums of `blocks` K blocks (module docs of `pairs.rs`).
-pub(super) fn chunk(a: &[u16], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
+/// `out = ` the f32 values of the bf16 bits `bits` (exact; a loop the compiler vectorizes).
+pub(super) fn widen(bits: &[u16], out: &mut [f32]) {
+    assert_eq!(bits.len(), out.len(), "widen: lengths");
+    out.iter_mut().zip(bits).for_each(|(o, &b)| *o = widen_one(b));
+}
+
+/// `c = ` the chunk sums of `blocks` K blocks (module docs of `pairs.rs`): `a` a packed A strip
+/// widened to f32, `b` a packed B strip.
+pub(super) fn chunk(a: &[f32], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
+    assert!(
+        a.len() >= blocks * BLOCK && b.len() >= blocks * BLOCK,
+        "portable: short strips"
+    );
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has AVX-512F and FMA (checked just above).
+        // SAFETY: the CPU has AVX-512F and FMA (checked just above); the lengths were checked.
         unsafe { chunk_avx512(a, b, blocks, c) };
         return;
     }
     chunk_body(a, b, blocks, c);
 }
 
-fn chunk_body(a: &[u16], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
+fn chunk_body(a: &[f32], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
     c.fill(0.0);
     for kb in 0..blocks {
         let a_block = &a[kb * BLOCK..][..BLOCK];
@@ -38,7 +53,7 @@ fn chunk_body(a: &[u16], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
                 let mut e = [0.0f32; HALF];
                 let mut o = [0.0f32; HALF];
                 for p in 0..HALF {
-                    let (ae, ao) = (widen(a_row[2 * p]), widen(a_row[2 * p + 1]));
+                    let (ae, ao) = (a_row[2 * p], a_row[2 * p + 1]);
                     for col in 0..HALF {
                         e[col] += ae * even[p][col];
                         o[col] += ao * odd[p][col];
@@ -61,8 +76,8 @@ fn b_half(b_block: &[u16], h: usize) -> ([[f32; HALF]; HALF], [[f32; HALF]; HALF
     let tile = &b_block[h * HALF * EDGE..][..HALF * EDGE];
     for (p, pairs) in tile.chunks_exact(EDGE).enumerate() {
         for col in 0..HALF {
-            even[p][col] = widen(pairs[2 * col]);
-            odd[p][col] = widen(pairs[2 * col + 1]);
+            even[p][col] = widen_one(pairs[2 * col]);
+            odd[p][col] = widen_one(pairs[2 * col + 1]);
         }
     }
     (even, odd)
@@ -72,32 +87,38 @@ fn b_half(b_block: &[u16], h: usize) -> ([[f32; HALF]; HALF], [[f32; HALF]; HALF
 #[cfg(target_arch = "x86_64")]
 const GROUP: usize = 8;
 
-/// [`chunk_body`] in AVX-512 registers: 8 rows of a 16-column half at a time, B's even and
-/// odd vectors loaded once per pair for the 8 rows (the generic body's loads bound it at about
-/// half this speed). The same FMA chains per element, so the same bits.
+/// [`chunk_body`] in AVX-512 registers: 8 rows of a 16-column half at a time. Per pair, one
+/// load of B (shifted and masked into its even and odd f32 vectors) serves 16 FMAs, each with a
+/// broadcast of A from memory. The same FMA chains per element, so the same bits.
+///
+/// # Safety
+/// The CPU has AVX-512F and FMA; `a` and `b` hold `blocks` blocks.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
-fn chunk_avx512(a: &[u16], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
+unsafe fn chunk_avx512(a: &[f32], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
     use std::arch::x86_64::*;
     c.fill(0.0);
+    let high = _mm512_set1_epi32(0xFFFF_0000_u32 as i32);
     for kb in 0..blocks {
-        let a_block = &a[kb * BLOCK..][..BLOCK];
-        let b_block = &b[kb * BLOCK..][..BLOCK];
-        let mut a_f32 = [[0.0f32; EDGE]; EDGE];
-        for (dst, src) in a_f32.iter_mut().zip(a_block.chunks_exact(EDGE)) {
-            dst.iter_mut().zip(src).for_each(|(d, &s)| *d = widen(s));
-        }
+        // SAFETY (all loads below): the caller's lengths; a block's rows are 32 f32 (A) and
+        // a half is 16 pairs of 32 bf16 (B).
+        let a_block = unsafe { a.as_ptr().add(kb * BLOCK) };
+        let b_block = unsafe { b.as_ptr().add(kb * BLOCK) };
         for h in 0..2 {
-            let (even, odd) = b_half(b_block, h);
-            for (g, rows) in a_f32.chunks_exact(GROUP).enumerate() {
+            let half = unsafe { b_block.add(h * BLOCK / 2) };
+            for g in 0..EDGE / GROUP {
+                let rows = unsafe { a_block.add(g * GROUP * EDGE) };
                 let mut e = [_mm512_setzero_ps(); GROUP];
                 let mut o = [_mm512_setzero_ps(); GROUP];
                 for p in 0..HALF {
-                    // SAFETY: each row of `even` / `odd` holds 16 f32.
-                    let (be, bo) = unsafe { (_mm512_loadu_ps(even[p].as_ptr()), _mm512_loadu_ps(odd[p].as_ptr())) };
+                    // Lane c of the load: column c's even K in its low 16 bits, odd K in its high.
+                    let pair = unsafe { _mm512_loadu_si512(half.add(p * EDGE).cast()) };
+                    let be = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(pair));
+                    let bo = _mm512_castsi512_ps(_mm512_and_si512(pair, high));
                     for r in 0..GROUP {
-                        e[r] = _mm512_fmadd_ps(_mm512_set1_ps(rows[r][2 * p]), be, e[r]);
-                        o[r] = _mm512_fmadd_ps(_mm512_set1_ps(rows[r][2 * p + 1]), bo, o[r]);
+                        let row = unsafe { rows.add(r * EDGE + 2 * p) };
+                        e[r] = _mm512_fmadd_ps(_mm512_set1_ps(unsafe { *row }), be, e[r]);
+                        o[r] = _mm512_fmadd_ps(_mm512_set1_ps(unsafe { *row.add(1) }), bo, o[r]);
                     }
                 }
                 for r in 0..GROUP {
@@ -134,11 +155,33 @@ mod tests {
         for blocks in [1, 3, 4] {
             let a: Vec<u16> = (0..blocks * BLOCK).map(|_| value()).collect();
             let b: Vec<u16> = (0..blocks * BLOCK).map(|_| value()).collect();
+            let mut a_wide = vec![0.0f32; a.len()];
+            widen(&a, &mut a_wide);
             let (mut generic, mut picked) = ([0.0f32; BLOCK], [0.0f32; BLOCK]);
-            chunk_body(&a, &b, blocks, &mut generic);
-            chunk(&a, &b, blocks, &mut picked);
+            chunk_body(&a_wide, &b, blocks, &mut generic);
+            chunk(&a_wide, &b, blocks, &mut picked);
             let bad = (0..BLOCK).find(|&i| generic[i].to_bits() != picked[i].to_bits());
             assert_eq!(bad, None, "{blocks} blocks");
+        }
+    }
+
+    /// Widening gives `half`'s value of every one of the 2^16 bf16 codes (NaNs stay NaN, with
+    /// their sign).
+    #[test]
+    fn widen_is_the_bf16_value() {
+        let bits: Vec<u16> = (0..=u16::MAX).collect();
+        let mut out = vec![0.0f32; bits.len()];
+        widen(&bits, &mut out);
+        for (&b, w) in bits.iter().zip(&out) {
+            let want = half::bf16::from_bits(b).to_f32();
+            if want.is_nan() {
+                assert!(
+                    w.is_nan() && w.is_sign_negative() == want.is_sign_negative(),
+                    "{b:#06x}"
+                );
+            } else {
+                assert_eq!(w.to_bits(), want.to_bits(), "{b:#06x}");
+            }
         }
     }
 }
