@@ -21,6 +21,7 @@
 //! The output is cut into bands of whole rows, one rayon task each.
 
 mod amx;
+mod dot;
 mod portable;
 #[cfg(test)]
 mod tests;
@@ -48,27 +49,41 @@ pub(super) enum Kernel {
     /// AMX tiles (`TDPBF16PS`), where the CPU has them, the OS grants them and the self-check
     /// passed.
     Amx,
+    /// AVX512-BF16 `VDPBF16PS` on reordered strips (`dot.rs`), where the CPU has it, has no
+    /// AMX, and the self-check passed.
+    Dot,
     /// The same sums in f32 arithmetic, on every CPU.
     Portable,
 }
 
 impl Kernel {
-    /// The fastest kernel that gives the portable kernel's bits on this CPU: AMX when available
-    /// and its self-check passes (checked once; a failure is reported once on stderr), unless
-    /// `FP8_CPU_AMX=0`.
+    /// The fastest kernel that gives the portable kernel's bits on this CPU: AMX, else
+    /// `VDPBF16PS`, each only where available and its self-check passes (checked once; a
+    /// failure is reported once on stderr). `FP8_CPU_PAIRS=portable` (or the older
+    /// `FP8_CPU_AMX=0`) forces the portable kernel, `FP8_CPU_PAIRS=dot` rules out AMX.
     pub(super) fn best() -> Kernel {
         static BEST: OnceLock<Kernel> = OnceLock::new();
         *BEST.get_or_init(|| {
-            if std::env::var("FP8_CPU_AMX").is_ok_and(|v| v == "0") || !amx::available() {
+            let wanted = std::env::var("FP8_CPU_PAIRS").unwrap_or_default();
+            if wanted == "portable" || std::env::var("FP8_CPU_AMX").is_ok_and(|v| v == "0") {
                 return Kernel::Portable;
             }
-            match amx::self_check() {
-                None => Kernel::Amx,
+            let checked = |kernel: Kernel, check: fn() -> Option<String>| match check() {
+                None => Some(kernel),
                 Some(err) => {
-                    eprintln!("fp8-engine: warning: AMX GEMM self-check failed ({err}); using the portable FP8 GEMM");
-                    Kernel::Portable
+                    eprintln!("fp8-engine: warning: {kernel:?} GEMM self-check failed ({err}); not using it");
+                    None
                 }
-            }
+            };
+            (wanted != "dot" && amx::available())
+                .then(|| checked(Kernel::Amx, amx::self_check))
+                .flatten()
+                .or_else(|| {
+                    dot::available()
+                        .then(|| checked(Kernel::Dot, dot::self_check))
+                        .flatten()
+                })
+                .unwrap_or(Kernel::Portable)
         })
     }
 
@@ -79,6 +94,7 @@ impl Kernel {
             // SAFETY: `Amx` is only chosen where `amx::available()` held; `f` runs no other
             // task on this thread, so no other `Tiles` is alive on it.
             Kernel::Amx => f(&mut Ready::Amx(unsafe { amx::Tiles::load() })),
+            Kernel::Dot => f(&mut Ready::Dot),
             Kernel::Portable => f(&mut Ready::Portable),
         }
     }
@@ -87,11 +103,13 @@ impl Kernel {
 /// A kernel ready to run on this thread ([`Kernel::run`]).
 enum Ready {
     Amx(amx::Tiles),
+    Dot,
     Portable,
 }
 
-/// Packed A strips as a kernel reads them: the bf16 bits for AMX, widened to f32 for the
-/// portable kernel (once per band, since each strip meets every B strip).
+/// Packed A strips as a kernel reads them: the bf16 bits for AMX and `VDPBF16PS` (reordered
+/// for the latter), widened to f32 for the portable kernel (once per band, since each strip
+/// meets every B strip).
 #[derive(Clone, Copy)]
 enum StripsA<'a> {
     Bf16(&'a [u16]),
@@ -103,14 +121,19 @@ impl Ready {
     /// starts at block `kb` of `a` and B strip at `b` (`c` row-major 32 x 32, overwritten).
     fn chunk(&mut self, a: StripsA, kb: usize, b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
         match (self, a) {
-            (Ready::Amx(tiles), StripsA::Bf16(a)) => {
+            (ready @ (Ready::Amx(_) | Ready::Dot), StripsA::Bf16(a)) => {
                 let a = &a[kb * BLOCK..];
                 assert!(
                     a.len() >= blocks * BLOCK && b.len() >= blocks * BLOCK,
                     "pairs: short strips"
                 );
-                // SAFETY: the lengths were checked above.
-                unsafe { tiles.chunk(a.as_ptr(), b.as_ptr(), blocks, c) }
+                match ready {
+                    // SAFETY: the lengths were checked above.
+                    Ready::Amx(tiles) => unsafe { tiles.chunk(a.as_ptr(), b.as_ptr(), blocks, c) },
+                    // SAFETY: the lengths were checked above; `Dot` is only chosen where
+                    // `dot::available()` held.
+                    _ => unsafe { dot::chunk(a, b, blocks, c) },
+                }
             }
             (Ready::Portable, StripsA::F32(a)) => portable::chunk(&a[kb * BLOCK..], b, blocks, c),
             _ => unreachable!("pairs: A strips packed for another kernel"),
@@ -252,6 +275,52 @@ impl XorShift {
         self.0 ^= self.0 << 17;
         self.0
     }
+}
+
+/// The first difference between a kernel (`chunk(a, b, blocks, c)` on packed strips in the
+/// AMX layout) and the portable one, on random blocks: FP8 values (every finite code of both
+/// formats, cancelling sums) and bf16 values whose sums stay normal, 1 to 6 blocks per chunk;
+/// `None` if none. The run-time self-check of the faster kernels.
+fn check_against_portable(name: &str, kernel: impl Fn(&[u16], &[u16], usize, &mut [f32; BLOCK])) -> Option<String> {
+    let mut rng = XorShift(0x2545_F491_4F6C_DD1D);
+    let finite: Vec<u16> = [Fp8Format::E4M3, Fp8Format::E5M2]
+        .iter()
+        .flat_map(|&f| {
+            // Finite FP8 values are exact in bf16.
+            (0..=255u8)
+                .map(move |c| f.decode(c))
+                .filter(|v| v.is_finite())
+                .map(|v| bf16::from_f32(v).to_bits())
+        })
+        .collect();
+    for blocks in 1..=6 {
+        for fp8 in [true, false] {
+            let mut value = || -> u16 {
+                let r = rng.next();
+                if fp8 {
+                    return finite[r as usize % finite.len()];
+                }
+                // bf16 of every sign and mantissa, exponents 2^-27..2^12: products of at least
+                // 2^-54, far from subnormal.
+                ((r as u16 & 1) << 15) | (((100 + (r >> 8) % 40) as u16) << 7) | ((r >> 32) as u16 & 0x7F)
+            };
+            let a: Vec<u16> = (0..blocks * BLOCK).map(|_| value()).collect();
+            let b: Vec<u16> = (0..blocks * BLOCK).map(|_| value()).collect();
+            let mut a_wide = vec![0.0f32; a.len()];
+            portable::widen(&a, &mut a_wide);
+            let (mut want, mut got) = ([0.0f32; BLOCK], [1.0f32; BLOCK]);
+            portable::chunk(&a_wide, &b, blocks, &mut want);
+            kernel(&a, &b, blocks, &mut got);
+            if let Some(i) = (0..BLOCK).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+                let kind = if fp8 { "FP8" } else { "bf16" };
+                return Some(format!(
+                    "{kind}, {blocks} blocks, element {i}: {name} {:e}, portable {:e}",
+                    got[i], want[i]
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// K padded to whole blocks.
@@ -397,7 +466,12 @@ pub(super) fn gemm(
     with_kept(&B_STRIPS, n_strips * strip_len, |packed_b| {
         packed_b.par_chunks_mut(strip_len.max(1)).enumerate().for_each_init(
             || vec![bf16::ZERO; kp],
-            |row, (s, strip)| pack_b_strip(b, s * EDGE, strip, row),
+            |row, (s, strip)| {
+                pack_b_strip(b, s * EDGE, strip, row);
+                if kernel == Kernel::Dot {
+                    dot::reorder_b(strip);
+                }
+            },
         );
         let packed_b = &*packed_b;
         // Rows `i0..i0 + rows` of the sum, into `acc` (`rows x n`).
@@ -407,6 +481,9 @@ pub(super) fn gemm(
                 with_kept(&A_ROW, kp, |row| {
                     for (s, strip) in packed_a.chunks_exact_mut(strip_len.max(1)).enumerate() {
                         pack_a_strip(a, i0 + s * EDGE, strip, row);
+                        if kernel == Kernel::Dot {
+                            dot::reorder_a(strip);
+                        }
                     }
                 });
                 sum_strips(packed_a, packed_b, (rows, n, kp), chunk, acc, kernel);
@@ -469,7 +546,7 @@ fn sum_strips(
         })
     };
     match kernel {
-        Kernel::Amx => run(StripsA::Bf16(packed_a)),
+        Kernel::Amx | Kernel::Dot => run(StripsA::Bf16(packed_a)),
         Kernel::Portable => with_kept(&A_WIDE, packed_a.len(), |wide| {
             portable::widen(packed_a, wide);
             run(StripsA::F32(wide))

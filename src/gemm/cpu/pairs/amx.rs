@@ -149,40 +149,12 @@ impl Drop for Tiles {
     }
 }
 
-/// The first difference between this kernel and the portable one on random FP8 blocks (every
-/// finite code of both formats, cancelling sums, 1 to 6 blocks per chunk); `None` if none.
+/// The first difference between this kernel and the portable one (`pairs.rs`,
+/// [`super::check_against_portable`]); `None` if none.
 pub(super) fn self_check() -> Option<String> {
-    let mut rng = super::XorShift(0x2545_F491_4F6C_DD1D);
-    let finite: Vec<u16> = [crate::format::Fp8Format::E4M3, crate::format::Fp8Format::E5M2]
-        .iter()
-        .flat_map(|&f| {
-            // Finite FP8 values are exact in bf16.
-            (0..=255u8)
-                .map(move |c| f.decode(c))
-                .filter(|v| v.is_finite())
-                .map(|v| half::bf16::from_f32(v).to_bits())
-        })
-        .collect();
-    for blocks in 1..=6 {
-        let mut fill = || -> Vec<u16> {
-            (0..blocks * BLOCK)
-                .map(|_| finite[rng.next() as usize % finite.len()])
-                .collect()
-        };
-        let (a, b) = (fill(), fill());
-        let (mut want, mut got) = ([0.0f32; BLOCK], [1.0f32; BLOCK]);
-        let mut a_wide = vec![0.0f32; a.len()];
-        super::portable::widen(&a, &mut a_wide);
-        super::portable::chunk(&a_wide, &b, blocks, &mut want);
+    super::check_against_portable("AMX", |a, b, blocks, c| {
         // SAFETY: only called where `available()` held, with no other `Tiles` on this thread;
         // both strips hold `blocks` blocks.
-        unsafe { Tiles::load().chunk(a.as_ptr(), b.as_ptr(), blocks, &mut got) };
-        if let Some(i) = (0..BLOCK).find(|&i| got[i].to_bits() != want[i].to_bits()) {
-            return Some(format!(
-                "{blocks} blocks, element {i}: AMX {:e}, portable {:e}",
-                got[i], want[i]
-            ));
-        }
-    }
-    None
+        unsafe { Tiles::load().chunk(a.as_ptr(), b.as_ptr(), blocks, c) }
+    })
 }

@@ -114,22 +114,79 @@ fn portable_gemm_is_the_pair_order_of_every_element() {
     }
 }
 
-#[test]
-fn amx_gemm_matches_the_portable_gemm_bit_for_bit() {
-    if !amx::available() {
-        eprintln!("skipped: this CPU (or OS) has no AMX-BF16");
+/// Each faster kernel this CPU has gives the portable kernel's bits on whole GEMMs (FP8 and bf16
+/// operands, every shape).
+fn fast_kernel_matches_the_portable_gemm(kernel: Kernel, available: bool, self_check: fn() -> Option<String>) {
+    if !available {
+        eprintln!("skipped: this CPU (or OS) has no {kernel:?}");
         return;
     }
-    assert_eq!(amx::self_check(), None);
+    assert_eq!(self_check(), None);
     let mut rng = XorShift(0x0F0F_1234_5555_AAAA);
     for (m, n, k, chunk) in SHAPES.into_iter().chain([(256, 256, 1024, 128), (300, 200, 768, 384)]) {
         for (fa, fb) in [(Fp8Format::E4M3, Fp8Format::E4M3), (Fp8Format::E5M2, Fp8Format::E4M3)] {
             let (ca, cb) = (codes(&mut rng, fa, m * k), codes(&mut rng, fb, n * k));
             let a = fp8(fa, &ca, m, k);
             let b = fp8(fb, &cb, n, k);
-            let (want, got) = (run(a, b, chunk, Kernel::Portable), run(a, b, chunk, Kernel::Amx));
+            let (want, got) = (run(a, b, chunk, Kernel::Portable), run(a, b, chunk, kernel));
             let bad = (0..m * n).find(|&i| got[i].to_bits() != want[i].to_bits());
-            assert_eq!(bad, None, "{m}x{n}x{k} chunk {chunk} {fa:?} x {fb:?}");
+            assert_eq!(bad, None, "{kernel:?} {m}x{n}x{k} chunk {chunk} {fa:?} x {fb:?}");
+        }
+        let (va, vb) = (bf16_values(&mut rng, m * k, 100), bf16_values(&mut rng, n * k, 100));
+        let (a, b) = (bf16s(&va, m, k, false), bf16s(&vb, n, k, false));
+        let (want, got) = (run(a, b, chunk, Kernel::Portable), run(a, b, chunk, kernel));
+        let bad = (0..m * n).find(|&i| got[i].to_bits() != want[i].to_bits());
+        assert_eq!(bad, None, "{kernel:?} {m}x{n}x{k} chunk {chunk} bf16");
+    }
+}
+
+#[test]
+fn amx_gemm_matches_the_portable_gemm_bit_for_bit() {
+    fast_kernel_matches_the_portable_gemm(Kernel::Amx, amx::available(), amx::self_check);
+}
+
+#[test]
+fn vdpbf16ps_gemm_matches_the_portable_gemm_bit_for_bit() {
+    fast_kernel_matches_the_portable_gemm(Kernel::Dot, dot::available(), dot::self_check);
+}
+
+/// The reordering for `VDPBF16PS` puts each step's two terms of a chain in one word, the
+/// earlier K in the high half (A: `[32 rows][32 K]` blocks; B: `[16 pairs][16 columns][2]`).
+#[test]
+fn vdpbf16ps_words_hold_consecutive_terms_of_one_chain() {
+    // Value = K index (A: plus 1000 * row; B: plus 1000 * column).
+    let mut a: Vec<u16> = (0..BLOCK).map(|i| (i / EDGE * 1000 + i % EDGE) as u16).collect();
+    dot::reorder_a(&mut a);
+    let mut b = vec![0u16; BLOCK];
+    for (h, half) in b.chunks_exact_mut(BLOCK / 2).enumerate() {
+        for (at, v) in half.iter_mut().enumerate() {
+            let (p, c, t) = (at / EDGE, at % EDGE / 2, at % 2);
+            *v = ((16 * h + c) * 1000 + 2 * p + t) as u16;
+        }
+    }
+    dot::reorder_b(&mut b);
+    for s in 0..EDGE / 4 {
+        for q in 0..2 {
+            let (lo, hi) = ((4 * s + 2 + q) as u16, (4 * s + q) as u16);
+            for r in 0..EDGE {
+                let w = &a[r * EDGE + 4 * s + 2 * q..][..2];
+                assert_eq!(
+                    w,
+                    [r as u16 * 1000 + lo, r as u16 * 1000 + hi],
+                    "A row {r} step {s} chain {q}"
+                );
+            }
+            for h in 0..2 {
+                for c in 0..16 {
+                    let at = h * BLOCK / 2 + ((2 * s + q) * 16 + c) * 2;
+                    let col = (16 * h + c) as u16 * 1000;
+                    assert_eq!(
+                        b[at..at + 2],
+                        [col + lo, col + hi],
+                        "B column {c} half {h} step {s} chain {q}"
+                    );
+                }
+            }
         }
     }
 }
