@@ -12,11 +12,19 @@
 //! and the best wall ms (the call that found the machine's cores free). With
 //! `LAYER_GEMMS_ALIGNED=1` every operand starts on a 64-byte line (wgrad then reads `X^T` in
 //! place, `gemm/cpu/packed.rs`); else where the allocator puts it, as in the layer.
+//! `LAYER_GEMMS_OPERANDS=bf16` passes the operands as bf16 (same layouts, the bf16 policy), and
+//! `=fp8` as E4M3 codes with per-tensor scales, K-major (the FP8 recipes' layouts: the casts
+//! make the column-wise copies); both run the pair-order GEMM (`gemm/cpu/pairs.rs`). The crate
+//! column stays the f32 GEMM on the same shapes.
 
 use std::hint::black_box;
 use std::time::Instant;
 
+use fp8_engine::format::Fp8Format;
 use fp8_engine::gemm::{self, GemmParams, Mat, Operand, Output};
+use fp8_engine::quantize::{ScaleRule, quantize_current};
+use fp8_engine::tensor::QuantizedMatrix;
+use half::bf16;
 
 /// `len` deterministic values in [-0.5, 0.5) inside a buffer: the buffer and their first index
 /// (0, or the first on a 64-byte line with `aligned`).
@@ -36,6 +44,55 @@ fn input(len: usize, seed: u64, aligned: bool) -> (Vec<f32>, usize) {
         (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
     }));
     (values, at)
+}
+
+/// The operands' type (`LAYER_GEMMS_OPERANDS`).
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Operands {
+    F32,
+    Bf16,
+    Fp8,
+}
+
+/// `mat` (f32, any layout) as an operand of `kind`, built once: bf16 values in the same layout,
+/// or E4M3 codes (current scaling) of its K-major copy.
+enum Owned {
+    F32,
+    Bf16(Vec<bf16>),
+    Fp8(QuantizedMatrix),
+}
+
+impl Owned {
+    fn of(kind: Operands, mat: Mat<f32>) -> Owned {
+        match kind {
+            Operands::F32 => Owned::F32,
+            Operands::Bf16 => Owned::Bf16(mat.data.iter().map(|&x| bf16::from_f32(x)).collect()),
+            Operands::Fp8 => {
+                let (rows, k) = (mat.rows, mat.cols);
+                let rule = ScaleRule {
+                    format: Fp8Format::E4M3,
+                    power_2_scale: false,
+                    amax_epsilon: 0.0,
+                };
+                let (q, _) = quantize_current(&mat.k_major(), rows, k, &rule, false).unwrap();
+                Owned::Fp8(q.into_parts().1)
+            }
+        }
+    }
+
+    fn operand<'a>(&'a self, mat: Mat<'a, f32>) -> Operand<'a> {
+        match self {
+            Owned::F32 => Operand::F32(mat),
+            // Same layout as the f32 matrix: transposed where it is.
+            Owned::Bf16(v) => Operand::Bf16(Mat {
+                data: v,
+                rows: mat.rows,
+                cols: mat.cols,
+                transposed: mat.transposed,
+            }),
+            Owned::Fp8(q) => Operand::Fp8(Fp8Format::E4M3, q),
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -82,6 +139,11 @@ fn main() {
     let repeat = args.first().and_then(|a| a.parse::<usize>().ok()).unwrap_or(50).max(1);
     let filter = args.get(1).cloned().unwrap_or_default();
     let aligned = std::env::var_os("LAYER_GEMMS_ALIGNED").is_some_and(|v| v == "1");
+    let kind = match std::env::var("LAYER_GEMMS_OPERANDS").as_deref() {
+        Ok("bf16") => Operands::Bf16,
+        Ok("fp8") => Operands::Fp8,
+        _ => Operands::F32,
+    };
     let tokens = 1024;
     // (name, in, out) of the layer's linears.
     let linears = [
@@ -91,7 +153,7 @@ fn main() {
         ("fc2", 1024, 256),
     ];
     println!(
-        "threads {}, {repeat} timed calls per GEMM, median ms, operands {}",
+        "threads {}, {repeat} timed calls per GEMM, median ms, {kind:?} operands {}",
         rayon::current_num_threads(),
         if aligned {
             "on 64-byte lines"
@@ -152,8 +214,10 @@ fn main() {
                 ..GemmParams::default()
             };
             let mut d = vec![0.0f32; m * n];
+            let (oa, ob) = (Owned::of(kind, a), Owned::of(kind, b));
+            let (opa, opb) = (oa.operand(a), ob.operand(b));
             let ours = median_s(repeat, || {
-                gemm::cpu::gemm(&Operand::F32(a), &Operand::F32(b), Output::F32(&mut d), &params).unwrap();
+                gemm::cpu::gemm(&opa, &opb, Output::F32(&mut d), &params).unwrap();
                 black_box(&d);
             });
             let (ak, bk) = (a.k_major().into_owned(), b.k_major().into_owned());
