@@ -3,8 +3,9 @@
 //!
 //! `e + a * b` rounds once, like the tile unit's FMA: the product of two FP8 (or, within the
 //! guard of `pairs.rs`, bf16) values is exact, so a fused multiply-add gives the same bits.
-//! Two bodies, picked at run time: the generic one (multiply, then add) and one in AVX-512 FMA
-//! registers ([`chunk_avx512`]): the same sums in the same order, only wider and fused.
+//! Three bodies, picked at run time: the generic one (multiply, then add), and ones in AVX-512
+//! ([`chunk_avx512`]) and AVX2 ([`chunk_avx2`]) FMA registers: the same sums in the same order,
+//! only wider and fused.
 //!
 //! A comes as f32 (its packed bf16 strip widened once, [`widen`]: each A strip meets every B
 //! strip), B as the packed bf16 pairs the tile unit reads: one 512-bit load of a pair row holds
@@ -34,10 +35,17 @@ pub(super) fn chunk(a: &[f32], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
         "portable: short strips"
     );
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has AVX-512F and FMA (checked just above); the lengths were checked.
-        unsafe { chunk_avx512(a, b, blocks, c) };
-        return;
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX-512F and FMA (checked just above); the lengths were checked.
+            unsafe { chunk_avx512(a, b, blocks, c) };
+            return;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA (checked just above); the lengths were checked.
+            unsafe { chunk_avx2(a, b, blocks, c) };
+            return;
+        }
     }
     chunk_body(a, b, blocks, c);
 }
@@ -134,6 +142,56 @@ unsafe fn chunk_avx512(a: &[f32], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]
     }
 }
 
+/// [`chunk_body`] in AVX2 registers (CPUs, or virtual machines, without AVX-512): 4 rows of an
+/// 8-column quarter at a time, 8 accumulators of the 16 registers. Per pair, one 256-bit load of
+/// B (8 columns' even and odd K, shifted and masked) serves 8 FMAs. Same chains, same bits.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `a` and `b` hold `blocks` blocks.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn chunk_avx2(a: &[f32], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
+    use std::arch::x86_64::*;
+    /// Rows per register group and columns per vector.
+    const ROWS: usize = 4;
+    const LANES: usize = 8;
+    c.fill(0.0);
+    let high = _mm256_set1_epi32(0xFFFF_0000_u32 as i32);
+    for kb in 0..blocks {
+        // SAFETY (all loads below): the caller's lengths; a block's rows are 32 f32 (A) and a
+        // half is 16 pairs of 32 bf16 (B), of which a quarter reads 16 at an offset of 0 or 16.
+        let a_block = unsafe { a.as_ptr().add(kb * BLOCK) };
+        let b_block = unsafe { b.as_ptr().add(kb * BLOCK) };
+        for quarter in 0..EDGE / LANES {
+            let (h, part) = (quarter / 2, quarter % 2);
+            let cols = unsafe { b_block.add(h * BLOCK / 2 + part * 2 * LANES) };
+            for g in 0..EDGE / ROWS {
+                let rows = unsafe { a_block.add(g * ROWS * EDGE) };
+                let mut e = [_mm256_setzero_ps(); ROWS];
+                let mut o = [_mm256_setzero_ps(); ROWS];
+                for p in 0..HALF {
+                    let pair = unsafe { _mm256_loadu_si256(cols.add(p * EDGE).cast()) };
+                    let be = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(pair));
+                    let bo = _mm256_castsi256_ps(_mm256_and_si256(pair, high));
+                    for r in 0..ROWS {
+                        let row = unsafe { rows.add(r * EDGE + 2 * p) };
+                        e[r] = _mm256_fmadd_ps(_mm256_set1_ps(unsafe { *row }), be, e[r]);
+                        o[r] = _mm256_fmadd_ps(_mm256_set1_ps(unsafe { *row.add(1) }), bo, o[r]);
+                    }
+                }
+                for r in 0..ROWS {
+                    let out = &mut c[(g * ROWS + r) * EDGE + quarter * LANES..][..LANES];
+                    // SAFETY: `out` holds 8 f32.
+                    unsafe {
+                        let sum = _mm256_add_ps(_mm256_loadu_ps(out.as_ptr()), _mm256_add_ps(e[r], o[r]));
+                        _mm256_storeu_ps(out.as_mut_ptr(), sum);
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,6 +220,15 @@ mod tests {
             chunk(&a_wide, &b, blocks, &mut picked);
             let bad = (0..BLOCK).find(|&i| generic[i].to_bits() != picked[i].to_bits());
             assert_eq!(bad, None, "{blocks} blocks");
+            // The AVX2 body, which `chunk` passes over on AVX-512 CPUs.
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                let mut avx2 = [0.0f32; BLOCK];
+                // SAFETY: the CPU has AVX2 and FMA; both strips hold `blocks` blocks.
+                unsafe { chunk_avx2(&a_wide, &b, blocks, &mut avx2) };
+                let bad = (0..BLOCK).find(|&i| generic[i].to_bits() != avx2[i].to_bits());
+                assert_eq!(bad, None, "AVX2, {blocks} blocks");
+            }
         }
     }
 
