@@ -328,9 +328,54 @@ fn padded_k(k: usize) -> usize {
     k.div_ceil(EDGE) * EDGE
 }
 
+/// How a kernel wants K ordered within each block of 32 (`dot.rs`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum KOrder {
+    /// In K order (the AMX layouts; the portable kernel reads them too).
+    Natural,
+    /// Each group of 4 K as `[K 2, K 0, K 3, K 1]`: the 32-bit words of `VDPBF16PS`
+    /// (`dot::reorder_a` of a K-contiguous row).
+    Dot,
+}
+
+impl KOrder {
+    fn of(kernel: Kernel) -> KOrder {
+        match kernel {
+            Kernel::Dot => KOrder::Dot,
+            Kernel::Amx | Kernel::Portable => KOrder::Natural,
+        }
+    }
+
+    /// The position within its block of K offset `kk` (0..32).
+    #[inline(always)]
+    fn position(self, kk: usize) -> usize {
+        match self {
+            KOrder::Natural => kk,
+            KOrder::Dot => kk / 4 * 4 + [1, 3, 0, 2][kk % 4],
+        }
+    }
+
+    /// The K offsets (low half, high half) of pair row `p` (0..16) of a B block.
+    #[inline(always)]
+    fn pair(self, p: usize) -> (usize, usize) {
+        match self {
+            KOrder::Natural => (2 * p, 2 * p + 1),
+            KOrder::Dot => (p / 2 * 4 + 2 + p % 2, p / 2 * 4 + p % 2),
+        }
+    }
+
+    /// Reorders a K-contiguous row (whole blocks) in place.
+    fn apply(self, row: &mut [bf16]) {
+        if self == KOrder::Dot {
+            dot::reorder_a(row.reinterpret_cast_mut());
+        }
+    }
+}
+
 /// Packs rows `first..first + 32` of `op` (rows past its end are zeros) as an A strip:
-/// `[K / 32][32 rows][32 K]`, K past its end zeros. `row` holds `padded_k(op.k)` values.
-fn pack_a_strip(op: Source, first: usize, out: &mut [u16], row: &mut [bf16]) {
+/// `[K / 32][32 rows][32 K]` (K within a block in `order`), K past its end zeros. `row` holds
+/// `padded_k(op.k)` values.
+fn pack_a_strip(op: Source, first: usize, out: &mut [u16], row: &mut [bf16], order: KOrder) {
     let kp = padded_k(op.k);
     if let Some(column) = op.columns() {
         // Stored transposed: the strip's rows are contiguous at each K.
@@ -338,19 +383,22 @@ fn pack_a_strip(op: Source, first: usize, out: &mut [u16], row: &mut [bf16]) {
         for (kb, block) in out[..kp * EDGE].chunks_exact_mut(BLOCK).enumerate() {
             block.fill(0);
             for kk in 0..EDGE.min(op.k - kb * EDGE) {
+                let at = order.position(kk);
                 for (r, x) in column(kb * EDGE + kk, first, height).iter().enumerate() {
-                    block[r * EDGE + kk] = x.to_bits();
+                    block[r * EDGE + at] = x.to_bits();
                 }
             }
         }
         return;
     }
-    row[op.k..kp].fill(bf16::ZERO);
     for r in 0..EDGE {
         if first + r < op.rows {
             op.row_to_bf16(first + r, row);
+            // Zeros past K, again for each row: reordering moves them within their group.
+            row[op.k..kp].fill(bf16::ZERO);
+            order.apply(&mut row[..kp]);
         } else {
-            row[..op.k].fill(bf16::ZERO);
+            row[..kp].fill(bf16::ZERO);
         }
         for (block, values) in out[..kp * EDGE].chunks_exact_mut(BLOCK).zip(row.chunks_exact(EDGE)) {
             block[r * EDGE..][..EDGE].copy_from_slice(values.reinterpret_cast());
@@ -359,46 +407,55 @@ fn pack_a_strip(op: Source, first: usize, out: &mut [u16], row: &mut [bf16]) {
 }
 
 /// Packs rows `first..first + 32` of `op` as a B strip: `[K / 32][2 halves][16 pairs]
-/// [16 columns][2]` (column `16 h + c`, K `32 kb + 2 p + q`), padding zeros. `row` holds
-/// `padded_k(op.k)` values.
-fn pack_b_strip(op: Source, first: usize, out: &mut [u16], row: &mut [bf16]) {
+/// [16 columns][2]` (column `16 h + c`; pair `p` holds K `order.pair(p)` of its block, low
+/// half first), padding zeros. `row` holds `padded_k(op.k)` values.
+fn pack_b_strip(op: Source, first: usize, out: &mut [u16], row: &mut [bf16], order: KOrder) {
     let kp = padded_k(op.k);
     if let Some(column) = op.columns() {
         // Stored transposed: the strip's columns are contiguous at each K.
         let width = EDGE.min(op.rows.saturating_sub(first));
         let zeros = [bf16::ZERO; EDGE];
+        // K past its end reads zeros (K is even for FP8, not always for bf16).
+        let at_k = |k: usize| {
+            if k < op.k {
+                column(k, first, width)
+            } else {
+                &zeros[..width]
+            }
+        };
         for (kb, block) in out[..kp * EDGE].chunks_exact_mut(BLOCK).enumerate() {
             block.fill(0);
             let k0 = kb * EDGE;
-            for p in 0..EDGE.min(op.k - k0).div_ceil(2) {
-                // K `2p` and `2p + 1` (zeros past K: K is even for FP8, not always for bf16).
-                let k = k0 + 2 * p;
-                let even = column(k, first, width);
-                let odd = if k + 1 < op.k {
-                    column(k + 1, first, width)
-                } else {
-                    &zeros[..width]
-                };
-                for (col, (e, o)) in even.iter().zip(odd).enumerate() {
+            for p in 0..EDGE / 2 {
+                let (lo, hi) = order.pair(p);
+                if k0 + lo.min(hi) >= op.k {
+                    continue;
+                }
+                let (lo, hi) = (at_k(k0 + lo), at_k(k0 + hi));
+                for (col, (l, h)) in lo.iter().zip(hi).enumerate() {
                     let at = ((col / 16 * 16 + p) * 16 + col % 16) * 2;
-                    block[at] = e.to_bits();
-                    block[at + 1] = o.to_bits();
+                    block[at] = l.to_bits();
+                    block[at + 1] = h.to_bits();
                 }
             }
         }
         return;
     }
-    row[op.k..kp].fill(bf16::ZERO);
     for col in 0..EDGE {
         if first + col < op.rows {
             op.row_to_bf16(first + col, row);
+            // Zeros past K, again for each row: reordering moves them within their group.
+            row[op.k..kp].fill(bf16::ZERO);
+            order.apply(&mut row[..kp]);
         } else {
-            row[..op.k].fill(bf16::ZERO);
+            row[..kp].fill(bf16::ZERO);
         }
         let (h, c) = (col / 16, col % 16);
         for (block, values) in out[..kp * EDGE].chunks_exact_mut(BLOCK).zip(row.chunks_exact(EDGE)) {
+            // One 32-bit word (a pair of K) per pair row: the column's 16 words go 16 words apart.
             let half = &mut block[h * BLOCK / 2..][..BLOCK / 2];
-            for (p, pair) in values.reinterpret_cast().chunks_exact(2).enumerate() {
+            let words: &[u16] = values.reinterpret_cast();
+            for (p, pair) in words.chunks_exact(2).enumerate() {
                 let at = (p * 16 + c) * 2;
                 half[at..at + 2].copy_from_slice(pair);
             }
@@ -466,12 +523,7 @@ pub(super) fn gemm(
     with_kept(&B_STRIPS, n_strips * strip_len, |packed_b| {
         packed_b.par_chunks_mut(strip_len.max(1)).enumerate().for_each_init(
             || vec![bf16::ZERO; kp],
-            |row, (s, strip)| {
-                pack_b_strip(b, s * EDGE, strip, row);
-                if kernel == Kernel::Dot {
-                    dot::reorder_b(strip);
-                }
-            },
+            |row, (s, strip)| pack_b_strip(b, s * EDGE, strip, row, KOrder::of(kernel)),
         );
         let packed_b = &*packed_b;
         // Rows `i0..i0 + rows` of the sum, into `acc` (`rows x n`).
@@ -480,10 +532,7 @@ pub(super) fn gemm(
             with_kept(&A_STRIPS, rows.div_ceil(EDGE) * strip_len, |packed_a| {
                 with_kept(&A_ROW, kp, |row| {
                     for (s, strip) in packed_a.chunks_exact_mut(strip_len.max(1)).enumerate() {
-                        pack_a_strip(a, i0 + s * EDGE, strip, row);
-                        if kernel == Kernel::Dot {
-                            dot::reorder_a(strip);
-                        }
+                        pack_a_strip(a, i0 + s * EDGE, strip, row, KOrder::of(kernel));
                     }
                 });
                 sum_strips(packed_a, packed_b, (rows, n, kp), chunk, acc, kernel);

@@ -132,11 +132,34 @@ fn fast_kernel_matches_the_portable_gemm(kernel: Kernel, available: bool, self_c
             let bad = (0..m * n).find(|&i| got[i].to_bits() != want[i].to_bits());
             assert_eq!(bad, None, "{kernel:?} {m}x{n}x{k} chunk {chunk} {fa:?} x {fb:?}");
         }
+    }
+    // bf16, odd K tails too, K-major and stored transposed (the packers' two paths).
+    for (m, n, k, chunk) in SHAPES
+        .into_iter()
+        .chain([(33, 40, 45, 64), (17, 70, 1, 32), (40, 36, 99, 96)])
+    {
         let (va, vb) = (bf16_values(&mut rng, m * k, 100), bf16_values(&mut rng, n * k, 100));
-        let (a, b) = (bf16s(&va, m, k, false), bf16s(&vb, n, k, false));
-        let (want, got) = (run(a, b, chunk, Kernel::Portable), run(a, b, chunk, kernel));
-        let bad = (0..m * n).find(|&i| got[i].to_bits() != want[i].to_bits());
-        assert_eq!(bad, None, "{kernel:?} {m}x{n}x{k} chunk {chunk} bf16");
+        let transpose =
+            |v: &[bf16], rows: usize| -> Vec<bf16> { (0..rows * k).map(|i| v[(i % rows) * k + i / rows]).collect() };
+        let (ta, tb) = (transpose(&va, m), transpose(&vb, n));
+        let want = run(
+            bf16s(&va, m, k, false),
+            bf16s(&vb, n, k, false),
+            chunk,
+            Kernel::Portable,
+        );
+        for transposed in [false, true] {
+            let (a, b) = match transposed {
+                false => (bf16s(&va, m, k, false), bf16s(&vb, n, k, false)),
+                true => (bf16s(&ta, m, k, true), bf16s(&tb, n, k, true)),
+            };
+            let got = run(a, b, chunk, kernel);
+            let bad = (0..m * n).find(|&i| got[i].to_bits() != want[i].to_bits());
+            assert_eq!(
+                bad, None,
+                "{kernel:?} {m}x{n}x{k} chunk {chunk} bf16, transposed {transposed}"
+            );
+        }
     }
 }
 
