@@ -4,8 +4,8 @@
 //! `e + a * b` rounds once, like the tile unit's FMA: the product of two FP8 (or, within the
 //! guard of `pairs.rs`, bf16) values is exact, so a fused multiply-add gives the same bits.
 //! Three bodies, picked at run time: the generic one (multiply, then add), and ones in AVX-512
-//! ([`chunk_avx512`]) and AVX2 ([`chunk_avx2`]) FMA registers: the same sums in the same order,
-//! only wider and fused.
+//! ([`chunk_avx512`]) and AVX2 ([`chunk_avx2`]) FMA registers, both [`chunk_lanes`] at their
+//! vector width: the same sums in the same order, only wider and fused.
 //!
 //! A comes as f32 (its packed bf16 strip widened once, [`widen`]: each A strip meets every B
 //! strip), B as the packed bf16 pairs the tile unit reads: one 512-bit load of a pair row holds
@@ -91,105 +91,170 @@ fn b_half(b_block: &[u16], h: usize) -> ([[f32; HALF]; HALF], [[f32; HALF]; HALF
     (even, odd)
 }
 
-/// Rows of A per register group: 8 rows x (even, odd) is 16 accumulator vectors.
+/// One vector width of the FMA bodies: its f32 vector and the few operations they use.
 #[cfg(target_arch = "x86_64")]
-const GROUP: usize = 8;
+trait Lanes: Copy {
+    /// f32 lanes per vector.
+    const LANES: usize;
+    /// Rows of A per register group: `ROWS x (even, odd)` accumulators.
+    const ROWS: usize;
+    fn zero() -> Self;
+    /// The even and odd K of `LANES` columns of a packed pair row at `at`, widened to f32: lane
+    /// `c` of the load holds column `c`'s even K in its low 16 bits and odd K in its high.
+    unsafe fn pairs(at: *const u16) -> (Self, Self);
+    fn splat(x: f32) -> Self;
+    /// `a * b + c`, one rounding.
+    fn fma(a: Self, b: Self, c: Self) -> Self;
+    /// `out[..LANES] += e + o`.
+    unsafe fn add_sum_to(out: *mut f32, e: Self, o: Self);
+}
 
-/// [`chunk_body`] in AVX-512 registers: 8 rows of a 16-column half at a time. Per pair, one
-/// load of B (shifted and masked into its even and odd f32 vectors) serves 16 FMAs, each with a
-/// broadcast of A from memory. The same FMA chains per element, so the same bits.
+#[cfg(target_arch = "x86_64")]
+mod lanes {
+    use std::arch::x86_64::*;
+
+    /// 16 lanes (AVX-512F + FMA): 8 rows x 16 columns at a time, 16 accumulators.
+    #[derive(Clone, Copy)]
+    pub(super) struct Z(__m512);
+
+    // SAFETY (every function): only called from `chunk_lanes` in a body compiled with
+    // AVX-512F and FMA, on a CPU that has them; pointers are the caller's.
+    impl super::Lanes for Z {
+        const LANES: usize = 16;
+        const ROWS: usize = 8;
+        #[inline(always)]
+        fn zero() -> Self {
+            Z(unsafe { _mm512_setzero_ps() })
+        }
+        #[inline(always)]
+        unsafe fn pairs(at: *const u16) -> (Self, Self) {
+            unsafe {
+                let pair = _mm512_loadu_si512(at.cast());
+                let high = _mm512_set1_epi32(0xFFFF_0000_u32 as i32);
+                (
+                    Z(_mm512_castsi512_ps(_mm512_slli_epi32::<16>(pair))),
+                    Z(_mm512_castsi512_ps(_mm512_and_si512(pair, high))),
+                )
+            }
+        }
+        #[inline(always)]
+        fn splat(x: f32) -> Self {
+            Z(unsafe { _mm512_set1_ps(x) })
+        }
+        #[inline(always)]
+        fn fma(a: Self, b: Self, c: Self) -> Self {
+            Z(unsafe { _mm512_fmadd_ps(a.0, b.0, c.0) })
+        }
+        #[inline(always)]
+        unsafe fn add_sum_to(out: *mut f32, e: Self, o: Self) {
+            unsafe { _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), _mm512_add_ps(e.0, o.0))) }
+        }
+    }
+
+    /// 8 lanes (AVX2 + FMA; CPUs and virtual machines without AVX-512): 4 rows x 8 columns at
+    /// a time, 8 of the 16 registers as accumulators.
+    #[derive(Clone, Copy)]
+    pub(super) struct Y(__m256);
+
+    // SAFETY (every function): only called from `chunk_lanes` in a body compiled with AVX2
+    // and FMA, on a CPU that has them; pointers are the caller's.
+    impl super::Lanes for Y {
+        const LANES: usize = 8;
+        const ROWS: usize = 4;
+        #[inline(always)]
+        fn zero() -> Self {
+            Y(unsafe { _mm256_setzero_ps() })
+        }
+        #[inline(always)]
+        unsafe fn pairs(at: *const u16) -> (Self, Self) {
+            unsafe {
+                let pair = _mm256_loadu_si256(at.cast());
+                let high = _mm256_set1_epi32(0xFFFF_0000_u32 as i32);
+                (
+                    Y(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(pair))),
+                    Y(_mm256_castsi256_ps(_mm256_and_si256(pair, high))),
+                )
+            }
+        }
+        #[inline(always)]
+        fn splat(x: f32) -> Self {
+            Y(unsafe { _mm256_set1_ps(x) })
+        }
+        #[inline(always)]
+        fn fma(a: Self, b: Self, c: Self) -> Self {
+            Y(unsafe { _mm256_fmadd_ps(a.0, b.0, c.0) })
+        }
+        #[inline(always)]
+        unsafe fn add_sum_to(out: *mut f32, e: Self, o: Self) {
+            unsafe { _mm256_storeu_ps(out, _mm256_add_ps(_mm256_loadu_ps(out), _mm256_add_ps(e.0, o.0))) }
+        }
+    }
+}
+
+/// [`chunk_body`] in vector registers of `V::LANES` columns: `V::ROWS` rows of a column group
+/// at a time. Per pair, one load of B (shifted and masked into its even and odd f32 vectors)
+/// serves `2 x ROWS` FMAs, each with a broadcast of A from memory. The same FMA chains per
+/// element, so the same bits.
 ///
 /// # Safety
-/// The CPU has AVX-512F and FMA; `a` and `b` hold `blocks` blocks.
+/// Called from a body compiled with `V`'s instructions; `a` and `b` hold `blocks` blocks.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn chunk_avx512(a: &[f32], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
-    use std::arch::x86_64::*;
+#[inline(always)]
+unsafe fn chunk_lanes<V: Lanes>(a: &[f32], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
+    /// Accumulators of one register group, at most 8 rows.
+    const MAX_ROWS: usize = 8;
     c.fill(0.0);
-    let high = _mm512_set1_epi32(0xFFFF_0000_u32 as i32);
     for kb in 0..blocks {
-        // SAFETY (all loads below): the caller's lengths; a block's rows are 32 f32 (A) and
-        // a half is 16 pairs of 32 bf16 (B).
+        // SAFETY (every pointer below): the caller's lengths; a block's rows are 32 f32 (A),
+        // and each half of its B is 16 pair rows of 32 bf16, of which a column group reads
+        // `2 LANES` at an offset of a multiple of `2 LANES`.
         let a_block = unsafe { a.as_ptr().add(kb * BLOCK) };
         let b_block = unsafe { b.as_ptr().add(kb * BLOCK) };
-        for h in 0..2 {
-            let half = unsafe { b_block.add(h * BLOCK / 2) };
-            for g in 0..EDGE / GROUP {
-                let rows = unsafe { a_block.add(g * GROUP * EDGE) };
-                let mut e = [_mm512_setzero_ps(); GROUP];
-                let mut o = [_mm512_setzero_ps(); GROUP];
+        for group in 0..EDGE / V::LANES {
+            let first = group * V::LANES;
+            let cols = unsafe { b_block.add(first / HALF * BLOCK / 2 + first % HALF * 2) };
+            for g in 0..EDGE / V::ROWS {
+                let rows = unsafe { a_block.add(g * V::ROWS * EDGE) };
+                let mut e = [V::zero(); MAX_ROWS];
+                let mut o = [V::zero(); MAX_ROWS];
                 for p in 0..HALF {
-                    // Lane c of the load: column c's even K in its low 16 bits, odd K in its high.
-                    let pair = unsafe { _mm512_loadu_si512(half.add(p * EDGE).cast()) };
-                    let be = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(pair));
-                    let bo = _mm512_castsi512_ps(_mm512_and_si512(pair, high));
-                    for r in 0..GROUP {
+                    let (be, bo) = unsafe { V::pairs(cols.add(p * EDGE)) };
+                    for r in 0..V::ROWS {
                         let row = unsafe { rows.add(r * EDGE + 2 * p) };
-                        e[r] = _mm512_fmadd_ps(_mm512_set1_ps(unsafe { *row }), be, e[r]);
-                        o[r] = _mm512_fmadd_ps(_mm512_set1_ps(unsafe { *row.add(1) }), bo, o[r]);
+                        e[r] = V::fma(V::splat(unsafe { *row }), be, e[r]);
+                        o[r] = V::fma(V::splat(unsafe { *row.add(1) }), bo, o[r]);
                     }
                 }
-                for r in 0..GROUP {
-                    let out = &mut c[(g * GROUP + r) * EDGE + h * HALF..][..HALF];
-                    // SAFETY: `out` holds 16 f32.
-                    unsafe {
-                        let sum = _mm512_add_ps(_mm512_loadu_ps(out.as_ptr()), _mm512_add_ps(e[r], o[r]));
-                        _mm512_storeu_ps(out.as_mut_ptr(), sum);
-                    }
+                for r in 0..V::ROWS {
+                    let out = &mut c[(g * V::ROWS + r) * EDGE + first..][..V::LANES];
+                    // SAFETY: `out` holds `LANES` f32.
+                    unsafe { V::add_sum_to(out.as_mut_ptr(), e[r], o[r]) };
                 }
             }
         }
     }
 }
 
-/// [`chunk_body`] in AVX2 registers (CPUs, or virtual machines, without AVX-512): 4 rows of an
-/// 8-column quarter at a time, 8 accumulators of the 16 registers. Per pair, one 256-bit load of
-/// B (8 columns' even and odd K, shifted and masked) serves 8 FMAs. Same chains, same bits.
+/// [`chunk_lanes`] in AVX-512 registers.
+///
+/// # Safety
+/// The CPU has AVX-512F and FMA; `a` and `b` hold `blocks` blocks.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn chunk_avx512(a: &[f32], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
+    // SAFETY: the caller's.
+    unsafe { chunk_lanes::<lanes::Z>(a, b, blocks, c) }
+}
+
+/// [`chunk_lanes`] in AVX2 registers.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `a` and `b` hold `blocks` blocks.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn chunk_avx2(a: &[f32], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
-    use std::arch::x86_64::*;
-    /// Rows per register group and columns per vector.
-    const ROWS: usize = 4;
-    const LANES: usize = 8;
-    c.fill(0.0);
-    let high = _mm256_set1_epi32(0xFFFF_0000_u32 as i32);
-    for kb in 0..blocks {
-        // SAFETY (all loads below): the caller's lengths; a block's rows are 32 f32 (A) and a
-        // half is 16 pairs of 32 bf16 (B), of which a quarter reads 16 at an offset of 0 or 16.
-        let a_block = unsafe { a.as_ptr().add(kb * BLOCK) };
-        let b_block = unsafe { b.as_ptr().add(kb * BLOCK) };
-        for quarter in 0..EDGE / LANES {
-            let (h, part) = (quarter / 2, quarter % 2);
-            let cols = unsafe { b_block.add(h * BLOCK / 2 + part * 2 * LANES) };
-            for g in 0..EDGE / ROWS {
-                let rows = unsafe { a_block.add(g * ROWS * EDGE) };
-                let mut e = [_mm256_setzero_ps(); ROWS];
-                let mut o = [_mm256_setzero_ps(); ROWS];
-                for p in 0..HALF {
-                    let pair = unsafe { _mm256_loadu_si256(cols.add(p * EDGE).cast()) };
-                    let be = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(pair));
-                    let bo = _mm256_castsi256_ps(_mm256_and_si256(pair, high));
-                    for r in 0..ROWS {
-                        let row = unsafe { rows.add(r * EDGE + 2 * p) };
-                        e[r] = _mm256_fmadd_ps(_mm256_set1_ps(unsafe { *row }), be, e[r]);
-                        o[r] = _mm256_fmadd_ps(_mm256_set1_ps(unsafe { *row.add(1) }), bo, o[r]);
-                    }
-                }
-                for r in 0..ROWS {
-                    let out = &mut c[(g * ROWS + r) * EDGE + quarter * LANES..][..LANES];
-                    // SAFETY: `out` holds 8 f32.
-                    unsafe {
-                        let sum = _mm256_add_ps(_mm256_loadu_ps(out.as_ptr()), _mm256_add_ps(e[r], o[r]));
-                        _mm256_storeu_ps(out.as_mut_ptr(), sum);
-                    }
-                }
-            }
-        }
-    }
+    // SAFETY: the caller's.
+    unsafe { chunk_lanes::<lanes::Y>(a, b, blocks, c) }
 }
 
 #[cfg(test)]
