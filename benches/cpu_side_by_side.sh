@@ -72,10 +72,15 @@ if [ "$have_torch" = 0 ]; then
     exit 0
 fi
 for mode in fp32 bf16-autocast; do
+    if [ -z "${torch[$mode]:-}" ]; then
+        echo "pytorch $mode: no result (run $here/pytorch_cpu_baseline.py by hand to see why)"
+        continue
+    fi
     echo "median pytorch $mode: $(echo "${torch[$mode]}" | median) tokens/s"
 done
 for p in "${names[@]}"; do
     case $p in bf16 | fp16) ref=bf16-autocast ;; *) ref=fp32 ;; esac
+    [ -n "${torch[$ref]:-}" ] || continue
     ours=$(echo "${later[$p]}" | median)
     theirs=$(echo "${torch[$ref]}" | median)
     echo "ratio $p / pytorch $ref: $(awk -v a="$ours" -v b="$theirs" 'BEGIN {printf "%.2f", a / b}')x"

@@ -1,8 +1,10 @@
-//! FP8 x FP8 GEMMs with per-tensor scales in the pair order, the order of Intel's AMX
-//! `TDPBF16PS`, so that CPUs with AMX run them on their tile units and every other CPU gets the
-//! same bits from a portable twin.
+//! FP8 x FP8 GEMMs with per-tensor scales (and bf16 x bf16 GEMMs) in the pair order, the order
+//! of Intel's AMX `TDPBF16PS`, so that CPUs with AMX run them on their tile units, CPUs with
+//! AVX512-BF16 on `VDPBF16PS` (`dot.rs`), and every other CPU gets the same bits from a
+//! portable twin.
 //!
-//! The sums (`docs/numerics.md`, "CPU FP8 GEMM order"): K is zero-padded to a multiple of 32
+//! The sums (`docs/numerics.md`, "CPU order of FP8 x FP8 ... GEMMs: the pair order"): K is
+//! zero-padded to a multiple of 32
 //! and cut into chunks (the whole-K chunks of `kernel.rs` rounded up to a multiple of 32, or
 //! the 128 of split accumulation). For each output element, within each block of 32 of K the
 //! products of the even and of the odd K indices are summed in two chains from +0, in K order,
@@ -16,7 +18,8 @@
 //! How it runs: both operands are decoded from their codes to bf16 (exact) and packed into
 //! the tile layouts, zero-padded to 32 rows / columns / K: A in strips of 32 rows
 //! (`[K / 32][32 rows][32 K]`), B in strips of 32 columns with K in pairs
-//! (`[K / 32][2 halves][16 pairs][16 columns][2]`, the layout `TDPBF16PS` reads). A 32 x 32
+//! (`[K / 32][2 halves][16 pairs][16 columns][2]`, the layout `TDPBF16PS` reads; `VDPBF16PS`
+//! reads the same layouts with K reordered within each group of 4, [`KOrder`]). A 32 x 32
 //! block of the output is one kernel call per chunk ([`Kernel`]): four 16 x 16 f32 tiles.
 //! The output is cut into bands of whole rows, one rayon task each.
 
@@ -49,8 +52,9 @@ pub(super) enum Kernel {
     /// AMX tiles (`TDPBF16PS`), where the CPU has them, the OS grants them and the self-check
     /// passed.
     Amx,
-    /// AVX512-BF16 `VDPBF16PS` on reordered strips (`dot.rs`), where the CPU has it, has no
-    /// AMX, and the self-check passed.
+    /// AVX512-BF16 `VDPBF16PS` on reordered strips (`dot.rs`), where the CPU has it, AMX is
+    /// not chosen (absent, failed its self-check, or ruled out by `FP8_CPU_PAIRS=dot`), and
+    /// its own self-check passed.
     Dot,
     /// The same sums in f32 arithmetic, on every CPU.
     Portable,
@@ -65,7 +69,16 @@ impl Kernel {
         static BEST: OnceLock<Kernel> = OnceLock::new();
         *BEST.get_or_init(|| {
             let wanted = std::env::var("FP8_CPU_PAIRS").unwrap_or_default();
+            if !["", "portable", "dot"].contains(&wanted.as_str()) {
+                eprintln!(
+                    "fp8-engine: warning: FP8_CPU_PAIRS={wanted} is not one of portable, dot; choosing the fastest kernel"
+                );
+            }
             if wanted == "portable" || std::env::var("FP8_CPU_AMX").is_ok_and(|v| v == "0") {
+                return Kernel::Portable;
+            }
+            if wanted == "dot" && !dot::available() {
+                eprintln!("fp8-engine: warning: FP8_CPU_PAIRS=dot, but this CPU has no AVX512-BF16; using the portable kernel");
                 return Kernel::Portable;
             }
             let checked = |kernel: Kernel, check: fn() -> Option<String>| match check() {
@@ -114,6 +127,16 @@ enum Ready {
 enum StripsA<'a> {
     Bf16(&'a [u16]),
     F32(&'a [f32]),
+}
+
+impl<'a> StripsA<'a> {
+    /// Strip `s` of `len` values.
+    fn strip(self, s: usize, len: usize) -> StripsA<'a> {
+        match self {
+            StripsA::Bf16(a) => StripsA::Bf16(&a[s * len..][..len]),
+            StripsA::F32(a) => StripsA::F32(&a[s * len..][..len]),
+        }
+    }
 }
 
 impl Ready {
@@ -177,6 +200,18 @@ impl<'a> Source<'a> {
             row_stride,
             k_stride,
         })
+    }
+
+    /// `row` (whole blocks of K) = row `r` as bf16 in `order`, zeros past K; all zeros for a
+    /// row past the end (the padding of a strip).
+    fn padded_row(&self, r: usize, row: &mut [bf16], order: KOrder) {
+        if r >= self.rows {
+            row.fill(bf16::ZERO);
+            return;
+        }
+        self.row_to_bf16(r, row);
+        row[self.k..].fill(bf16::ZERO);
+        order.apply(row);
     }
 
     /// The smallest biased exponent of a non-zero value (0 for a subnormal; 255 if all are
@@ -265,7 +300,7 @@ pub(super) fn sums_stay_normal(a: &Source, b: &Source) -> bool {
     ea > 0 && eb > 0 && ea + eb >= 268 - 126
 }
 
-/// A xorshift64 stream: the random blocks of the AMX self-check and of the tests.
+/// A xorshift64 stream: the random blocks of the kernels' self-checks and of the tests.
 pub(super) struct XorShift(pub u64);
 
 impl XorShift {
@@ -277,11 +312,12 @@ impl XorShift {
     }
 }
 
-/// The first difference between a kernel (`chunk(a, b, blocks, c)` on packed strips in the
-/// AMX layout) and the portable one, on random blocks: FP8 values (every finite code of both
-/// formats, cancelling sums) and bf16 values whose sums stay normal, 1 to 6 blocks per chunk;
-/// `None` if none. The run-time self-check of the faster kernels.
-fn check_against_portable(name: &str, kernel: impl Fn(&[u16], &[u16], usize, &mut [f32; BLOCK])) -> Option<String> {
+/// The first difference between `kernel` (`chunk(a, b, blocks, c)` on strips packed in its
+/// [`KOrder`] by the GEMM's own packers) and the portable one (on strips packed in K order), on
+/// random blocks: FP8 values (every finite code of both formats, cancelling sums) and bf16
+/// values whose sums stay normal, 1 to 6 blocks per chunk; `None` if none. The run-time
+/// self-check of the faster kernels.
+fn check_against_portable(kernel: Kernel, chunk: impl Fn(&[u16], &[u16], usize, &mut [f32; BLOCK])) -> Option<String> {
     let mut rng = XorShift(0x2545_F491_4F6C_DD1D);
     let finite: Vec<u16> = [Fp8Format::E4M3, Fp8Format::E5M2]
         .iter()
@@ -295,32 +331,63 @@ fn check_against_portable(name: &str, kernel: impl Fn(&[u16], &[u16], usize, &mu
         .collect();
     for blocks in 1..=6 {
         for fp8 in [true, false] {
-            let mut value = || -> u16 {
+            let mut value = || -> bf16 {
                 let r = rng.next();
                 if fp8 {
-                    return finite[r as usize % finite.len()];
+                    return bf16::from_bits(finite[r as usize % finite.len()]);
                 }
                 // bf16 of every sign and mantissa, exponents 2^-27..2^12: products of at least
                 // 2^-54, far from subnormal.
-                ((r as u16 & 1) << 15) | (((100 + (r >> 8) % 40) as u16) << 7) | ((r >> 32) as u16 & 0x7F)
+                bf16::from_bits(
+                    ((r as u16 & 1) << 15) | (((100 + (r >> 8) % 40) as u16) << 7) | ((r >> 32) as u16 & 0x7F),
+                )
             };
-            let a: Vec<u16> = (0..blocks * BLOCK).map(|_| value()).collect();
-            let b: Vec<u16> = (0..blocks * BLOCK).map(|_| value()).collect();
-            let mut a_wide = vec![0.0f32; a.len()];
-            portable::widen(&a, &mut a_wide);
-            let (mut want, mut got) = ([0.0f32; BLOCK], [1.0f32; BLOCK]);
-            portable::chunk(&a_wide, &b, blocks, &mut want);
-            kernel(&a, &b, blocks, &mut got);
+            let k = blocks * EDGE;
+            let a: Vec<bf16> = (0..EDGE * k).map(|_| value()).collect();
+            let b: Vec<bf16> = (0..EDGE * k).map(|_| value()).collect();
+            let (want, got) = (
+                packed_chunk_sums(&a, &b, k, Kernel::Portable, |a, b, blocks, c| {
+                    let mut a_wide = vec![0.0f32; a.len()];
+                    portable::widen(a, &mut a_wide);
+                    portable::chunk(&a_wide, b, blocks, c)
+                }),
+                packed_chunk_sums(&a, &b, k, kernel, &chunk),
+            );
             if let Some(i) = (0..BLOCK).find(|&i| got[i].to_bits() != want[i].to_bits()) {
                 let kind = if fp8 { "FP8" } else { "bf16" };
                 return Some(format!(
-                    "{kind}, {blocks} blocks, element {i}: {name} {:e}, portable {:e}",
+                    "{kind}, {blocks} blocks, element {i}: {kernel:?} {:e}, portable {:e}",
                     got[i], want[i]
                 ));
             }
         }
     }
     None
+}
+
+/// The chunk sums of the 32 x 32 block of `a` and `b` (32 rows x `k` each, K-major), packed by
+/// [`pack_a_strip`] and [`pack_b_strip`] in `kernel`'s K order and summed by `chunk`.
+fn packed_chunk_sums(
+    a: &[bf16],
+    b: &[bf16],
+    k: usize,
+    kernel: Kernel,
+    chunk: impl Fn(&[u16], &[u16], usize, &mut [f32; BLOCK]),
+) -> [f32; BLOCK] {
+    let source = |values| Source {
+        values: Values::Bf16(values),
+        rows: EDGE,
+        k,
+        row_stride: k,
+        k_stride: 1,
+    };
+    let kp = padded_k(k);
+    let (mut pa, mut pb, mut row) = (vec![0u16; kp * EDGE], vec![0u16; kp * EDGE], vec![bf16::ZERO; kp]);
+    pack_a_strip(source(a), 0, &mut pa, &mut row, KOrder::of(kernel));
+    pack_b_strip(source(b), 0, &mut pb, &mut row, KOrder::of(kernel));
+    let mut c = [f32::NAN; BLOCK];
+    chunk(&pa, &pb, kp / EDGE, &mut c);
+    c
 }
 
 /// K padded to whole blocks.
@@ -334,7 +401,7 @@ enum KOrder {
     /// In K order (the AMX layouts; the portable kernel reads them too).
     Natural,
     /// Each group of 4 K as `[K 2, K 0, K 3, K 1]`: the 32-bit words of `VDPBF16PS`
-    /// (`dot::reorder_a` of a K-contiguous row).
+    /// (`dot::reorder_row` of a K-contiguous row).
     Dot,
 }
 
@@ -367,7 +434,7 @@ impl KOrder {
     /// Reorders a K-contiguous row (whole blocks) in place.
     fn apply(self, row: &mut [bf16]) {
         if self == KOrder::Dot {
-            dot::reorder_a(row.reinterpret_cast_mut());
+            dot::reorder_row(row.reinterpret_cast_mut());
         }
     }
 }
@@ -392,14 +459,7 @@ fn pack_a_strip(op: Source, first: usize, out: &mut [u16], row: &mut [bf16], ord
         return;
     }
     for r in 0..EDGE {
-        if first + r < op.rows {
-            op.row_to_bf16(first + r, row);
-            // Zeros past K, again for each row: reordering moves them within their group.
-            row[op.k..kp].fill(bf16::ZERO);
-            order.apply(&mut row[..kp]);
-        } else {
-            row[..kp].fill(bf16::ZERO);
-        }
+        op.padded_row(first + r, &mut row[..kp], order);
         for (block, values) in out[..kp * EDGE].chunks_exact_mut(BLOCK).zip(row.chunks_exact(EDGE)) {
             block[r * EDGE..][..EDGE].copy_from_slice(values.reinterpret_cast());
         }
@@ -442,14 +502,7 @@ fn pack_b_strip(op: Source, first: usize, out: &mut [u16], row: &mut [bf16], ord
         return;
     }
     for col in 0..EDGE {
-        if first + col < op.rows {
-            op.row_to_bf16(first + col, row);
-            // Zeros past K, again for each row: reordering moves them within their group.
-            row[op.k..kp].fill(bf16::ZERO);
-            order.apply(&mut row[..kp]);
-        } else {
-            row[..kp].fill(bf16::ZERO);
-        }
+        op.padded_row(first + col, &mut row[..kp], order);
         let (h, c) = (col / 16, col % 16);
         for (block, values) in out[..kp * EDGE].chunks_exact_mut(BLOCK).zip(row.chunks_exact(EDGE)) {
             // One 32-bit word (a pair of K) per pair row: the column's 16 words go 16 words apart.
@@ -616,10 +669,7 @@ fn sum_strips_ready(
     let (blocks, chunk_blocks) = (kp / EDGE, chunk / EDGE);
     let mut t = [0.0f32; BLOCK];
     for s in 0..rows.div_ceil(EDGE) {
-        let a_strip = match packed_a {
-            StripsA::Bf16(a) => StripsA::Bf16(&a[s * strip_len..][..strip_len]),
-            StripsA::F32(a) => StripsA::F32(&a[s * strip_len..][..strip_len]),
-        };
+        let a_strip = packed_a.strip(s, strip_len);
         let i0 = s * EDGE;
         let height = EDGE.min(rows - i0);
         for (js, b_strip) in packed_b.chunks_exact(strip_len.max(1)).enumerate() {

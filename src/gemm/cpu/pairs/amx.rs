@@ -152,7 +152,7 @@ impl Drop for Tiles {
 /// The first difference between this kernel and the portable one (`pairs.rs`,
 /// [`super::check_against_portable`]); `None` if none.
 pub(super) fn self_check() -> Option<String> {
-    super::check_against_portable("AMX", |a, b, blocks, c| {
+    super::check_against_portable(super::Kernel::Amx, |a, b, blocks, c| {
         // SAFETY: only called where `available()` held, with no other `Tiles` on this thread;
         // both strips hold `blocks` blocks.
         unsafe { Tiles::load().chunk(a.as_ptr(), b.as_ptr(), blocks, c) }

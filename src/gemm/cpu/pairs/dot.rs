@@ -7,10 +7,12 @@
 //! pseudocode, with inputs and outputs flushed; measured bit for bit on Zen 4, and checked at
 //! first use by [`self_check`]). The pair order's chains are the even and the odd K of a block
 //! of 32, each in K order, so one instruction can take two consecutive terms of one chain if
-//! the earlier sits in the high half: the packed strips are reordered for it ([`reorder_a`],
-//! [`reorder_b`]). Per step `s` of a block (K `4s..4s + 4`) and chain `q` (0 even, 1 odd), the
-//! 32-bit word holds K `4s + 2 + q` in its low half and K `4s + q` in its high half. Flushing
-//! never fires for the operands `pairs.rs` lets through (FP8 sums, bf16 within the guard).
+//! the earlier sits in the high half: the strips are packed in that order (`KOrder::Dot` of
+//! `pairs.rs`: [`reorder_row`] on K-contiguous rows, the same positions for transposed ones).
+//! Per step `s` of a block (K `4s..4s + 4`) and chain `q` (0 even, 1 odd), the 32-bit word
+//! holds K `4s + 2 + q` in its low half and K `4s + q` in its high half. Flushing never fires
+//! for the operands `pairs.rs` lets through (FP8 sums, bf16 within the guard). [`chunk_model`]
+//! spells the instruction out in scalar code, so the reordering is tested on every CPU.
 
 use super::{BLOCK, EDGE};
 
@@ -26,30 +28,39 @@ pub(super) fn available() -> bool {
     }
 }
 
-/// Reorders a packed A strip (`[K / 32][32 rows][32 K]`) in place for [`chunk`]: each row's
-/// K `4s + r` moves to position `4s + [1, 3, 0, 2][r]`, so the words read `(K 4s + 2, K 4s)`
-/// and `(K 4s + 3, K 4s + 1)` (low half first).
-pub(super) fn reorder_a(strip: &mut [u16]) {
-    for group in strip.chunks_exact_mut(4) {
+/// Reorders K-contiguous values (whole groups of 4) in place for [`chunk`]: K `4s + r` moves
+/// to position `4s + [1, 3, 0, 2][r]`, so the words read `(K 4s + 2, K 4s)` and
+/// `(K 4s + 3, K 4s + 1)` (low half first).
+pub(super) fn reorder_row(values: &mut [u16]) {
+    for group in values.chunks_exact_mut(4) {
         let [r0, r1, r2, r3] = [group[0], group[1], group[2], group[3]];
         group.copy_from_slice(&[r2, r0, r3, r1]);
     }
 }
 
-/// Reorders a packed B strip (`[K / 32][2 halves][16 pairs][16 columns][2]`, the AMX layout)
-/// in place for [`chunk`]: pair row `2s + q` of a half becomes the words `(K 4s + 2 + q,
-/// K 4s + q)` of its 16 columns.
-pub(super) fn reorder_b(strip: &mut [u16]) {
-    /// u16 values of two pair rows (K `4s..4s + 4` of 16 columns).
-    const STEP: usize = 2 * EDGE;
-    for step in strip.chunks_exact_mut(STEP) {
-        let (first, second) = step.split_at_mut(EDGE);
-        for c in 0..EDGE / 2 {
-            // AMX: first = (K 4s, K 4s + 1), second = (K 4s + 2, K 4s + 3) per column.
-            let [r0, r1] = [first[2 * c], first[2 * c + 1]];
-            let [r2, r3] = [second[2 * c], second[2 * c + 1]];
-            first[2 * c..2 * c + 2].copy_from_slice(&[r2, r0]);
-            second[2 * c..2 * c + 2].copy_from_slice(&[r3, r1]);
+/// [`chunk`] in scalar code, one `VDPBF16PS` lane at a time: the high halves' product, then
+/// the low halves', each one FMA rounding (the products of bf16 values are exact in f32, so
+/// `acc + a * b` rounds once). The definition the tests hold the packing to on every CPU.
+#[cfg(test)]
+pub(super) fn chunk_model(a: &[u16], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
+    let widen = |bits: u16| f32::from_bits((bits as u32) << 16);
+    c.fill(0.0);
+    for kb in 0..blocks {
+        let (a_block, b_block) = (&a[kb * BLOCK..][..BLOCK], &b[kb * BLOCK..][..BLOCK]);
+        for row in 0..EDGE {
+            for col in 0..EDGE {
+                let half = &b_block[col / 16 * BLOCK / 2..][..BLOCK / 2];
+                let mut chains = [0.0f32; 2];
+                for s in 0..EDGE / 4 {
+                    for (q, acc) in chains.iter_mut().enumerate() {
+                        let a_word = &a_block[row * EDGE + 4 * s + 2 * q..][..2];
+                        let b_word = &half[((2 * s + q) * 16 + col % 16) * 2..][..2];
+                        *acc += widen(a_word[1]) * widen(b_word[1]);
+                        *acc += widen(a_word[0]) * widen(b_word[0]);
+                    }
+                }
+                c[row * EDGE + col] += chains[0] + chains[1];
+            }
         }
     }
 }
@@ -126,15 +137,11 @@ pub(super) unsafe fn chunk(_: &[u16], _: &[u16], _: usize, _: &mut [f32; BLOCK])
     unreachable!("VDPBF16PS is x86-64 only; `available` is false elsewhere")
 }
 
-/// The first difference between this kernel and the portable one on random FP8 blocks (every
-/// finite code of both formats, cancelling sums, 1 to 6 blocks per chunk), and on bf16 blocks
-/// whose sums stay normal; `None` if none.
+/// The first difference between this kernel and the portable one (`pairs.rs`,
+/// `check_against_portable`: both on strips from the GEMM's own packers); `None` if none.
 pub(super) fn self_check() -> Option<String> {
-    super::check_against_portable("VDPBF16PS", |a, b, blocks, c| {
-        let (mut a, mut b) = (a.to_vec(), b.to_vec());
-        reorder_a(&mut a);
-        reorder_b(&mut b);
+    super::check_against_portable(super::Kernel::Dot, |a, b, blocks, c| {
         // SAFETY: only called where `available()` held; both strips hold `blocks` blocks.
-        unsafe { chunk(&a, &b, blocks, c) }
+        unsafe { chunk(a, b, blocks, c) }
     })
 }

@@ -1,5 +1,6 @@
 //! The pair-order chunk sum of one 32 x 32 output block in plain f32 arithmetic: the definition
-//! the AMX kernel is checked against, and the kernel of every CPU without AMX.
+//! the AMX and `VDPBF16PS` kernels are checked against, and the kernel of every CPU without
+//! either.
 //!
 //! `e + a * b` rounds once, like the tile unit's FMA: the product of two FP8 (or, within the
 //! guard of `pairs.rs`, bf16) values is exact, so a fused multiply-add gives the same bits.
@@ -91,20 +92,22 @@ fn b_half(b_block: &[u16], h: usize) -> ([[f32; HALF]; HALF], [[f32; HALF]; HALF
     (even, odd)
 }
 
-/// One vector width of the FMA bodies: its f32 vector and the few operations they use.
+/// One vector width of the FMA bodies: its f32 vector and the few operations they use. Every
+/// operation is `unsafe`: it runs that width's instructions, which only a body compiled for them
+/// on a CPU that has them may call.
 #[cfg(target_arch = "x86_64")]
 trait Lanes: Copy {
     /// f32 lanes per vector.
     const LANES: usize;
     /// Rows of A per register group: `ROWS x (even, odd)` accumulators.
     const ROWS: usize;
-    fn zero() -> Self;
+    unsafe fn zero() -> Self;
     /// The even and odd K of `LANES` columns of a packed pair row at `at`, widened to f32: lane
     /// `c` of the load holds column `c`'s even K in its low 16 bits and odd K in its high.
     unsafe fn pairs(at: *const u16) -> (Self, Self);
-    fn splat(x: f32) -> Self;
+    unsafe fn splat(x: f32) -> Self;
     /// `a * b + c`, one rounding.
-    fn fma(a: Self, b: Self, c: Self) -> Self;
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
     /// `out[..LANES] += e + o`.
     unsafe fn add_sum_to(out: *mut f32, e: Self, o: Self);
 }
@@ -123,7 +126,7 @@ mod lanes {
         const LANES: usize = 16;
         const ROWS: usize = 8;
         #[inline(always)]
-        fn zero() -> Self {
+        unsafe fn zero() -> Self {
             Z(unsafe { _mm512_setzero_ps() })
         }
         #[inline(always)]
@@ -138,11 +141,11 @@ mod lanes {
             }
         }
         #[inline(always)]
-        fn splat(x: f32) -> Self {
+        unsafe fn splat(x: f32) -> Self {
             Z(unsafe { _mm512_set1_ps(x) })
         }
         #[inline(always)]
-        fn fma(a: Self, b: Self, c: Self) -> Self {
+        unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
             Z(unsafe { _mm512_fmadd_ps(a.0, b.0, c.0) })
         }
         #[inline(always)]
@@ -162,7 +165,7 @@ mod lanes {
         const LANES: usize = 8;
         const ROWS: usize = 4;
         #[inline(always)]
-        fn zero() -> Self {
+        unsafe fn zero() -> Self {
             Y(unsafe { _mm256_setzero_ps() })
         }
         #[inline(always)]
@@ -177,11 +180,11 @@ mod lanes {
             }
         }
         #[inline(always)]
-        fn splat(x: f32) -> Self {
+        unsafe fn splat(x: f32) -> Self {
             Y(unsafe { _mm256_set1_ps(x) })
         }
         #[inline(always)]
-        fn fma(a: Self, b: Self, c: Self) -> Self {
+        unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
             Y(unsafe { _mm256_fmadd_ps(a.0, b.0, c.0) })
         }
         #[inline(always)]
@@ -215,14 +218,17 @@ unsafe fn chunk_lanes<V: Lanes>(a: &[f32], b: &[u16], blocks: usize, c: &mut [f3
             let cols = unsafe { b_block.add(first / HALF * BLOCK / 2 + first % HALF * 2) };
             for g in 0..EDGE / V::ROWS {
                 let rows = unsafe { a_block.add(g * V::ROWS * EDGE) };
-                let mut e = [V::zero(); MAX_ROWS];
-                let mut o = [V::zero(); MAX_ROWS];
+                let mut e = [unsafe { V::zero() }; MAX_ROWS];
+                let mut o = [unsafe { V::zero() }; MAX_ROWS];
                 for p in 0..HALF {
                     let (be, bo) = unsafe { V::pairs(cols.add(p * EDGE)) };
                     for r in 0..V::ROWS {
                         let row = unsafe { rows.add(r * EDGE + 2 * p) };
-                        e[r] = V::fma(V::splat(unsafe { *row }), be, e[r]);
-                        o[r] = V::fma(V::splat(unsafe { *row.add(1) }), bo, o[r]);
+                        // SAFETY: the caller's instructions; `row` holds the pair.
+                        unsafe {
+                            e[r] = V::fma(V::splat(*row), be, e[r]);
+                            o[r] = V::fma(V::splat(*row.add(1)), bo, o[r]);
+                        }
                     }
                 }
                 for r in 0..V::ROWS {

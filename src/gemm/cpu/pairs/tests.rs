@@ -1,6 +1,7 @@
-//! The pair order: the AMX kernel against the portable one bit for bit (where the CPU has AMX),
-//! the portable kernel against its definition written out per element, and whole GEMMs
-//! against f64 sums.
+//! The pair order: the AMX and `VDPBF16PS` kernels against the portable one bit for bit (where
+//! the CPU has them; the `VDPBF16PS` packing also through a scalar model of the instruction, on
+//! every CPU), the portable kernel against its definition written out per element, and whole
+//! GEMMs against f64 sums.
 
 use super::*;
 use half::bf16;
@@ -41,6 +42,11 @@ fn bf16s(values: &[bf16], rows: usize, k: usize, transposed: bool) -> Source<'_>
         row_stride,
         k_stride,
     }
+}
+
+/// The `[k, rows]` storage of K-major `rows x k` values (what [`bf16s`] reads transposed).
+fn transposed(values: &[bf16], rows: usize, k: usize) -> Vec<bf16> {
+    (0..rows * k).map(|i| values[(i % rows) * k + i / rows]).collect()
 }
 
 fn codes(rng: &mut XorShift, format: Fp8Format, len: usize) -> Vec<u8> {
@@ -139,9 +145,7 @@ fn fast_kernel_matches_the_portable_gemm(kernel: Kernel, available: bool, self_c
         .chain([(33, 40, 45, 64), (17, 70, 1, 32), (40, 36, 99, 96)])
     {
         let (va, vb) = (bf16_values(&mut rng, m * k, 100), bf16_values(&mut rng, n * k, 100));
-        let transpose =
-            |v: &[bf16], rows: usize| -> Vec<bf16> { (0..rows * k).map(|i| v[(i % rows) * k + i / rows]).collect() };
-        let (ta, tb) = (transpose(&va, m), transpose(&vb, n));
+        let (ta, tb) = (transposed(&va, m, k), transposed(&vb, n, k));
         let want = run(
             bf16s(&va, m, k, false),
             bf16s(&vb, n, k, false),
@@ -173,42 +177,85 @@ fn vdpbf16ps_gemm_matches_the_portable_gemm_bit_for_bit() {
     fast_kernel_matches_the_portable_gemm(Kernel::Dot, dot::available(), dot::self_check);
 }
 
-/// The reordering for `VDPBF16PS` puts each step's two terms of a chain in one word, the
-/// earlier K in the high half (A: `[32 rows][32 K]` blocks; B: `[16 pairs][16 columns][2]`).
+/// The `VDPBF16PS` packing puts each step's two terms of a chain in one word, the earlier K in
+/// the high half (A: `[32 rows][32 K]` blocks; B: `[16 pairs][16 columns][2]`), whichever way
+/// the operand is stored.
 #[test]
 fn vdpbf16ps_words_hold_consecutive_terms_of_one_chain() {
-    // Value = K index (A: plus 1000 * row; B: plus 1000 * column).
-    let mut a: Vec<u16> = (0..BLOCK).map(|i| (i / EDGE * 1000 + i % EDGE) as u16).collect();
-    dot::reorder_a(&mut a);
-    let mut b = vec![0u16; BLOCK];
-    for (h, half) in b.chunks_exact_mut(BLOCK / 2).enumerate() {
-        for (at, v) in half.iter_mut().enumerate() {
-            let (p, c, t) = (at / EDGE, at % EDGE / 2, at % 2);
-            *v = ((16 * h + c) * 1000 + 2 * p + t) as u16;
+    // 32 rows x 64 K (two blocks), each value a distinct bf16 code naming its row and K (the
+    // packers copy bits; only bf16 operands are read transposed).
+    let k = 2 * EDGE;
+    let code = |row: usize, kk: usize| bf16::from_bits((row * 64 + kk) as u16 + 1);
+    let values: Vec<bf16> = (0..EDGE * k).map(|i| code(i / k, i % k)).collect();
+    let stored = transposed(&values, EDGE, k);
+    for transposed in [false, true] {
+        let op = match transposed {
+            false => bf16s(&values, EDGE, k, false),
+            true => bf16s(&stored, EDGE, k, true),
+        };
+        let (mut a, mut b, mut row) = (vec![0u16; k * EDGE], vec![0u16; k * EDGE], vec![bf16::ZERO; k]);
+        pack_a_strip(op, 0, &mut a, &mut row, KOrder::Dot);
+        pack_b_strip(op, 0, &mut b, &mut row, KOrder::Dot);
+        for kb in 0..k / EDGE {
+            for s in 0..EDGE / 4 {
+                for q in 0..2 {
+                    let (lo, hi) = (kb * EDGE + 4 * s + 2 + q, kb * EDGE + 4 * s + q);
+                    for r in 0..EDGE {
+                        let w = &a[kb * BLOCK + r * EDGE + 4 * s + 2 * q..][..2];
+                        let want = [code(r, lo).to_bits(), code(r, hi).to_bits()];
+                        assert_eq!(
+                            w, want,
+                            "A row {r} block {kb} step {s} chain {q}, transposed {transposed}"
+                        );
+                    }
+                    for col in 0..EDGE {
+                        let at = kb * BLOCK + col / 16 * BLOCK / 2 + ((2 * s + q) * 16 + col % 16) * 2;
+                        let want = [code(col, lo).to_bits(), code(col, hi).to_bits()];
+                        assert_eq!(
+                            b[at..at + 2],
+                            want,
+                            "B column {col} block {kb} step {s} chain {q}, transposed {transposed}"
+                        );
+                    }
+                }
+            }
         }
     }
-    dot::reorder_b(&mut b);
-    for s in 0..EDGE / 4 {
-        for q in 0..2 {
-            let (lo, hi) = ((4 * s + 2 + q) as u16, (4 * s + q) as u16);
-            for r in 0..EDGE {
-                let w = &a[r * EDGE + 4 * s + 2 * q..][..2];
-                assert_eq!(
-                    w,
-                    [r as u16 * 1000 + lo, r as u16 * 1000 + hi],
-                    "A row {r} step {s} chain {q}"
-                );
-            }
-            for h in 0..2 {
-                for c in 0..16 {
-                    let at = h * BLOCK / 2 + ((2 * s + q) * 16 + c) * 2;
-                    let col = (16 * h + c) as u16 * 1000;
-                    assert_eq!(
-                        b[at..at + 2],
-                        [col + lo, col + hi],
-                        "B column {c} half {h} step {s} chain {q}"
-                    );
+}
+
+/// The `VDPBF16PS` packing summed by a scalar model of the instruction gives the portable
+/// kernel's bits, on every CPU (the hardware kernel itself is checked above where the CPU has
+/// it).
+#[test]
+fn vdpbf16ps_model_on_its_packing_gives_the_portable_bits() {
+    assert_eq!(check_against_portable(Kernel::Dot, dot::chunk_model), None);
+}
+
+/// Packing reads an operand stored transposed as its K-major copy, in both K orders, K tails
+/// (odd K included) and rows past the end too.
+#[test]
+fn transposed_operands_pack_like_their_k_major_copies() {
+    let mut rng = XorShift(0x7777_1111_2222_3333);
+    for (rows, k, first) in [(32, 64, 0), (45, 99, 32), (20, 1, 0), (33, 40, 0), (70, 130, 64)] {
+        let values = bf16_values(&mut rng, rows * k, 100);
+        let stored = transposed(&values, rows, k);
+        let (plain, moved) = (bf16s(&values, rows, k, false), bf16s(&stored, rows, k, true));
+        let kp = padded_k(k);
+        for order in [KOrder::Natural, KOrder::Dot] {
+            let pack = |op: Source, b: bool| {
+                let (mut out, mut row) = (vec![0xFFFFu16; kp * EDGE], vec![bf16::ZERO; kp]);
+                match b {
+                    false => pack_a_strip(op, first, &mut out, &mut row, order),
+                    true => pack_b_strip(op, first, &mut out, &mut row, order),
                 }
+                out
+            };
+            for b in [false, true] {
+                assert_eq!(
+                    pack(plain, b),
+                    pack(moved, b),
+                    "{rows}x{k} from {first}, {order:?}, B {b}"
+                );
             }
         }
     }
@@ -266,8 +313,8 @@ fn bf16_values(rng: &mut XorShift, len: usize, min_exponent: u64) -> Vec<bf16> {
         .collect()
 }
 
-/// bf16 operands: AMX and portable agree where the sums stay normal, and a transposed operand
-/// gives the bits of its K-major copy.
+/// bf16 operands: every kernel agrees with the portable one where the sums stay normal, and a
+/// transposed operand gives the bits of its K-major copy.
 #[test]
 fn bf16_operands_sum_in_the_same_order_on_every_kernel_and_layout() {
     let mut rng = XorShift(0x5151_7777_3333_9999);
@@ -277,12 +324,12 @@ fn bf16_operands_sum_in_the_same_order_on_every_kernel_and_layout() {
         let (a, b) = (bf16s(&va, m, k, false), bf16s(&vb, n, k, false));
         assert!(sums_stay_normal(&a, &b));
         let want = run(a, b, chunk, Kernel::Portable);
-        let transpose =
-            |v: &[bf16], rows: usize| -> Vec<bf16> { (0..rows * k).map(|i| v[(i % rows) * k + i / rows]).collect() };
-        let (ta, tb) = (transpose(&va, m), transpose(&vb, n));
-        let got = run(bf16s(&ta, m, k, true), bf16s(&tb, n, k, true), chunk, Kernel::best());
-        let bad = (0..m * n).find(|&i| got[i].to_bits() != want[i].to_bits());
-        assert_eq!(bad, None, "{m}x{n}x{k} chunk {chunk}");
+        let (ta, tb) = (transposed(&va, m, k), transposed(&vb, n, k));
+        for kernel in [Kernel::Portable, Kernel::best()] {
+            let got = run(bf16s(&ta, m, k, true), bf16s(&tb, n, k, true), chunk, kernel);
+            let bad = (0..m * n).find(|&i| got[i].to_bits() != want[i].to_bits());
+            assert_eq!(bad, None, "{m}x{n}x{k} chunk {chunk} {kernel:?}");
+        }
     }
 }
 
