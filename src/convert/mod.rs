@@ -21,9 +21,11 @@ mod encode_params;
 mod isa;
 pub mod scalar;
 mod self_check;
+mod to_bf16;
 
 pub use element::HighPrecision;
 pub use isa::Isa;
+pub use to_bf16::fp8_to_bf16;
 
 use rayon::prelude::*;
 

@@ -240,8 +240,8 @@ impl<'a> Source<'a> {
         }
     }
 
-    /// Writes row `r` (all of K) as bf16 into `out[..k]`: FP8 codes through the crate's
-    /// dequantizer at scale 1 (exact: at most 4 significant bits, f32's exponent range). Only
+    /// Writes row `r` (all of K) as bf16 into `out[..k]`: FP8 codes through
+    /// [`crate::convert::fp8_to_bf16`] (exact: at most 4 significant bits, f32's exponent range). Only
     /// K-contiguous rows come here: FP8 operands are always K-major, and a bf16 operand stored
     /// transposed is read by [`Source::columns`].
     #[inline]
@@ -250,8 +250,7 @@ impl<'a> Source<'a> {
         let out = &mut out[..self.k];
         let start = r * self.row_stride;
         match self.values {
-            Values::Fp8(format, codes) => crate::convert::dequantize(&codes[start..][..self.k], out, format, 1.0)
-                .expect("equal lengths and a scale_inv of 1 are valid"),
+            Values::Fp8(format, codes) => crate::convert::fp8_to_bf16(&codes[start..][..self.k], out, format),
             Values::Bf16(v) => out.copy_from_slice(&v[start..][..self.k]),
         }
     }
