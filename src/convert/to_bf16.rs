@@ -73,17 +73,14 @@ mod avx512 {
             let index = _mm512_cvtepu8_epi16(unsafe { _mm256_loadu_si256(c.as_ptr().cast()) });
             // Each quarter's 64 entries, looked up by the code's low 6 bits.
             let [r0, r1, r2, r3] = quarters.map(|(lo, hi)| _mm512_permutex2var_epi16(lo, index, hi));
-            let high = _mm512_test_epi16_mask(index, bit6);
-            let low_half = _mm512_mask_blend_epi16(high, r0, r1);
-            let high_half = _mm512_mask_blend_epi16(high, r2, r3);
+            let odd_quarter = _mm512_test_epi16_mask(index, bit6);
+            let low_half = _mm512_mask_blend_epi16(odd_quarter, r0, r1);
+            let high_half = _mm512_mask_blend_epi16(odd_quarter, r2, r3);
             let value = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(index, bit7), low_half, high_half);
             unsafe { _mm512_storeu_si512(o.as_mut_ptr().cast(), value) };
         }
         // Within 32 of the end: the scalar loop.
-        let table: &[u16; 256] = table;
-        for (o, &c) in out_steps.into_remainder().iter_mut().zip(code_steps.remainder()) {
-            *o = bf16::from_bits(table[c as usize]);
-        }
+        super::lookup_scalar(code_steps.remainder(), out_steps.into_remainder(), table);
     }
 }
 

@@ -142,22 +142,21 @@ impl<'a> StripsA<'a> {
 impl Ready {
     /// `c = ` the chunk sums of the 32 x 32 block of `blocks` K blocks whose packed A strip
     /// starts at block `kb` of `a` and B strip at `b` (`c` row-major 32 x 32, overwritten).
-    fn chunk(&mut self, a: StripsA, kb: usize, b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
+    fn chunk<'a>(&mut self, a: StripsA<'a>, kb: usize, b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
+        // The bf16 strips from block `kb`, checked to hold `blocks` blocks.
+        let checked = |a: &'a [u16]| {
+            let a = &a[kb * BLOCK..];
+            assert!(
+                a.len() >= blocks * BLOCK && b.len() >= blocks * BLOCK,
+                "pairs: short strips"
+            );
+            a
+        };
         match (self, a) {
-            (ready @ (Ready::Amx(_) | Ready::Dot), StripsA::Bf16(a)) => {
-                let a = &a[kb * BLOCK..];
-                assert!(
-                    a.len() >= blocks * BLOCK && b.len() >= blocks * BLOCK,
-                    "pairs: short strips"
-                );
-                match ready {
-                    // SAFETY: the lengths were checked above.
-                    Ready::Amx(tiles) => unsafe { tiles.chunk(a.as_ptr(), b.as_ptr(), blocks, c) },
-                    // SAFETY: the lengths were checked above; `Dot` is only chosen where
-                    // `dot::available()` held.
-                    _ => unsafe { dot::chunk(a, b, blocks, c) },
-                }
-            }
+            // SAFETY: the lengths were checked.
+            (Ready::Amx(tiles), StripsA::Bf16(a)) => unsafe { tiles.chunk(checked(a).as_ptr(), b.as_ptr(), blocks, c) },
+            // SAFETY: the lengths were checked; `Dot` is only chosen where `dot::available()` held.
+            (Ready::Dot, StripsA::Bf16(a)) => unsafe { dot::chunk(checked(a), b, blocks, c) },
             (Ready::Portable, StripsA::F32(a)) => portable::chunk(&a[kb * BLOCK..], b, blocks, c),
             _ => unreachable!("pairs: A strips packed for another kernel"),
         }
@@ -399,8 +398,8 @@ fn padded_k(k: usize) -> usize {
 enum KOrder {
     /// In K order (the AMX layouts; the portable kernel reads them too).
     Natural,
-    /// Each group of 4 K as `[K 2, K 0, K 3, K 1]`: the 32-bit words of `VDPBF16PS`
-    /// (`dot::reorder_row` of a K-contiguous row).
+    /// Each group of 4 K as `[K 2, K 0, K 3, K 1]`: the 32-bit words of `VDPBF16PS` read
+    /// `(K 4s + 2, K 4s)` and `(K 4s + 3, K 4s + 1)`, low half first.
     Dot,
 }
 
@@ -430,10 +429,16 @@ impl KOrder {
         }
     }
 
-    /// Reorders a K-contiguous row (whole blocks) in place.
+    /// Reorders a K-contiguous row (whole blocks) in place: K `kk` goes to [`KOrder::position`].
     fn apply(self, row: &mut [bf16]) {
-        if self == KOrder::Dot {
-            dot::reorder_row(row.reinterpret_cast_mut());
+        if self == KOrder::Natural {
+            return;
+        }
+        for group in row.chunks_exact_mut(4) {
+            let values = [group[0], group[1], group[2], group[3]];
+            for (kk, x) in values.into_iter().enumerate() {
+                group[self.position(kk)] = x;
+            }
         }
     }
 }

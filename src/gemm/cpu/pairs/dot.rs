@@ -8,7 +8,7 @@
 //! first use by [`self_check`]). The pair order's chains are the even and the odd K of a block
 //! of 32, each in K order, so one instruction can take two consecutive terms of one chain if
 //! the earlier sits in the high half: the strips are packed in that order (`KOrder::Dot` of
-//! `pairs.rs`: [`reorder_row`] on K-contiguous rows, the same positions for transposed ones).
+//! `pairs.rs`).
 //! Per step `s` of a block (K `4s..4s + 4`) and chain `q` (0 even, 1 odd), the 32-bit word
 //! holds K `4s + 2 + q` in its low half and K `4s + q` in its high half. Flushing never fires
 //! for the operands `pairs.rs` lets through (FP8 sums, bf16 within the guard). [`chunk_model`]
@@ -28,22 +28,12 @@ pub(super) fn available() -> bool {
     }
 }
 
-/// Reorders K-contiguous values (whole groups of 4) in place for [`chunk`]: K `4s + r` moves
-/// to position `4s + [1, 3, 0, 2][r]`, so the words read `(K 4s + 2, K 4s)` and
-/// `(K 4s + 3, K 4s + 1)` (low half first).
-pub(super) fn reorder_row(values: &mut [u16]) {
-    for group in values.chunks_exact_mut(4) {
-        let [r0, r1, r2, r3] = [group[0], group[1], group[2], group[3]];
-        group.copy_from_slice(&[r2, r0, r3, r1]);
-    }
-}
-
 /// [`chunk`] in scalar code, one `VDPBF16PS` lane at a time: the high halves' product, then
 /// the low halves', each one FMA rounding (the products of bf16 values are exact in f32, so
 /// `acc + a * b` rounds once). The definition the tests hold the packing to on every CPU.
 #[cfg(test)]
 pub(super) fn chunk_model(a: &[u16], b: &[u16], blocks: usize, c: &mut [f32; BLOCK]) {
-    let widen = |bits: u16| f32::from_bits((bits as u32) << 16);
+    let widen = super::portable::widen_one;
     c.fill(0.0);
     for kb in 0..blocks {
         let (a_block, b_block) = (&a[kb * BLOCK..][..BLOCK], &b[kb * BLOCK..][..BLOCK]);

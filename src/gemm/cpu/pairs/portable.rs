@@ -17,8 +17,9 @@ use super::{BLOCK, EDGE};
 /// Half of a block's columns: one 16 x 16 tile of the AMX kernel.
 const HALF: usize = 16;
 
+/// The f32 value of bf16 bits (exact).
 #[inline(always)]
-fn widen_one(bits: u16) -> f32 {
+pub(super) fn widen_one(bits: u16) -> f32 {
     f32::from_bits((bits as u32) << 16)
 }
 
