@@ -16,6 +16,7 @@
 //! on its backend and on the CPU twin, and compares them by the op's contract
 //! (`contract.rs`, `docs/numerics.md`).
 
+pub(crate) mod arena_store;
 mod contract;
 mod cuda_ops;
 pub(crate) mod fp8_cast;
@@ -35,10 +36,12 @@ pub(crate) use shadow::{Perturbed, perturb_cpu_primaries};
 
 use std::sync::Arc;
 
+use arena_store::ArenaStore;
 use shadow::{Primary, ShadowKernels};
 use twin::{Outcome, Twin};
 
 use crate::amp::Fp8Recipe;
+use crate::backend::cuda::arena::ArenaLayout;
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{GemmParams, GemmReport, Operand, Output};
@@ -318,6 +321,24 @@ impl Backend {
             (false, Primary::Cuda(k)) => Backend::Cuda(k),
             #[cfg(test)]
             (false, Primary::Perturbed(_)) => Backend::Cpu(CpuKernels),
+        }
+    }
+
+    /// Whether the optimizer keeps its arenas on this backend's device, apart from the host: a
+    /// plain CUDA backend does (device memory, the moments kept there between steps); the CPU
+    /// and shadow mode do not (shadow mode checks each parameter's update against its twin).
+    pub(crate) fn holds_arenas(&self) -> bool {
+        matches!(self, Backend::Cuda(_))
+    }
+
+    /// The optimizer's arenas of `layout` on this backend's device ([`Self::holds_arenas`]).
+    pub(crate) fn arena_store(&self, layout: ArenaLayout) -> Result<Box<dyn ArenaStore>> {
+        match self {
+            Backend::Cuda(k) => cuda_ops::arena_store(k, layout),
+            Backend::Cpu(_) | Backend::Shadow(_) => Err(Error::Unsupported {
+                op: "device arenas",
+                device: self.device().to_string(),
+            }),
         }
     }
 

@@ -22,8 +22,13 @@
 //! gain or a bias toward 0 regularises nothing useful. The optimizer never skips a step
 //! itself: the loss scaler decides that before calling [`AdamW::step`].
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
+use super::adamw_arena::ArenaAdamW;
+use crate::backend::cuda::arena::ArenaLayout;
+use crate::dispatch::arena_store::ArenaStore;
 use crate::dispatch::{AdamWStep, Backend};
 use crate::error::{Error, Result};
 
@@ -122,12 +127,20 @@ pub struct AdamWState {
 }
 
 /// The optimizer: hyperparameters and state.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct AdamW {
     config: AdamWConfig,
+    /// While `arenas` is set, the moments' `m` and `v` live there and these keep only their
+    /// names and shapes.
     state: AdamWState,
     /// Where the update runs (the device of the parameters).
     backend: Backend,
+    /// The arenas on the device (`adamw_arena`), on a backend that holds them, from the first
+    /// step on it; brought home by a step on another backend.
+    arenas: Option<ArenaAdamW>,
+    /// Tests: keep the arenas in host memory (the CUDA store's twin) on the CPU backend.
+    #[cfg(test)]
+    host_arenas: bool,
 }
 
 impl AdamW {
@@ -138,7 +151,47 @@ impl AdamW {
             config,
             state: AdamWState::default(),
             backend: Backend::default(),
+            arenas: None,
+            #[cfg(test)]
+            host_arenas: false,
         })
+    }
+
+    /// Tests: run the steps through arenas in host memory (the twin of the device's), or not.
+    #[cfg(test)]
+    pub(crate) fn use_host_arenas(&mut self, on: bool) {
+        self.host_arenas = on;
+    }
+
+    /// Whether the steps run over arenas (on a backend that holds them).
+    fn on_arenas(&self) -> bool {
+        #[cfg(test)]
+        if self.host_arenas {
+            return true;
+        }
+        self.backend.holds_arenas()
+    }
+
+    fn arena_store(&self, layout: ArenaLayout) -> Result<Box<dyn ArenaStore>> {
+        #[cfg(test)]
+        if self.host_arenas {
+            return Ok(Box::new(crate::dispatch::arena_store::HostArenas::new(layout)));
+        }
+        self.backend.arena_store(layout)
+    }
+
+    /// Copies the moments back from the arenas, if they are there, and lets the arenas go.
+    fn bring_moments_home(&mut self) -> Result<()> {
+        if let Some(arenas) = self.arenas.take() {
+            match arenas.moments(&self.state.moments) {
+                Ok(moments) => self.state.moments = moments,
+                Err(e) => {
+                    self.arenas = Some(arenas);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The backend the updates run on.
@@ -167,20 +220,33 @@ impl AdamW {
         self.state.step
     }
 
-    /// The state, for checkpoints.
-    pub fn state(&self) -> &AdamWState {
-        &self.state
+    /// The state, for checkpoints: borrowed, or copied from the device where the moments live
+    /// there (an error only if that copy fails).
+    pub fn state(&self) -> Result<Cow<'_, AdamWState>> {
+        let Some(arenas) = &self.arenas else {
+            return Ok(Cow::Borrowed(&self.state));
+        };
+        Ok(Cow::Owned(AdamWState {
+            step: self.state.step,
+            moments: arenas.moments(&self.state.moments)?,
+        }))
     }
 
-    /// Replaces the state (from a checkpoint). The moments are checked against the module
-    /// at the next [`AdamW::step`].
+    /// Replaces the state (from a checkpoint), dropping any arenas (the next step makes them
+    /// again from this state). The moments are checked against the module at the next
+    /// [`AdamW::step`].
     pub fn set_state(&mut self, state: AdamWState) {
+        self.arenas = None;
         self.state = state;
     }
 
-    /// Bytes of optimizer state (two f32 moments per value once the first step has run).
+    /// Bytes of optimizer state (two f32 moments per value once the first step has run),
+    /// wherever they live.
     pub fn state_bytes(&self) -> usize {
-        self.state.moments.iter().map(|m| 4 * (m.m.len() + m.v.len())).sum()
+        match self.arenas {
+            Some(_) => self.state.moments.iter().map(|m| 8 * m.shape.iter().product::<usize>()).sum(),
+            None => self.state.moments.iter().map(|m| 4 * (m.m.len() + m.v.len())).sum(),
+        }
     }
 
     /// One update of every parameter of `module` with learning rate `lr`, from its gradient;
@@ -188,6 +254,10 @@ impl AdamW {
     /// nothing, if the module's parameters are not the ones the state was made for.
     pub fn step(&mut self, module: &mut dyn Module, lr: f32) -> Result<()> {
         Self::check_lr(lr)?;
+        if self.on_arenas() {
+            return self.step_on_arenas(module, lr);
+        }
+        self.bring_moments_home()?;
         self.check_or_init_moments(module)?;
         let t = self.state.step + 1;
         let step = step_scalars(&self.config, lr, t);
@@ -205,6 +275,25 @@ impl AdamW {
             p.mark_updated();
         });
         result?;
+        self.state.step = t;
+        Ok(())
+    }
+
+    /// [`AdamW::step`] over the arenas: made at the first step from the moments (zeros, or a
+    /// checkpoint's), which then stay there; the host keeps their names and shapes.
+    fn step_on_arenas(&mut self, module: &mut dyn Module, lr: f32) -> Result<()> {
+        self.check_or_init_moments(module)?;
+        if self.arenas.is_none() {
+            let moments = &self.state.moments;
+            let arenas = ArenaAdamW::open(|layout| self.arena_store(layout), moments, self.config.decay_vectors)?;
+            for m in &mut self.state.moments {
+                (m.m, m.v) = (Vec::new(), Vec::new());
+            }
+            self.arenas = Some(arenas);
+        }
+        let t = self.state.step + 1;
+        let step = step_scalars(&self.config, lr, t);
+        self.arenas.as_mut().expect("made above").step(module, &step)?;
         self.state.step = t;
         Ok(())
     }
@@ -258,7 +347,9 @@ impl AdamW {
             });
         }
         for ((name, shape, _), state) in live.iter().zip(&self.state.moments) {
-            let lengths_ok = state.m.len() == state.v.len() && state.m.len() == shape.iter().product::<usize>();
+            // In the arenas, the lengths are the layout's (checked by each step).
+            let lengths_ok = self.arenas.is_some()
+                || (state.m.len() == state.v.len() && state.m.len() == shape.iter().product::<usize>());
             if *name != state.name || *shape != state.shape || !lengths_ok {
                 return Err(Error::InvalidTensor {
                     name: name.clone(),
@@ -452,7 +543,7 @@ mod tests {
         }
         let mut b = a.clone();
         let mut copy = AdamW::new(AdamWConfig::default()).unwrap();
-        copy.set_state(opt.state().clone());
+        copy.set_state(opt.state().unwrap().into_owned());
         a.params[0].grad_mut().copy_from_slice(&[0.4, 0.4]);
         b.params[0].grad_mut().copy_from_slice(&[0.4, 0.4]);
         opt.step(&mut a, 0.01).unwrap();

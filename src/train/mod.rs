@@ -18,6 +18,7 @@
 
 pub mod accumulate;
 pub mod adamw;
+mod adamw_arena;
 pub mod amax_sync;
 pub mod checkpoint;
 pub mod clip;

@@ -67,7 +67,7 @@ impl Zero1AdamW {
         let params = inventory(model);
         let total: usize = params.iter().map(|p| p.2).sum();
         let (rank, world) = (collective.rank(), collective.world_size());
-        let state = full.state();
+        let state = full.state()?;
         if !state.moments.is_empty() && state.moments.len() != params.len() {
             return Err(Error::InvalidTensor {
                 name: "adamw".into(),

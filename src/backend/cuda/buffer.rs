@@ -6,7 +6,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZero
 
 use super::context::CudaDevice;
 use super::error::CudaResultExt;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::memory::{MemoryCategory, MemoryLedger};
 
 /// High-precision element types the kernels take: f32, bf16, fp16.
@@ -111,6 +111,36 @@ impl CudaDevice {
     /// Overwrites `buffer` with `host` (same length).
     pub fn write<T: DeviceRepr>(&self, host: &[T], buffer: &mut DeviceBuffer<T>) -> Result<()> {
         self.stream().memcpy_htod(host, &mut buffer.slice).call("cuMemcpyHtoD")
+    }
+
+    /// Overwrites `buffer[offset..offset + host.len()]` with `host` (a range past the buffer is
+    /// an error, nothing copied).
+    pub fn write_at<T: DeviceRepr>(&self, host: &[T], buffer: &mut DeviceBuffer<T>, offset: usize) -> Result<()> {
+        let len = buffer.len();
+        let mut view = offset
+            .checked_add(host.len())
+            .and_then(|end| buffer.slice.try_slice_mut(offset..end))
+            .ok_or(Error::LengthMismatch {
+                what: "device write past the buffer",
+                src: offset.saturating_add(host.len()),
+                dst: len,
+            })?;
+        self.stream().memcpy_htod(host, &mut view).call("cuMemcpyHtoD")
+    }
+
+    /// Copies `buffer[offset..offset + host.len()]` into `host` (waits for the stream and reports
+    /// a kernel error flag, as [`CudaDevice::download`]; a range past the buffer is an error).
+    pub fn read_at<T: DeviceRepr>(&self, buffer: &DeviceBuffer<T>, offset: usize, host: &mut [T]) -> Result<()> {
+        let view = offset
+            .checked_add(host.len())
+            .and_then(|end| buffer.slice.try_slice(offset..end))
+            .ok_or(Error::LengthMismatch {
+                what: "device read past the buffer",
+                src: buffer.len(),
+                dst: offset.saturating_add(host.len()),
+            })?;
+        self.stream().memcpy_dtoh(&view, host).call("cuMemcpyDtoH")?;
+        self.synchronize()
     }
 
     /// The buffer's contents (waits for the stream; reports a kernel error flag as [`CudaDevice::synchronize`]).

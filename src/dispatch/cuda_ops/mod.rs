@@ -10,10 +10,12 @@
 //! portable GEMM (`cuda/gemm_mma_mxfp8.cu`), f32 operands take the cuBLASLt
 //! reference path (`backend::cuda::gemm_f32`). None of this has run on a GPU yet.
 
+mod arena;
 mod cast;
 mod layer;
 mod train;
 
+pub(super) use arena::arena_store;
 pub(super) use cast::{cast_stats, delayed_update, gemm, quantize, uncast_stats};
 pub(super) use layer::{
     attention_backward, attention_cached, attention_forward, column_sum, convert, convert_transposed, gelu_backward,

@@ -1,0 +1,74 @@
+//! The optimizer's arenas in device memory (`backend::cuda::arena::DeviceArenas`):
+//! the moments stay on the GPU for the whole run, and each step moves the
+//! master weights and gradients in and the weights out in a few bulk copies
+//! instead of each parameter's staged AdamW op (four uploads, three downloads).
+
+use std::sync::Arc;
+
+use super::{Staged, staged};
+use crate::backend::cuda::arena::{ArenaLayout, DeviceArenas};
+use crate::backend::cuda::DeviceBuffer;
+use crate::dispatch::CudaKernels;
+use crate::dispatch::arena_store::{Arena, ArenaStore};
+use crate::error::Result;
+use crate::ops::AdamWStep;
+
+/// The arenas of one optimizer on one GPU (the device the staged ops use).
+pub(crate) struct CudaArenas {
+    staged: Arc<Staged>,
+    arenas: DeviceArenas,
+}
+
+/// Allocates the arenas of `layout` on the GPU of `kernels` (zeroed; refused before anything is
+/// allocated when they do not fit in its free memory, saying how much they need).
+pub(crate) fn arena_store(kernels: &CudaKernels, layout: ArenaLayout) -> Result<Box<dyn ArenaStore>> {
+    let staged = staged(kernels)?;
+    let arenas = staged.device().allocate_arenas(layout)?;
+    Ok(Box::new(CudaArenas { staged, arenas }))
+}
+
+impl CudaArenas {
+    fn buffer(&self, arena: Arena) -> &DeviceBuffer<f32> {
+        match arena {
+            Arena::Values => &self.arenas.values,
+            Arena::Grads => &self.arenas.grads,
+            Arena::M => &self.arenas.m,
+            Arena::V => &self.arenas.v,
+        }
+    }
+
+    fn buffer_mut(&mut self, arena: Arena) -> &mut DeviceBuffer<f32> {
+        match arena {
+            Arena::Values => &mut self.arenas.values,
+            Arena::Grads => &mut self.arenas.grads,
+            Arena::M => &mut self.arenas.m,
+            Arena::V => &mut self.arenas.v,
+        }
+    }
+}
+
+impl ArenaStore for CudaArenas {
+    fn layout(&self) -> &ArenaLayout {
+        &self.arenas.layout
+    }
+
+    fn write(&mut self, arena: Arena, offset: usize, host: &[f32]) -> Result<()> {
+        if host.is_empty() {
+            return Ok(());
+        }
+        let staged = self.staged.clone();
+        staged.device().write_at(host, self.buffer_mut(arena), offset)
+    }
+
+    fn read(&self, arena: Arena, offset: usize, host: &mut [f32]) -> Result<()> {
+        if host.is_empty() {
+            return Ok(());
+        }
+        self.staged.device().read_at(self.buffer(arena), offset, host)
+    }
+
+    fn adamw(&mut self, step: &AdamWStep) -> Result<()> {
+        let staged = self.staged.clone();
+        staged.device().adamw_step(&mut self.arenas, step)
+    }
+}

@@ -1,0 +1,488 @@
+//! AdamW over arenas (llm.c style): every parameter's master weight, gradient
+//! and moments at the same aligned offset of four arenas, one update launch for
+//! all of them (`dispatch::arena_store`). On a GPU the moments live in device
+//! memory for the whole run; each step copies the weights and gradients in and
+//! the weights out in bulk pieces of at most [`PIECE`] values, instead of the
+//! staged per-parameter op's four uploads and three downloads. The host stays
+//! the owner of weights and gradients (the staged layers read them there), so
+//! a weight changed on the host between steps is never overwritten by a stale
+//! device copy. Same bits as `ops::adamw_update` per parameter.
+
+use crate::backend::cuda::arena::ArenaLayout;
+use crate::dispatch::arena_store::{Arena, ArenaStore};
+use crate::error::{Error, Result};
+use crate::nn::Module;
+use crate::ops::AdamWStep;
+
+use super::adamw::Moments;
+
+/// Values per bulk copy at most: 16 Mi f32 = 64 MiB of host staging, so a tiny model moves in one
+/// copy per arena and a 7B model's 27 GB of weights in about 400, without a second host copy of
+/// the model.
+pub(crate) const PIECE: usize = 16 << 20;
+
+/// The arenas of one optimizer and the host staging of its copies.
+pub(crate) struct ArenaAdamW {
+    store: Box<dyn ArenaStore>,
+    /// Values per bulk copy.
+    piece: usize,
+    staging: Vec<f32>,
+}
+
+impl std::fmt::Debug for ArenaAdamW {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArenaAdamW")
+            .field("parameters", &self.store.layout().entries().len())
+            .field("values", &self.store.layout().len())
+            .finish()
+    }
+}
+
+/// The layout of `moments`' parameters in order: matrices decay, vectors only with
+/// `decay_vectors` (as `adamw::for_parameter`).
+pub(crate) fn layout_of(moments: &[Moments], decay_vectors: bool) -> Result<ArenaLayout> {
+    ArenaLayout::new(
+        moments
+            .iter()
+            .map(|m| (m.name.as_str(), m.m.len(), decay_vectors || m.shape.len() >= 2)),
+    )
+}
+
+impl ArenaAdamW {
+    /// Arenas made by `store` for `moments`' layout, holding their `m` and `v`.
+    pub(crate) fn open(
+        store: impl FnOnce(ArenaLayout) -> Result<Box<dyn ArenaStore>>,
+        moments: &[Moments],
+        decay_vectors: bool,
+    ) -> Result<Self> {
+        Self::open_in_pieces(store, moments, decay_vectors, PIECE)
+    }
+
+    /// [`Self::open`] with bulk copies of at most `piece` values (tests use small pieces).
+    pub(crate) fn open_in_pieces(
+        store: impl FnOnce(ArenaLayout) -> Result<Box<dyn ArenaStore>>,
+        moments: &[Moments],
+        decay_vectors: bool,
+        piece: usize,
+    ) -> Result<Self> {
+        let store = store(layout_of(moments, decay_vectors)?)?;
+        let mut arenas = ArenaAdamW {
+            store,
+            piece: piece.max(1),
+            staging: Vec::new(),
+        };
+        for arena in [Arena::M, Arena::V] {
+            let mut gather = Gather::new(&mut arenas, arena);
+            for (m, e) in moments.iter().zip(gather.entries()) {
+                gather.put(e, if arena == Arena::M { &m.m } else { &m.v })?;
+            }
+            gather.flush()?;
+        }
+        Ok(arenas)
+    }
+
+    /// One AdamW step of every parameter of `module` (in the arenas' order): its weight and
+    /// gradient copied in, one update, the weight copied back and its version bumped.
+    pub(crate) fn step(&mut self, module: &mut dyn Module, step: &AdamWStep) -> Result<()> {
+        self.check_lengths(module)?;
+        for arena in [Arena::Values, Arena::Grads] {
+            let mut gather = Gather::new(self, arena);
+            let mut result = Ok(());
+            let mut entries = gather.entries().into_iter();
+            module.visit_parameters(&mut |p| {
+                let Some(e) = entries.next() else { return };
+                let host = if arena == Arena::Values { p.value() } else { p.grad() };
+                if result.is_ok() {
+                    result = gather.put(e, host);
+                }
+            });
+            result?;
+            gather.flush()?;
+        }
+        self.store.adamw(step)?;
+        let staging = std::mem::take(&mut self.staging);
+        let mut scatter = Scatter::new(self, Arena::Values, staging);
+        let mut entries = scatter.entries().into_iter();
+        let mut result = Ok(());
+        module.visit_parameters(&mut |p| {
+            let Some(e) = entries.next() else { return };
+            if result.is_ok() {
+                result = scatter.get(e, p.value_mut());
+            }
+            p.mark_updated();
+        });
+        self.staging = scatter.staging;
+        result
+    }
+
+    /// The moments, downloaded into `like`'s names and shapes.
+    pub(crate) fn moments(&self, like: &[Moments]) -> Result<Vec<Moments>> {
+        let mut out: Vec<Moments> = like
+            .iter()
+            .map(|m| Moments {
+                name: m.name.clone(),
+                shape: m.shape.clone(),
+                m: Vec::new(),
+                v: Vec::new(),
+            })
+            .collect();
+        for arena in [Arena::M, Arena::V] {
+            let mut scatter = Scatter::new(self, arena, Vec::new());
+            for (m, e) in out.iter_mut().zip(scatter.entries()) {
+                let mut values = vec![0.0; e.len];
+                scatter.get(e, &mut values)?;
+                if arena == Arena::M {
+                    m.m = values;
+                } else {
+                    m.v = values;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every visited parameter has its entry's length, and there are as many.
+    fn check_lengths(&self, module: &mut dyn Module) -> Result<()> {
+        let entries = self.store.layout().entries();
+        let mut live = Vec::new();
+        module.visit_parameters(&mut |p| live.push((p.name().to_string(), p.value().len(), p.grad().len())));
+        if live.len() != entries.len() {
+            return Err(Error::InvalidTensor {
+                name: "adamw".to_string(),
+                reason: format!(
+                    "the optimizer's arenas hold {} parameters, the module has {}",
+                    entries.len(),
+                    live.len()
+                ),
+            });
+        }
+        for ((name, values, grads), e) in live.iter().zip(entries) {
+            if *values != e.len || *grads != e.len {
+                return Err(Error::InvalidTensor {
+                    name: name.clone(),
+                    reason: format!(
+                        "{values} values and {grads} gradients, the optimizer's arenas hold {} for '{}'",
+                        e.len, e.name
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where one parameter sits: its first element and its length.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    offset: usize,
+    len: usize,
+}
+
+fn spans(store: &dyn ArenaStore) -> Vec<Span> {
+    store
+        .layout()
+        .entries()
+        .iter()
+        .map(|e| Span {
+            offset: e.offset,
+            len: e.len,
+        })
+        .collect()
+}
+
+/// Host values gathered into windows of at most `piece` arena elements, each written with one
+/// copy (the padding between views as zeros). Spans must come in arena order.
+struct Gather<'a> {
+    arenas: &'a mut ArenaAdamW,
+    arena: Arena,
+    start: usize,
+}
+
+impl<'a> Gather<'a> {
+    fn new(arenas: &'a mut ArenaAdamW, arena: Arena) -> Self {
+        arenas.staging.clear();
+        Gather { arenas, arena, start: 0 }
+    }
+
+    fn entries(&self) -> Vec<Span> {
+        spans(self.arenas.store.as_ref())
+    }
+
+    fn put(&mut self, span: Span, mut data: &[f32]) -> Result<()> {
+        let piece = self.arenas.piece;
+        let mut at = span.offset;
+        data = &data[..data.len().min(span.len)];
+        while !data.is_empty() {
+            if at < self.start || at >= self.start + piece {
+                self.flush()?;
+                self.start = at;
+            }
+            let take = (self.start + piece - at).min(data.len());
+            let rel = at - self.start;
+            let staging = &mut self.arenas.staging;
+            if staging.len() < rel + take {
+                staging.resize(rel + take, 0.0);
+            }
+            staging[rel..rel + take].copy_from_slice(&data[..take]);
+            at += take;
+            data = &data[take..];
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        let ArenaAdamW { store, staging, .. } = &mut *self.arenas;
+        if !staging.is_empty() {
+            store.write(self.arena, self.start, staging)?;
+            staging.clear();
+        }
+        Ok(())
+    }
+}
+
+/// Arena values read in windows of at most `piece` elements, one copy each, and handed out per span
+/// (in arena order).
+struct Scatter<'a> {
+    store: &'a dyn ArenaStore,
+    arena: Arena,
+    piece: usize,
+    staging: Vec<f32>,
+    start: usize,
+}
+
+impl<'a> Scatter<'a> {
+    fn new(arenas: &'a ArenaAdamW, arena: Arena, mut staging: Vec<f32>) -> Self {
+        staging.clear();
+        Scatter {
+            store: arenas.store.as_ref(),
+            arena,
+            piece: arenas.piece,
+            staging,
+            start: 0,
+        }
+    }
+
+    fn entries(&self) -> Vec<Span> {
+        spans(self.store)
+    }
+
+    fn get(&mut self, span: Span, out: &mut [f32]) -> Result<()> {
+        let total = self.store.layout().len();
+        let len = out.len().min(span.len);
+        let mut done = 0;
+        while done < len {
+            let at = span.offset + done;
+            let loaded = self.start..self.start + self.staging.len();
+            if !loaded.contains(&at) {
+                self.staging.resize(self.piece.min(total - at), 0.0);
+                self.store.read(self.arena, at, &mut self.staging)?;
+                self.start = at;
+            }
+            let rel = at - self.start;
+            let take = (self.staging.len() - rel).min(len - done);
+            out[done..done + take].copy_from_slice(&self.staging[rel..rel + take]);
+            done += take;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dispatch::arena_store::HostArenas;
+    use crate::error::Error;
+    use crate::train::adamw::{AdamW, AdamWConfig, AdamWState};
+    use crate::train::test_util::ParamList;
+
+    /// A matrix, a vector and a longer matrix: views of 12, 5 and 300 values, padded apart.
+    fn module(seed: f32) -> ParamList {
+        let values = |n: usize, k: f32| (0..n).map(|i| ((i as f32 + k) * 0.37 + seed).sin()).collect::<Vec<f32>>();
+        ParamList::new(&[
+            ("w", &[3, 4], values(12, 1.0)),
+            ("b", &[5], values(5, 2.0)),
+            ("fc", &[20, 15], values(300, 3.0)),
+        ])
+    }
+
+    fn set_grads(module: &mut ParamList, step: usize) {
+        for (j, p) in module.params.iter_mut().enumerate() {
+            for (i, g) in p.grad_mut().iter_mut().enumerate() {
+                // Signs and sizes change from step to step; some gradients are exactly zero.
+                *g = if (i + step) % 7 == 0 {
+                    0.0
+                } else {
+                    ((i * (j + 2)) as f32 * 0.11 - step as f32).cos() * 10f32.powi(j as i32 - 1)
+                };
+            }
+        }
+    }
+
+    fn bits(module: &ParamList) -> Vec<Vec<u32>> {
+        module
+            .params
+            .iter()
+            .map(|p| p.value().iter().map(|v| v.to_bits()).collect())
+            .collect()
+    }
+
+    fn state_bits(state: &AdamWState) -> Vec<(String, Vec<u32>, Vec<u32>)> {
+        let b = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        state.moments.iter().map(|m| (m.name.clone(), b(&m.m), b(&m.v))).collect()
+    }
+
+    fn config(decay_vectors: bool) -> AdamWConfig {
+        AdamWConfig {
+            weight_decay: 0.1,
+            decay_vectors,
+            ..AdamWConfig::default()
+        }
+    }
+
+    const LRS: [f32; 5] = [1e-2, 3e-2, 5e-3, 0.0, 2e-2];
+
+    #[test]
+    fn arena_steps_give_the_per_parameter_bits() {
+        for decay_vectors in [false, true] {
+            let (mut plain, mut arena) = (module(0.5), module(0.5));
+            let mut plain_opt = AdamW::new(config(decay_vectors)).unwrap();
+            let mut arena_opt = AdamW::new(config(decay_vectors)).unwrap();
+            arena_opt.use_host_arenas(true);
+            for (step, &lr) in LRS.iter().enumerate() {
+                set_grads(&mut plain, step);
+                set_grads(&mut arena, step);
+                plain_opt.step(&mut plain, lr).unwrap();
+                arena_opt.step(&mut arena, lr).unwrap();
+                assert_eq!(bits(&arena), bits(&plain), "step {step}, decay_vectors {decay_vectors}");
+            }
+            let versions = |m: &ParamList| m.params.iter().map(|p| p.version()).collect::<Vec<_>>();
+            assert_eq!(versions(&arena), versions(&plain));
+            assert_eq!(arena_opt.steps_taken(), plain_opt.steps_taken());
+            assert_eq!(arena_opt.state_bytes(), plain_opt.state_bytes());
+            let (a, p) = (arena_opt.state().unwrap(), plain_opt.state().unwrap());
+            assert!(matches!(a, std::borrow::Cow::Owned(_)), "the moments come from the arenas");
+            assert_eq!(state_bits(&a), state_bits(&p));
+            assert_eq!(a.step, p.step);
+        }
+    }
+
+    #[test]
+    fn weights_changed_on_the_host_between_steps_are_the_ones_updated() {
+        let (mut plain, mut arena) = (module(1.5), module(1.5));
+        let mut plain_opt = AdamW::new(config(false)).unwrap();
+        let mut arena_opt = AdamW::new(config(false)).unwrap();
+        arena_opt.use_host_arenas(true);
+        for (step, &lr) in LRS.iter().enumerate() {
+            for m in [&mut plain, &mut arena] {
+                set_grads(m, step);
+                // The host owns the weights: an edit there must not be undone by the arena's copy.
+                m.params[2].value_mut()[step] = step as f32;
+            }
+            plain_opt.step(&mut plain, lr).unwrap();
+            arena_opt.step(&mut arena, lr).unwrap();
+            assert_eq!(bits(&arena), bits(&plain), "step {step}");
+        }
+    }
+
+    #[test]
+    fn moments_come_home_when_the_steps_leave_the_arenas_and_go_back() {
+        let (mut plain, mut mixed) = (module(2.5), module(2.5));
+        let mut plain_opt = AdamW::new(config(true)).unwrap();
+        let mut mixed_opt = AdamW::new(config(true)).unwrap();
+        for (step, &lr) in LRS.iter().enumerate() {
+            // Arenas, arenas, host, arenas, host: each change of place moves the moments.
+            mixed_opt.use_host_arenas(step != 2 && step != 4);
+            set_grads(&mut plain, step);
+            set_grads(&mut mixed, step);
+            plain_opt.step(&mut plain, lr).unwrap();
+            mixed_opt.step(&mut mixed, lr).unwrap();
+            assert_eq!(bits(&mixed), bits(&plain), "step {step}");
+            assert_eq!(state_bits(&mixed_opt.state().unwrap()), state_bits(&plain_opt.state().unwrap()));
+        }
+    }
+
+    #[test]
+    fn a_checkpointed_state_restarts_the_arenas() {
+        let (mut plain, mut resumed) = (module(3.5), module(3.5));
+        let mut plain_opt = AdamW::new(config(false)).unwrap();
+        let mut first = AdamW::new(config(false)).unwrap();
+        first.use_host_arenas(true);
+        for (step, &lr) in LRS.iter().enumerate().take(2) {
+            set_grads(&mut plain, step);
+            set_grads(&mut resumed, step);
+            plain_opt.step(&mut plain, lr).unwrap();
+            first.step(&mut resumed, lr).unwrap();
+        }
+        let saved = first.state().unwrap().into_owned();
+        // A new optimizer on arenas resumes from the saved state; so does the old one after
+        // set_state (its arenas are dropped and made again from the state).
+        let mut second = AdamW::new(config(false)).unwrap();
+        second.use_host_arenas(true);
+        second.set_state(saved.clone());
+        first.set_state(saved);
+        let mut again = resumed.clone();
+        for (step, &lr) in LRS.iter().enumerate().skip(2) {
+            for m in [&mut plain, &mut resumed, &mut again] {
+                set_grads(m, step);
+            }
+            plain_opt.step(&mut plain, lr).unwrap();
+            second.step(&mut resumed, lr).unwrap();
+            first.step(&mut again, lr).unwrap();
+            assert_eq!(bits(&resumed), bits(&plain), "step {step}");
+            assert_eq!(bits(&again), bits(&plain), "step {step}");
+        }
+    }
+
+    #[test]
+    fn a_changed_parameter_set_is_an_error_and_changes_nothing_on_arenas() {
+        let mut m = module(4.5);
+        let mut opt = AdamW::new(config(false)).unwrap();
+        opt.use_host_arenas(true);
+        set_grads(&mut m, 0);
+        opt.step(&mut m, 1e-2).unwrap();
+        let before = opt.state().unwrap().into_owned();
+        let mut other = module(4.5);
+        other.params.pop();
+        let kept = other.clone();
+        assert!(matches!(opt.step(&mut other, 1e-2), Err(Error::InvalidTensor { .. })));
+        assert_eq!(other.params, kept.params);
+        let mut reshaped = ParamList::new(&[
+            ("w", &[4, 3], vec![0.0; 12]),
+            ("b", &[5], vec![0.0; 5]),
+            ("fc", &[20, 15], vec![0.0; 300]),
+        ]);
+        assert!(opt.step(&mut reshaped, 1e-2).is_err());
+        assert_eq!(opt.steps_taken(), 1);
+        assert_eq!(state_bits(&opt.state().unwrap()), state_bits(&before));
+    }
+
+    #[test]
+    fn bulk_copies_of_any_piece_size_give_the_same_bits() {
+        // Pieces smaller than a view, straddling padding, and larger than the arena.
+        let moments = |m: &mut ParamList| {
+            let mut opt = AdamW::new(config(false)).unwrap();
+            set_grads(m, 0);
+            opt.step(m, 1e-2).unwrap();
+            opt.state().unwrap().into_owned().moments
+        };
+        let mut reference = module(5.5);
+        let start = moments(&mut reference);
+        let mut results = Vec::new();
+        for piece in [1, 5, 64, 100, 1000, PIECE] {
+            let mut m = reference.clone();
+            let host = |layout| Ok(Box::new(HostArenas::new(layout)) as Box<dyn ArenaStore>);
+            let mut arenas = ArenaAdamW::open_in_pieces(host, &start, false, piece).unwrap();
+            assert_eq!(state_bits(&AdamWState { step: 1, moments: arenas.moments(&start).unwrap() }),
+                state_bits(&AdamWState { step: 1, moments: start.clone() }), "piece {piece}");
+            set_grads(&mut m, 1);
+            let step = crate::train::adamw::step_scalars(&config(false), 1e-2, 2);
+            arenas.step(&mut m, &step).unwrap();
+            arenas.piece = 1;
+            results.push((piece, bits(&m), state_bits(&AdamWState { step: 2, moments: arenas.moments(&start).unwrap() })));
+        }
+        for (piece, values, state) in &results[1..] {
+            assert_eq!(values, &results[0].1, "piece {piece}");
+            assert_eq!(state, &results[0].2, "piece {piece}");
+        }
+    }
+}
