@@ -90,10 +90,17 @@ impl MemoryLedger {
         self.total_peak.fetch_max(total, Ordering::Relaxed);
     }
 
-    /// Records that `bytes` of `category` were freed.
+    /// Records that `bytes` of `category` were freed. Freeing more than is booked leaves the
+    /// counter at 0 (a booking released twice must not wrap to 2^64).
     pub fn free(&self, category: MemoryCategory, bytes: u64) {
-        self.current[category.index()].fetch_sub(bytes, Ordering::Relaxed);
-        self.total_current.fetch_sub(bytes, Ordering::Relaxed);
+        let i = category.index();
+        let booked = self.current[i]
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| Some(c.saturating_sub(bytes)))
+            .unwrap_or_else(|c| c);
+        let freed = booked.min(bytes);
+        let _ = self
+            .total_current
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| Some(c.saturating_sub(freed)));
     }
 
     /// Sets every peak to the current bytes, so later peaks count from now.
@@ -203,6 +210,18 @@ pub fn parse_bytes(text: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn freeing_more_than_is_booked_stops_at_zero() {
+        let ledger = MemoryLedger::new();
+        ledger.allocate(MemoryCategory::Gradients, 100);
+        ledger.allocate(MemoryCategory::Activations, 50);
+        ledger.free(MemoryCategory::Gradients, 300);
+        assert_eq!(ledger.usage(MemoryCategory::Gradients).current, 0);
+        // The total loses only what the category had.
+        assert_eq!(ledger.total().current, 50);
+        assert_eq!(ledger.usage(MemoryCategory::Gradients).peak, 100);
+    }
 
     #[test]
     fn byte_counts_parse_in_binary_and_decimal_units() {

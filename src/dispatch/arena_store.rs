@@ -9,6 +9,7 @@
 
 use crate::backend::cuda::arena::ArenaLayout;
 use crate::error::{Error, Result};
+use crate::memory::MemoryCategory;
 use crate::ops::AdamWStep;
 
 /// One of the four arenas.
@@ -25,7 +26,6 @@ pub(crate) enum Arena {
 }
 
 impl Arena {
-
     fn index(self) -> usize {
         self as usize
     }
@@ -42,6 +42,8 @@ pub(crate) trait ArenaStore: Send + Sync {
     /// One AdamW step of every parameter: `step` for the decayed ones, `step` with decay 1 for
     /// the others (`ops::adamw_update` per parameter, same bits).
     fn adamw(&mut self, step: &AdamWStep) -> Result<()>;
+    /// Bytes these arenas book in their device's memory ledger under `category` (0 in host memory).
+    fn device_bytes(&self, category: MemoryCategory) -> u64;
 }
 
 /// The four arenas in host memory: the CPU twin of the CUDA store.
@@ -95,9 +97,19 @@ impl ArenaStore for HostArenas {
                 decay: if e.decayed { step.decay } else { 1.0 },
                 ..*step
             };
-            crate::ops::adamw_update(&mut values[r.clone()], &grads[r.clone()], &mut m[r.clone()], &mut v[r], &step)?;
+            crate::ops::adamw_update(
+                &mut values[r.clone()],
+                &grads[r.clone()],
+                &mut m[r.clone()],
+                &mut v[r],
+                &step,
+            )?;
         }
         Ok(())
+    }
+
+    fn device_bytes(&self, _category: MemoryCategory) -> u64 {
+        0
     }
 }
 

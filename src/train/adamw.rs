@@ -27,10 +27,12 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 
 use super::adamw_arena::ArenaAdamW;
+pub use super::adamw_state::{AdamWState, Moments};
 use crate::backend::cuda::arena::ArenaLayout;
 use crate::dispatch::arena_store::ArenaStore;
 use crate::dispatch::{AdamWStep, Backend};
 use crate::error::{Error, Result};
+use crate::memory::MemoryCategory;
 
 use crate::nn::Module;
 use crate::tensor::DeviceKind;
@@ -102,28 +104,6 @@ impl AdamWConfig {
             "must be finite and >= 0",
         )
     }
-}
-
-/// First and second moments of one parameter.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Moments {
-    /// The parameter's name.
-    pub name: String,
-    /// The parameter's shape.
-    pub shape: Vec<usize>,
-    /// First moment (mean of gradients).
-    pub m: Vec<f32>,
-    /// Second moment (mean of squared gradients).
-    pub v: Vec<f32>,
-}
-
-/// Everything a checkpoint needs to continue the optimizer exactly.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct AdamWState {
-    /// Steps taken (the `t` of the bias correction).
-    pub step: u64,
-    /// One entry per parameter, in the module's visiting order; empty before the first step.
-    pub moments: Vec<Moments>,
 }
 
 /// The optimizer: hyperparameters and state.
@@ -244,7 +224,12 @@ impl AdamW {
     /// wherever they live.
     pub fn state_bytes(&self) -> usize {
         match self.arenas {
-            Some(_) => self.state.moments.iter().map(|m| 8 * m.shape.iter().product::<usize>()).sum(),
+            Some(_) => self
+                .state
+                .moments
+                .iter()
+                .map(|m| 8 * m.shape.iter().product::<usize>())
+                .sum(),
             None => self.state.moments.iter().map(|m| 4 * (m.m.len() + m.v.len())).sum(),
         }
     }
@@ -279,9 +264,35 @@ impl AdamW {
         Ok(())
     }
 
+    /// On a backend that holds arenas, makes them now for `module` (from the moments: zeros, or a
+    /// checkpoint's) rather than at the first step, so a run books their device memory before it
+    /// starts; elsewhere nothing.
+    pub(crate) fn prepare(&mut self, module: &mut dyn Module) -> Result<()> {
+        if self.on_arenas() {
+            self.open_arenas(module)?;
+        }
+        Ok(())
+    }
+
+    /// Bytes the arenas book in their device's memory ledger under `category` (0 without them).
+    pub(crate) fn device_bytes(&self, category: MemoryCategory) -> u64 {
+        self.arenas.as_ref().map_or(0, |a| a.device_bytes(category))
+    }
+
     /// [`AdamW::step`] over the arenas: made at the first step from the moments (zeros, or a
     /// checkpoint's), which then stay there; the host keeps their names and shapes.
     fn step_on_arenas(&mut self, module: &mut dyn Module, lr: f32) -> Result<()> {
+        self.open_arenas(module)?;
+        let t = self.state.step + 1;
+        let step = step_scalars(&self.config, lr, t);
+        self.arenas.as_mut().expect("made above").step(module, &step)?;
+        self.state.step = t;
+        Ok(())
+    }
+
+    /// Checks the module against the moments (making them at first) and makes the arenas if
+    /// there are none yet.
+    fn open_arenas(&mut self, module: &mut dyn Module) -> Result<()> {
         self.check_or_init_moments(module)?;
         if self.arenas.is_none() {
             let moments = &self.state.moments;
@@ -291,10 +302,6 @@ impl AdamW {
             }
             self.arenas = Some(arenas);
         }
-        let t = self.state.step + 1;
-        let step = step_scalars(&self.config, lr, t);
-        self.arenas.as_mut().expect("made above").step(module, &step)?;
-        self.state.step = t;
         Ok(())
     }
 

@@ -11,10 +11,11 @@
 use crate::backend::cuda::arena::ArenaLayout;
 use crate::dispatch::arena_store::{Arena, ArenaStore};
 use crate::error::{Error, Result};
+use crate::memory::MemoryCategory;
 use crate::nn::Module;
 use crate::ops::AdamWStep;
 
-use super::adamw::Moments;
+use super::adamw_state::Moments;
 
 /// Values per bulk copy at most: 16 Mi f32 = 64 MiB of host staging, so a tiny model moves in one
 /// copy per arena and a 7B model's 27 GB of weights in about 400, without a second host copy of
@@ -141,6 +142,11 @@ impl ArenaAdamW {
         Ok(out)
     }
 
+    /// Bytes the arenas book in their device's ledger under `category`.
+    pub(crate) fn device_bytes(&self, category: MemoryCategory) -> u64 {
+        self.store.device_bytes(category)
+    }
+
     /// Every visited parameter has its entry's length, and there are as many.
     fn check_lengths(&self, module: &mut dyn Module) -> Result<()> {
         let entries = self.store.layout().entries();
@@ -201,7 +207,11 @@ struct Gather<'a> {
 impl<'a> Gather<'a> {
     fn new(arenas: &'a mut ArenaAdamW, arena: Arena) -> Self {
         arenas.staging.clear();
-        Gather { arenas, arena, start: 0 }
+        Gather {
+            arenas,
+            arena,
+            start: 0,
+        }
     }
 
     fn entries(&self) -> Vec<Span> {
@@ -297,7 +307,11 @@ mod tests {
 
     /// A matrix, a vector and a longer matrix: views of 12, 5 and 300 values, padded apart.
     fn module(seed: f32) -> ParamList {
-        let values = |n: usize, k: f32| (0..n).map(|i| ((i as f32 + k) * 0.37 + seed).sin()).collect::<Vec<f32>>();
+        let values = |n: usize, k: f32| {
+            (0..n)
+                .map(|i| ((i as f32 + k) * 0.37 + seed).sin())
+                .collect::<Vec<f32>>()
+        };
         ParamList::new(&[
             ("w", &[3, 4], values(12, 1.0)),
             ("b", &[5], values(5, 2.0)),
@@ -309,7 +323,7 @@ mod tests {
         for (j, p) in module.params.iter_mut().enumerate() {
             for (i, g) in p.grad_mut().iter_mut().enumerate() {
                 // Signs and sizes change from step to step; some gradients are exactly zero.
-                *g = if (i + step) % 7 == 0 {
+                *g = if (i + step).is_multiple_of(7) {
                     0.0
                 } else {
                     ((i * (j + 2)) as f32 * 0.11 - step as f32).cos() * 10f32.powi(j as i32 - 1)
@@ -328,7 +342,11 @@ mod tests {
 
     fn state_bits(state: &AdamWState) -> Vec<(String, Vec<u32>, Vec<u32>)> {
         let b = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-        state.moments.iter().map(|m| (m.name.clone(), b(&m.m), b(&m.v))).collect()
+        state
+            .moments
+            .iter()
+            .map(|m| (m.name.clone(), b(&m.m), b(&m.v)))
+            .collect()
     }
 
     fn config(decay_vectors: bool) -> AdamWConfig {
@@ -360,7 +378,10 @@ mod tests {
             assert_eq!(arena_opt.steps_taken(), plain_opt.steps_taken());
             assert_eq!(arena_opt.state_bytes(), plain_opt.state_bytes());
             let (a, p) = (arena_opt.state().unwrap(), plain_opt.state().unwrap());
-            assert!(matches!(a, std::borrow::Cow::Owned(_)), "the moments come from the arenas");
+            assert!(
+                matches!(a, std::borrow::Cow::Owned(_)),
+                "the moments come from the arenas"
+            );
             assert_eq!(state_bits(&a), state_bits(&p));
             assert_eq!(a.step, p.step);
         }
@@ -397,7 +418,10 @@ mod tests {
             plain_opt.step(&mut plain, lr).unwrap();
             mixed_opt.step(&mut mixed, lr).unwrap();
             assert_eq!(bits(&mixed), bits(&plain), "step {step}");
-            assert_eq!(state_bits(&mixed_opt.state().unwrap()), state_bits(&plain_opt.state().unwrap()));
+            assert_eq!(
+                state_bits(&mixed_opt.state().unwrap()),
+                state_bits(&plain_opt.state().unwrap())
+            );
         }
     }
 
@@ -472,13 +496,29 @@ mod tests {
             let mut m = reference.clone();
             let host = |layout| Ok(Box::new(HostArenas::new(layout)) as Box<dyn ArenaStore>);
             let mut arenas = ArenaAdamW::open_in_pieces(host, &start, false, piece).unwrap();
-            assert_eq!(state_bits(&AdamWState { step: 1, moments: arenas.moments(&start).unwrap() }),
-                state_bits(&AdamWState { step: 1, moments: start.clone() }), "piece {piece}");
+            assert_eq!(
+                state_bits(&AdamWState {
+                    step: 1,
+                    moments: arenas.moments(&start).unwrap()
+                }),
+                state_bits(&AdamWState {
+                    step: 1,
+                    moments: start.clone()
+                }),
+                "piece {piece}"
+            );
             set_grads(&mut m, 1);
             let step = crate::train::adamw::step_scalars(&config(false), 1e-2, 2);
             arenas.step(&mut m, &step).unwrap();
             arenas.piece = 1;
-            results.push((piece, bits(&m), state_bits(&AdamWState { step: 2, moments: arenas.moments(&start).unwrap() })));
+            results.push((
+                piece,
+                bits(&m),
+                state_bits(&AdamWState {
+                    step: 2,
+                    moments: arenas.moments(&start).unwrap(),
+                }),
+            ));
         }
         for (piece, values, state) in &results[1..] {
             assert_eq!(values, &results[0].1, "piece {piece}");

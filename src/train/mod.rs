@@ -19,6 +19,7 @@
 pub mod accumulate;
 pub mod adamw;
 mod adamw_arena;
+mod adamw_state;
 pub mod amax_sync;
 pub mod checkpoint;
 pub mod clip;

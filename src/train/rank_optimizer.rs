@@ -9,6 +9,7 @@ use crate::amp::loss_scaler::DynamicLossScaler;
 use crate::dispatch::Backend;
 use crate::dist::Collective;
 use crate::error::Result;
+use crate::memory::MemoryCategory;
 use crate::model::LanguageModel;
 use crate::train::zero1::Zero1AdamW;
 
@@ -28,7 +29,11 @@ impl RankOptimizer {
         collective: &dyn Collective,
     ) -> Result<Self> {
         Ok(match zero {
-            0 => RankOptimizer::Whole(full),
+            0 => {
+                let mut full = full;
+                full.prepare(model)?;
+                RankOptimizer::Whole(full)
+            }
             _ => RankOptimizer::Sharded(Zero1AdamW::from_full(&full, model, collective, true)?),
         })
     }
@@ -55,6 +60,15 @@ impl RankOptimizer {
         match self {
             RankOptimizer::Whole(adamw) => adamw.backend(),
             RankOptimizer::Sharded(zero) => zero.backend(),
+        }
+    }
+
+    /// Bytes the optimizer's device arenas book in the device's ledger under `category` (the
+    /// masters, gradients and moments of a whole AdamW on a GPU; 0 elsewhere).
+    pub(crate) fn device_bytes(&self, category: MemoryCategory) -> u64 {
+        match self {
+            RankOptimizer::Whole(adamw) => adamw.device_bytes(category),
+            RankOptimizer::Sharded(_) => 0,
         }
     }
 

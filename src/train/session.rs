@@ -444,9 +444,10 @@ pub fn run_model(
     let memory_summary = memory_summary(&ledger);
     // The run's own accounting is released; Workspace is counted by the allocations themselves
     // (the CUDA staging pool, which outlives the run) and stays as it is.
+    // The optimizer's device arenas are booked by their own allocations, released when it drops.
     for category in MemoryCategory::ALL {
         if category != MemoryCategory::Workspace {
-            set_usage(&ledger, category, 0);
+            set_usage(&ledger, category, optimizer.device_bytes(category));
         }
     }
     Ok(RunOutput {
@@ -495,9 +496,12 @@ fn account_static(
     // Frozen values (LoRA's base, an FP8 base's embeddings, norms and head) have no gradient or
     // moments; they are held in f32, or embeddings, norms and head at their checkpoint's 16 bits.
     let frozen = model.frozen_parameter_bytes() as u64;
-    set_usage(ledger, MemoryCategory::MasterWeights, masters * 4);
-    set_usage(ledger, MemoryCategory::Gradients, values * 4);
-    set_usage(ledger, MemoryCategory::OptimizerState, optimizer_bytes as u64);
+    // On a GPU the optimizer's arenas hold the masters, gradients and moments in device memory,
+    // booked by their allocations (padding included): the ledger shows the larger of the two.
+    let at_least = |category, bytes: u64| set_usage(ledger, category, bytes.max(optimizer.device_bytes(category)));
+    at_least(MemoryCategory::MasterWeights, masters * 4);
+    at_least(MemoryCategory::Gradients, values * 4);
+    at_least(MemoryCategory::OptimizerState, optimizer_bytes as u64);
     if precision.is_fp8() {
         set_usage(ledger, MemoryCategory::Parameters, frozen + compute_copies);
         set_usage(ledger, MemoryCategory::Fp8Copies, cache);

@@ -3,13 +3,113 @@
 
 use fp8_engine::backend::cuda::arena::ArenaLayout;
 use fp8_engine::device::MemoryCategory;
+use fp8_engine::nn::{Module, Parameter};
 use fp8_engine::ops::{self, AdamWStep};
+use fp8_engine::tensor::DeviceKind;
+use fp8_engine::train::adamw::{AdamW, AdamWConfig};
 
 use crate::compare::exact;
 use crate::{Check, Ctx, cpu, gpu, worst};
 
 pub fn run(ctx: &mut Ctx, results: &mut Vec<(String, Check)>) {
     results.push(("arenas: ledger and one AdamW launch".into(), arenas(ctx)));
+    results.push(("arenas: ranged copies in and out".into(), ranged_copies(ctx)));
+    results.push((
+        "arenas: AdamW on CUDA keeps its moments on the device".into(),
+        optimizer(ctx),
+    ));
+}
+
+/// `write_at` / `read_at` move exactly their range, and a range past the buffer is an error.
+fn ranged_copies(ctx: &mut Ctx) -> Check {
+    let mut buffer = ctx.zeros::<f32>(1000)?;
+    let part = ctx.values(300, 1.0);
+    gpu(ctx.gpu.write_at(&part, &mut buffer, 650))?;
+    let mut back = vec![0.0f32; 302];
+    gpu(ctx.gpu.read_at(&buffer, 649, &mut back))?;
+    let mut expected = vec![0.0f32; 302];
+    expected[1..301].copy_from_slice(&part);
+    if ctx.gpu.write_at(&part, &mut buffer, 701).is_ok() || ctx.gpu.read_at(&buffer, 699, &mut back).is_ok() {
+        return Err("a range past the buffer was accepted".into());
+    }
+    exact("read_at", &back, &expected)
+}
+
+/// Parameters of mixed shapes for the optimizer check.
+struct Params(Vec<Parameter>);
+
+impl Module for Params {
+    fn visit_parameters(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
+        self.0.iter_mut().for_each(f);
+    }
+}
+
+/// `AdamW` moved to the GPU (its arenas: one upload of weights and gradients, one launch, one
+/// download per step) against the same optimizer on the CPU, same bits at every step; a weight
+/// edited on the host between steps; the moments read back (`state()`), a resume from them, and
+/// a step on the CPU and back (the moments leave the device and return).
+fn optimizer(ctx: &mut Ctx) -> Check {
+    let shapes: [(&str, &[usize]); 4] = [("emb", &[50, 64]), ("norm", &[64]), ("w", &[64, 96]), ("b", &[96])];
+    let mut cpu_params = Params(
+        shapes
+            .iter()
+            .map(|(name, shape)| Parameter::new(*name, shape, ctx.values(shape.iter().product(), 1.0)).unwrap())
+            .collect(),
+    );
+    let mut gpu_params = Params(cpu_params.0.clone());
+    let config = AdamWConfig {
+        weight_decay: 0.1,
+        ..AdamWConfig::default()
+    };
+    let mut on_cpu = cpu(AdamW::new(config))?;
+    let mut on_gpu = cpu(AdamW::new(config))?;
+    on_gpu.to_device(DeviceKind::Cuda(0));
+    let bits = |p: &Params| -> Vec<f32> { p.0.iter().flat_map(|p| p.value().to_vec()).collect() };
+    let mut worst_seen = 0.0f64;
+    for step in 0..6 {
+        for p in 0..cpu_params.0.len() {
+            let grad = ctx.values(cpu_params.0[p].len(), 10f32.powi(step % 3 - 1));
+            cpu_params.0[p].grad_mut().copy_from_slice(&grad);
+            gpu_params.0[p].grad_mut().copy_from_slice(&grad);
+        }
+        if step == 2 {
+            // The host owns the weights: an edit there is what the next step updates.
+            cpu_params.0[2].value_mut()[5] = 3.0;
+            gpu_params.0[2].value_mut()[5] = 3.0;
+        }
+        if step == 3 {
+            // Resume: a fresh GPU optimizer from the state read back from the device.
+            let saved = gpu(on_gpu.state())?.into_owned();
+            on_gpu = cpu(AdamW::new(config))?;
+            on_gpu.set_state(saved);
+            on_gpu.to_device(DeviceKind::Cuda(0));
+        }
+        // Step 4 runs on the CPU (the moments come home), step 5 back on the GPU.
+        on_gpu.to_device(if step == 4 {
+            DeviceKind::Cpu
+        } else {
+            DeviceKind::Cuda(0)
+        });
+        cpu(on_cpu.step(&mut cpu_params, 1e-2))?;
+        gpu(on_gpu.step(&mut gpu_params, 1e-2))?;
+        worst_seen = worst_seen.max(exact(
+            &format!("values after step {step}"),
+            &bits(&gpu_params),
+            &bits(&cpu_params),
+        )?);
+    }
+    let (g, c) = (gpu(on_gpu.state())?, cpu(on_cpu.state())?);
+    let flat = |s: &fp8_engine::train::adamw::AdamWState, m: bool| -> Vec<f32> {
+        s.moments
+            .iter()
+            .flat_map(|x| if m { x.m.clone() } else { x.v.clone() })
+            .collect()
+    };
+    worst([
+        Ok(worst_seen),
+        exact("m", &flat(&g, true), &flat(&c, true)),
+        exact("v", &flat(&g, false), &flat(&c, false)),
+    ])
 }
 
 fn arenas(ctx: &mut Ctx) -> Check {

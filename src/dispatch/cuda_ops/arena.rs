@@ -6,11 +6,13 @@
 use std::sync::Arc;
 
 use super::{Staged, staged};
-use crate::backend::cuda::arena::{ArenaLayout, DeviceArenas};
 use crate::backend::cuda::DeviceBuffer;
+use crate::backend::cuda::arena::{ArenaLayout, DeviceArenas};
+use crate::backend::cuda::params::Fp8AdamWItemParams;
 use crate::dispatch::CudaKernels;
 use crate::dispatch::arena_store::{Arena, ArenaStore};
 use crate::error::Result;
+use crate::memory::MemoryCategory;
 use crate::ops::AdamWStep;
 
 /// The arenas of one optimizer on one GPU (the device the staged ops use).
@@ -70,5 +72,18 @@ impl ArenaStore for CudaArenas {
     fn adamw(&mut self, step: &AdamWStep) -> Result<()> {
         let staged = self.staged.clone();
         staged.device().adamw_step(&mut self.arenas, step)
+    }
+
+    fn device_bytes(&self, category: MemoryCategory) -> u64 {
+        let a = &self.arenas;
+        let f32s = |b: &DeviceBuffer<f32>| (b.len() * size_of::<f32>()) as u64;
+        match category {
+            MemoryCategory::MasterWeights => f32s(&a.values),
+            MemoryCategory::Gradients => f32s(&a.grads),
+            MemoryCategory::OptimizerState => {
+                f32s(&a.m) + f32s(&a.v) + (a.items.len() * size_of::<Fp8AdamWItemParams>()) as u64
+            }
+            _ => 0,
+        }
     }
 }
