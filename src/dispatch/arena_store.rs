@@ -44,6 +44,12 @@ pub(crate) trait ArenaStore: Send + Sync {
     fn adamw(&mut self, step: &AdamWStep) -> Result<()>;
     /// Bytes these arenas book in their device's memory ledger under `category` (0 in host memory).
     fn device_bytes(&self, category: MemoryCategory) -> u64;
+    /// Multiplies every gradient by `factor` (`ops::unscale_and_check` over the gradient arena,
+    /// whose zero padding stays zero); whether every result is finite.
+    fn scale_grads(&mut self, factor: f32) -> Result<bool>;
+    /// The sum of the gradients' squares in f64 (the twin: `ops::sum_of_squares` per parameter,
+    /// added in order; a device sums in its own order, within `sum_squares_bound`).
+    fn grad_sum_squares(&self) -> Result<f64>;
 }
 
 /// The four arenas in host memory: the CPU twin of the CUDA store.
@@ -110,6 +116,24 @@ impl ArenaStore for HostArenas {
 
     fn device_bytes(&self, _category: MemoryCategory) -> u64 {
         0
+    }
+
+    fn scale_grads(&mut self, factor: f32) -> Result<bool> {
+        Ok(crate::ops::unscale_and_check(
+            &mut self.arenas[Arena::Grads.index()],
+            factor,
+        ))
+    }
+
+    fn grad_sum_squares(&self) -> Result<f64> {
+        // Parameter by parameter, as `train::clip` sums them on the host.
+        let grads = &self.arenas[Arena::Grads.index()];
+        let sums = self
+            .layout
+            .entries()
+            .iter()
+            .map(|e| crate::ops::sum_of_squares(&grads[e.offset..e.offset + e.len]));
+        Ok(sums.fold(0.0, |total, s| total + s))
     }
 }
 

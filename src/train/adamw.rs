@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::adamw_arena::ArenaAdamW;
 pub use super::adamw_state::{AdamWState, Moments};
+use super::clip::{check_max_norm, clip_coefficient};
 use crate::backend::cuda::arena::ArenaLayout;
 use crate::dispatch::arena_store::ArenaStore;
 use crate::dispatch::{AdamWStep, Backend};
@@ -272,6 +273,42 @@ impl AdamW {
             self.open_arenas(module)?;
         }
         Ok(())
+    }
+
+    /// On a backend that holds arenas, the first half of a step there: this step's gradients
+    /// copied into the gradient arena once, unscaled by `inv_scale` and checked (fp16 loss
+    /// scaling), the verdict turned into the group's by `agree`, their global norm summed there,
+    /// and finite gradients clipped there to `max_grad_norm`; the next [`AdamW::step`] updates
+    /// from them. Returns `(finite, norm)`, or None on a backend without arenas (the caller checks
+    /// and clips on the host, parameter by parameter, as `train::step::check_and_clip`). The host
+    /// gradients are left as they were.
+    pub(crate) fn check_and_clip_on_arenas(
+        &mut self,
+        module: &mut dyn Module,
+        inv_scale: Option<f32>,
+        max_grad_norm: Option<f32>,
+        agree: &mut dyn FnMut(bool) -> Result<bool>,
+    ) -> Result<Option<(bool, f64)>> {
+        if !self.on_arenas() {
+            return Ok(None);
+        }
+        if let Some(max) = max_grad_norm {
+            check_max_norm(max)?;
+        }
+        self.open_arenas(module)?;
+        let arenas = self.arenas.as_mut().expect("made above");
+        arenas.upload_grads(module)?;
+        let mut finite = true;
+        if let Some(inv_scale) = inv_scale {
+            finite = agree(arenas.scale_grads(inv_scale)?)?;
+        }
+        let norm = arenas.grad_sum_squares()?.sqrt();
+        if let (true, Some(max)) = (finite, max_grad_norm)
+            && let Some(coef) = clip_coefficient(norm, max)
+        {
+            arenas.scale_grads(coef)?;
+        }
+        Ok(Some((finite, norm)))
     }
 
     /// Bytes the arenas book in their device's memory ledger under `category` (0 without them).

@@ -25,6 +25,9 @@ pub(crate) const PIECE: usize = 16 << 20;
 /// The arenas of one optimizer and the host staging of its copies.
 pub(crate) struct ArenaAdamW {
     store: Box<dyn ArenaStore>,
+    /// The gradient arena holds this step's gradients, checked and clipped there
+    /// ([`Self::upload_grads`]): the next [`Self::step`] uses them as they are.
+    grads_ready: bool,
     /// Values per bulk copy.
     piece: usize,
     staging: Vec<f32>,
@@ -69,6 +72,7 @@ impl ArenaAdamW {
         let store = store(layout_of(moments, decay_vectors)?)?;
         let mut arenas = ArenaAdamW {
             store,
+            grads_ready: false,
             piece: piece.max(1),
             staging: Vec::new(),
         };
@@ -86,19 +90,12 @@ impl ArenaAdamW {
     /// gradient copied in, one update, the weight copied back and its version bumped.
     pub(crate) fn step(&mut self, module: &mut dyn Module, step: &AdamWStep) -> Result<()> {
         self.check_lengths(module)?;
-        for arena in [Arena::Values, Arena::Grads] {
-            let mut gather = Gather::new(self, arena);
-            let mut result = Ok(());
-            let mut entries = gather.entries().into_iter();
-            module.visit_parameters(&mut |p| {
-                let Some(e) = entries.next() else { return };
-                let host = if arena == Arena::Values { p.value() } else { p.grad() };
-                if result.is_ok() {
-                    result = gather.put(e, host);
-                }
-            });
-            result?;
-            gather.flush()?;
+        let arenas: &[Arena] = match std::mem::take(&mut self.grads_ready) {
+            true => &[Arena::Values],
+            false => &[Arena::Values, Arena::Grads],
+        };
+        for &arena in arenas {
+            self.gather_from(module, arena)?;
         }
         self.store.adamw(step)?;
         let staging = std::mem::take(&mut self.staging);
@@ -114,6 +111,42 @@ impl ArenaAdamW {
         });
         self.staging = scatter.staging;
         result
+    }
+
+    /// Copies the gradients of `module` into the gradient arena, where [`Self::scale_grads`] and
+    /// [`Self::grad_sum_squares`] work on them and the next [`Self::step`] takes them.
+    pub(crate) fn upload_grads(&mut self, module: &mut dyn Module) -> Result<()> {
+        self.grads_ready = false;
+        self.check_lengths(module)?;
+        self.gather_from(module, Arena::Grads)?;
+        self.grads_ready = true;
+        Ok(())
+    }
+
+    /// Multiplies the uploaded gradients by `factor`; whether all are finite.
+    pub(crate) fn scale_grads(&mut self, factor: f32) -> Result<bool> {
+        self.store.scale_grads(factor)
+    }
+
+    /// The sum of the uploaded gradients' squares, in f64.
+    pub(crate) fn grad_sum_squares(&self) -> Result<f64> {
+        self.store.grad_sum_squares()
+    }
+
+    /// Copies each parameter's weight or gradient (`arena`) from `module` into the arena.
+    fn gather_from(&mut self, module: &mut dyn Module, arena: Arena) -> Result<()> {
+        let mut gather = Gather::new(self, arena);
+        let mut result = Ok(());
+        let mut entries = gather.entries().into_iter();
+        module.visit_parameters(&mut |p| {
+            let Some(e) = entries.next() else { return };
+            let host = if arena == Arena::Values { p.value() } else { p.grad() };
+            if result.is_ok() {
+                result = gather.put(e, host);
+            }
+        });
+        result?;
+        gather.flush()
     }
 
     /// The moments, downloaded into `like`'s names and shapes.
@@ -478,6 +511,52 @@ mod tests {
         assert!(opt.step(&mut reshaped, 1e-2).is_err());
         assert_eq!(opt.steps_taken(), 1);
         assert_eq!(state_bits(&opt.state().unwrap()), state_bits(&before));
+    }
+
+    #[test]
+    fn unscaling_clipping_and_skipped_steps_on_arenas_give_the_host_bits() {
+        use crate::amp::loss_scaler::{DynamicLossScaler, LossScalerConfig};
+        use crate::train::step::apply_gradients;
+        for (scaled, max_norm) in [(false, Some(0.5)), (true, Some(0.5)), (true, None), (false, None)] {
+            let scaler = || match scaled {
+                true => DynamicLossScaler::new(LossScalerConfig {
+                    init_scale: 1024.0,
+                    ..LossScalerConfig::default()
+                })
+                .unwrap(),
+                false => DynamicLossScaler::disabled(),
+            };
+            let (mut plain, mut arena) = (module(6.5), module(6.5));
+            let (mut plain_scaler, mut arena_scaler) = (scaler(), scaler());
+            let mut plain_opt = AdamW::new(config(false)).unwrap();
+            let mut arena_opt = AdamW::new(config(false)).unwrap();
+            arena_opt.use_host_arenas(true);
+            for (step, &lr) in LRS.iter().enumerate() {
+                for (m, s) in [(&mut plain, &plain_scaler), (&mut arena, &arena_scaler)] {
+                    set_grads(m, step);
+                    let scale = s.scale();
+                    m.params
+                        .iter_mut()
+                        .for_each(|p| p.grad_mut().iter_mut().for_each(|g| *g *= scale));
+                    if scaled && step == 2 {
+                        // An overflow: the step is skipped and the scale backs off.
+                        m.params[1].grad_mut()[3] = f32::INFINITY;
+                    }
+                }
+                let a = apply_gradients(&mut plain, &mut plain_scaler, &mut plain_opt, lr, max_norm).unwrap();
+                let b = apply_gradients(&mut arena, &mut arena_scaler, &mut arena_opt, lr, max_norm).unwrap();
+                let case = format!("step {step}, scaled {scaled}, clip {max_norm:?}");
+                assert_eq!(b.grad_norm.to_bits(), a.grad_norm.to_bits(), "{case}");
+                assert_eq!((b.skipped, b.loss_scale), (a.skipped, a.loss_scale), "{case}");
+                assert_eq!(a.skipped, scaled && step == 2, "{case}");
+                assert_eq!(bits(&arena), bits(&plain), "{case}");
+            }
+            assert_eq!(arena_opt.steps_taken(), plain_opt.steps_taken());
+            assert_eq!(
+                state_bits(&arena_opt.state().unwrap()),
+                state_bits(&plain_opt.state().unwrap())
+            );
+        }
     }
 
     #[test]

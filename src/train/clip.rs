@@ -48,23 +48,34 @@ pub fn clip_grad_norm(module: &mut dyn Module, max_norm: f32) -> Result<f64> {
 
 /// [`clip_grad_norm`] with the norm computed on `backend`.
 pub(crate) fn clip_grad_norm_on(backend: Backend, module: &mut dyn Module, max_norm: f32) -> Result<f64> {
-    if !(max_norm.is_finite() && max_norm > 0.0) {
-        return Err(Error::InvalidSetting {
-            setting: "max_grad_norm",
-            value: max_norm.to_string(),
-            reason: "must be finite and > 0".to_string(),
-        });
-    }
+    check_max_norm(max_norm)?;
     let norm = grad_norm_on(backend, module)?;
-    if !norm.is_finite() {
-        return Ok(norm);
-    }
-    let coef = max_norm as f64 / (norm + NORM_EPS);
-    if coef < 1.0 {
-        let coef = coef as f32;
+    if let Some(coef) = clip_coefficient(norm, max_norm) {
         module.visit_parameters(&mut |p| p.grad_mut().iter_mut().for_each(|g| *g *= coef));
     }
     Ok(norm)
+}
+
+/// A clipping threshold must be finite and > 0.
+pub(crate) fn check_max_norm(max_norm: f32) -> Result<()> {
+    if max_norm.is_finite() && max_norm > 0.0 {
+        return Ok(());
+    }
+    Err(Error::InvalidSetting {
+        setting: "max_grad_norm",
+        value: max_norm.to_string(),
+        reason: "must be finite and > 0".to_string(),
+    })
+}
+
+/// The factor that brings gradients of global norm `norm` down to `max_norm`, if they are above
+/// it: `max_norm / (norm + 1e-6)` in f64, rounded to f32 once. None for a non-finite norm.
+pub(crate) fn clip_coefficient(norm: f64, max_norm: f32) -> Option<f32> {
+    if !norm.is_finite() {
+        return None;
+    }
+    let coef = max_norm as f64 / (norm + NORM_EPS);
+    (coef < 1.0).then_some(coef as f32)
 }
 
 #[cfg(test)]

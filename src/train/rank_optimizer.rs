@@ -72,6 +72,14 @@ impl RankOptimizer {
         }
     }
 
+    /// The whole AdamW (None for a ZeRO-1 shard).
+    pub(crate) fn whole_mut(&mut self) -> Option<&mut AdamW> {
+        match self {
+            RankOptimizer::Whole(adamw) => Some(adamw),
+            RankOptimizer::Sharded(_) => None,
+        }
+    }
+
     /// Bytes of optimizer state this rank holds.
     pub(crate) fn state_bytes(&self) -> usize {
         match self {

@@ -19,7 +19,7 @@ use super::memory::{memory_summary, set_usage};
 use super::metrics::{MetricsWriter, PrecisionSummary, StepMetrics};
 use super::rank_optimizer::RankOptimizer;
 use super::schedule::{LrSchedule, ScheduleKind};
-use super::step::check_and_clip;
+use super::step::check_and_clip_with;
 use crate::amp::loss_scaler::{DynamicLossScaler, LossScalerConfig};
 use crate::amp::{Fp8Recipe, Precision};
 use crate::data::{DataStream, Dataset, SplitMix64, counted, exact_match_accuracy};
@@ -379,10 +379,12 @@ pub fn run_model(
         }
         amax::reduce_and_update(model, collective, reduce_amax)?;
         let lr = schedule.lr_at(progress.step);
-        let checked = check_and_clip(
+        let backend = optimizer.backend();
+        let checked = check_and_clip_with(
             model,
             &scaler,
-            optimizer.backend(),
+            optimizer.whole_mut(),
+            backend,
             config.max_grad_norm,
             &mut |finite| agree_finite(collective, finite),
         )?;

@@ -35,33 +35,9 @@ pub fn apply_gradients(
     max_grad_norm: Option<f32>,
 ) -> Result<StepOutcome> {
     let backend = optimizer.backend();
-    let mut update = |m: &mut dyn Module, lr: f32| optimizer.step(m, lr);
-    apply_gradients_with(
-        model,
-        scaler,
-        backend,
-        lr,
-        max_grad_norm,
-        &mut |finite| Ok(finite),
-        &mut update,
-    )
-}
-
-/// [`apply_gradients`] with the pieces a data-parallel step replaces: `agree` turns this
-/// rank's "every gradient is finite" into the group's decision (identity on one rank), and
-/// `update` is the optimizer step (plain or sharded AdamW); norms and unscaling run on `backend`.
-pub(crate) fn apply_gradients_with(
-    model: &mut dyn Module,
-    scaler: &mut DynamicLossScaler,
-    backend: Backend,
-    lr: f32,
-    max_grad_norm: Option<f32>,
-    agree: &mut dyn FnMut(bool) -> Result<bool>,
-    update: &mut dyn FnMut(&mut dyn Module, f32) -> Result<()>,
-) -> Result<StepOutcome> {
-    let checked = check_and_clip(model, scaler, backend, max_grad_norm, agree)?;
+    let checked = check_and_clip_with(model, scaler, Some(&mut *optimizer), backend, max_grad_norm, &mut Ok)?;
     if !checked.skipped {
-        update(model, lr)?;
+        optimizer.step(model, lr)?;
     }
     Ok(checked.finish(scaler, lr))
 }
@@ -88,9 +64,33 @@ impl Checked {
     }
 }
 
-/// The first half of [`apply_gradients_with`]: unscales and checks the gradients, turns the
-/// verdict into the group's with `agree`, and clips finite gradients; the caller then updates
-/// (unless skipped) and calls [`Checked::finish`].
+/// [`check_and_clip`] on the device arenas of `optimizer` where it keeps them (the gradients
+/// copied there once, `AdamW::check_and_clip_on_arenas`), else on `backend` parameter by
+/// parameter.
+pub(crate) fn check_and_clip_with(
+    model: &mut dyn Module,
+    scaler: &DynamicLossScaler,
+    optimizer: Option<&mut AdamW>,
+    backend: Backend,
+    max_grad_norm: Option<f32>,
+    agree: &mut dyn FnMut(bool) -> Result<bool>,
+) -> Result<Checked> {
+    if let Some(optimizer) = optimizer
+        && let Some((finite, grad_norm)) =
+            optimizer.check_and_clip_on_arenas(model, scaler.inv_scale(), max_grad_norm, agree)?
+    {
+        return Ok(Checked {
+            grad_norm,
+            skipped: !finite,
+            loss_scale: scaler.scale(),
+        });
+    }
+    check_and_clip(model, scaler, backend, max_grad_norm, agree)
+}
+
+/// The first half of a step: unscales and checks the gradients, turns the verdict into the
+/// group's with `agree`, and clips finite gradients; the caller then updates (unless skipped)
+/// and calls [`Checked::finish`].
 pub(crate) fn check_and_clip(
     model: &mut dyn Module,
     scaler: &DynamicLossScaler,

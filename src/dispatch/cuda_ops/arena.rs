@@ -74,6 +74,15 @@ impl ArenaStore for CudaArenas {
         staged.device().adamw_step(&mut self.arenas, step)
     }
 
+    fn scale_grads(&mut self, factor: f32) -> Result<bool> {
+        let staged = self.staged.clone();
+        staged.device().unscale_and_check(&mut self.arenas.grads, factor)
+    }
+
+    fn grad_sum_squares(&self) -> Result<f64> {
+        self.staged.device().sum_squares(&self.arenas.grads)
+    }
+
     fn device_bytes(&self, category: MemoryCategory) -> u64 {
         let a = &self.arenas;
         let f32s = |b: &DeviceBuffer<f32>| (b.len() * size_of::<f32>()) as u64;
