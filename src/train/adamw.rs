@@ -119,9 +119,26 @@ pub struct AdamW {
     /// The arenas on the device (`adamw_arena`), on a backend that holds them, from the first
     /// step on it; brought home by a step on another backend.
     arenas: Option<ArenaAdamW>,
-    /// Tests: keep the arenas in host memory (the CUDA store's twin) on the CPU backend.
+    /// The device the arenas were made on (a move to another GPU brings the moments home).
+    arenas_on: DeviceKind,
+    /// The arenas did not fit in the device's free memory: the steps run parameter by
+    /// parameter (staged), as they did before the arenas.
+    arenas_refused: bool,
+    /// Tests: keep the arenas in host memory (the CUDA store's twin) on any backend.
     #[cfg(test)]
-    host_arenas: bool,
+    host_arenas: TestArenas,
+}
+
+/// Tests: where [`AdamW`] keeps its arenas.
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TestArenas {
+    /// Where the backend keeps them (nowhere on the CPU).
+    Backend,
+    /// In host memory, the CUDA store's twin.
+    Host,
+    /// Nowhere: making them fails as on a GPU without the free memory.
+    TooBig,
 }
 
 impl AdamW {
@@ -133,30 +150,40 @@ impl AdamW {
             state: AdamWState::default(),
             backend: Backend::default(),
             arenas: None,
+            arenas_on: DeviceKind::Cpu,
+            arenas_refused: false,
             #[cfg(test)]
-            host_arenas: false,
+            host_arenas: TestArenas::Backend,
         })
     }
 
     /// Tests: run the steps through arenas in host memory (the twin of the device's), or not.
     #[cfg(test)]
     pub(crate) fn use_host_arenas(&mut self, on: bool) {
-        self.host_arenas = on;
+        self.use_test_arenas(if on { TestArenas::Host } else { TestArenas::Backend });
     }
 
-    /// Whether the steps run over arenas (on a backend that holds them).
+    /// Tests: where the arenas are kept.
+    #[cfg(test)]
+    pub(crate) fn use_test_arenas(&mut self, arenas: TestArenas) {
+        self.host_arenas = arenas;
+    }
+
+    /// Whether the steps run over arenas (on a backend that holds them, where they fit).
     fn on_arenas(&self) -> bool {
         #[cfg(test)]
-        if self.host_arenas {
-            return true;
+        if self.host_arenas != TestArenas::Backend {
+            return !self.arenas_refused;
         }
-        self.backend.holds_arenas()
+        self.backend.holds_arenas() && !self.arenas_refused
     }
 
     fn arena_store(&self, layout: ArenaLayout) -> Result<Box<dyn ArenaStore>> {
         #[cfg(test)]
-        if self.host_arenas {
-            return Ok(Box::new(crate::dispatch::arena_store::HostArenas::new(layout)));
+        match self.host_arenas {
+            TestArenas::Backend => {}
+            TestArenas::Host => return Ok(Box::new(crate::dispatch::arena_store::HostArenas::new(layout))),
+            TestArenas::TooBig => return Err(layout.check_fits(0).expect_err("a layout of 0 bytes is never made")),
         }
         self.backend.arena_store(layout)
     }
@@ -239,9 +266,23 @@ impl AdamW {
     /// bumps each parameter's version so compute copies are refreshed. Fails, changing
     /// nothing, if the module's parameters are not the ones the state was made for.
     pub fn step(&mut self, module: &mut dyn Module, lr: f32) -> Result<()> {
+        self.step_from(module, lr, false)
+    }
+
+    /// [`AdamW::step`] right after [`AdamW::check_and_clip_on_arenas`] found the gradients
+    /// finite: on the arenas, the update takes the gradients checked and clipped there.
+    pub(crate) fn step_checked(&mut self, module: &mut dyn Module, lr: f32) -> Result<()> {
+        self.step_from(module, lr, true)
+    }
+
+    fn step_from(&mut self, module: &mut dyn Module, lr: f32, checked: bool) -> Result<()> {
         Self::check_lr(lr)?;
-        if self.on_arenas() {
-            return self.step_on_arenas(module, lr);
+        if self.ensure_arenas(module)? {
+            let t = self.state.step + 1;
+            let step = step_scalars(&self.config, lr, t);
+            self.arenas.as_mut().expect("ensured").step(module, &step, checked)?;
+            self.state.step = t;
+            return Ok(());
         }
         self.bring_moments_home()?;
         self.check_or_init_moments(module)?;
@@ -269,17 +310,14 @@ impl AdamW {
     /// checkpoint's) rather than at the first step, so a run books their device memory before it
     /// starts; elsewhere nothing.
     pub(crate) fn prepare(&mut self, module: &mut dyn Module) -> Result<()> {
-        if self.on_arenas() {
-            self.open_arenas(module)?;
-        }
-        Ok(())
+        self.ensure_arenas(module).map(|_| ())
     }
 
     /// On a backend that holds arenas, the first half of a step there: this step's gradients
     /// copied into the gradient arena once, unscaled by `inv_scale` and checked (fp16 loss
     /// scaling), the verdict turned into the group's by `agree`, their global norm summed there,
-    /// and finite gradients clipped there to `max_grad_norm`; the next [`AdamW::step`] updates
-    /// from them. Returns `(finite, norm)`, or None on a backend without arenas (the caller checks
+    /// and finite gradients clipped there to `max_grad_norm`; the next `step_checked` updates
+    /// from them (a plain [`AdamW::step`] copies the host's gradients again). Returns `(finite, norm)`, or None on a backend without arenas (the caller checks
     /// and clips on the host, parameter by parameter, as `train::step::check_and_clip`). The host
     /// gradients are left as they were.
     pub(crate) fn check_and_clip_on_arenas(
@@ -289,14 +327,13 @@ impl AdamW {
         max_grad_norm: Option<f32>,
         agree: &mut dyn FnMut(bool) -> Result<bool>,
     ) -> Result<Option<(bool, f64)>> {
-        if !self.on_arenas() {
-            return Ok(None);
-        }
         if let Some(max) = max_grad_norm {
             check_max_norm(max)?;
         }
-        self.open_arenas(module)?;
-        let arenas = self.arenas.as_mut().expect("made above");
+        if !self.ensure_arenas(module)? {
+            return Ok(None);
+        }
+        let arenas = self.arenas.as_mut().expect("ensured");
         arenas.upload_grads(module)?;
         let mut finite = true;
         if let Some(inv_scale) = inv_scale {
@@ -316,30 +353,39 @@ impl AdamW {
         self.arenas.as_ref().map_or(0, |a| a.device_bytes(category))
     }
 
-    /// [`AdamW::step`] over the arenas: made at the first step from the moments (zeros, or a
-    /// checkpoint's), which then stay there; the host keeps their names and shapes.
-    fn step_on_arenas(&mut self, module: &mut dyn Module, lr: f32) -> Result<()> {
-        self.open_arenas(module)?;
-        let t = self.state.step + 1;
-        let step = step_scalars(&self.config, lr, t);
-        self.arenas.as_mut().expect("made above").step(module, &step)?;
-        self.state.step = t;
-        Ok(())
-    }
-
-    /// Checks the module against the moments (making them at first) and makes the arenas if
-    /// there are none yet.
-    fn open_arenas(&mut self, module: &mut dyn Module) -> Result<()> {
-        self.check_or_init_moments(module)?;
-        if self.arenas.is_none() {
-            let moments = &self.state.moments;
-            let arenas = ArenaAdamW::open(|layout| self.arena_store(layout), moments, self.config.decay_vectors)?;
-            for m in &mut self.state.moments {
-                (m.m, m.v) = (Vec::new(), Vec::new());
-            }
-            self.arenas = Some(arenas);
+    /// On a backend that holds arenas, checks the module against the moments (making them at
+    /// first) and makes the arenas if there are none there yet, from the moments (zeros, or a
+    /// checkpoint's), which then stay there; the host keeps their names and shapes. Arenas on
+    /// another device come home first. Whether the steps run on arenas: not on other backends,
+    /// nor where the arenas do not fit in the device's free memory (said once, then the staged
+    /// per-parameter path, which needs one parameter's worth of device memory at a time).
+    fn ensure_arenas(&mut self, module: &mut dyn Module) -> Result<bool> {
+        if !self.on_arenas() {
+            return Ok(false);
         }
-        Ok(())
+        if self.arenas.is_some() && self.arenas_on != self.backend.device() {
+            self.bring_moments_home()?;
+        }
+        self.check_or_init_moments(module)?;
+        if self.arenas.is_some() {
+            return Ok(true);
+        }
+        let moments = &self.state.moments;
+        let arenas = match ArenaAdamW::open(|layout| self.arena_store(layout), moments, self.config.decay_vectors) {
+            Ok(arenas) => arenas,
+            Err(e @ Error::NotEnoughMemory { .. }) => {
+                eprintln!("fp8: warning: AdamW keeps its state on the host, parameter by parameter: {e}");
+                self.arenas_refused = true;
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        };
+        for m in &mut self.state.moments {
+            (m.m, m.v) = (Vec::new(), Vec::new());
+        }
+        self.arenas = Some(arenas);
+        self.arenas_on = self.backend.device();
+        Ok(true)
     }
 
     /// Checks `lr` as [`AdamW::step`] does.

@@ -87,10 +87,13 @@ impl ArenaAdamW {
     }
 
     /// One AdamW step of every parameter of `module` (in the arenas' order): its weight and
-    /// gradient copied in, one update, the weight copied back and its version bumped.
-    pub(crate) fn step(&mut self, module: &mut dyn Module, step: &AdamWStep) -> Result<()> {
+    /// gradient copied in, one update, the weight copied back and its version bumped. With
+    /// `checked`, the gradients [`Self::upload_grads`] left in the arena (checked and clipped
+    /// there) are used instead of the host's, if they are there.
+    pub(crate) fn step(&mut self, module: &mut dyn Module, step: &AdamWStep, checked: bool) -> Result<()> {
         self.check_lengths(module)?;
-        let arenas: &[Arena] = match std::mem::take(&mut self.grads_ready) {
+        let ready = std::mem::take(&mut self.grads_ready);
+        let arenas: &[Arena] = match checked && ready {
             true => &[Arena::Values],
             false => &[Arena::Values, Arena::Grads],
         };
@@ -560,6 +563,81 @@ mod tests {
     }
 
     #[test]
+    fn a_plain_step_after_a_skipped_check_takes_the_new_host_gradients() {
+        use crate::amp::loss_scaler::{DynamicLossScaler, LossScalerConfig};
+        use crate::train::step::apply_gradients;
+        let (mut plain, mut arena) = (module(7.5), module(7.5));
+        let mut plain_opt = AdamW::new(config(false)).unwrap();
+        let mut arena_opt = AdamW::new(config(false)).unwrap();
+        arena_opt.use_host_arenas(true);
+        let mut scaler = DynamicLossScaler::new(LossScalerConfig::default()).unwrap();
+        // The check uploads overflowed gradients and skips the update; they stay in the arena.
+        set_grads(&mut arena, 0);
+        arena.params[0].grad_mut()[0] = f32::NAN;
+        assert!(
+            apply_gradients(&mut arena, &mut scaler, &mut arena_opt, 1e-2, Some(1.0))
+                .unwrap()
+                .skipped
+        );
+        // A plain step then updates from the host's gradients, not from those.
+        for m in [&mut plain, &mut arena] {
+            set_grads(m, 1);
+        }
+        plain_opt.step(&mut plain, 1e-2).unwrap();
+        arena_opt.step(&mut arena, 1e-2).unwrap();
+        assert_eq!(bits(&arena), bits(&plain));
+    }
+
+    #[test]
+    fn arenas_that_do_not_fit_leave_the_steps_on_the_per_parameter_path() {
+        use crate::train::adamw::TestArenas;
+        let (mut plain, mut refused) = (module(8.5), module(8.5));
+        let mut plain_opt = AdamW::new(config(true)).unwrap();
+        let mut refused_opt = AdamW::new(config(true)).unwrap();
+        refused_opt.use_test_arenas(TestArenas::TooBig);
+        refused_opt.prepare(&mut refused).unwrap();
+        for (step, &lr) in LRS.iter().enumerate() {
+            set_grads(&mut plain, step);
+            set_grads(&mut refused, step);
+            plain_opt.step(&mut plain, lr).unwrap();
+            refused_opt.step(&mut refused, lr).unwrap();
+            assert_eq!(bits(&refused), bits(&plain), "step {step}");
+        }
+        assert!(matches!(refused_opt.state().unwrap(), std::borrow::Cow::Borrowed(_)));
+        assert_eq!(
+            refused_opt.device_bytes(crate::memory::MemoryCategory::OptimizerState),
+            0
+        );
+    }
+
+    #[test]
+    fn arenas_follow_the_optimizer_to_another_device() {
+        use crate::tensor::DeviceKind;
+        let (mut plain, mut moved) = (module(9.5), module(9.5));
+        let mut plain_opt = AdamW::new(config(false)).unwrap();
+        let mut moved_opt = AdamW::new(config(false)).unwrap();
+        moved_opt.use_host_arenas(true);
+        for (step, &lr) in LRS.iter().enumerate() {
+            // Host arenas on every backend: a change of device makes them again from the
+            // moments brought home (no GPU is opened: the host store does not need one).
+            moved_opt.to_device(if step % 2 == 0 {
+                DeviceKind::Cpu
+            } else {
+                DeviceKind::Cuda(7)
+            });
+            set_grads(&mut plain, step);
+            set_grads(&mut moved, step);
+            plain_opt.step(&mut plain, lr).unwrap();
+            moved_opt.step(&mut moved, lr).unwrap();
+            assert_eq!(bits(&moved), bits(&plain), "step {step}");
+        }
+        assert_eq!(
+            state_bits(&moved_opt.state().unwrap()),
+            state_bits(&plain_opt.state().unwrap())
+        );
+    }
+
+    #[test]
     fn bulk_copies_of_any_piece_size_give_the_same_bits() {
         // Pieces smaller than a view, straddling padding, and larger than the arena.
         let moments = |m: &mut ParamList| {
@@ -588,7 +666,7 @@ mod tests {
             );
             set_grads(&mut m, 1);
             let step = crate::train::adamw::step_scalars(&config(false), 1e-2, 2);
-            arenas.step(&mut m, &step).unwrap();
+            arenas.step(&mut m, &step, false).unwrap();
             arenas.piece = 1;
             results.push((
                 piece,

@@ -88,10 +88,12 @@ impl RankOptimizer {
         }
     }
 
-    /// One update of `model` (sharded: the owned values, then an all-gather of all of them).
+    /// One update of `model` (sharded: the owned values, then an all-gather of all of them), right
+    /// after `step::check_and_clip_with` found the gradients finite (a whole AdamW on device
+    /// arenas takes the gradients checked and clipped there).
     pub(crate) fn step(&mut self, model: &mut dyn LanguageModel, lr: f32, collective: &dyn Collective) -> Result<()> {
         match self {
-            RankOptimizer::Whole(adamw) => adamw.step(model, lr),
+            RankOptimizer::Whole(adamw) => adamw.step_checked(model, lr),
             RankOptimizer::Sharded(zero) => zero.step(model, lr, collective),
         }
     }

@@ -37,7 +37,7 @@ pub fn apply_gradients(
     let backend = optimizer.backend();
     let checked = check_and_clip_with(model, scaler, Some(&mut *optimizer), backend, max_grad_norm, &mut Ok)?;
     if !checked.skipped {
-        optimizer.step(model, lr)?;
+        optimizer.step_checked(model, lr)?;
     }
     Ok(checked.finish(scaler, lr))
 }

@@ -169,6 +169,10 @@ impl CudaDevice {
     /// One AdamW step of every parameter of `arenas` in one launch (`step.decay` for decayed
     /// parameters, 1 for the others). Twin: `ops::adamw_update` per parameter, same bits.
     pub fn adamw_step(&self, arenas: &mut DeviceArenas, step: &crate::ops::AdamWStep) -> Result<()> {
+        if arenas.layout.entries().iter().all(|e| e.len == 0) {
+            // No work item (the items buffer holds one placeholder, see `allocate_arenas`).
+            return Ok(());
+        }
         let DeviceArenas {
             values,
             grads,
@@ -185,7 +189,11 @@ impl CudaDevice {
     pub fn allocate_arenas(&self, layout: ArenaLayout) -> Result<DeviceArenas> {
         let (free, _) = self.memory_info()?;
         layout.check_fits(free)?;
-        let items = adamw_items(&layout.adamw_segments(), layout.len())?;
+        let mut items = adamw_items(&layout.adamw_segments(), layout.len())?;
+        if items.is_empty() {
+            // The driver refuses a zero-byte allocation: one empty item, never launched.
+            items.push(Default::default());
+        }
         // A zero-length allocation is refused by the driver: an empty layout gets one element.
         let [values, grads, m, v] = layout
             .buffers()

@@ -136,8 +136,8 @@ impl CudaDevice {
             .and_then(|end| buffer.slice.try_slice(offset..end))
             .ok_or(Error::LengthMismatch {
                 what: "device read past the buffer",
-                src: buffer.len(),
-                dst: offset.saturating_add(host.len()),
+                src: offset.saturating_add(host.len()),
+                dst: buffer.len(),
             })?;
         self.stream().memcpy_dtoh(&view, host).call("cuMemcpyDtoH")?;
         self.synchronize()
