@@ -162,17 +162,17 @@ pub fn gemm_host_with(
                 device.alloc_zeros(n_out, MemoryCategory::Activations)?
             };
             launch(DeviceOutput::F32(&mut d))?;
-            host.copy_from_slice(&device.download(&d)?);
+            device.read_at(&d, 0, host)?;
         }
         Output::Bf16(host) => {
             let mut d = device.alloc_zeros(n_out, MemoryCategory::Activations)?;
             launch(DeviceOutput::Bf16(&mut d))?;
-            host.copy_from_slice(&device.download(&d)?);
+            device.read_at(&d, 0, host)?;
         }
         Output::F16(host) => {
             let mut d = device.alloc_zeros(n_out, MemoryCategory::Activations)?;
             launch(DeviceOutput::F16(&mut d))?;
-            host.copy_from_slice(&device.download(&d)?);
+            device.read_at(&d, 0, host)?;
         }
         Output::Fp8 { codes, format, scale } => {
             let mut d = device.alloc_zeros(n_out, MemoryCategory::Activations)?;
@@ -182,7 +182,7 @@ pub fn gemm_host_with(
                 format,
                 scale: &s,
             })?;
-            codes.copy_from_slice(&device.download(&d)?);
+            device.read_at(&d, 0, codes)?;
         }
     }
     Ok(GemmReport {

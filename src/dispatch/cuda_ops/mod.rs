@@ -199,8 +199,9 @@ impl Staged {
         if host.is_empty() {
             return Ok(());
         }
-        host.copy_from_slice(&self.device.download(buffer)?);
-        Ok(())
+        // Straight into `host`: no second host buffer (a fresh 256 MiB vector costs its page
+        // faults and a copy on every staged output of the layer).
+        self.device.read_at(buffer, 0, host)
     }
 
     /// `buffer` as a new vector.
