@@ -3,6 +3,7 @@
 
 use super::{Staged, staged};
 use crate::amp::Fp8Recipe;
+use crate::backend::cuda::DeviceBuffer;
 use crate::backend::cuda::gemm::gemm_host;
 use crate::backend::cuda::gemm_f32::gemm_f32_host;
 use crate::dispatch::{Cast, CudaKernels, fp8_cast};
@@ -13,14 +14,20 @@ use crate::quantize::ScaleRule;
 use crate::scaling::{BlockDims, DelayedScaling, Fp8TensorStats, RecipeFormat, SlotBank, TensorRole};
 use crate::tensor::{QuantizedMatrix, QuantizedTensor, ScaleKind, Scales};
 
-/// Both copies of a per-tensor cast with `scale` (on the device), and the source's amax.
-fn per_tensor(s: &Staged, src: &[f32], (rows, cols): (usize, usize), format: Fp8Format, scale: f32) -> Result<Cast> {
-    let x = s.up(src)?;
+/// Both copies of a per-tensor cast with `scale` of `x` (the source on the device), and its amax.
+fn per_tensor(
+    s: &Staged,
+    x: &DeviceBuffer<f32>,
+    (rows, cols): (usize, usize),
+    format: Fp8Format,
+    scale: f32,
+) -> Result<Cast> {
+    let n = rows * cols;
     let scale_d = s.up(&[scale])?;
-    let (mut codes, mut codes_t) = (s.scratch::<u8>(src.len())?, s.scratch::<u8>(src.len())?);
+    let (mut codes, mut codes_t) = (s.scratch::<u8>(n)?, s.scratch::<u8>(n)?);
     let (mut amax, mut scale_inv) = (s.zeros::<f32>(1)?, s.scratch::<f32>(1)?);
     s.device().cast_amax(
-        &x,
+        x,
         rows,
         cols,
         format,
@@ -31,7 +38,7 @@ fn per_tensor(s: &Staged, src: &[f32], (rows, cols): (usize, usize), format: Fp8
         Some(&mut scale_inv),
     )?;
     // With no element the kernel writes no scale_inv: the twin's is 1 / scale.
-    let scale_inv = match src.is_empty() {
+    let scale_inv = match n == 0 {
         true => 1.0 / scale,
         false => s.down_vec(&scale_inv)?[0],
     };
@@ -45,11 +52,10 @@ fn per_tensor(s: &Staged, src: &[f32], (rows, cols): (usize, usize), format: Fp8
     })
 }
 
-/// The amax of `src`, reduced on the device.
-fn device_amax(s: &Staged, src: &[f32]) -> Result<f32> {
-    let x = s.up(src)?;
+/// The amax of `x`, reduced on the device.
+fn device_amax(s: &Staged, x: &DeviceBuffer<f32>) -> Result<f32> {
     let mut amax = s.zeros::<f32>(1)?;
-    s.device().amax(&x, &mut amax)?;
+    s.device().amax(x, &mut amax)?;
     Ok(s.down_vec(&amax)?[0])
 }
 
@@ -59,22 +65,22 @@ fn scale_count(kind: ScaleKind, rows: usize, cols: usize) -> usize {
     r * c
 }
 
-/// Both block-scaled copies (1x128, 128x128 or MXFP8) of `src`.
+/// Both block-scaled copies (1x128, 128x128 or MXFP8) of `x` (the source on the device).
 fn block_copies(
     s: &Staged,
-    src: &[f32],
+    x: &DeviceBuffer<f32>,
     (rows, cols): (usize, usize),
     rule: &ScaleRule,
     kind: ScaleKind,
 ) -> Result<QuantizedTensor> {
-    let x = s.up(src)?;
-    let (mut q, mut qt) = (s.scratch::<u8>(src.len())?, s.scratch::<u8>(src.len())?);
+    let n = rows * cols;
+    let (mut q, mut qt) = (s.scratch::<u8>(n)?, s.scratch::<u8>(n)?);
     let (n_row, n_col) = (scale_count(kind, rows, cols), scale_count(kind, cols, rows));
     let (row_scales, col_scales) = match kind {
         ScaleKind::Mxfp8 => {
             let (mut e, mut et) = (s.scratch::<u8>(n_row)?, s.scratch::<u8>(n_col)?);
             s.device().quantize_mxfp8(
-                &x,
+                x,
                 rows,
                 cols,
                 rule.format,
@@ -87,14 +93,14 @@ fn block_copies(
             let (mut d, mut dt) = (s.scratch::<f32>(n_row)?, s.scratch::<f32>(n_col)?);
             if kind == ScaleKind::Block1x128 {
                 s.device()
-                    .quantize_1x128(&x, rows, cols, rule, Some((&mut q, &mut d)), Some((&mut qt, &mut dt)))?;
+                    .quantize_1x128(x, rows, cols, rule, Some((&mut q, &mut d)), Some((&mut qt, &mut dt)))?;
                 (
                     Scales::Block1x128(s.down_vec(&d)?),
                     Scales::Block1x128(s.down_vec(&dt)?),
                 )
             } else {
                 s.device()
-                    .quantize_128x128(&x, rows, cols, rule, (&mut q, &mut d), Some((&mut qt, &mut dt)))?;
+                    .quantize_128x128(x, rows, cols, rule, (&mut q, &mut d), Some((&mut qt, &mut dt)))?;
                 (
                     Scales::Block128x128(s.down_vec(&d)?),
                     Scales::Block128x128(s.down_vec(&dt)?),
@@ -123,16 +129,19 @@ pub(crate) fn quantize(
     cols: usize,
     delayed_scale: f32,
 ) -> Result<Cast> {
+    crate::tensor::check_len("quantize source", src.len(), rows, cols)?;
     let s = staged(k)?;
     let shape = (rows, cols);
+    // One upload of the source serves the amax and both copies.
+    let x = s.up(src)?;
     match recipe {
-        Fp8Recipe::Delayed(r) => per_tensor(&s, src, shape, r.format.for_role(role), delayed_scale),
+        Fp8Recipe::Delayed(r) => per_tensor(&s, &x, shape, r.format.for_role(role), delayed_scale),
         Fp8Recipe::Current(r) => {
             // Staged: the amax comes back to the host for the recipe's scale (the twin's rule).
             let rule = ScaleRule::current(r, role);
             rule.validate()?;
-            let scale = rule.scale(device_amax(&s, src)?);
-            per_tensor(&s, src, shape, rule.format, scale)
+            let scale = rule.scale(device_amax(&s, &x)?);
+            per_tensor(&s, &x, shape, rule.format, scale)
         }
         Fp8Recipe::Block(r) => {
             let rule = ScaleRule::block(r, role);
@@ -140,8 +149,8 @@ pub(crate) fn quantize(
                 BlockDims::Rows1x128 => ScaleKind::Block1x128,
                 BlockDims::Tiles128x128 => ScaleKind::Block128x128,
             };
-            let tensor = block_copies(&s, src, shape, &rule, kind)?;
-            Ok(fp8_cast::block_cast(tensor, device_amax(&s, src)?))
+            let tensor = block_copies(&s, &x, shape, &rule, kind)?;
+            Ok(fp8_cast::block_cast(tensor, device_amax(&s, &x)?))
         }
         Fp8Recipe::Mxfp8(r) => {
             let rule = ScaleRule {
@@ -149,8 +158,8 @@ pub(crate) fn quantize(
                 power_2_scale: false,
                 amax_epsilon: 0.0,
             };
-            let tensor = block_copies(&s, src, shape, &rule, ScaleKind::Mxfp8)?;
-            Ok(fp8_cast::block_cast(tensor, device_amax(&s, src)?))
+            let tensor = block_copies(&s, &x, shape, &rule, ScaleKind::Mxfp8)?;
+            Ok(fp8_cast::block_cast(tensor, device_amax(&s, &x)?))
         }
     }
 }
