@@ -25,6 +25,9 @@ pub(crate) use dtype::{bf16_from_f32_slice, bf16_of};
 pub use half_values::HalfValues;
 pub use scales::{MXFP8_BLOCK, ScaleKind, Scales};
 
+use std::any::Any;
+use std::sync::Arc;
+
 use crate::convert::HighPrecision;
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
@@ -40,13 +43,47 @@ enum CodeStorage {
     Cuda(dense::CudaStorage),
 }
 
+/// A device copy of a quantized matrix's codes and scales, kept by the device op that wrote them
+/// (the staged CUDA casts), so a GEMM on the same GPU reads it instead of uploading the host copy.
+/// The payload is the backend's own type (`backend::cuda::gemm::Fp8Mirror`), opaque here so that
+/// tensors do not depend on a backend. Codes and scales of a [`QuantizedMatrix`] never change
+/// after it is made, so the copy cannot go stale.
+pub(crate) struct DeviceMirror {
+    /// The GPU holding it.
+    pub(crate) ordinal: usize,
+    /// What that GPU's backend stored.
+    pub(crate) payload: Box<dyn Any + Send + Sync>,
+}
+
+impl std::fmt::Debug for DeviceMirror {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceMirror(cuda:{})", self.ordinal)
+    }
+}
+
+impl PartialEq for DeviceMirror {
+    /// A mirror holds the same values as its matrix: whether one exists is never part of equality.
+    fn eq(&self, _other: &Self) -> bool {
+        true
+    }
+}
+
 /// One orientation of a quantized tensor: `rows x cols` FP8 codes, row-major, with their scales.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct QuantizedMatrix {
     data: CodeStorage,
     rows: usize,
     cols: usize,
     scales: Scales,
+    /// The same codes and scales on a GPU, where a device op made them (shared by clones).
+    mirror: Option<Arc<DeviceMirror>>,
+}
+
+impl PartialEq for QuantizedMatrix {
+    /// Codes, shape and scales; a device mirror of them is a cache and is not compared.
+    fn eq(&self, other: &Self) -> bool {
+        (&self.data, self.rows, self.cols, &self.scales) == (&other.data, other.rows, other.cols, &other.scales)
+    }
 }
 
 impl QuantizedMatrix {
@@ -83,7 +120,19 @@ impl QuantizedMatrix {
             rows,
             cols,
             scales,
+            mirror: None,
         })
+    }
+
+    /// This matrix with `mirror`, a device copy of exactly its codes and scales.
+    pub(crate) fn with_mirror(mut self, mirror: DeviceMirror) -> Self {
+        self.mirror = Some(Arc::new(mirror));
+        self
+    }
+
+    /// The device copy of the codes and scales, if a device op made one.
+    pub(crate) fn mirror(&self) -> Option<&Arc<DeviceMirror>> {
+        self.mirror.as_ref()
     }
 
     /// The FP8 codes, row-major.
@@ -225,4 +274,28 @@ pub(crate) fn check_len(what: &'static str, len: usize, rows: usize, cols: usize
 /// enough to amortize the scheduling, small enough to balance two to many cores.
 pub(crate) fn rows_per_task(cols: usize) -> usize {
     (65536 / cols.max(1)).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_mirror_travels_with_its_matrix_and_never_changes_equality() {
+        let plain = QuantizedMatrix::new(vec![1, 2, 3, 4, 5, 6], 2, 3, Scales::PerTensor(0.5)).unwrap();
+        let payload: Box<dyn Any + Send + Sync> = Box::new(7u32);
+        let mirrored = plain.clone().with_mirror(DeviceMirror { ordinal: 3, payload });
+        assert!(plain.mirror().is_none());
+        assert_eq!(mirrored, plain, "a mirror is a cache of the same codes");
+        assert_eq!(format!("{:?}", mirrored.mirror().unwrap()), "DeviceMirror(cuda:3)");
+        // Clones and tensors built from the matrix keep it (the GEMM reads it from either).
+        let tensor = QuantizedTensor::new(Fp8Format::E4M3, mirrored.clone(), None).unwrap();
+        let (_, rowwise, _) = tensor.clone().into_parts();
+        let kept = rowwise.mirror().expect("into_parts keeps the mirror");
+        assert_eq!(kept.ordinal, 3);
+        assert_eq!(kept.payload.downcast_ref::<u32>(), Some(&7));
+        // Other codes differ whatever the mirrors.
+        let other = QuantizedMatrix::new(vec![1, 2, 3, 4, 5, 7], 2, 3, Scales::PerTensor(0.5)).unwrap();
+        assert_ne!(mirrored, other);
+    }
 }

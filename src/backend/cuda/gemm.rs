@@ -9,6 +9,7 @@
 //! kernels (`cuda/gemm_mma_mxfp8.cu`); the Hopper path does not take them.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use half::{bf16, f16};
 
@@ -22,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{GemmParams, GemmReport, Operand, Output, plan};
 use crate::memory::MemoryCategory;
-use crate::tensor::{ScaleKind, Scales};
+use crate::tensor::{DeviceMirror, QuantizedMatrix, ScaleKind, Scales};
 
 pub use super::gemm_operands::{DeviceGemmParams, DeviceOperand, DeviceOutput, DeviceScales, gemm_inputs};
 
@@ -227,10 +228,42 @@ pub enum HostUpload {
         /// K.
         cols: usize,
     },
+    /// FP8 codes and scales already on the device: the mirror a device cast left with the
+    /// host operand (`tensor::DeviceMirror`), read in place.
+    Mirrored {
+        /// Format of the codes.
+        format: Fp8Format,
+        /// The codes and scales (an [`Fp8Mirror`] of the operand's size, checked when made).
+        mirror: Arc<DeviceMirror>,
+        /// Rows (M or N).
+        rows: usize,
+        /// K.
+        cols: usize,
+    },
     /// bf16 values, rows, K.
     Bf16(DeviceBuffer<bf16>, usize, usize),
     /// fp16 values, rows, K.
     F16(DeviceBuffer<f16>, usize, usize),
+}
+
+/// The device copy of one FP8 copy (codes and scales, the layout of its `QuantizedMatrix`) that a
+/// device cast keeps with the host copy it downloaded (`tensor::DeviceMirror`'s payload).
+#[derive(Debug)]
+pub struct Fp8Mirror {
+    /// `rows * cols` codes.
+    pub codes: DeviceBuffer<u8>,
+    /// The scales in their layout.
+    pub scales: UploadedScales,
+}
+
+impl Fp8Mirror {
+    /// `mirror` as a tensor's device mirror on `device`.
+    pub(crate) fn into_tensor_mirror(self, device: &CudaDevice) -> DeviceMirror {
+        DeviceMirror {
+            ordinal: device.info().ordinal,
+            payload: Box::new(self),
+        }
+    }
 }
 
 /// An FP8 operand's scales on the device.
@@ -247,6 +280,12 @@ impl HostUpload {
     pub fn new(device: &CudaDevice, op: &Operand) -> Result<Self> {
         let category = MemoryCategory::Activations;
         Ok(match op {
+            Operand::Fp8(format, q) if let Some(mirror) = mirror_on(device, q) => HostUpload::Mirrored {
+                format: *format,
+                mirror,
+                rows: q.rows(),
+                cols: q.cols(),
+            },
             Operand::Fp8(format, q) => {
                 let f32_scales = |values: &[f32], kind| -> Result<UploadedScales> {
                     Ok(UploadedScales::F32(device.upload(values, category)?, kind))
@@ -301,13 +340,23 @@ impl HostUpload {
                 codes,
                 rows: *rows,
                 cols: *cols,
-                scales: match scales {
-                    UploadedScales::F32(s, ScaleKind::Block1x128) => DeviceScales::Block1x128(s),
-                    UploadedScales::F32(s, ScaleKind::Block128x128) => DeviceScales::Block128x128(s),
-                    UploadedScales::F32(s, _) => DeviceScales::PerTensor(s),
-                    UploadedScales::E8m0(e) => DeviceScales::Mxfp8(e),
-                },
+                scales: device_scales(scales),
             },
+            HostUpload::Mirrored {
+                format,
+                mirror,
+                rows,
+                cols,
+            } => {
+                let mirror = fp8_mirror(mirror).expect("checked to be an Fp8Mirror when the upload was made");
+                DeviceOperand::Fp8 {
+                    format: *format,
+                    codes: &mirror.codes,
+                    rows: *rows,
+                    cols: *cols,
+                    scales: device_scales(&mirror.scales),
+                }
+            }
             HostUpload::Bf16(data, rows, cols) => DeviceOperand::Bf16 {
                 data,
                 rows: *rows,
@@ -319,6 +368,26 @@ impl HostUpload {
                 cols: *cols,
             },
         }
+    }
+}
+
+/// `q`'s device mirror, if a device cast on `device`'s GPU left one of the matrix's size.
+fn mirror_on(device: &CudaDevice, q: &QuantizedMatrix) -> Option<Arc<DeviceMirror>> {
+    let m = q.mirror().filter(|m| m.ordinal == device.info().ordinal)?;
+    let codes = fp8_mirror(m)?.codes.len();
+    (codes == q.data().len()).then(|| m.clone())
+}
+
+fn fp8_mirror(m: &DeviceMirror) -> Option<&Fp8Mirror> {
+    m.payload.downcast_ref::<Fp8Mirror>()
+}
+
+fn device_scales(scales: &UploadedScales) -> DeviceScales<'_> {
+    match scales {
+        UploadedScales::F32(s, ScaleKind::Block1x128) => DeviceScales::Block1x128(s),
+        UploadedScales::F32(s, ScaleKind::Block128x128) => DeviceScales::Block128x128(s),
+        UploadedScales::F32(s, _) => DeviceScales::PerTensor(s),
+        UploadedScales::E8m0(e) => DeviceScales::Mxfp8(e),
     }
 }
 

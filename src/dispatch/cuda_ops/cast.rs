@@ -1,10 +1,10 @@
 //! Staged arms of the FP8 casts, the GEMM, the delayed-scaling update and the
 //! FP8 statistics (launchers in `backend::cuda::{quantize, gemm}`).
 
-use super::{Staged, staged};
+use super::{Lease, Staged, staged};
 use crate::amp::Fp8Recipe;
 use crate::backend::cuda::DeviceBuffer;
-use crate::backend::cuda::gemm::gemm_host;
+use crate::backend::cuda::gemm::{Fp8Mirror, UploadedScales, gemm_host};
 use crate::backend::cuda::gemm_f32::gemm_f32_host;
 use crate::dispatch::{Cast, CudaKernels, fp8_cast};
 use crate::error::{Error, Result};
@@ -38,18 +38,50 @@ fn per_tensor(
         Some(&mut scale_inv),
     )?;
     // With no element the kernel writes no scale_inv: the twin's is 1 / scale.
-    let scale_inv = match n == 0 {
-        true => 1.0 / scale,
-        false => s.down_vec(&scale_inv)?[0],
-    };
-    let rowwise = QuantizedMatrix::new(s.down_vec(&codes)?, rows, cols, Scales::PerTensor(scale_inv))?;
-    let columnwise = QuantizedMatrix::new(s.down_vec(&codes_t)?, cols, rows, Scales::PerTensor(scale_inv))?;
+    if n == 0 {
+        let scale_inv = 1.0 / scale;
+        let rowwise = QuantizedMatrix::new(Vec::new(), rows, cols, Scales::PerTensor(scale_inv))?;
+        let columnwise = QuantizedMatrix::new(Vec::new(), cols, rows, Scales::PerTensor(scale_inv))?;
+        return Ok(Cast {
+            tensor: QuantizedTensor::new(format, rowwise, Some(columnwise))?,
+            amax: s.down_vec(&amax)?[0],
+            scale,
+            counts: None,
+        });
+    }
+    let inv = s.down_vec(&scale_inv)?;
+    let rowwise = QuantizedMatrix::new(s.down_vec(&codes)?, rows, cols, Scales::PerTensor(inv[0]))?;
+    let columnwise = QuantizedMatrix::new(s.down_vec(&codes_t)?, cols, rows, Scales::PerTensor(inv[0]))?;
+    let amax = s.down_vec(&amax)?[0];
+    // Both copies stay on the device beside the host ones, for the GEMMs that read them.
+    let scale_inv_t = s.up(&inv)?;
+    let rowwise = mirrored(
+        s,
+        rowwise,
+        codes,
+        UploadedScales::F32(scale_inv.into_buffer(), ScaleKind::PerTensor),
+    );
+    let columnwise = mirrored(
+        s,
+        columnwise,
+        codes_t,
+        UploadedScales::F32(scale_inv_t.into_buffer(), ScaleKind::PerTensor),
+    );
     Ok(Cast {
         tensor: QuantizedTensor::new(format, rowwise, Some(columnwise))?,
-        amax: s.down_vec(&amax)?[0],
+        amax,
         scale,
         counts: None,
     })
+}
+
+/// `host` with the device buffers its codes and scales were downloaded from as its mirror.
+fn mirrored(s: &Staged, host: QuantizedMatrix, codes: Lease<'_, u8>, scales: UploadedScales) -> QuantizedMatrix {
+    let mirror = Fp8Mirror {
+        codes: codes.into_buffer(),
+        scales,
+    };
+    host.with_mirror(mirror.into_tensor_mirror(s.device()))
 }
 
 /// The amax of `x`, reduced on the device.
@@ -76,7 +108,8 @@ fn block_copies(
     let n = rows * cols;
     let (mut q, mut qt) = (s.scratch::<u8>(n)?, s.scratch::<u8>(n)?);
     let (n_row, n_col) = (scale_count(kind, rows, cols), scale_count(kind, cols, rows));
-    let (row_scales, col_scales) = match kind {
+    // Host scales, and the device buffers they came from (kept as the copies' mirrors).
+    let (row_scales, col_scales, row_dev, col_dev) = match kind {
         ScaleKind::Mxfp8 => {
             let (mut e, mut et) = (s.scratch::<u8>(n_row)?, s.scratch::<u8>(n_col)?);
             s.device().quantize_mxfp8(
@@ -87,25 +120,33 @@ fn block_copies(
                 Some((&mut q, &mut e)),
                 Some((&mut qt, &mut et)),
             )?;
-            (Scales::Mxfp8(s.down_vec(&e)?), Scales::Mxfp8(s.down_vec(&et)?))
+            (
+                Scales::Mxfp8(s.down_vec(&e)?),
+                Scales::Mxfp8(s.down_vec(&et)?),
+                UploadedScales::E8m0(e.into_buffer()),
+                UploadedScales::E8m0(et.into_buffer()),
+            )
         }
         ScaleKind::Block1x128 | ScaleKind::Block128x128 => {
             let (mut d, mut dt) = (s.scratch::<f32>(n_row)?, s.scratch::<f32>(n_col)?);
             if kind == ScaleKind::Block1x128 {
                 s.device()
                     .quantize_1x128(x, rows, cols, rule, Some((&mut q, &mut d)), Some((&mut qt, &mut dt)))?;
-                (
-                    Scales::Block1x128(s.down_vec(&d)?),
-                    Scales::Block1x128(s.down_vec(&dt)?),
-                )
             } else {
                 s.device()
                     .quantize_128x128(x, rows, cols, rule, (&mut q, &mut d), Some((&mut qt, &mut dt)))?;
-                (
-                    Scales::Block128x128(s.down_vec(&d)?),
-                    Scales::Block128x128(s.down_vec(&dt)?),
-                )
             }
+            let (host, host_t) = (s.down_vec(&d)?, s.down_vec(&dt)?);
+            let (host, host_t) = match kind {
+                ScaleKind::Block1x128 => (Scales::Block1x128(host), Scales::Block1x128(host_t)),
+                _ => (Scales::Block128x128(host), Scales::Block128x128(host_t)),
+            };
+            (
+                host,
+                host_t,
+                UploadedScales::F32(d.into_buffer(), kind),
+                UploadedScales::F32(dt.into_buffer(), kind),
+            )
         }
         ScaleKind::PerTensor => {
             return Err(Error::KernelArgs {
@@ -116,6 +157,11 @@ fn block_copies(
     };
     let rowwise = QuantizedMatrix::new(s.down_vec(&q)?, rows, cols, row_scales)?;
     let columnwise = QuantizedMatrix::new(s.down_vec(&qt)?, cols, rows, col_scales)?;
+    let (rowwise, columnwise) = match n {
+        0 => (rowwise, columnwise),
+        // Both copies stay on the device beside the host ones, for the GEMMs that read them.
+        _ => (mirrored(s, rowwise, q, row_dev), mirrored(s, columnwise, qt, col_dev)),
+    };
     QuantizedTensor::new(rule.format, rowwise, Some(columnwise))
 }
 

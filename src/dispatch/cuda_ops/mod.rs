@@ -125,6 +125,13 @@ impl<T: Pooled> DerefMut for Lease<'_, T> {
     }
 }
 
+impl<T: Pooled> Lease<'_, T> {
+    /// The buffer, kept out of the pool (a device mirror holds it for as long as its tensor lives).
+    pub(crate) fn into_buffer(mut self) -> DeviceBuffer<T> {
+        self.buffer.take().expect("a lease holds its buffer until dropped")
+    }
+}
+
 impl<T: Pooled> Drop for Lease<'_, T> {
     fn drop(&mut self) {
         if let Some(buffer) = self.buffer.take() {
