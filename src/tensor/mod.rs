@@ -48,7 +48,7 @@ enum CodeStorage {
 /// The payload is the backend's own type (`backend::cuda::gemm::Fp8Mirror`), opaque here so that
 /// tensors do not depend on a backend. Codes and scales of a [`QuantizedMatrix`] never change
 /// after it is made, so the copy cannot go stale.
-pub(crate) struct DeviceMirror {
+pub struct DeviceMirror {
     /// The GPU holding it.
     pub(crate) ordinal: usize,
     /// What that GPU's backend stored.
