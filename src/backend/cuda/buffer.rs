@@ -81,6 +81,9 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
 
 impl<T> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
+        // The free that follows (cudarc's) runs on this thread: a buffer kept by a host tensor
+        // (a cast's device mirror) may be dropped on a thread that never ran an op.
+        let _ = self.slice.stream().context().bind_to_thread();
         self.ledger
             .free(self.category, (self.slice.len() * size_of::<T>()) as u64);
     }

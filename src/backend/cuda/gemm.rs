@@ -279,13 +279,17 @@ impl HostUpload {
     /// Uploads `op`; f32 inputs have no portable CUDA GEMM (their path is `gemm_f32`) and are refused.
     pub fn new(device: &CudaDevice, op: &Operand) -> Result<Self> {
         let category = MemoryCategory::Activations;
-        Ok(match op {
-            Operand::Fp8(format, q) if let Some(mirror) = mirror_on(device, q) => HostUpload::Mirrored {
+        if let Operand::Fp8(format, q) = op
+            && let Some(mirror) = mirror_on(device, q)
+        {
+            return Ok(HostUpload::Mirrored {
                 format: *format,
                 mirror,
                 rows: q.rows(),
                 cols: q.cols(),
-            },
+            });
+        }
+        Ok(match op {
             Operand::Fp8(format, q) => {
                 let f32_scales = |values: &[f32], kind| -> Result<UploadedScales> {
                     Ok(UploadedScales::F32(device.upload(values, category)?, kind))

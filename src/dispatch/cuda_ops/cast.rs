@@ -22,7 +22,8 @@ fn per_tensor(
     format: Fp8Format,
     scale: f32,
 ) -> Result<Cast> {
-    let n = rows * cols;
+    // The launchers check the source's length against the shape.
+    let n = x.len();
     let scale_d = s.up(&[scale])?;
     let (mut codes, mut codes_t) = (s.scratch::<u8>(n)?, s.scratch::<u8>(n)?);
     let (mut amax, mut scale_inv) = (s.zeros::<f32>(1)?, s.scratch::<f32>(1)?);
@@ -53,26 +54,38 @@ fn per_tensor(
     let rowwise = QuantizedMatrix::new(s.down_vec(&codes)?, rows, cols, Scales::PerTensor(inv[0]))?;
     let columnwise = QuantizedMatrix::new(s.down_vec(&codes_t)?, cols, rows, Scales::PerTensor(inv[0]))?;
     let amax = s.down_vec(&amax)?[0];
-    // Both copies stay on the device beside the host ones, for the GEMMs that read them.
-    let scale_inv_t = s.up(&inv)?;
-    let rowwise = mirrored(
-        s,
-        rowwise,
-        codes,
-        UploadedScales::F32(scale_inv.into_buffer(), ScaleKind::PerTensor),
-    );
-    let columnwise = mirrored(
-        s,
-        columnwise,
-        codes_t,
-        UploadedScales::F32(scale_inv_t.into_buffer(), ScaleKind::PerTensor),
-    );
+    let (rowwise, columnwise) = match room_for_mirrors(s) {
+        // Both copies stay on the device beside the host ones, for the GEMMs that read them.
+        true => {
+            let scale_inv_t = s.up(&inv)?;
+            let row_scales = UploadedScales::F32(scale_inv.into_buffer(), ScaleKind::PerTensor);
+            let col_scales = UploadedScales::F32(scale_inv_t.into_buffer(), ScaleKind::PerTensor);
+            (
+                mirrored(s, rowwise, codes, row_scales),
+                mirrored(s, columnwise, codes_t, col_scales),
+            )
+        }
+        false => (rowwise, columnwise),
+    };
     Ok(Cast {
         tensor: QuantizedTensor::new(format, rowwise, Some(columnwise))?,
         amax,
         scale,
         counts: None,
     })
+}
+
+/// Free device memory kept for staging when casts keep mirrors: an eighth of the GPU.
+const MIRROR_RESERVE_FRACTION: u64 = 8;
+
+/// Whether a cast may keep its device copies as mirrors: while more than
+/// [`MIRROR_RESERVE_FRACTION`] of the GPU is free, so mirrors (as long-lived as the host casts:
+/// weight caches, inputs saved for backward) never take the memory later staged ops need. A
+/// cast that does not keep them costs its GEMMs an upload, as before.
+fn room_for_mirrors(s: &Staged) -> bool {
+    s.device()
+        .memory_info()
+        .is_ok_and(|(free, total)| free > total / MIRROR_RESERVE_FRACTION)
 }
 
 /// `host` with the device buffers its codes and scales were downloaded from as its mirror.
@@ -105,7 +118,8 @@ fn block_copies(
     rule: &ScaleRule,
     kind: ScaleKind,
 ) -> Result<QuantizedTensor> {
-    let n = rows * cols;
+    // The launchers check the source's length against the shape.
+    let n = x.len();
     let (mut q, mut qt) = (s.scratch::<u8>(n)?, s.scratch::<u8>(n)?);
     let (n_row, n_col) = (scale_count(kind, rows, cols), scale_count(kind, cols, rows));
     // Host scales, and the device buffers they came from (kept as the copies' mirrors).
@@ -157,10 +171,10 @@ fn block_copies(
     };
     let rowwise = QuantizedMatrix::new(s.down_vec(&q)?, rows, cols, row_scales)?;
     let columnwise = QuantizedMatrix::new(s.down_vec(&qt)?, cols, rows, col_scales)?;
-    let (rowwise, columnwise) = match n {
-        0 => (rowwise, columnwise),
+    let (rowwise, columnwise) = match n > 0 && room_for_mirrors(s) {
         // Both copies stay on the device beside the host ones, for the GEMMs that read them.
-        _ => (mirrored(s, rowwise, q, row_dev), mirrored(s, columnwise, qt, col_dev)),
+        true => (mirrored(s, rowwise, q, row_dev), mirrored(s, columnwise, qt, col_dev)),
+        false => (rowwise, columnwise),
     };
     QuantizedTensor::new(rule.format, rowwise, Some(columnwise))
 }
@@ -175,7 +189,6 @@ pub(crate) fn quantize(
     cols: usize,
     delayed_scale: f32,
 ) -> Result<Cast> {
-    crate::tensor::check_len("quantize source", src.len(), rows, cols)?;
     let s = staged(k)?;
     let shape = (rows, cols);
     // One upload of the source serves the amax and both copies.
