@@ -328,7 +328,7 @@ impl Backend {
     /// plain CUDA backend does (device memory, the moments kept there between steps); the CPU
     /// and shadow mode do not (shadow mode checks each parameter's update against its twin).
     pub(crate) fn holds_arenas(&self) -> bool {
-        matches!(self, Backend::Cuda(_))
+        matches!(self, Backend::Cuda(_)) && cuda_ops::switches::arenas_enabled()
     }
 
     /// The optimizer's arenas of `layout` on this backend's device ([`Self::holds_arenas`]).

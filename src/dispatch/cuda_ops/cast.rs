@@ -83,9 +83,10 @@ const MIRROR_RESERVE_FRACTION: u64 = 8;
 /// weight caches, inputs saved for backward) never take the memory later staged ops need. A
 /// cast that does not keep them costs its GEMMs an upload, as before.
 fn room_for_mirrors(s: &Staged) -> bool {
-    s.device()
-        .memory_info()
-        .is_ok_and(|(free, total)| free > total / MIRROR_RESERVE_FRACTION)
+    super::switches::mirrors_enabled()
+        && s.device()
+            .memory_info()
+            .is_ok_and(|(free, total)| free > total / MIRROR_RESERVE_FRACTION)
 }
 
 /// `host` with the device buffers its codes and scales were downloaded from as its mirror.

@@ -13,6 +13,7 @@
 mod arena;
 mod cast;
 mod layer;
+pub(super) mod switches;
 mod train;
 
 pub(super) use arena::arena_store;
