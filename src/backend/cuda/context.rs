@@ -1,6 +1,7 @@
 //! GPU discovery and the `CudaDevice` handle: context, stream, kernel modules, memory ledger.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::CUdevice_attribute;
@@ -114,7 +115,42 @@ pub struct CudaDevice {
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     /// The u32 the production GEMM launches write their error codes to
     /// (allocated on first use), checked by [`CudaDevice::check_kernel_errors`].
-    kernel_flag: Mutex<Option<CudaSlice<u32>>>,
+    kernel_flag: Box<KernelFlag>,
+}
+
+/// The kernel error flag and the launches it was handed to.
+#[derive(Debug, Default)]
+struct KernelFlag {
+    slice: Mutex<Option<CudaSlice<u32>>>,
+    /// Whether a launch was handed the flag since it was last read: a download reads the flag
+    /// only then (a staged op downloads several outputs; most ops never touch the flag).
+    watch: FlagWatch,
+}
+
+/// Launches handed the kernel error flag, and how many of them a read of the flag has covered.
+#[derive(Debug, Default)]
+struct FlagWatch {
+    armed: AtomicU64,
+    covered: AtomicU64,
+}
+
+impl FlagWatch {
+    /// A launch got the flag's address (before it is enqueued).
+    fn arm(&self) {
+        self.armed.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The launches a read now would cover, if any is not covered yet. Taken before the read, so
+    /// a launch armed during the read is still pending for the next one.
+    fn pending(&self) -> Option<u64> {
+        let armed = self.armed.load(Ordering::SeqCst);
+        (armed != self.covered.load(Ordering::SeqCst)).then_some(armed)
+    }
+
+    /// A read (stream-ordered after them) covered the launches counted in `armed`.
+    fn covered(&self, armed: u64) {
+        self.covered.fetch_max(armed, Ordering::SeqCst);
+    }
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -152,7 +188,7 @@ impl CudaDevice {
             info,
             ledger: ledger_of(ordinal),
             modules: Mutex::new(HashMap::new()),
-            kernel_flag: Mutex::new(None),
+            kernel_flag: Box::default(),
         })
     }
 
@@ -197,24 +233,31 @@ impl CudaDevice {
     /// Device address of this device's kernel error flag (a zeroed u32,
     /// allocated on first use) for kernels that report through one.
     pub fn kernel_error_flag(&self) -> Result<u64> {
-        let mut flag = self.kernel_flag.lock().unwrap_or_else(|p| p.into_inner());
+        let mut flag = self.kernel_flag.slice.lock().unwrap_or_else(|p| p.into_inner());
         if flag.is_none() {
             *flag = Some(self.stream.alloc_zeros::<u32>(1).call("cuMemAlloc")?);
         }
         let slice = flag.as_mut().expect("allocated above");
         let (ptr, _sync) = slice.device_ptr_mut(&self.stream);
+        self.kernel_flag.watch.arm();
         Ok(ptr)
     }
 
     /// Reads the kernel error flag (waiting for the stream; nothing to read
-    /// before a launch used it): a non-zero code is returned as an error once
-    /// and the flag is cleared, so a kernel that refused to run is not silent.
+    /// unless a launch was handed the flag since the last read): a non-zero
+    /// code is returned as an error once and the flag is cleared, so a kernel
+    /// that refused to run is not silent.
     pub fn check_kernel_errors(&self) -> Result<()> {
-        let mut guard = self.kernel_flag.lock().unwrap_or_else(|p| p.into_inner());
+        // No launch was handed the flag since the last read: it is still zero.
+        let Some(armed) = self.kernel_flag.watch.pending() else {
+            return Ok(());
+        };
+        let mut guard = self.kernel_flag.slice.lock().unwrap_or_else(|p| p.into_inner());
         let Some(flag) = guard.as_mut() else {
             return Ok(());
         };
         let code = self.stream.clone_dtoh(flag).call("cuMemcpyDtoH")?[0];
+        self.kernel_flag.watch.covered(armed);
         let Some(what) = describe_error_flag(code) else {
             return Ok(());
         };
@@ -264,5 +307,28 @@ mod tests {
         assert_eq!(other.usage(MemoryCategory::Workspace).current, 0);
         b.free(MemoryCategory::Workspace, 4096);
         assert_eq!(a.total().current, 0);
+    }
+}
+
+#[cfg(test)]
+mod flag_watch_tests {
+    use super::FlagWatch;
+
+    #[test]
+    fn the_flag_is_read_after_each_new_launch_and_not_again() {
+        let watch = FlagWatch::default();
+        assert_eq!(watch.pending(), None, "no launch: nothing to read");
+        watch.arm();
+        watch.arm();
+        let armed = watch.pending().expect("two launches to cover");
+        // A launch armed during the read stays pending for the next read.
+        watch.arm();
+        watch.covered(armed);
+        let again = watch.pending().expect("the third launch");
+        watch.covered(again);
+        assert_eq!(watch.pending(), None);
+        // A stale read never uncovers newer launches.
+        watch.covered(armed);
+        assert_eq!(watch.pending(), None);
     }
 }
