@@ -251,6 +251,15 @@ gpu_step step_out bench_layer 240 bench-layer.txt ./fp8 bench layer --device cud
 part_train() {
 step gpu_train 420 ./gpu_train
 step gpu_llama 180 ./gpu_llama
+# tokens/s of the default model with the staged path's shortcuts on, then each one off
+# (docs/cuda-backend.md: device mirrors of FP8 casts, AdamW over device arenas).
+gpu_step step_out bench_train_shortcuts 120 bench-train-shortcuts.txt bash -c '
+for setting in "" FP8_CUDA_MIRRORS=0 FP8_CUDA_ARENAS=0; do
+    dir=$(mktemp -d)
+    env $setting ./fp8 train --device cuda --steps 300 --compare fp32,fp8-delayed --quiet --out "$dir" \
+        > "$dir/log" 2>&1 || { echo "${setting:-default}: failed"; tail -n 3 "$dir/log"; exit 1; }
+    echo "${setting:-default}: $(tr -d " \n" < "$dir/summary.json" | grep -o "\"[a-z0-9-]*\":{[^}]*tokens_per_s\":[0-9.]*" | sed "s/\":{.*tokens_per_s\":/ /; s/\"//g" | tr "\n" " ")tokens/s"
+done'
 }
 # end of part
 
