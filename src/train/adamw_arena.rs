@@ -395,6 +395,70 @@ mod tests {
 
     const LRS: [f32; 5] = [1e-2, 3e-2, 5e-3, 0.0, 2e-2];
 
+    /// Runs `variant` and a plain optimizer of the same config over [`LRS`] on two copies of one
+    /// module, calling `before(step, variant)` and `edit(step, module)` (on both copies) before
+    /// each step: the same weights after every step, the same moments at the end.
+    fn in_lockstep(
+        seed: f32,
+        decay_vectors: bool,
+        variant: &mut AdamW,
+        mut before: impl FnMut(usize, &mut AdamW),
+        edit: fn(usize, &mut ParamList),
+    ) {
+        let (mut plain, mut other) = (module(seed), module(seed));
+        let mut plain_opt = AdamW::new(config(decay_vectors)).unwrap();
+        for (step, &lr) in LRS.iter().enumerate() {
+            before(step, variant);
+            for m in [&mut plain, &mut other] {
+                set_grads(m, step);
+                edit(step, m);
+            }
+            plain_opt.step(&mut plain, lr).unwrap();
+            variant.step(&mut other, lr).unwrap();
+            assert_eq!(bits(&other), bits(&plain), "step {step}");
+        }
+        assert_eq!(
+            state_bits(&variant.state().unwrap()),
+            state_bits(&plain_opt.state().unwrap())
+        );
+    }
+
+    #[test]
+    fn moments_come_home_when_the_steps_leave_the_arenas_and_go_back() {
+        let mut mixed = AdamW::new(config(true)).unwrap();
+        // Arenas, arenas, host, arenas, host: each change of place moves the moments.
+        let place = |step: usize, opt: &mut AdamW| opt.use_host_arenas(step != 2 && step != 4);
+        in_lockstep(2.5, true, &mut mixed, place, |_, _| {});
+    }
+
+    #[test]
+    fn arenas_follow_the_optimizer_to_another_device() {
+        use crate::tensor::DeviceKind;
+        let mut moved = AdamW::new(config(false)).unwrap();
+        moved.use_host_arenas(true);
+        // Host arenas on every backend: a change of device makes them again from the moments
+        // brought home (no GPU is opened: the host store does not need one).
+        let place = |step: usize, opt: &mut AdamW| {
+            opt.to_device(if step % 2 == 0 {
+                DeviceKind::Cpu
+            } else {
+                DeviceKind::Cuda(7)
+            })
+        };
+        in_lockstep(9.5, false, &mut moved, place, |_, _| {});
+    }
+
+    #[test]
+    fn arenas_that_do_not_fit_leave_the_steps_on_the_per_parameter_path() {
+        use crate::train::adamw::TestArenas;
+        let mut refused = AdamW::new(config(true)).unwrap();
+        refused.use_test_arenas(TestArenas::TooBig);
+        refused.prepare(&mut module(8.5)).unwrap();
+        in_lockstep(8.5, true, &mut refused, |_, _| {}, |_, _| {});
+        assert!(matches!(refused.state().unwrap(), std::borrow::Cow::Borrowed(_)));
+        assert_eq!(refused.device_bytes(crate::memory::MemoryCategory::OptimizerState), 0);
+    }
+
     #[test]
     fn arena_steps_give_the_per_parameter_bits() {
         for decay_vectors in [false, true] {
@@ -425,40 +489,11 @@ mod tests {
 
     #[test]
     fn weights_changed_on_the_host_between_steps_are_the_ones_updated() {
-        let (mut plain, mut arena) = (module(1.5), module(1.5));
-        let mut plain_opt = AdamW::new(config(false)).unwrap();
-        let mut arena_opt = AdamW::new(config(false)).unwrap();
-        arena_opt.use_host_arenas(true);
-        for (step, &lr) in LRS.iter().enumerate() {
-            for m in [&mut plain, &mut arena] {
-                set_grads(m, step);
-                // The host owns the weights: an edit there must not be undone by the arena's copy.
-                m.params[2].value_mut()[step] = step as f32;
-            }
-            plain_opt.step(&mut plain, lr).unwrap();
-            arena_opt.step(&mut arena, lr).unwrap();
-            assert_eq!(bits(&arena), bits(&plain), "step {step}");
-        }
-    }
-
-    #[test]
-    fn moments_come_home_when_the_steps_leave_the_arenas_and_go_back() {
-        let (mut plain, mut mixed) = (module(2.5), module(2.5));
-        let mut plain_opt = AdamW::new(config(true)).unwrap();
-        let mut mixed_opt = AdamW::new(config(true)).unwrap();
-        for (step, &lr) in LRS.iter().enumerate() {
-            // Arenas, arenas, host, arenas, host: each change of place moves the moments.
-            mixed_opt.use_host_arenas(step != 2 && step != 4);
-            set_grads(&mut plain, step);
-            set_grads(&mut mixed, step);
-            plain_opt.step(&mut plain, lr).unwrap();
-            mixed_opt.step(&mut mixed, lr).unwrap();
-            assert_eq!(bits(&mixed), bits(&plain), "step {step}");
-            assert_eq!(
-                state_bits(&mixed_opt.state().unwrap()),
-                state_bits(&plain_opt.state().unwrap())
-            );
-        }
+        let mut arena = AdamW::new(config(false)).unwrap();
+        arena.use_host_arenas(true);
+        // The host owns the weights: an edit there must not be undone by the arena's copy.
+        let edit = |step: usize, m: &mut ParamList| m.params[2].value_mut()[step] = step as f32;
+        in_lockstep(1.5, false, &mut arena, |_, _| {}, edit);
     }
 
     #[test]
@@ -586,55 +621,6 @@ mod tests {
         plain_opt.step(&mut plain, 1e-2).unwrap();
         arena_opt.step(&mut arena, 1e-2).unwrap();
         assert_eq!(bits(&arena), bits(&plain));
-    }
-
-    #[test]
-    fn arenas_that_do_not_fit_leave_the_steps_on_the_per_parameter_path() {
-        use crate::train::adamw::TestArenas;
-        let (mut plain, mut refused) = (module(8.5), module(8.5));
-        let mut plain_opt = AdamW::new(config(true)).unwrap();
-        let mut refused_opt = AdamW::new(config(true)).unwrap();
-        refused_opt.use_test_arenas(TestArenas::TooBig);
-        refused_opt.prepare(&mut refused).unwrap();
-        for (step, &lr) in LRS.iter().enumerate() {
-            set_grads(&mut plain, step);
-            set_grads(&mut refused, step);
-            plain_opt.step(&mut plain, lr).unwrap();
-            refused_opt.step(&mut refused, lr).unwrap();
-            assert_eq!(bits(&refused), bits(&plain), "step {step}");
-        }
-        assert!(matches!(refused_opt.state().unwrap(), std::borrow::Cow::Borrowed(_)));
-        assert_eq!(
-            refused_opt.device_bytes(crate::memory::MemoryCategory::OptimizerState),
-            0
-        );
-    }
-
-    #[test]
-    fn arenas_follow_the_optimizer_to_another_device() {
-        use crate::tensor::DeviceKind;
-        let (mut plain, mut moved) = (module(9.5), module(9.5));
-        let mut plain_opt = AdamW::new(config(false)).unwrap();
-        let mut moved_opt = AdamW::new(config(false)).unwrap();
-        moved_opt.use_host_arenas(true);
-        for (step, &lr) in LRS.iter().enumerate() {
-            // Host arenas on every backend: a change of device makes them again from the
-            // moments brought home (no GPU is opened: the host store does not need one).
-            moved_opt.to_device(if step % 2 == 0 {
-                DeviceKind::Cpu
-            } else {
-                DeviceKind::Cuda(7)
-            });
-            set_grads(&mut plain, step);
-            set_grads(&mut moved, step);
-            plain_opt.step(&mut plain, lr).unwrap();
-            moved_opt.step(&mut moved, lr).unwrap();
-            assert_eq!(bits(&moved), bits(&plain), "step {step}");
-        }
-        assert_eq!(
-            state_bits(&moved_opt.state().unwrap()),
-            state_bits(&plain_opt.state().unwrap())
-        );
     }
 
     #[test]
