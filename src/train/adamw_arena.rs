@@ -439,7 +439,7 @@ mod tests {
         // Host arenas on every backend: a change of device makes them again from the moments
         // brought home (no GPU is opened: the host store does not need one).
         let place = |step: usize, opt: &mut AdamW| {
-            opt.to_device(if step % 2 == 0 {
+            opt.to_device(if step.is_multiple_of(2) {
                 DeviceKind::Cpu
             } else {
                 DeviceKind::Cuda(7)
