@@ -277,17 +277,15 @@ impl AdamW {
 
     fn step_from(&mut self, module: &mut dyn Module, lr: f32, checked: bool) -> Result<()> {
         Self::check_lr(lr)?;
+        let t = self.state.step + 1;
+        let step = step_scalars(&self.config, lr, t);
         if self.ensure_arenas(module)? {
-            let t = self.state.step + 1;
-            let step = step_scalars(&self.config, lr, t);
             self.arenas.as_mut().expect("ensured").step(module, &step, checked)?;
             self.state.step = t;
             return Ok(());
         }
         self.bring_moments_home()?;
         self.check_or_init_moments(module)?;
-        let t = self.state.step + 1;
-        let step = step_scalars(&self.config, lr, t);
         let mut moments = self.state.moments.iter_mut();
         let decay_vectors = self.config.decay_vectors;
         let kernels = self.backend.kernels();
@@ -317,9 +315,10 @@ impl AdamW {
     /// copied into the gradient arena once, unscaled by `inv_scale` and checked (fp16 loss
     /// scaling), the verdict turned into the group's by `agree`, their global norm summed there,
     /// and finite gradients clipped there to `max_grad_norm`; the next `step_checked` updates
-    /// from them (a plain [`AdamW::step`] copies the host's gradients again). Returns `(finite, norm)`, or None on a backend without arenas (the caller checks
-    /// and clips on the host, parameter by parameter, as `train::step::check_and_clip`). The host
-    /// gradients are left as they were.
+    /// from them (a plain [`AdamW::step`] copies the host's gradients again). Returns
+    /// `(finite, norm)`, or None on a backend without arenas (the caller checks and clips on the
+    /// host, parameter by parameter, as `train::step::check_and_clip`). The host gradients are
+    /// left as they were.
     pub(crate) fn check_and_clip_on_arenas(
         &mut self,
         module: &mut dyn Module,

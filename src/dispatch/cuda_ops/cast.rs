@@ -39,25 +39,17 @@ fn per_tensor(
         Some(&mut scale_inv),
     )?;
     // With no element the kernel writes no scale_inv: the twin's is 1 / scale.
-    if n == 0 {
-        let scale_inv = 1.0 / scale;
-        let rowwise = QuantizedMatrix::new(Vec::new(), rows, cols, Scales::PerTensor(scale_inv))?;
-        let columnwise = QuantizedMatrix::new(Vec::new(), cols, rows, Scales::PerTensor(scale_inv))?;
-        return Ok(Cast {
-            tensor: QuantizedTensor::new(format, rowwise, Some(columnwise))?,
-            amax: s.down_vec(&amax)?[0],
-            scale,
-            counts: None,
-        });
-    }
-    let inv = s.down_vec(&scale_inv)?;
-    let rowwise = QuantizedMatrix::new(s.down_vec(&codes)?, rows, cols, Scales::PerTensor(inv[0]))?;
-    let columnwise = QuantizedMatrix::new(s.down_vec(&codes_t)?, cols, rows, Scales::PerTensor(inv[0]))?;
+    let inv = match n {
+        0 => 1.0 / scale,
+        _ => s.down_vec(&scale_inv)?[0],
+    };
+    let rowwise = QuantizedMatrix::new(s.down_vec(&codes)?, rows, cols, Scales::PerTensor(inv))?;
+    let columnwise = QuantizedMatrix::new(s.down_vec(&codes_t)?, cols, rows, Scales::PerTensor(inv))?;
     let amax = s.down_vec(&amax)?[0];
-    let (rowwise, columnwise) = match room_for_mirrors(s) {
+    let (rowwise, columnwise) = match n > 0 && room_for_mirrors(s) {
         // Both copies stay on the device beside the host ones, for the GEMMs that read them.
         true => {
-            let scale_inv_t = s.up(&inv)?;
+            let scale_inv_t = s.up(&[inv])?;
             let row_scales = UploadedScales::F32(scale_inv.into_buffer(), ScaleKind::PerTensor);
             let col_scales = UploadedScales::F32(scale_inv_t.into_buffer(), ScaleKind::PerTensor);
             (
