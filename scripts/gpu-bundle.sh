@@ -238,10 +238,11 @@ step gpu_mxfp8 45 ./gpu_mxfp8
 step gpu_layers 200 ./gpu_layers
 step gpu_nccl 60 ./gpu_nccl
 }
-# The issue's layer FP8 vs bf16 (staged: copies included).
+# The issue's layer FP8 vs bf16 (staged: copies included), with the time per op family and,
+# inside the ops, the copies, waits for the GPU, allocations and host work (--breakdown).
 part_layers_bench() {
 gpu_step step_out bench_layer 240 bench-layer.txt ./fp8 bench layer --device cuda \
-    --hidden 4096 --heads 32 --ffn 16384 --seq 2048 --batch 2 --runs 3 --precision bf16,fp8-delayed
+    --hidden 4096 --heads 32 --ffn 16384 --seq 2048 --batch 2 --runs 3 --precision bf16,fp8-delayed --breakdown
 }
 # end of part
 # part: train
@@ -251,6 +252,9 @@ gpu_step step_out bench_layer 240 bench-layer.txt ./fp8 bench layer --device cud
 part_train() {
 step gpu_train 420 ./gpu_train
 step gpu_llama 180 ./gpu_llama
+# Per-op latency near the default model's size (hidden 64): where a staged step of `fp8 train` goes.
+gpu_step step_out bench_layer_small 30 bench-layer-small.txt ./fp8 bench layer --device cuda --runs 20 --hidden 64 --ffn 256 \
+    --precision fp32,bf16,fp8-delayed --breakdown
 # tokens/s of the default model with the staged path's shortcuts on, then each one off
 # (docs/cuda-backend.md: device mirrors of FP8 casts, AdamW over device arenas).
 gpu_step step_out bench_train_shortcuts 120 bench-train-shortcuts.txt bash -c '

@@ -11,6 +11,9 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::backend::cuda::transfer_times;
+pub use crate::backend::cuda::transfer_times::{Transfer, TransferTime, TransferTimes};
+
 /// The part of a step an op ran in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Phase {
@@ -38,9 +41,17 @@ thread_local! {
     static TIMES: RefCell<Times> = const { RefCell::new(BTreeMap::new()) };
 }
 
-/// Starts (`true`) or stops recording the ops this thread calls.
+/// Starts (`true`) or stops recording the ops this thread calls, and the staged CUDA ops'
+/// copies, waits and allocations inside them ([`take_transfers`]).
 pub fn enable(on: bool) {
     ENABLED.set(on);
+    transfer_times::enable(on);
+}
+
+/// The staged CUDA ops' copies, waits for the GPU and allocations this thread recorded since
+/// the last call (part of the ops' own times; all zero on the CPU backend); clears them.
+pub fn take_transfers() -> TransferTimes {
+    transfer_times::take()
 }
 
 /// The phase this thread's following ops are counted in.

@@ -6,6 +6,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZero
 
 use super::context::CudaDevice;
 use super::error::CudaResultExt;
+use super::transfer_times::{self, Transfer, timed};
 use crate::error::{Error, Result};
 use crate::memory::{MemoryCategory, MemoryLedger};
 
@@ -96,13 +97,17 @@ impl CudaDevice {
         len: usize,
         category: MemoryCategory,
     ) -> Result<DeviceBuffer<T>> {
-        let slice = self.stream().alloc_zeros::<T>(len).call("cuMemAlloc")?;
+        let bytes = len.saturating_mul(size_of::<T>());
+        let slice = timed(Transfer::Allocation, bytes, || self.stream().alloc_zeros::<T>(len)).call("cuMemAlloc")?;
         Ok(DeviceBuffer::track(slice, category, self.ledger()))
     }
 
     /// A copy of `host` on the device, in `category`.
     pub fn upload<T: DeviceRepr>(&self, host: &[T], category: MemoryCategory) -> Result<DeviceBuffer<T>> {
-        let slice = self.stream().clone_htod(host).call("cuMemcpyHtoD")?;
+        let slice = timed(Transfer::HostToDevice, size_of_val(host), || {
+            self.stream().clone_htod(host)
+        })
+        .call("cuMemcpyHtoD")?;
         Ok(DeviceBuffer::track(slice, category, self.ledger()))
     }
 
@@ -113,7 +118,10 @@ impl CudaDevice {
 
     /// Overwrites `buffer` with `host` (same length).
     pub fn write<T: DeviceRepr>(&self, host: &[T], buffer: &mut DeviceBuffer<T>) -> Result<()> {
-        self.stream().memcpy_htod(host, &mut buffer.slice).call("cuMemcpyHtoD")
+        timed(Transfer::HostToDevice, size_of_val(host), || {
+            self.stream().memcpy_htod(host, &mut buffer.slice)
+        })
+        .call("cuMemcpyHtoD")
     }
 
     /// Overwrites `buffer[offset..offset + host.len()]` with `host` (a range past the buffer is
@@ -128,7 +136,10 @@ impl CudaDevice {
                 src: offset.saturating_add(host.len()),
                 dst: len,
             })?;
-        self.stream().memcpy_htod(host, &mut view).call("cuMemcpyHtoD")
+        timed(Transfer::HostToDevice, size_of_val(host), || {
+            self.stream().memcpy_htod(host, &mut view)
+        })
+        .call("cuMemcpyHtoD")
     }
 
     /// Copies `buffer[offset..offset + host.len()]` into `host` (waits for the stream and reports
@@ -142,15 +153,31 @@ impl CudaDevice {
                 src: offset.saturating_add(host.len()),
                 dst: buffer.len(),
             })?;
-        self.stream().memcpy_dtoh(&view, host).call("cuMemcpyDtoH")?;
+        self.wait_when_timed()?;
+        let bytes = size_of_val(host);
+        timed(Transfer::DeviceToHost, bytes, || self.stream().memcpy_dtoh(&view, host)).call("cuMemcpyDtoH")?;
         self.synchronize()
     }
 
     /// The buffer's contents (waits for the stream; reports a kernel error flag as [`CudaDevice::synchronize`]).
     pub fn download<T: DeviceRepr>(&self, buffer: &DeviceBuffer<T>) -> Result<Vec<T>> {
-        let data = self.stream().clone_dtoh(&buffer.slice).call("cuMemcpyDtoH")?;
+        self.wait_when_timed()?;
+        let bytes = buffer.len() * size_of::<T>();
+        let data = timed(Transfer::DeviceToHost, bytes, || {
+            self.stream().clone_dtoh(&buffer.slice)
+        })
+        .call("cuMemcpyDtoH")?;
         self.check_kernel_errors()?;
         Ok(data)
+    }
+
+    /// While transfers are timed, waits for the stream before a download, so that the wait
+    /// (the queued kernels) is counted apart from the copy ([`transfer_times`](super::transfer_times)).
+    fn wait_when_timed(&self) -> Result<()> {
+        if !transfer_times::enabled() {
+            return Ok(());
+        }
+        timed(Transfer::WaitForGpu, 0, || self.stream().synchronize()).call("cuStreamSynchronize")
     }
 
     /// Device-to-device copy of `src` into `dst` (same length); the baseline of the bandwidth bench.

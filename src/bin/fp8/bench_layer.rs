@@ -11,7 +11,7 @@ use clap::Args;
 use fp8_engine::amp::Precision;
 use fp8_engine::device::{Device, DeviceChoice, DeviceKind};
 use fp8_engine::nn::{Module, Tensor, TransformerConfig, TransformerLayer};
-use fp8_engine::op_times::{self, OpTime, Phase};
+use fp8_engine::op_times::{self, OpTime, Phase, TransferTimes};
 
 use crate::bench_layer_breakdown::Breakdown;
 use crate::error::CliError;
@@ -57,7 +57,7 @@ struct Row {
     saved_bytes: usize,
     weight_cache_bytes: usize,
     /// With `--breakdown`: every op's time over all timed steps, and those steps' total.
-    ops: Option<(Vec<OpTime>, f64)>,
+    ops: Option<(Vec<OpTime>, TransferTimes, f64)>,
 }
 
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -97,13 +97,16 @@ fn bench_one(args: &LayerArgs, precision: &Precision, device: DeviceKind) -> Res
     };
     step(&mut layer)?;
     op_times::take();
+    op_times::take_transfers();
     op_times::enable(args.breakdown);
     let times = (0..args.runs.max(1))
         .map(|_| step(&mut layer))
         .collect::<Result<Vec<_>, _>>();
     op_times::enable(false);
     let mut times = times?;
-    let ops = args.breakdown.then(|| (op_times::take(), times.iter().sum::<f64>()));
+    let ops = args
+        .breakdown
+        .then(|| (op_times::take(), op_times::take_transfers(), times.iter().sum::<f64>()));
     times.sort_by(f64::total_cmp);
     Ok(Row {
         precision: precision.name().to_string(),
@@ -148,8 +151,8 @@ pub fn run(args: &LayerArgs, json: bool) -> Result<(), CliError> {
                     "tflop_per_s": flops / r.seconds / 1e12,
                     "saved_activation_bytes": r.saved_bytes, "weight_cache_bytes": r.weight_cache_bytes,
                 });
-                if let Some((ops, total)) = &r.ops {
-                    item["breakdown"] = Breakdown::new(ops, *total, args.runs.max(1)).json();
+                if let Some((ops, transfers, total)) = &r.ops {
+                    item["breakdown"] = Breakdown::new(ops, transfers, *total, args.runs.max(1)).json();
                 }
                 item
             })
@@ -190,9 +193,9 @@ pub fn run(args: &LayerArgs, json: bool) -> Result<(), CliError> {
             );
         }
         for r in &rows {
-            if let Some((ops, total)) = &r.ops {
+            if let Some((ops, transfers, total)) = &r.ops {
                 println!();
-                Breakdown::new(ops, *total, args.runs.max(1)).print(&r.precision);
+                Breakdown::new(ops, transfers, *total, args.runs.max(1)).print(&r.precision);
             }
         }
     }

@@ -1,0 +1,120 @@
+//! Where the staged CUDA ops spend their time: wall time and bytes of host -> device copies,
+//! device -> host copies, device allocations, and the waits for the GPU before a download
+//! (the kernels' own time, as the host sees it). Off unless switched on (with
+//! `op_times`, for `fp8 bench layer --breakdown`); off, a copy pays one thread-local flag read.
+//!
+//! While on, a download first waits for the stream on its own, so that the wait (queued
+//! kernels finishing) and the copy are told apart; the download waited for the stream anyway,
+//! so results and ordering do not change. Recording is per calling thread, like `op_times`.
+
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
+/// One kind of staged work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transfer {
+    /// Host -> device copies (an upload's allocation included).
+    HostToDevice,
+    /// Device -> host copies, after the stream went idle.
+    DeviceToHost,
+    /// Waiting for the queued kernels before a download.
+    WaitForGpu,
+    /// Device allocations that missed the staging pool (zeroed: their memset included).
+    Allocation,
+}
+
+impl Transfer {
+    pub const ALL: [Transfer; 4] = [
+        Transfer::HostToDevice,
+        Transfer::DeviceToHost,
+        Transfer::WaitForGpu,
+        Transfer::Allocation,
+    ];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Its label in the breakdown table.
+    pub fn label(self) -> &'static str {
+        match self {
+            Transfer::HostToDevice => "host -> device copies",
+            Transfer::DeviceToHost => "device -> host copies",
+            Transfer::WaitForGpu => "waits for the GPU (kernels)",
+            Transfer::Allocation => "device allocations",
+        }
+    }
+}
+
+/// Time, bytes and calls of one kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TransferTime {
+    pub total: Duration,
+    pub bytes: u64,
+    pub calls: u64,
+}
+
+/// What one thread recorded, by kind ([`Transfer::ALL`] order).
+pub type TransferTimes = [TransferTime; 4];
+
+thread_local! {
+    static ENABLED: Cell<bool> = const { Cell::new(false) };
+    static TIMES: Cell<TransferTimes> = const { Cell::new([TransferTime { total: Duration::ZERO, bytes: 0, calls: 0 }; 4]) };
+}
+
+/// Starts (`true`) or stops recording this thread's staged copies.
+pub fn enable(on: bool) {
+    ENABLED.set(on);
+}
+
+/// Whether this thread records.
+#[inline]
+pub(crate) fn enabled() -> bool {
+    ENABLED.get()
+}
+
+/// What this thread recorded since the last call; clears it.
+pub fn take() -> TransferTimes {
+    TIMES.take()
+}
+
+/// Runs `f` (moving `bytes`), adding its wall time to `kind` when recording is on.
+#[inline]
+pub(crate) fn timed<R>(kind: Transfer, bytes: usize, f: impl FnOnce() -> R) -> R {
+    if !ENABLED.get() {
+        return f();
+    }
+    let start = Instant::now();
+    let result = f();
+    let elapsed = start.elapsed();
+    let mut times = TIMES.get();
+    let t = &mut times[kind.index()];
+    t.total += elapsed;
+    t.bytes += bytes as u64;
+    t.calls += 1;
+    TIMES.set(times);
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_by_kind_only_while_enabled() {
+        take();
+        timed(Transfer::HostToDevice, 100, || ());
+        assert_eq!(take(), TransferTimes::default(), "off: nothing recorded");
+        enable(true);
+        timed(Transfer::HostToDevice, 100, || ());
+        timed(Transfer::HostToDevice, 28, || ());
+        timed(Transfer::WaitForGpu, 0, || std::thread::sleep(Duration::from_millis(2)));
+        enable(false);
+        let t = take();
+        assert_eq!((t[0].bytes, t[0].calls), (128, 2));
+        assert_eq!((t[1].calls, t[3].calls), (0, 0));
+        assert!(t[2].total >= Duration::from_millis(2) && t[2].calls == 1);
+        assert_eq!(take(), TransferTimes::default(), "taken: cleared");
+        assert!(Transfer::ALL.iter().enumerate().all(|(i, k)| k.index() == i));
+    }
+}
