@@ -226,3 +226,28 @@ fn loading_a_bf16_checkpoint_holds_one_tensor_in_f32_at_a_time() {
     assert_eq!(model.weight_cache_bytes(), linear_values + 4 * blocks);
     assert_eq!(report.fp8_bytes, linear_values + 4 * blocks);
 }
+
+#[test]
+fn a_model_whose_fp8_base_cannot_reach_the_gpu_stays_whole_on_the_cpu() {
+    // On a GPU the frozen codes get a device copy when the model moves; GPU 99 does not exist,
+    // so the move fails with a typed error and every module is back on the CPU.
+    let hf = HfModelDir::open(&fixture("models/llama")).unwrap();
+    let (mut model, _) = load(&hf, BaseScaling::Block);
+    let before = loss(&mut model);
+    let err = model
+        .to_device(fp8_engine::device::DeviceKind::Cuda(99))
+        .expect_err("there is no GPU 99");
+    let text = err.to_string();
+    assert!(
+        text.contains("GPU") || text.contains("CUDA") || text.contains("kernel"),
+        "{text}"
+    );
+    let mut on = Vec::new();
+    model.visit_parameters(&mut |p| on.push(p.device()));
+    assert!(on.iter().all(|d| *d == fp8_engine::device::DeviceKind::Cpu));
+    assert_eq!(
+        loss(&mut model).to_bits(),
+        before.to_bits(),
+        "the ops run on the CPU again"
+    );
+}

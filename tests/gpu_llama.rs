@@ -10,6 +10,12 @@
 //! tokens must agree up to the first such near tie, after which the sequences may part and the
 //! rest is not compared (said in the output).
 //!
+//! Then the fine-tuning path (`--base-precision fp8` with LoRA on q, k, v, o): every decoder
+//! linear frozen as E4M3 codes (128x128 block scales under a bf16 run, one scale per tensor under
+//! fp8-current), LoRA r16 adapters with a non-zero B; on the GPU the codes stay in device memory. Checks:
+//! no op breaks its contract, the loss and the adapters' gradients within the FP8 tolerance, and
+//! the frozen codes held on the device (unless `FP8_CUDA_MIRRORS=0`).
+//!
 //! The model is built from a config and a seed (no files: the bundle runs on another machine).
 //! The CUDA ops are staged through host memory (`docs/cuda-backend.md`). Without a GPU this
 //! prints one `skipped:` line. Not yet run on a GPU.
@@ -17,8 +23,8 @@
 use fp8_engine::amp::{Precision, PrecisionChoice, resolve};
 use fp8_engine::device::{Device, DeviceChoice, DeviceKind};
 use fp8_engine::hf::HfConfig;
-use fp8_engine::model::{LlamaModel, Recompute};
-use fp8_engine::nn::Module;
+use fp8_engine::model::{LlamaModel, LoraConfig, Recompute};
+use fp8_engine::nn::{BaseScaling, LoraSettings, Module, VisitLinears};
 
 const BATCH: usize = 2;
 const SEQ: usize = 32;
@@ -153,6 +159,87 @@ fn case(gpu: DeviceKind, name: &str) -> Result<Vec<String>, String> {
     Ok(lines)
 }
 
+/// The tiny model under `name` with its decoder linears frozen to FP8 (`scaling`) and LoRA r16 on
+/// q, k, v, o, every B set to small non-zero values (PEFT starts B at zero, which would leave
+/// A's gradient zero and the adapters' outputs out of the comparison).
+fn finetune_model(name: &str, scaling: BaseScaling) -> Result<LlamaModel, String> {
+    let precision: Precision = name.parse().map_err(|e| format!("{e}"))?;
+    let mut model = LlamaModel::new(&config(), &precision, Recompute::None, 11).map_err(|e| format!("build: {e}"))?;
+    model.freeze_base_fp8(scaling).map_err(|e| format!("freeze: {e}"))?;
+    // Rank 16: FP8 adapters' GEMMs need K and N multiples of 16.
+    let settings = LoraSettings {
+        rank: 16,
+        alpha: 32.0,
+        dropout: 0.0,
+    };
+    let lora = LoraConfig::new(settings, "q_proj,k_proj,v_proj,o_proj").map_err(|e| format!("{e}"))?;
+    model.enable_lora(&lora, 3).map_err(|e| format!("lora: {e}"))?;
+    model.visit_parameters(&mut |p| {
+        if p.name().contains("lora_B") {
+            for (i, v) in p.value_mut().iter_mut().enumerate() {
+                *v = ((i * 7 % 13) as f32 - 6.0) * 0.01;
+            }
+            p.mark_updated();
+        }
+    });
+    Ok(model)
+}
+
+fn finetune_case(gpu: DeviceKind, name: &str, scaling: BaseScaling) -> Result<Vec<String>, String> {
+    let (mut cpu, mut on_gpu) = (finetune_model(name, scaling)?, finetune_model(name, scaling)?);
+    on_gpu.to_device(gpu).map_err(|e| format!("to_device: {e}"))?;
+    on_gpu.check_against_cpu(true);
+    let (mut frozen, mut on_device) = (0usize, 0usize);
+    on_gpu.visit_linears(&mut |l| {
+        frozen += l.frozen_fp8().map_or(0, |w| w.bytes());
+        on_device += l.frozen_fp8().map_or(0, |w| w.device_bytes());
+    });
+    let mirrors_off = std::env::var("FP8_CUDA_MIRRORS").is_ok_and(|v| v.trim() == "0");
+    if frozen == 0 || (on_device != frozen && !mirrors_off) {
+        return Err(format!("{on_device} of {frozen} frozen FP8 bytes on the device"));
+    }
+    let inputs: Vec<u32> = (0..BATCH * SEQ).map(|i| ((i * 37 + 5) % VOCAB) as u32).collect();
+    let targets: Vec<u32> = (0..BATCH * SEQ).map(|i| ((i * 37 + 42) % VOCAB) as u32).collect();
+    let mut losses = Vec::new();
+    for model in [&mut on_gpu, &mut cpu] {
+        let loss = model
+            .forward_loss(&inputs, &targets, BATCH, SEQ)
+            .map_err(|e| format!("forward: {e}"))?;
+        model.backward(1.0).map_err(|e| format!("backward: {e}"))?;
+        losses.push(loss);
+    }
+    // The base GEMMs are FP8 whatever the run's precision.
+    let tol = bound("fp8");
+    let loss_ratio = f64::from((losses[0] - losses[1]).abs()) / f64::from(losses[1].abs()) / tol;
+    if loss_ratio.is_nan() || loss_ratio > 1.0 {
+        return Err(format!(
+            "loss {} on the GPU, {} on the CPU (err/bound={loss_ratio:.3})",
+            losses[0], losses[1]
+        ));
+    }
+    let mut worst = 0.0f64;
+    let (g, c) = (grads(&mut on_gpu), grads(&mut cpu));
+    if g.len() != c.len() || g.iter().all(|(n, _)| !n.contains("lora_A")) {
+        return Err(format!(
+            "trainable parameters: {} on the GPU, {} on the CPU",
+            g.len(),
+            c.len()
+        ));
+    }
+    for ((param, g), (_, c)) in g.iter().zip(&c) {
+        let r = rel_l2(g, c) / tol;
+        if r.is_nan() || r > 1.0 {
+            return Err(format!("grad {param}: relative L2 err/bound={r:.3}"));
+        }
+        worst = worst.max(r);
+    }
+    Ok(vec![
+        format!("{on_device} of {frozen} frozen FP8 bytes on the device"),
+        format!("loss err/bound={loss_ratio:.3e}"),
+        format!("{} adapter grads err/bound={worst:.3e}", g.len()),
+    ])
+}
+
 fn main() {
     let device = match Device::select(DeviceChoice::Cuda(0)) {
         Ok(device) => device,
@@ -177,9 +264,24 @@ fn main() {
             }
         }
     }
+    for (name, scaling) in [("bf16", BaseScaling::Block), ("fp8-current", BaseScaling::Tensor)] {
+        let precision: Precision = name.parse().expect("a known precision");
+        if let Err(why) = resolve(&PrecisionChoice::Fixed(precision), &device) {
+            println!("{name}: not on this GPU: {why}");
+            continue;
+        }
+        let label = format!("fine-tune {name} + FP8 base ({}) + LoRA", scaling.name());
+        match finetune_case(device.kind(), name, scaling) {
+            Ok(lines) => println!("ok   {label}: {}", lines.join("; ")),
+            Err(why) => {
+                failures += 1;
+                println!("FAIL {label}: {why}");
+            }
+        }
+    }
     if failures > 0 {
         println!("gpu_llama: {failures} failed");
         std::process::exit(1);
     }
-    println!("gpu_llama: every precision agrees");
+    println!("gpu_llama: every precision and the fine-tuning path agree");
 }

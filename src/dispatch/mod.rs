@@ -46,7 +46,7 @@ use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{GemmParams, GemmReport, Operand, Output};
 use crate::scaling::{DelayedScaling, Fp8TensorStats, SlotBank, TensorRole};
-use crate::tensor::{DeviceKind, Dtype, Tensor};
+use crate::tensor::{DeviceKind, DeviceMirror, Dtype, QuantizedMatrix, Tensor};
 
 /// Declares the op trait from one list, with the CPU implementation of each op
 /// (a path to the reference function) and the CUDA arm (`cuda_ops::<op>`, staged).
@@ -339,6 +339,17 @@ impl Backend {
                 op: "device arenas",
                 device: self.device().to_string(),
             }),
+        }
+    }
+
+    /// The device copy a matrix that stays (a frozen FP8 weight) keeps on this backend's GPU, so
+    /// its GEMMs read it in place: uploaded once (or `q`'s own copy there). `None` on the CPU, or
+    /// with `FP8_CUDA_MIRRORS=0` (the GEMMs then upload it each time). Shadow mode keeps it
+    /// too: its primary ops run on the GPU, the twins read the host codes.
+    pub(crate) fn resident_copy(&self, q: &QuantizedMatrix) -> Result<Option<Arc<DeviceMirror>>> {
+        match self.device() {
+            DeviceKind::Cpu => Ok(None),
+            DeviceKind::Cuda(ordinal) => cuda_ops::resident(&CudaKernels { ordinal }, q),
         }
     }
 

@@ -407,15 +407,14 @@ impl Module for LlamaModel {
     }
 
     fn to_device(&mut self, device: DeviceKind) -> Result<()> {
-        self.backend = Backend::on(device);
-        for layer in &mut self.layers {
-            layer.to_device(device)?;
+        // All or nothing: a module that cannot move (a frozen FP8 base that does not fit the
+        // GPU) sends the ones already moved back, so the model stays usable where it was.
+        let from = self.backend.device();
+        let moved = self.move_modules(device);
+        if moved.is_err() && from != device {
+            let _ = self.move_modules(from);
         }
-        self.final_norm.to_device(device)?;
-        match &mut self.head {
-            Some(head) => head.to_device(device),
-            None => Ok(()),
-        }
+        moved
     }
 
     fn check_against_cpu(&mut self, on: bool) {
@@ -466,6 +465,21 @@ impl VisitLinears for LlamaModel {
         }
         if let Some(head) = &mut self.head {
             f(head);
+        }
+    }
+}
+
+impl LlamaModel {
+    /// Moves every module to `device` (stops at the first that cannot move).
+    fn move_modules(&mut self, device: DeviceKind) -> Result<()> {
+        self.backend = Backend::on(device);
+        for layer in &mut self.layers {
+            layer.to_device(device)?;
+        }
+        self.final_norm.to_device(device)?;
+        match &mut self.head {
+            Some(head) => head.to_device(device),
+            None => Ok(()),
         }
     }
 }

@@ -9,14 +9,16 @@
 //! `Y = X W^T`). The dgrad `dX = dY W` reads `W^T` K-major; the frozen weight has no wgrad, so
 //! instead of a second resident copy, `W^T` of one segment at a time is made in backward (a
 //! 128x128 block transposes with its own scale, a per-tensor scale is unchanged: the transpose is
-//! exact) and dropped after its GEMM. The CPU backend does this on the host; the CUDA GEMM arms
-//! are not built yet (the planner assumes the same transient `W^T` there, `docs/finetune.md`).
+//! exact) and dropped after its GEMM. On the CPU backend both live in host memory. On a GPU the
+//! codes `W` also stay in device memory (a device copy made when the linear moves there, booked
+//! under FP8 copies), so the forward GEMMs read them in place; the transient `W^T` is still made
+//! on the host and uploaded by its GEMM (the planner's transient `W^T`, `docs/finetune.md`).
 //!
 //! Activations are cast just in time (current scaling): `X` in E4M3 and `dY` by the base's recipe,
 //! 1x128 blocks against 128x128 weight blocks, or per tensor against a per-tensor weight.
 
 use crate::amp::{Fp8Recipe, Precision};
-use crate::dispatch::Kernels;
+use crate::dispatch::{Backend, Kernels};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{GemmParams, Operand, Output};
@@ -180,6 +182,30 @@ impl FrozenFp8Weight {
     pub fn bytes(&self) -> usize {
         self.segments
             .iter()
+            .map(|s| s.data().len() + 4 * s.scales().len())
+            .sum()
+    }
+
+    /// Keeps a device copy of every segment on `backend`'s GPU (made once, kept while the
+    /// weight lives), or drops them on the CPU. On an error (device memory) nothing changes.
+    pub(crate) fn hold_on(&mut self, backend: &Backend) -> Result<()> {
+        let copies = self
+            .segments
+            .iter()
+            .map(|s| backend.resident_copy(s))
+            .collect::<Result<Vec<_>>>()?;
+        for (segment, copy) in self.segments.iter_mut().zip(copies) {
+            segment.set_mirror(copy);
+        }
+        Ok(())
+    }
+
+    /// Bytes of the segments held in device memory as well ([`Self::hold_on`]): one per value plus
+    /// 4 per scale, as [`Self::bytes`].
+    pub fn device_bytes(&self) -> usize {
+        self.segments
+            .iter()
+            .filter(|s| s.mirror().is_some())
             .map(|s| s.data().len() + 4 * s.scales().len())
             .sum()
     }
@@ -348,5 +374,29 @@ mod tests {
         assert!(FrozenFp8Weight::new(BaseScaling::Tensor, 48, vec![m.clone()]).is_err());
         assert!("blocks".parse::<BaseScaling>().is_err());
         assert_eq!("tensor".parse::<BaseScaling>().unwrap(), BaseScaling::Tensor);
+    }
+
+    #[test]
+    fn device_copies_are_counted_and_dropped_on_the_cpu_and_a_missing_gpu_changes_nothing() {
+        use crate::tensor::{DeviceKind, DeviceMirror};
+        let seg = |rows, seed| quantize_weight(&values(rows * 256, seed), rows, 256, BaseScaling::Block).unwrap();
+        let mut w = FrozenFp8Weight::new(BaseScaling::Block, 256, vec![seg(128, 1), seg(256, 2)]).unwrap();
+        assert_eq!(w.device_bytes(), 0);
+        // As a GPU would leave them: a device copy of the second segment only.
+        let copy = DeviceMirror {
+            ordinal: 0,
+            payload: Box::new(()),
+        };
+        w.segments[1].set_mirror(Some(std::sync::Arc::new(copy)));
+        assert_eq!(w.device_bytes(), 256 * 256 + 4 * 2 * 2, "codes plus 2x2 block scales");
+        let before = w.clone();
+        // No GPU 99: a typed error, the copies as they were.
+        let err = w.hold_on(&Backend::on(DeviceKind::Cuda(99))).unwrap_err();
+        assert!(matches!(err, Error::NoGpu { .. } | Error::KernelsMissing), "{err}");
+        assert_eq!(w.device_bytes(), 256 * 256 + 16);
+        // On the CPU the device copies go; the codes and scales stay.
+        w.hold_on(&Backend::default()).unwrap();
+        assert_eq!(w.device_bytes(), 0);
+        assert_eq!(w, before);
     }
 }

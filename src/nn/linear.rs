@@ -294,6 +294,9 @@ impl Linear {
             let rows: Vec<usize> = weight.segments().iter().map(|s| s.rows()).collect();
             return Err(self.segments_error(&rows));
         }
+        let mut weight = weight;
+        // On a GPU the codes stay there (a weight installed after `to_device` too).
+        weight.hold_on(self.gemms.backend())?;
         self.weight.release();
         self.frozen_fp8 = Some(weight);
         Ok(())
@@ -346,6 +349,10 @@ impl Module for Linear {
     }
 
     fn to_device(&mut self, device: DeviceKind) -> Result<()> {
+        if let Some(w) = &mut self.frozen_fp8 {
+            // First, so a GPU out of memory leaves the linear where it was.
+            w.hold_on(&Backend::on(device))?;
+        }
         self.gemms.set_backend(Backend::on(device));
         self.adapters
             .iter_mut()

@@ -135,6 +135,12 @@ impl QuantizedMatrix {
         self.mirror.as_ref()
     }
 
+    /// Sets (`Some`) or drops (`None`) the device copy of exactly these codes and scales; its
+    /// device memory is freed with the last matrix that shares it.
+    pub(crate) fn set_mirror(&mut self, mirror: Option<Arc<DeviceMirror>>) {
+        self.mirror = mirror;
+    }
+
     /// The FP8 codes, row-major.
     pub fn data(&self) -> &[u8] {
         match &self.data {

@@ -446,11 +446,16 @@ pub fn run_model(
     let memory_summary = memory_summary(&ledger);
     // The run's own accounting is released; Workspace is counted by the allocations themselves
     // (the CUDA staging pool, which outlives the run) and stays as it is.
-    // The optimizer's device arenas are booked by their own allocations, released when it drops.
+    // The optimizer's device arenas are booked by their own allocations, released when it drops;
+    // so are a frozen FP8 base's device copies (FP8 copies), released with the model.
+    let frozen_on_device = frozen_device_bytes(model);
     for category in MemoryCategory::ALL {
-        if category != MemoryCategory::Workspace {
-            set_usage(&ledger, category, optimizer.device_bytes(category));
-        }
+        let held = match category {
+            MemoryCategory::Workspace => continue,
+            MemoryCategory::Fp8Copies => frozen_on_device,
+            _ => 0,
+        };
+        set_usage(&ledger, category, optimizer.device_bytes(category) + held);
     }
     Ok(RunOutput {
         summary: PrecisionSummary {
@@ -539,6 +544,16 @@ fn frozen_weight_caches(model: &mut dyn LanguageModel) -> FrozenCaches {
         }
     });
     caches
+}
+
+/// Bytes of frozen FP8 weights also held in device memory (their device copies, booked by
+/// their allocations).
+fn frozen_device_bytes(model: &mut dyn LanguageModel) -> u64 {
+    let mut bytes = 0u64;
+    model.visit_linears(&mut |linear| {
+        bytes += linear.frozen_fp8().map_or(0, |w| w.device_bytes()) as u64;
+    });
+    bytes
 }
 
 /// Every rank's micro-batch losses in step order (rank order); this rank's alone on one rank.

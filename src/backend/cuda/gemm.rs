@@ -290,24 +290,13 @@ impl HostUpload {
             });
         }
         Ok(match op {
-            Operand::Fp8(format, q) => {
-                let f32_scales = |values: &[f32], kind| -> Result<UploadedScales> {
-                    Ok(UploadedScales::F32(device.upload(values, category)?, kind))
-                };
-                let scales = match q.scales() {
-                    Scales::PerTensor(s) => f32_scales(&[*s], ScaleKind::PerTensor)?,
-                    Scales::Block1x128(s) => f32_scales(s, ScaleKind::Block1x128)?,
-                    Scales::Block128x128(s) => f32_scales(s, ScaleKind::Block128x128)?,
-                    Scales::Mxfp8(e) => UploadedScales::E8m0(device.upload(e, category)?),
-                };
-                HostUpload::Fp8 {
-                    format: *format,
-                    codes: device.upload(q.data(), category)?,
-                    scales,
-                    rows: q.rows(),
-                    cols: q.cols(),
-                }
-            }
+            Operand::Fp8(format, q) => HostUpload::Fp8 {
+                format: *format,
+                codes: device.upload(q.data(), category)?,
+                scales: upload_scales(device, q.scales(), category)?,
+                rows: q.rows(),
+                cols: q.cols(),
+            },
             // The CUDA GEMM reads K-major operands: a transposed one is copied K-major first,
             // its rows zero-padded to the kernels' K multiple (zeros add nothing to any sum).
             Operand::Bf16(m) => {
@@ -373,6 +362,37 @@ impl HostUpload {
             },
         }
     }
+}
+
+/// `scales` on the device, in their layout.
+fn upload_scales(device: &CudaDevice, scales: &Scales, category: MemoryCategory) -> Result<UploadedScales> {
+    let f32_scales = |values: &[f32], kind| -> Result<UploadedScales> {
+        Ok(UploadedScales::F32(device.upload(values, category)?, kind))
+    };
+    match scales {
+        Scales::PerTensor(s) => f32_scales(&[*s], ScaleKind::PerTensor),
+        Scales::Block1x128(s) => f32_scales(s, ScaleKind::Block1x128),
+        Scales::Block128x128(s) => f32_scales(s, ScaleKind::Block128x128),
+        Scales::Mxfp8(e) => Ok(UploadedScales::E8m0(device.upload(e, category)?)),
+    }
+}
+
+/// A device mirror of `q` on `device` in `category`: its codes and scales uploaded once, for a
+/// matrix that stays (a frozen FP8 weight), so every GEMM reads it in place. `q`'s own mirror
+/// when it already has one there.
+pub(crate) fn resident_mirror(
+    device: &CudaDevice,
+    q: &QuantizedMatrix,
+    category: MemoryCategory,
+) -> Result<Arc<DeviceMirror>> {
+    if let Some(mirror) = mirror_on(device, q) {
+        return Ok(mirror);
+    }
+    let mirror = Fp8Mirror {
+        codes: device.upload(q.data(), category)?,
+        scales: upload_scales(device, q.scales(), category)?,
+    };
+    Ok(Arc::new(mirror.into_tensor_mirror(device)))
 }
 
 /// `q`'s device mirror, if a device cast on `device`'s GPU left one of the matrix's size.

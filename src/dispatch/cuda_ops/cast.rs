@@ -4,15 +4,16 @@
 use super::{Lease, Staged, staged};
 use crate::amp::Fp8Recipe;
 use crate::backend::cuda::DeviceBuffer;
-use crate::backend::cuda::gemm::{Fp8Mirror, UploadedScales, gemm_host};
+use crate::backend::cuda::gemm::{Fp8Mirror, UploadedScales, gemm_host, resident_mirror};
 use crate::backend::cuda::gemm_f32::gemm_f32_host;
 use crate::dispatch::{Cast, CudaKernels, fp8_cast};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{GemmParams, GemmReport, Operand, Output};
+use crate::memory::MemoryCategory;
 use crate::quantize::ScaleRule;
 use crate::scaling::{BlockDims, DelayedScaling, Fp8TensorStats, RecipeFormat, SlotBank, TensorRole};
-use crate::tensor::{QuantizedMatrix, QuantizedTensor, ScaleKind, Scales};
+use crate::tensor::{DeviceMirror, QuantizedMatrix, QuantizedTensor, ScaleKind, Scales};
 
 /// Both copies of a per-tensor cast with `scale` of `x` (the source on the device), and its amax.
 fn per_tensor(
@@ -88,6 +89,16 @@ fn mirrored(s: &Staged, host: QuantizedMatrix, codes: Lease<'_, u8>, scales: Upl
         scales,
     };
     host.with_mirror(mirror.into_tensor_mirror(s.device()))
+}
+
+/// A device copy of `q`, a matrix that stays (a frozen FP8 weight), booked under FP8 copies;
+/// `None` with `FP8_CUDA_MIRRORS=0` (its GEMMs then upload it each time).
+pub(crate) fn resident(k: &CudaKernels, q: &QuantizedMatrix) -> Result<Option<std::sync::Arc<DeviceMirror>>> {
+    if !super::switches::mirrors_enabled() {
+        return Ok(None);
+    }
+    let s = staged(k)?;
+    resident_mirror(s.device(), q, MemoryCategory::Fp8Copies).map(Some)
 }
 
 /// The amax of `x`, reduced on the device.
