@@ -63,18 +63,21 @@ impl<'a, T> Mat<'a, T> {
     }
 }
 
-impl<'a, T: Copy> Mat<'a, T> {
+impl<'a, T: Copy + Default + Send + Sync> Mat<'a, T> {
     /// The values row-major (K-major), as a backend that cannot read strides needs them:
-    /// borrowed when they already are, else a transposed copy.
+    /// borrowed when they already are, else a transposed copy (the CPU GEMM's cache-tiled
+    /// transpose, bands in parallel: the staged CUDA GEMM copies every transposed 16-bit operand
+    /// here, up to 64 Mi values for a wgrad of the layer, where an element-by-element
+    /// gather missed the cache on nearly every read).
     pub fn k_major(&self) -> Cow<'a, [T]> {
         if !self.transposed || self.rows <= 1 || self.cols <= 1 {
             return Cow::Borrowed(self.data);
         }
-        let (rows, cols) = (self.rows, self.cols);
-        let mut out = Vec::with_capacity(self.data.len());
-        for r in 0..rows {
-            out.extend((0..cols).map(|c| self.data[c * rows + r]));
-        }
+        // `data` is the stored transpose, `[cols, rows]` row-major.
+        let mut out = vec![T::default(); self.data.len()];
+        super::cpu::transpose_tiles(self.data, self.cols, self.rows, &mut out, |dst, column| {
+            dst.copy_from_slice(column)
+        });
         Cow::Owned(out)
     }
 }
@@ -370,4 +373,33 @@ pub fn plan(a: &Operand, b: &Operand, out: &Output, params: &GemmParams) -> Resu
         crate::convert::check_scale(*scale)?;
     }
     Ok(GemmPlan { m, n, k, scales })
+}
+
+#[cfg(test)]
+mod tests {
+    use half::bf16;
+
+    use super::*;
+
+    #[test]
+    fn k_major_copies_of_transposed_views_match_the_definition() {
+        // Ragged tiles, single rows/columns (borrowed as they are), one tile, a parallel size.
+        for (rows, cols) in [(1, 9), (9, 1), (33, 65), (32, 32), (100, 37), (300, 260)] {
+            // The stored transpose `[cols, rows]`: element (r, c) of the view at `c * rows + r`.
+            let stored: Vec<f32> = (0..rows * cols).map(|i| (i as f32 * 0.37).sin() * 1e3).collect();
+            let want: Vec<f32> = (0..rows * cols).map(|i| stored[(i % cols) * rows + i / cols]).collect();
+            let view = Mat::transposed(&stored, rows, cols).unwrap();
+            assert_eq!(view.k_major().as_ref(), &want[..], "f32 {rows}x{cols}");
+            let stored16: Vec<bf16> = stored.iter().map(|&x| bf16::from_f32(x)).collect();
+            let want16: Vec<bf16> = want.iter().map(|&x| bf16::from_f32(x)).collect();
+            let view16 = Mat::transposed(&stored16, rows, cols).unwrap();
+            assert_eq!(view16.k_major().as_ref(), &want16[..], "bf16 {rows}x{cols}");
+        }
+        let plain = [1.0f32, 2.0, 3.0, 4.0];
+        let m = Mat::new(&plain, 2, 2).unwrap();
+        assert!(
+            matches!(m.k_major(), Cow::Borrowed(_)),
+            "a K-major matrix is not copied"
+        );
+    }
 }

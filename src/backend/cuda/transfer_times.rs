@@ -1,6 +1,8 @@
 //! Where the staged CUDA ops spend their time: wall time and bytes of host -> device copies,
 //! device -> host copies, device allocations, and the waits for the GPU before a download
-//! (the kernels' own time, as the host sees it). Off unless switched on (with
+//! (the kernels' own time, as the host sees it); and the operand bytes that device copies saved
+//! uploading. A copy from pageable host memory may itself wait for earlier kernels, so an upload
+//! right after a launch can count some kernel time as copy time. Off unless switched on (with
 //! `op_times`, for `fp8 bench layer --breakdown`); off, a copy pays one thread-local flag read.
 //!
 //! While on, a download first waits for the stream on its own, so that the wait (queued
@@ -19,16 +21,20 @@ pub enum Transfer {
     DeviceToHost,
     /// Waiting for the queued kernels before a download.
     WaitForGpu,
-    /// Device allocations that missed the staging pool (zeroed: their memset included).
+    /// Device allocations that missed the staging pool (zeroed: their memset included; a
+    /// stream-ordered allocation is timed as queued).
     Allocation,
+    /// GEMM operands read from a device copy instead of uploaded (bytes saved; no time).
+    SavedUpload,
 }
 
 impl Transfer {
-    pub const ALL: [Transfer; 4] = [
+    pub const ALL: [Transfer; 5] = [
         Transfer::HostToDevice,
         Transfer::DeviceToHost,
         Transfer::WaitForGpu,
         Transfer::Allocation,
+        Transfer::SavedUpload,
     ];
 
     fn index(self) -> usize {
@@ -42,6 +48,7 @@ impl Transfer {
             Transfer::DeviceToHost => "device -> host copies",
             Transfer::WaitForGpu => "waits for the GPU (kernels)",
             Transfer::Allocation => "device allocations",
+            Transfer::SavedUpload => "uploads saved (device copies)",
         }
     }
 }
@@ -55,11 +62,11 @@ pub struct TransferTime {
 }
 
 /// What one thread recorded, by kind ([`Transfer::ALL`] order).
-pub type TransferTimes = [TransferTime; 4];
+pub type TransferTimes = [TransferTime; 5];
 
 thread_local! {
     static ENABLED: Cell<bool> = const { Cell::new(false) };
-    static TIMES: Cell<TransferTimes> = const { Cell::new([TransferTime { total: Duration::ZERO, bytes: 0, calls: 0 }; 4]) };
+    static TIMES: Cell<TransferTimes> = const { Cell::new([TransferTime { total: Duration::ZERO, bytes: 0, calls: 0 }; 5]) };
 }
 
 /// Starts (`true`) or stops recording this thread's staged copies.
@@ -76,6 +83,12 @@ pub(crate) fn enabled() -> bool {
 /// What this thread recorded since the last call; clears it.
 pub fn take() -> TransferTimes {
     TIMES.take()
+}
+
+/// Counts `bytes` of a GEMM operand read from its device copy instead of uploaded.
+#[inline]
+pub(crate) fn saved_upload(bytes: usize) {
+    timed(Transfer::SavedUpload, bytes, || ());
 }
 
 /// Runs `f` (moving `bytes`), adding its wall time to `kind` when recording is on.
@@ -112,7 +125,7 @@ mod tests {
         enable(false);
         let t = take();
         assert_eq!((t[0].bytes, t[0].calls), (128, 2));
-        assert_eq!((t[1].calls, t[3].calls), (0, 0));
+        assert_eq!((t[1].calls, t[3].calls, t[4].calls), (0, 0, 0));
         assert!(t[2].total >= Duration::from_millis(2) && t[2].calls == 1);
         assert_eq!(take(), TransferTimes::default(), "taken: cleared");
         assert!(Transfer::ALL.iter().enumerate().all(|(i, k)| k.index() == i));

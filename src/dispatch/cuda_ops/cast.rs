@@ -94,10 +94,11 @@ fn mirrored(s: &Staged, host: QuantizedMatrix, codes: Lease<'_, u8>, scales: Upl
 /// A device copy of `q`, a matrix that stays (a frozen FP8 weight), booked under FP8 copies;
 /// `None` with `FP8_CUDA_MIRRORS=0` (its GEMMs then upload it each time).
 pub(crate) fn resident(k: &CudaKernels, q: &QuantizedMatrix) -> Result<Option<std::sync::Arc<DeviceMirror>>> {
+    // The device first: a model cannot move to a GPU that is not there, copies or not.
+    let s = staged(k)?;
     if !super::switches::mirrors_enabled() {
         return Ok(None);
     }
-    let s = staged(k)?;
     resident_mirror(s.device(), q, MemoryCategory::Fp8Copies).map(Some)
 }
 

@@ -46,12 +46,12 @@ pub(super) fn transpose_into(src: &[f32], rows: usize, cols: usize, dst: &mut [f
 /// stores one column of the tile (`column[i] = src[(r0 + i) * cols + c]`) into the segment
 /// `d = dst[c * rows + r0..][..column.len()]` of the `[cols, rows]` transpose. Both slices hold
 /// `rows * cols` values (checked by the callers).
-pub(crate) fn transpose_tiles<T: Send>(
-    src: &[f32],
+pub(crate) fn transpose_tiles<S: Copy + Default + Sync, T: Send>(
+    src: &[S],
     rows: usize,
     cols: usize,
     dst: &mut [T],
-    write: impl Fn(&mut [T], &[f32]) + Sync,
+    write: impl Fn(&mut [T], &[S]) + Sync,
 ) {
     debug_assert!(src.len() == rows * cols && dst.len() == rows * cols);
     if rows == 0 || cols == 0 {
@@ -61,7 +61,7 @@ pub(crate) fn transpose_tiles<T: Send>(
     let band = |(b, dst): (usize, &mut [T])| {
         let c0 = b * TILE;
         let width = TILE.min(cols - c0);
-        let mut tile = [[0.0f32; TILE]; TILE];
+        let mut tile = [[S::default(); TILE]; TILE];
         for r0 in (0..rows).step_by(TILE) {
             let height = TILE.min(rows - r0);
             for (r, row) in src[r0 * cols..(r0 + height) * cols].chunks_exact(cols).enumerate() {
