@@ -407,22 +407,8 @@ impl Module for LlamaModel {
     }
 
     fn to_device(&mut self, device: DeviceKind) -> Result<()> {
-        // All or nothing: a module that cannot move (a frozen FP8 base that does not fit the
-        // GPU) sends the ones already moved back, so the model stays usable where it was (as
-        // after any `to_device`, shadow mode is off). Back to the CPU cannot fail; back to
-        // another GPU re-uploads frozen FP8 copies and could, which is said.
         let from = self.backend.device();
-        let moved = self.move_modules(device);
-        if let Err(err) = &moved
-            && from != device
-            && let Err(back) = self.move_modules(from)
-        {
-            eprintln!(
-                "fp8-engine: warning: the model could not move to {device} ({err}) nor back to {from} ({back}): \
-                 its modules are split across devices; move it again before using it"
-            );
-        }
-        moved
+        super::device_move::all_or_nothing(from, device, |d| self.move_modules(d))
     }
 
     fn check_against_cpu(&mut self, on: bool) {

@@ -8,6 +8,7 @@
 
 mod config;
 mod decoder;
+mod device_move;
 mod fp8_base;
 mod frozen_width;
 mod generate;
