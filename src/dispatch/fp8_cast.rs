@@ -372,19 +372,9 @@ pub(crate) fn uncast_stats(name: String, values: &[f32], format: Fp8Format, amax
     counts.finish(name, format, amax, scale, values.len())
 }
 
-/// Bytes of one quantized copy: codes plus scales.
-pub(crate) fn matrix_bytes(m: &QuantizedMatrix) -> usize {
-    m.data().len()
-        + match m.scales() {
-            Scales::PerTensor(_) => 4,
-            Scales::Block1x128(s) | Scales::Block128x128(s) => 4 * s.len(),
-            Scales::Mxfp8(e) => e.len(),
-        }
-}
-
 /// Bytes of a quantized tensor: both copies.
 pub(crate) fn tensor_bytes(tensor: &QuantizedTensor) -> usize {
-    matrix_bytes(tensor.rowwise()) + tensor.columnwise().map_or(0, matrix_bytes)
+    tensor.rowwise().bytes() + tensor.columnwise().map_or(0, QuantizedMatrix::bytes)
 }
 
 #[cfg(test)]

@@ -180,10 +180,7 @@ impl FrozenFp8Weight {
 
     /// Bytes held: one per value plus 4 per scale.
     pub fn bytes(&self) -> usize {
-        self.segments
-            .iter()
-            .map(|s| s.data().len() + 4 * s.scales().len())
-            .sum()
+        self.segments.iter().map(QuantizedMatrix::bytes).sum()
     }
 
     /// Keeps a device copy of every segment on `backend`'s GPU (made once, kept while the
@@ -200,13 +197,13 @@ impl FrozenFp8Weight {
         Ok(())
     }
 
-    /// Bytes of the segments held in device memory as well ([`Self::hold_on`]): one per value plus
-    /// 4 per scale, as [`Self::bytes`].
+    /// Bytes of the segments held in device memory as well ([`Self::hold_on`]), counted as
+    /// [`Self::bytes`].
     pub fn device_bytes(&self) -> usize {
         self.segments
             .iter()
             .filter(|s| s.mirror().is_some())
-            .map(|s| s.data().len() + 4 * s.scales().len())
+            .map(QuantizedMatrix::bytes)
             .sum()
     }
 

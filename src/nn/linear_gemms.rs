@@ -585,7 +585,7 @@ impl LinearGemms {
         match &self.saved {
             None => 0,
             Some((_, SavedInput::Plain(m))) => m.bytes(),
-            Some((_, SavedInput::Fp8(_, q))) => fp8_cast::matrix_bytes(q),
+            Some((_, SavedInput::Fp8(_, q))) => q.bytes(),
         }
     }
 

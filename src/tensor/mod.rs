@@ -141,6 +141,16 @@ impl QuantizedMatrix {
         self.mirror = mirror;
     }
 
+    /// Bytes held: one per code plus the scales (4 per f32 scale, 1 per E8M0 exponent).
+    pub fn bytes(&self) -> usize {
+        self.data().len()
+            + match &self.scales {
+                Scales::PerTensor(_) => 4,
+                Scales::Block1x128(s) | Scales::Block128x128(s) => 4 * s.len(),
+                Scales::Mxfp8(e) => e.len(),
+            }
+    }
+
     /// The FP8 codes, row-major.
     pub fn data(&self) -> &[u8] {
         match &self.data {

@@ -282,7 +282,7 @@ impl HostUpload {
         if let Operand::Fp8(format, q) = op
             && let Some(mirror) = mirror_on(device, q)
         {
-            super::transfer_times::saved_upload(q.data().len() + 4 * q.scales().len());
+            super::transfer_times::saved_upload(q.bytes());
             return Ok(HostUpload::Mirrored {
                 format: *format,
                 mirror,
