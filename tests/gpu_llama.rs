@@ -219,26 +219,21 @@ fn finetune_case(gpu: DeviceKind, name: &str, scaling: BaseScaling, config: &HfC
     let mut losses = Vec::new();
     let mut saved = 0u64;
     for (i, model) in [&mut on_gpu, &mut cpu].into_iter().enumerate() {
-        // On the GPU, count the operand bytes its GEMMs read from device copies.
+        // On the GPU, count the operand bytes its GEMMs read from the held weights' device copies.
         op_times::enable(i == 0);
         op_times::take_transfers();
         let loss = model.forward_loss(&inputs, &targets, BATCH, SEQ);
         let parts = op_times::take_transfers();
         op_times::enable(false);
         let loss = loss.map_err(|e| format!("forward: {e}"))?;
-        saved += Transfer::ALL
-            .iter()
-            .zip(parts)
-            .filter(|(k, _)| **k == Transfer::SavedUpload)
-            .map(|(_, t)| t.bytes)
-            .sum::<u64>();
+        saved += parts[Transfer::SavedByHeldWeights.index()].bytes;
         model.backward(1.0).map_err(|e| format!("backward: {e}"))?;
         losses.push(loss);
     }
     // Every frozen segment is read once by its forward GEMM: from the device copy.
     if !mirrors_off && saved < frozen as u64 {
         return Err(format!(
-            "the forward read {saved} operand bytes from device copies, less than the {frozen} frozen FP8 bytes"
+            "the forward read {saved} bytes of held weights from their device copies, less than the {frozen} frozen FP8 bytes"
         ));
     }
     // Both devices hold the same codes: the loss differs only by GEMM order and the activation
@@ -278,7 +273,7 @@ fn finetune_case(gpu: DeviceKind, name: &str, scaling: BaseScaling, config: &HfC
         format!("{on_device} of {frozen} frozen FP8 bytes on the device"),
         format!("loss err/bound={loss_ratio:.3e}"),
         format!("{} grads ({adapters} of adapters) err/bound={worst:.3e}", g.len()),
-        format!("{saved} operand bytes read from device copies"),
+        format!("{saved} bytes of held weights read from their device copies"),
     ])
 }
 

@@ -62,6 +62,11 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
         self.slice.is_empty()
     }
 
+    /// The ledger category it is booked under.
+    pub(crate) fn category(&self) -> MemoryCategory {
+        self.category
+    }
+
     /// The underlying cudarc slice.
     pub fn slice(&self) -> &CudaSlice<T> {
         &self.slice

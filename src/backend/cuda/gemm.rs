@@ -282,7 +282,10 @@ impl HostUpload {
         if let Operand::Fp8(format, q) = op
             && let Some(mirror) = mirror_on(device, q)
         {
-            super::transfer_times::saved_upload(q.bytes());
+            // Held weights' copies are booked under FP8 copies (`resident_mirror`), casts' under
+            // workspace.
+            let held = fp8_mirror(&mirror).is_some_and(|m| m.codes.category() == MemoryCategory::Fp8Copies);
+            super::transfer_times::saved_upload(q.bytes(), held);
             return Ok(HostUpload::Mirrored {
                 format: *format,
                 mirror,

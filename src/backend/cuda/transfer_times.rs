@@ -24,21 +24,32 @@ pub enum Transfer {
     /// Device allocations that missed the staging pool (zeroed: their memset included; a
     /// stream-ordered allocation is timed as queued).
     Allocation,
-    /// GEMM operands read from a device copy instead of uploaded (bytes saved; no time).
-    SavedUpload,
+    /// GEMM operands read from the device copy a cast left instead of uploaded (bytes saved;
+    /// no time).
+    SavedByCastCopies,
+    /// GEMM operands read from the device copy of a weight held there (a frozen FP8 base)
+    /// instead of uploaded (bytes saved; no time).
+    SavedByHeldWeights,
 }
 
 impl Transfer {
-    pub const ALL: [Transfer; 5] = [
+    pub const ALL: [Transfer; 6] = [
         Transfer::HostToDevice,
         Transfer::DeviceToHost,
         Transfer::WaitForGpu,
         Transfer::Allocation,
-        Transfer::SavedUpload,
+        Transfer::SavedByCastCopies,
+        Transfer::SavedByHeldWeights,
     ];
 
-    fn index(self) -> usize {
+    /// Its place in [`TransferTimes`].
+    pub fn index(self) -> usize {
         self as usize
+    }
+
+    /// Whether it counts uploads saved (bytes only), not time spent.
+    pub fn is_saving(self) -> bool {
+        matches!(self, Transfer::SavedByCastCopies | Transfer::SavedByHeldWeights)
     }
 
     /// Its label in the breakdown table.
@@ -48,7 +59,8 @@ impl Transfer {
             Transfer::DeviceToHost => "device -> host copies",
             Transfer::WaitForGpu => "waits for the GPU (kernels)",
             Transfer::Allocation => "device allocations",
-            Transfer::SavedUpload => "uploads saved (device copies)",
+            Transfer::SavedByCastCopies => "uploads saved (cast copies)",
+            Transfer::SavedByHeldWeights => "uploads saved (held weights)",
         }
     }
 }
@@ -62,11 +74,11 @@ pub struct TransferTime {
 }
 
 /// What one thread recorded, by kind ([`Transfer::ALL`] order).
-pub type TransferTimes = [TransferTime; 5];
+pub type TransferTimes = [TransferTime; Transfer::ALL.len()];
 
 thread_local! {
     static ENABLED: Cell<bool> = const { Cell::new(false) };
-    static TIMES: Cell<TransferTimes> = const { Cell::new([TransferTime { total: Duration::ZERO, bytes: 0, calls: 0 }; 5]) };
+    static TIMES: Cell<TransferTimes> = const { Cell::new([TransferTime { total: Duration::ZERO, bytes: 0, calls: 0 }; Transfer::ALL.len()]) };
 }
 
 /// Starts (`true`) or stops recording this thread's staged copies.
@@ -85,10 +97,15 @@ pub fn take() -> TransferTimes {
     TIMES.take()
 }
 
-/// Counts `bytes` of a GEMM operand read from its device copy instead of uploaded.
+/// Counts `bytes` of a GEMM operand read from its device copy instead of uploaded, a held
+/// weight's (`held`) or a cast's.
 #[inline]
-pub(crate) fn saved_upload(bytes: usize) {
-    timed(Transfer::SavedUpload, bytes, || ());
+pub(crate) fn saved_upload(bytes: usize, held: bool) {
+    let kind = match held {
+        true => Transfer::SavedByHeldWeights,
+        false => Transfer::SavedByCastCopies,
+    };
+    timed(kind, bytes, || ());
 }
 
 /// Runs `f` (moving `bytes`), adding its wall time to `kind` when recording is on.
@@ -125,7 +142,7 @@ mod tests {
         enable(false);
         let t = take();
         assert_eq!((t[0].bytes, t[0].calls), (128, 2));
-        assert_eq!((t[1].calls, t[3].calls, t[4].calls), (0, 0, 0));
+        assert_eq!((t[1].calls, t[3].calls, t[4].calls, t[5].calls), (0, 0, 0, 0));
         assert!(t[2].total >= Duration::from_millis(2) && t[2].calls == 1);
         assert_eq!(take(), TransferTimes::default(), "taken: cleared");
         assert!(Transfer::ALL.iter().enumerate().all(|(i, k)| k.index() == i));

@@ -144,7 +144,7 @@ impl Breakdown {
             "part", "ms", "GB/s", "share", "calls"
         );
         for &(kind, ms, bytes, calls) in &self.transfers {
-            if kind == Transfer::SavedUpload {
+            if kind.is_saving() {
                 // Not time: bytes a device copy saved uploading.
                 println!("{:<32} {:>10} {:>10.3} GB {calls:>8.0}", kind.label(), "-", bytes / 1e9);
                 continue;
