@@ -289,12 +289,11 @@ impl Linear {
     }
 
     /// Replaces the weight with frozen FP8 codes of the same shape (the f32 values, if any, are dropped).
-    pub fn install_frozen_fp8(&mut self, weight: FrozenFp8Weight) -> Result<()> {
+    pub fn install_frozen_fp8(&mut self, mut weight: FrozenFp8Weight) -> Result<()> {
         if weight.out_features() != self.out_features {
             let rows: Vec<usize> = weight.segments().iter().map(|s| s.rows()).collect();
             return Err(self.segments_error(&rows));
         }
-        let mut weight = weight;
         // On a GPU the codes stay there (a weight installed after `to_device` too).
         weight.hold_on(self.gemms.backend())?;
         self.weight.release();
@@ -349,14 +348,13 @@ impl Module for Linear {
     }
 
     fn to_device(&mut self, device: DeviceKind) -> Result<()> {
+        let backend = Backend::on(device);
         if let Some(w) = &mut self.frozen_fp8 {
             // First, so a GPU out of memory leaves the linear where it was.
-            w.hold_on(&Backend::on(device))?;
+            w.hold_on(&backend)?;
         }
-        self.gemms.set_backend(Backend::on(device));
-        self.adapters
-            .iter_mut()
-            .for_each(|a| a.set_backend(Backend::on(device)));
+        self.adapters.iter_mut().for_each(|a| a.set_backend(backend.clone()));
+        self.gemms.set_backend(backend);
         Ok(())
     }
 
