@@ -222,7 +222,7 @@ local sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --secti
     --section WarpStateStats --section LaunchStats --section Occupancy)
 gpu_step step_out profile_gemm 90 profile-gemm.txt env FP8_GEMM_PATH=hopper "$ncu" --clock-control none \
     -k regex:fp8_gemm_wgmma_n256 --launch-skip 2 --launch-count 1 "${sections[@]}" \
-    ./fp8 bench gemm --backend cuda --m 8192 --n 8192 --k 8192 --repeat 1
+    ./fp8 bench gemm --backend cuda --m 8192 --n 8192 --k 8192 --repeat 3
 gpu_step step_out profile_cast 60 profile-cast.txt "$ncu" --clock-control none \
     -k regex:fp8_cast_transpose_amax --launch-skip 2 --launch-count 1 "${sections[@]}" \
     ./fp8 bench cast --device cuda
@@ -273,7 +273,7 @@ case $part in
     layers) part_layers_checks; part_layers_bench ;;
     train) part_train ;;
     profile) part_profile ;;
-    all) part_kernels; part_benches; part_layers_checks; part_train; part_profile; part_layers_bench ;; # the long layer bench last
+    all) part_kernels; part_benches; part_layers_checks; part_train; part_layers_bench; part_profile ;; # the long layer bench before the optional profiles
 esac
 
 say "result: $([[ $status == 0 ]] && echo "no failures" || echo FAILURES)"

@@ -91,10 +91,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    println!(
-        "gpu_ops: on {:?} (kernels never run on a GPU before this build's first run)",
-        gpu.info()
-    );
+    println!("gpu_ops: on {:?}", gpu.info());
     let mut ctx = Ctx {
         gpu,
         rng: StdRng::seed_from_u64(0x0095_0B5E),
