@@ -2,6 +2,7 @@
 //! AdamW launch over every parameter against `ops::adamw_update` per parameter.
 
 use fp8_engine::backend::cuda::arena::ArenaLayout;
+use fp8_engine::backend::cuda::staging::STAGING_CHUNK_BYTES;
 use fp8_engine::device::MemoryCategory;
 use fp8_engine::nn::{Module, Parameter};
 use fp8_engine::ops::{self, AdamWStep};
@@ -14,6 +15,10 @@ use crate::{Check, Ctx, cpu, gpu, worst};
 pub fn run(ctx: &mut Ctx, results: &mut Vec<(String, Check)>) {
     results.push(("arenas: ledger and one AdamW launch".into(), arenas(ctx)));
     results.push(("arenas: ranged copies in and out".into(), ranged_copies(ctx)));
+    results.push((
+        "arenas: copies through the pinned staging, across its chunks".into(),
+        staged_copies(ctx),
+    ));
     results.push((
         "arenas: AdamW on CUDA keeps its moments on the device".into(),
         optimizer(ctx),
@@ -33,6 +38,40 @@ fn ranged_copies(ctx: &mut Ctx) -> Check {
         return Err("a range past the buffer was accepted".into());
     }
     exact("read_at", &back, &expected)
+}
+
+/// Uploads and downloads of lengths around the staging's chunk (one chunk, one more or less,
+/// two and a half: both pinned halves, each reused) come back bit for bit, for 4- and 2-byte
+/// values; a ranged write and read at an odd offset straddling a chunk boundary too.
+fn staged_copies(ctx: &mut Ctx) -> Check {
+    let chunk = STAGING_CHUNK_BYTES / 4;
+    for len in [1, 3, chunk - 1, chunk, chunk + 1, 2 * chunk + chunk / 2] {
+        let values = ctx.values(len, 1.0);
+        let buffer = gpu(ctx.gpu.upload(&values, MemoryCategory::Workspace))?;
+        exact(
+            &format!("f32 x {len} round trip"),
+            &gpu(ctx.gpu.download(&buffer))?,
+            &values,
+        )?;
+        let halves: Vec<half::bf16> = values.iter().map(|&v| half::bf16::from_f32(v)).collect();
+        let buffer = gpu(ctx.gpu.upload(&halves, MemoryCategory::Workspace))?;
+        if gpu(ctx.gpu.download(&buffer))? != halves {
+            return Err(format!("bf16 x {len} round trip differs"));
+        }
+    }
+    let mut buffer = ctx.zeros::<f32>(3 * chunk)?;
+    let part = ctx.values(chunk + 7, 1.0);
+    let offset = chunk / 2 + 1;
+    gpu(ctx.gpu.write_at(&part, &mut buffer, offset))?;
+    let mut back = vec![0.0f32; part.len()];
+    gpu(ctx.gpu.read_at(&buffer, offset, &mut back))?;
+    exact("staged write_at/read_at", &back, &part)?;
+    let whole = gpu(ctx.gpu.download(&buffer))?;
+    let untouched = whole[..offset].iter().chain(&whole[offset + part.len()..]);
+    if untouched.into_iter().any(|&v| v != 0.0) {
+        return Err("a staged ranged write touched values outside its range".into());
+    }
+    Ok(0.0)
 }
 
 /// Parameters of mixed shapes for the optimizer check.

@@ -1,11 +1,14 @@
 //! Device buffers that keep the device's memory ledger up to date.
 
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits, result};
 
 use super::context::CudaDevice;
 use super::error::CudaResultExt;
+use super::staging::pinned_enabled;
 use super::transfer_times::{self, Transfer, timed};
 use crate::error::{Error, Result};
 use crate::memory::{MemoryCategory, MemoryLedger};
@@ -109,10 +112,14 @@ impl CudaDevice {
 
     /// A copy of `host` on the device, in `category`.
     pub fn upload<T: DeviceRepr>(&self, host: &[T], category: MemoryCategory) -> Result<DeviceBuffer<T>> {
-        let slice = timed(Transfer::HostToDevice, size_of_val(host), || {
-            self.stream().clone_htod(host)
-        })
-        .call("cuMemcpyHtoD")?;
+        let slice = timed(Transfer::HostToDevice, size_of_val(host), || -> Result<CudaSlice<T>> {
+            // SAFETY: every element is written below, in stream order before any use.
+            let mut slice = unsafe { self.stream().alloc::<T>(host.len()) }.call("cuMemAlloc")?;
+            let (dst, sync) = slice.device_ptr_mut(self.stream());
+            self.copy_to_device(host, dst)?;
+            drop(sync);
+            Ok(slice)
+        })?;
         Ok(DeviceBuffer::track(slice, category, self.ledger()))
     }
 
@@ -123,57 +130,90 @@ impl CudaDevice {
 
     /// Overwrites `buffer` with `host` (same length).
     pub fn write<T: DeviceRepr>(&self, host: &[T], buffer: &mut DeviceBuffer<T>) -> Result<()> {
-        timed(Transfer::HostToDevice, size_of_val(host), || {
-            self.stream().memcpy_htod(host, &mut buffer.slice)
-        })
-        .call("cuMemcpyHtoD")
+        self.write_at(host, buffer, 0)
     }
 
     /// Overwrites `buffer[offset..offset + host.len()]` with `host` (a range past the buffer is
     /// an error, nothing copied).
     pub fn write_at<T: DeviceRepr>(&self, host: &[T], buffer: &mut DeviceBuffer<T>, offset: usize) -> Result<()> {
         let len = buffer.len();
-        let mut view = offset
-            .checked_add(host.len())
-            .and_then(|end| buffer.slice.try_slice_mut(offset..end))
-            .ok_or(Error::LengthMismatch {
+        if offset.checked_add(host.len()).is_none_or(|end| end > len) {
+            return Err(Error::LengthMismatch {
                 what: "device write past the buffer",
                 src: offset.saturating_add(host.len()),
                 dst: len,
-            })?;
+            });
+        }
+        let start = buffer.address_mut(self) + (offset * size_of::<T>()) as u64;
         timed(Transfer::HostToDevice, size_of_val(host), || {
-            self.stream().memcpy_htod(host, &mut view)
+            self.copy_to_device(host, start)
         })
-        .call("cuMemcpyHtoD")
     }
 
     /// Copies `buffer[offset..offset + host.len()]` into `host` (waits for the stream and reports
     /// a kernel error flag, as [`CudaDevice::download`]; a range past the buffer is an error).
     pub fn read_at<T: DeviceRepr>(&self, buffer: &DeviceBuffer<T>, offset: usize, host: &mut [T]) -> Result<()> {
-        let view = offset
-            .checked_add(host.len())
-            .and_then(|end| buffer.slice.try_slice(offset..end))
-            .ok_or(Error::LengthMismatch {
+        if offset.checked_add(host.len()).is_none_or(|end| end > buffer.len()) {
+            return Err(Error::LengthMismatch {
                 what: "device read past the buffer",
                 src: offset.saturating_add(host.len()),
                 dst: buffer.len(),
-            })?;
+            });
+        }
+        let start = buffer.address(self) + (offset * size_of::<T>()) as u64;
         self.wait_when_timed()?;
-        let bytes = size_of_val(host);
-        timed(Transfer::DeviceToHost, bytes, || self.stream().memcpy_dtoh(&view, host)).call("cuMemcpyDtoH")?;
+        // SAFETY: `T` and `MaybeUninit<T>` have one layout; only whole values are written.
+        let dst = unsafe { std::slice::from_raw_parts_mut(host.as_mut_ptr().cast::<MaybeUninit<T>>(), host.len()) };
+        timed(Transfer::DeviceToHost, size_of_val(dst), || {
+            self.copy_to_host(start, dst)
+        })?;
         self.synchronize()
     }
 
     /// The buffer's contents (waits for the stream; reports a kernel error flag as [`CudaDevice::synchronize`]).
     pub fn download<T: DeviceRepr>(&self, buffer: &DeviceBuffer<T>) -> Result<Vec<T>> {
         self.wait_when_timed()?;
-        let bytes = buffer.len() * size_of::<T>();
-        let data = timed(Transfer::DeviceToHost, bytes, || {
-            self.stream().clone_dtoh(&buffer.slice)
-        })
-        .call("cuMemcpyDtoH")?;
+        let len = buffer.len();
+        let mut data = Vec::<T>::with_capacity(len);
+        let start = buffer.address(self);
+        timed(Transfer::DeviceToHost, len * size_of::<T>(), || {
+            self.copy_to_host(start, &mut data.spare_capacity_mut()[..len])
+        })?;
+        // SAFETY: `copy_to_host` wrote all `len` values (a `DeviceRepr` is plain data).
+        unsafe { data.set_len(len) };
         self.check_kernel_errors()?;
         Ok(data)
+    }
+
+    /// Copies `host` to device address `dst` in stream order: through the pinned staging
+    /// ([`super::staging`]), or from pageable memory with `FP8_CUDA_PINNED=0`.
+    fn copy_to_device<T: DeviceRepr>(&self, host: &[T], dst: CUdeviceptr) -> Result<()> {
+        self.context().bind_to_thread().call("cuCtxSetCurrent")?;
+        if !pinned_enabled() {
+            // SAFETY: `dst` holds `host.len()` values (checked by the callers); a pageable source
+            // is staged by the driver before the call returns.
+            return unsafe { result::memcpy_htod_async(dst, host, self.stream().cu_stream()) }
+                .call("cuMemcpyHtoDAsync");
+        }
+        // SAFETY: a `DeviceRepr` is plain data; its bytes are read as bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(host.as_ptr().cast::<u8>(), size_of_val(host)) };
+        self.with_staging(|staging| staging.upload(self.stream(), bytes, dst))
+    }
+
+    /// Copies `host.len()` values from device address `src` into `host` in stream order,
+    /// returning once they are there (pinned staging, or pageable with `FP8_CUDA_PINNED=0`).
+    fn copy_to_host<T: DeviceRepr>(&self, src: CUdeviceptr, host: &mut [MaybeUninit<T>]) -> Result<()> {
+        self.context().bind_to_thread().call("cuCtxSetCurrent")?;
+        if !pinned_enabled() {
+            // SAFETY: `src` holds `host.len()` values; a copy to pageable memory has completed
+            // when the call returns.
+            return unsafe { result::memcpy_dtoh_async(host, src, self.stream().cu_stream()) }
+                .call("cuMemcpyDtoHAsync");
+        }
+        let len = size_of_val(host);
+        // SAFETY: as bytes, the same memory; only whole values' bytes are written.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(host.as_mut_ptr().cast::<MaybeUninit<u8>>(), len) };
+        self.with_staging(|staging| staging.download(self.stream(), src, bytes))
     }
 
     /// While transfers are timed, waits for the stream before a download, so that the wait

@@ -9,6 +9,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStrea
 use cudarc::nvrtc::Ptx;
 
 use super::error::{CudaResultExt, describe_error_flag};
+use super::staging::Staging;
 use crate::backend::kernels;
 use crate::error::{Error, Result};
 use crate::memory::MemoryLedger;
@@ -116,6 +117,8 @@ pub struct CudaDevice {
     /// The u32 the production GEMM launches write their error codes to
     /// (allocated on first use), checked by [`CudaDevice::check_kernel_errors`].
     kernel_flag: Box<KernelFlag>,
+    /// The pinned host buffers copies go through (pinned on the first copy).
+    staging: Mutex<Option<Box<Staging>>>,
 }
 
 /// The kernel error flag and the launches it was handed to.
@@ -189,6 +192,7 @@ impl CudaDevice {
             ledger: ledger_of(ordinal),
             modules: Mutex::new(HashMap::new()),
             kernel_flag: Box::default(),
+            staging: Mutex::new(None),
         })
     }
 
@@ -266,6 +270,16 @@ impl CudaDevice {
             kernel: "gemm (kernel error flag)",
             detail: what,
         })
+    }
+
+    /// Runs `copy` with this handle's pinned staging buffers, pinning them on first use (one copy
+    /// at a time per handle).
+    pub(crate) fn with_staging<R>(&self, copy: impl FnOnce(&mut Staging) -> Result<R>) -> Result<R> {
+        let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        if staging.is_none() {
+            *staging = Some(Box::new(Staging::new(&self.ctx)?));
+        }
+        copy(staging.as_mut().expect("pinned above"))
     }
 
     /// Kernel `function` of `cuda/<module>.cu`, loading the module from its fatbin on first use.

@@ -35,6 +35,7 @@ pub mod params;
 pub(crate) mod pool;
 pub mod quantize;
 pub mod rope;
+pub mod staging;
 pub mod transfer_times;
 
 pub use buffer::{DeviceBuffer, DeviceElement};
