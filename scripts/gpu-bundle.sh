@@ -256,9 +256,11 @@ step gpu_llama 180 ./gpu_llama
 gpu_step step_out bench_layer_small 30 bench-layer-small.txt ./fp8 bench layer --device cuda --runs 20 --hidden 64 --ffn 256 \
     --precision fp32,bf16,fp8-delayed --breakdown
 # tokens/s of the default model with the staged path's shortcuts on, then each one off
-# (docs/cuda-backend.md: device mirrors of FP8 casts, AdamW over device arenas).
+# (docs/cuda-backend.md: device mirrors of FP8 casts, AdamW over device arenas, pinned staging),
+# then on again: the first setting ran faster off than on in both 2026-11-27 runs, so the
+# second default line tells the order's effect from the setting's.
 gpu_step step_out bench_train_shortcuts 120 bench-train-shortcuts.txt bash -c '
-for setting in "" FP8_CUDA_MIRRORS=0 FP8_CUDA_ARENAS=0; do
+for setting in "" FP8_CUDA_MIRRORS=0 FP8_CUDA_ARENAS=0 FP8_CUDA_PINNED=0 ""; do
     dir=$(mktemp -d)
     env $setting ./fp8 train --device cuda --steps 300 --compare fp32,fp8-delayed --quiet --out "$dir" \
         > "$dir/log" 2>&1 || { echo "${setting:-default}: failed"; tail -n 3 "$dir/log"; exit 1; }

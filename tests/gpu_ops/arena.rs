@@ -2,7 +2,7 @@
 //! AdamW launch over every parameter against `ops::adamw_update` per parameter.
 
 use fp8_engine::backend::cuda::arena::ArenaLayout;
-use fp8_engine::backend::cuda::staging::STAGING_CHUNK_BYTES;
+use fp8_engine::backend::cuda::staging::{PINNED_MIN_BYTES, STAGING_CHUNK_BYTES};
 use fp8_engine::device::MemoryCategory;
 use fp8_engine::nn::{Module, Parameter};
 use fp8_engine::ops::{self, AdamWStep};
@@ -41,11 +41,21 @@ fn ranged_copies(ctx: &mut Ctx) -> Check {
 }
 
 /// Uploads and downloads of lengths around the staging's chunk (one chunk, one more or less,
-/// two and a half: both pinned halves, each reused) come back bit for bit, for 4- and 2-byte
-/// values; a ranged write and read at an odd offset straddling a chunk boundary too.
+/// two and a half: both pinned halves, each reused) and around the size where staging starts
+/// come back bit for bit, for 4- and 2-byte values; a ranged write and read at an odd offset straddling a chunk boundary too.
 fn staged_copies(ctx: &mut Ctx) -> Check {
     let chunk = STAGING_CHUNK_BYTES / 4;
-    for len in [1, 3, chunk - 1, chunk, chunk + 1, 2 * chunk + chunk / 2] {
+    let first_staged = PINNED_MIN_BYTES / 4;
+    for len in [
+        1,
+        3,
+        first_staged - 1,
+        first_staged,
+        chunk - 1,
+        chunk,
+        chunk + 1,
+        2 * chunk + chunk / 2,
+    ] {
         let values = ctx.values(len, 1.0);
         let buffer = gpu(ctx.gpu.upload(&values, MemoryCategory::Workspace))?;
         exact(

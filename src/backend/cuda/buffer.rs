@@ -8,7 +8,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZero
 
 use super::context::CudaDevice;
 use super::error::CudaResultExt;
-use super::staging::pinned_enabled;
+use super::staging::staged;
 use super::transfer_times::{self, Transfer, timed};
 use crate::error::{Error, Result};
 use crate::memory::{MemoryCategory, MemoryLedger};
@@ -186,10 +186,10 @@ impl CudaDevice {
     }
 
     /// Copies `host` to device address `dst` in stream order: through the pinned staging
-    /// ([`super::staging`]), or from pageable memory with `FP8_CUDA_PINNED=0`.
+    /// ([`super::staging`]), or from pageable memory when small or with `FP8_CUDA_PINNED=0`.
     fn copy_to_device<T: DeviceRepr>(&self, host: &[T], dst: CUdeviceptr) -> Result<()> {
         self.context().bind_to_thread().call("cuCtxSetCurrent")?;
-        if !pinned_enabled() {
+        if !staged(size_of_val(host)) {
             // SAFETY: `dst` holds `host.len()` values (checked by the callers); a pageable source
             // is staged by the driver before the call returns.
             return unsafe { result::memcpy_htod_async(dst, host, self.stream().cu_stream()) }
@@ -201,10 +201,11 @@ impl CudaDevice {
     }
 
     /// Copies `host.len()` values from device address `src` into `host` in stream order,
-    /// returning once they are there (pinned staging, or pageable with `FP8_CUDA_PINNED=0`).
+    /// returning once they are there (pinned staging, or pageable when small or with
+    /// `FP8_CUDA_PINNED=0`).
     fn copy_to_host<T: DeviceRepr>(&self, src: CUdeviceptr, host: &mut [MaybeUninit<T>]) -> Result<()> {
         self.context().bind_to_thread().call("cuCtxSetCurrent")?;
-        if !pinned_enabled() {
+        if !staged(size_of_val(host)) {
             // SAFETY: `src` holds `host.len()` values; a copy to pageable memory has completed
             // when the call returns.
             return unsafe { result::memcpy_dtoh_async(host, src, self.stream().cu_stream()) }
