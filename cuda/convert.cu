@@ -1,7 +1,8 @@
 // Dtype conversion (f32 values to f32/bf16/fp16 storage, optionally
-// transposed through shared memory), the residual add rounded to the dtype,
+// transposed through shared memory), the transpose of 16-bit values, the residual add rounded to the dtype,
 // and the column sum of a bias gradient. Twins: dispatch::plain::convert and
-// convert_transposed, ops::elementwise::residual_add and column_sum_accumulate;
+// convert_transposed, gemm::Mat::k_major (transpose_16), ops::elementwise::residual_add and
+// column_sum_accumulate;
 // every result is the same bits as the twin's.
 #include "ops_device.cuh"
 
@@ -53,6 +54,28 @@ template <typename T> __device__ void convert_transpose(const Fp8EltwiseParams& 
 CONVERT_KERNELS(f32, float)
 CONVERT_KERNELS(bf16, __nv_bfloat16)
 CONVERT_KERNELS(f16, __half)
+
+// dst [cols, rows] = src [rows, cols]^T for 16-bit values (bf16 or fp16 bits, moved as they
+// are): the staged GEMM's K-major copy of a transposed 16-bit operand, made here instead of on
+// the host. Tiles as convert_transpose; the tile holds 32-bit words (no bank conflicts).
+extern "C" __global__ void __launch_bounds__(THREADS) fp8_transpose_16(const Fp8EltwiseParams p) {
+    __shared__ uint32_t tile[TILE][TILE + 1];
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(p.a);
+    uint16_t* dst = reinterpret_cast<uint16_t*>(p.out);
+    const uint64_t rows = p.rows, cols = p.cols;
+    const uint64_t tile_cols = (cols + TILE - 1) / TILE;
+    const uint64_t r0 = (blockIdx.x / tile_cols) * TILE, c0 = (blockIdx.x % tile_cols) * TILE;
+    const int tx = threadIdx.x % TILE, ty = threadIdx.x / TILE;
+    for (int r = ty; r < TILE; r += THREADS / TILE) {
+        const uint64_t row = r0 + r, col = c0 + tx;
+        if (row < rows && col < cols) tile[r][tx] = src[row * cols + col];
+    }
+    __syncthreads();
+    for (int c = ty; c < TILE; c += THREADS / TILE) {
+        const uint64_t col = c0 + c, row = r0 + tx;
+        if (row < rows && col < cols) dst[col * rows + row] = (uint16_t)tile[tx][c];
+    }
+}
 
 // out = round_dtype(a + b) over rows * cols elements (rows = 1 for a flat tensor).
 extern "C" __global__ void __launch_bounds__(THREADS) fp8_residual_add(const Fp8EltwiseParams p) {

@@ -3,6 +3,7 @@
 use fp8_engine::backend::cuda::DeviceElement;
 use fp8_engine::backend::cuda::optim::{AdamWSegment, adamw_items, sum_squares_bound};
 use fp8_engine::device::MemoryCategory::Workspace;
+use fp8_engine::gemm::Mat;
 use fp8_engine::ops::{self, AdamWStep, Dtype};
 use half::{bf16, f16};
 use rand::Rng;
@@ -28,6 +29,8 @@ pub fn run(ctx: &mut Ctx, results: &mut Vec<(String, Check)>) {
                 convert::<f16>(ctx, r, c, transpose),
             ));
         }
+        results.push((format!("transpose_16 bf16 {r}x{c}"), transpose_16::<bf16>(ctx, r, c)));
+        results.push((format!("transpose_16 f16 {r}x{c}"), transpose_16::<f16>(ctx, r, c)));
         results.push((format!("column_sum {r}x{c}"), column_sum(ctx, r, c)));
         results.push((format!("gelu {r}x{c}"), gelu(ctx, r * c)));
         results.push((format!("swiglu {r}x{c}"), swiglu(ctx, r, c)));
@@ -66,6 +69,30 @@ fn convert<T: DeviceElement>(ctx: &mut Ctx, rows: usize, cols: usize, transpose:
     };
     let want: Vec<f32> = ordered.iter().map(|&v| T::from_f32(v).to_f32()).collect();
     exact("converted values", &got, &want)
+}
+
+/// Twin: `gemm::Mat::k_major` of the transposed view, the host copy the staged 16-bit GEMM
+/// made before: same bits, every destination element written (poisoned first).
+fn transpose_16<T: DeviceElement + Default + Send + Sync + PartialEq>(
+    ctx: &mut Ctx,
+    rows: usize,
+    cols: usize,
+) -> Check {
+    let x: Vec<T> = ctx.values(rows * cols, 100.0).into_iter().map(T::from_f32).collect();
+    let src = ctx.up(&x)?;
+    let poison = vec![T::from_f32(f32::NAN); rows * cols];
+    let mut dst = ctx.up(&poison)?;
+    gpu(ctx.gpu.transpose_16(&src, rows, cols, &mut dst))?;
+    let got = ctx.down(&dst)?;
+    // `x` is `[rows, cols]`: as an operand of `cols` rows and K = `rows`, read from its stored transpose.
+    let want = Mat::transposed(&x, cols, rows).map_err(|e| e.to_string())?.k_major();
+    let bits = |v: &[T]| -> Vec<u32> { v.iter().map(|t| t.to_f32().to_bits()).collect() };
+    let (got, want) = (bits(&got), bits(&want));
+    match got.iter().zip(&want).position(|(g, w)| g != w) {
+        _ if got.len() != want.len() => Err(format!("{} values, expected {}", got.len(), want.len())),
+        Some(i) => Err(format!("element {i}: gpu {:#010x}, host {:#010x}", got[i], want[i])),
+        None => Ok(0.0),
+    }
 }
 
 /// Twin: `ops::elementwise::residual_add`: same bits.

@@ -1,15 +1,18 @@
 //! Launchers of `cuda/convert.cu`: dtype conversion (optionally transposed),
-//! the residual add and the column sum. Each is the GPU twin of a CPU op with
+//! the transpose of 16-bit values (twin: `gemm::Mat::k_major`), the residual add and the
+//! column sum. Each is the GPU twin of a CPU op with
 //! the same bits: `dispatch::plain::convert` / `convert_transposed` (f32 values
 //! to bf16/fp16 storage, round to nearest even), `ops::elementwise::residual_add`
 //! and `ops::elementwise::column_sum_accumulate`.
+
+use cudarc::driver::DeviceRepr;
 
 use super::buffer::{DeviceBuffer, DeviceElement};
 use super::context::CudaDevice;
 use super::launch::{launch, tile_blocks};
 use super::op_args::{check_len, dtype_code, elements, stride_blocks};
 use super::params::Fp8EltwiseParams;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::tensor::Dtype;
 
 const MODULE: &str = "convert";
@@ -64,6 +67,39 @@ impl CudaDevice {
             let blocks = stride_blocks(self.info().multiprocessors, n);
             launch(self, MODULE, &format!("fp8_convert_{}", T::SUFFIX), blocks, params)
         }
+    }
+
+    /// `dst [cols, rows] = src [rows, cols]^T` for 16-bit values (bf16 or fp16), bits moved
+    /// as they are. Twin: `gemm::Mat::k_major` of the transposed view.
+    pub fn transpose_16<T: DeviceRepr>(
+        &self,
+        src: &DeviceBuffer<T>,
+        rows: usize,
+        cols: usize,
+        dst: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        const K: &str = "transpose_16";
+        if size_of::<T>() != 2 {
+            return Err(Error::KernelArgs {
+                kernel: K,
+                detail: format!("{}-byte elements; the kernel moves 2-byte values", size_of::<T>()),
+            });
+        }
+        let n = elements(K, rows, cols)?;
+        check_len(K, "source", src.len(), n)?;
+        check_len(K, "destination", dst.len(), n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let params = Fp8EltwiseParams {
+            a: src.address(self),
+            out: dst.address_mut(self),
+            rows: rows as u64,
+            cols: cols as u64,
+            ..Default::default()
+        };
+        let blocks = tile_blocks(K, transpose_tiles(rows, cols) as u64)?;
+        launch(self, MODULE, "fp8_transpose_16", blocks, params)
     }
 
     /// `out = x + f`, rounded to `dtype`. Twin of `ops::elementwise::residual_add`: same bits.

@@ -13,6 +13,8 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 
+use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+
 use super::buffer::DeviceBuffer;
 use super::context::CudaDevice;
 use super::gemm_dispatch::{GemmKernel, HALF_K_MULTIPLE, LaunchPlan};
@@ -21,7 +23,7 @@ use super::gemm_portable;
 use super::hopper::{self, GemmPath, HopperScales};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
-use crate::gemm::{GemmParams, GemmReport, Operand, Output, plan};
+use crate::gemm::{GemmParams, GemmReport, Mat, Operand, Output, plan};
 use crate::memory::MemoryCategory;
 use crate::tensor::{DeviceMirror, QuantizedMatrix, ScaleKind, Scales};
 
@@ -212,6 +214,25 @@ pub(crate) fn pad_k<T: Copy + Default>(
     (Cow::Owned(out), padded)
 }
 
+/// A 16-bit operand on the device, K-major with K padded to [`HALF_K_MULTIPLE`]: a transposed
+/// one whose K needs no padding is uploaded as stored and transposed there (`transpose_16`);
+/// others are copied K-major (and padded) on the host first. Same values either way.
+fn upload_half<T: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync>(
+    device: &CudaDevice,
+    m: &Mat<'_, T>,
+    category: MemoryCategory,
+) -> Result<(DeviceBuffer<T>, usize)> {
+    if m.transposed && m.rows > 1 && m.cols > 1 && m.cols.is_multiple_of(HALF_K_MULTIPLE) {
+        // Stored `[K, rows]` row-major; the GEMM reads `[rows, K]`.
+        let stored = device.upload(m.data, category)?;
+        let mut k_major = device.alloc_zeros::<T>(m.data.len(), category)?;
+        device.transpose_16(&stored, m.cols, m.rows, &mut k_major)?;
+        return Ok((k_major, m.cols));
+    }
+    let (values, k) = pad_k(m.k_major(), m.rows, m.cols, HALF_K_MULTIPLE);
+    Ok((device.upload(&values, category)?, k))
+}
+
 /// A host operand's device copy (FP8 codes with their scales, or 16-bit values).
 #[derive(Debug)]
 pub enum HostUpload {
@@ -304,12 +325,12 @@ impl HostUpload {
             // The CUDA GEMM reads K-major operands: a transposed one is copied K-major first,
             // its rows zero-padded to the kernels' K multiple (zeros add nothing to any sum).
             Operand::Bf16(m) => {
-                let (values, k) = pad_k(m.k_major(), m.rows, m.cols, HALF_K_MULTIPLE);
-                HostUpload::Bf16(device.upload(&values, category)?, m.rows, k)
+                let (data, k) = upload_half(device, m, category)?;
+                HostUpload::Bf16(data, m.rows, k)
             }
             Operand::F16(m) => {
-                let (values, k) = pad_k(m.k_major(), m.rows, m.cols, HALF_K_MULTIPLE);
-                HostUpload::F16(device.upload(&values, category)?, m.rows, k)
+                let (data, k) = upload_half(device, m, category)?;
+                HostUpload::F16(data, m.rows, k)
             }
             Operand::F32(m) => {
                 return Err(Error::KernelArgs {

@@ -15,6 +15,7 @@ mod context;
 pub mod convert;
 pub mod cublaslt;
 pub mod embedding;
+pub(crate) mod env_switch;
 mod error;
 pub mod error_bound;
 pub mod gemm;

@@ -26,14 +26,16 @@ use crate::error::Result;
 pub const STAGING_CHUNK_BYTES: usize = 8 << 20;
 
 /// Copies under this many bytes go the pageable way: for them the two event waits of a staged
-/// copy cost more than the bandwidth saves. Everything staged, the H200 run of 2026-11-27 took
-/// the hidden-64 layer step from 2.0 to 2.8 ms (fp32) and `fp8 train`'s default run from 26117 to
-/// 23033 tokens/s; its tensors are 16-64 KiB.
-pub const PINNED_MIN_BYTES: usize = 256 << 10;
+/// copy (and waking the host copy's threads) cost more than the bandwidth saves. On the H200
+/// (2026-11-27), staging everything took the hidden-64 layer step from 2.0 to 2.8 ms (its tensors
+/// are 16-64 KiB), and with the limit at 256 KiB `fp8 train`'s default run (activations of
+/// 256 KiB, AdamW arena copies of ~400 KiB) was still 4-9% slower than all pageable. 1 MiB keeps
+/// both of those pageable; the layer bench's 16-256 MiB tensors are staged.
+pub const PINNED_MIN_BYTES: usize = 1 << 20;
 
-/// Host copies under this many bytes run on the calling thread (a rayon fork costs ~10 us,
-/// about what one core copies of 64 KiB).
-const PARALLEL_BYTES: usize = 256 << 10;
+/// Host copies under this many bytes run on the calling thread; larger ones in pieces of this
+/// size on all cores (a rayon fork and wake-up cost ~10-50 us, a core copies 1 MiB in ~100 us).
+const PARALLEL_BYTES: usize = 1 << 20;
 
 /// Whether a copy of `bytes` goes through pinned staging: large enough, and not turned off.
 pub(crate) fn staged(bytes: usize) -> bool {
@@ -43,7 +45,7 @@ pub(crate) fn staged(bytes: usize) -> bool {
 /// Whether copies go through pinned staging (`FP8_CUDA_PINNED=0` turns it off).
 fn pinned_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FP8_CUDA_PINNED").map_or(true, |v| v.trim() != "0"))
+    *ON.get_or_init(|| super::env_switch::on("FP8_CUDA_PINNED"))
 }
 
 /// One pinned half and the event recorded after the last DMA that used it.
@@ -181,7 +183,7 @@ pub(crate) fn copy_bytes(src: &[u8], dst: &mut [MaybeUninit<u8>]) {
     if src.len() < PARALLEL_BYTES {
         copy((src, dst));
     } else {
-        // Pieces of 256 KiB: enough of them for every core, each long enough to stream.
+        // Pieces of 1 MiB: eight per staged chunk, each long enough to stream.
         src.par_chunks(PARALLEL_BYTES)
             .zip(dst.par_chunks_mut(PARALLEL_BYTES))
             .for_each(copy);

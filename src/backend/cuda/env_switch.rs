@@ -1,0 +1,35 @@
+//! Off switches read from the environment (`FP8_CUDA_ARENAS`, `FP8_CUDA_MIRRORS`,
+//! `FP8_CUDA_PINNED`), so a GPU session can pin a failure or a slowdown on one shortcut of the
+//! staged path without a rebuild. Unset or `1`: on; `0`: off; anything else is reported once
+//! and leaves the switch on.
+
+/// Whether switch `var` is on (read on every call: callers keep the answer in a `OnceLock`).
+pub(crate) fn on(var: &str) -> bool {
+    let value = std::env::var(var).ok();
+    parse(value.as_deref()).unwrap_or_else(|bad| {
+        eprintln!("fp8-engine: warning: {var}={bad} is not 0 or 1; leaving it on");
+        true
+    })
+}
+
+/// `None`, `1`: on; `0`: off; anything else is returned as the error.
+fn parse(value: Option<&str>) -> Result<bool, String> {
+    match value.map(str::trim) {
+        None | Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(other) => Err(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    #[test]
+    fn switches_are_on_unless_set_to_zero_and_other_values_are_reported() {
+        assert_eq!(parse(None), Ok(true));
+        assert_eq!(parse(Some("1")), Ok(true));
+        assert_eq!(parse(Some(" 0 ")), Ok(false));
+        assert_eq!(parse(Some("off")), Err("off".to_string()));
+    }
+}
