@@ -125,8 +125,33 @@ fn on_worker_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     }
 }
 
+/// `fp8 train | head` closes stdout while the tool still prints: `println!` then fails with
+/// EPIPE and panics. That panic ends the process with one `fp8: error:` line and status 1, as
+/// `fp8 cast` does on a closed stdout, instead of a panic message and a backtrace. SIGPIPE
+/// stays ignored (Rust's default): a closed socket of the NCCL rendezvous must be an error the
+/// code sees, not a signal that kills the process.
+fn stop_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if let Some(why) = message.strip_prefix("failed printing to stdout: ")
+            && why.contains("Broken pipe")
+        {
+            eprintln!("fp8: error: stdout was closed by its reader ({why}); stopped");
+            std::process::exit(1);
+        }
+        default(info);
+    }));
+}
+
 fn main() -> ExitCode {
     allocator::keep_freed_memory();
+    stop_on_closed_stdout();
     let parsed = parse(std::env::args_os());
     let cli = match parsed {
         Ok(cli) => cli,
