@@ -41,18 +41,8 @@ impl CudaDevice {
         dst: &mut DeviceBuffer<T>,
     ) -> Result<()> {
         const K: &str = "convert";
-        let n = elements(K, rows, cols)?;
-        check_len(K, "source", src.len(), n)?;
-        check_len(K, "destination", dst.len(), n)?;
-        if n == 0 {
+        let Some(params) = self.matrix_copy_params(K, src, rows, cols, dst)? else {
             return Ok(());
-        }
-        let params = Fp8EltwiseParams {
-            a: src.address(self),
-            out: dst.address_mut(self),
-            rows: rows as u64,
-            cols: cols as u64,
-            ..Default::default()
         };
         if transpose {
             let blocks = tile_blocks(K, transpose_tiles(rows, cols) as u64)?;
@@ -64,7 +54,7 @@ impl CudaDevice {
                 params,
             )
         } else {
-            let blocks = stride_blocks(self.info().multiprocessors, n);
+            let blocks = stride_blocks(self.info().multiprocessors, rows * cols);
             launch(self, MODULE, &format!("fp8_convert_{}", T::SUFFIX), blocks, params)
         }
     }
@@ -85,21 +75,33 @@ impl CudaDevice {
                 detail: format!("{}-byte elements; the kernel moves 2-byte values", size_of::<T>()),
             });
         }
-        let n = elements(K, rows, cols)?;
-        check_len(K, "source", src.len(), n)?;
-        check_len(K, "destination", dst.len(), n)?;
-        if n == 0 {
+        let Some(params) = self.matrix_copy_params(K, src, rows, cols, dst)? else {
             return Ok(());
-        }
-        let params = Fp8EltwiseParams {
+        };
+        let blocks = tile_blocks(K, transpose_tiles(rows, cols) as u64)?;
+        launch(self, MODULE, "fp8_transpose_16", blocks, params)
+    }
+
+    /// The parameters of a `[rows, cols]` copy kernel from `src` to `dst` (both of `rows *
+    /// cols` elements, else an error naming `kernel`); `None` when there is nothing to copy.
+    fn matrix_copy_params<S: DeviceRepr, D: DeviceRepr>(
+        &self,
+        kernel: &'static str,
+        src: &DeviceBuffer<S>,
+        rows: usize,
+        cols: usize,
+        dst: &mut DeviceBuffer<D>,
+    ) -> Result<Option<Fp8EltwiseParams>> {
+        let n = elements(kernel, rows, cols)?;
+        check_len(kernel, "source", src.len(), n)?;
+        check_len(kernel, "destination", dst.len(), n)?;
+        Ok((n > 0).then(|| Fp8EltwiseParams {
             a: src.address(self),
             out: dst.address_mut(self),
             rows: rows as u64,
             cols: cols as u64,
             ..Default::default()
-        };
-        let blocks = tile_blocks(K, transpose_tiles(rows, cols) as u64)?;
-        launch(self, MODULE, "fp8_transpose_16", blocks, params)
+        }))
     }
 
     /// `out = x + f`, rounded to `dtype`. Twin of `ops::elementwise::residual_add`: same bits.
