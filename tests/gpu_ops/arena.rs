@@ -42,7 +42,9 @@ fn ranged_copies(ctx: &mut Ctx) -> Check {
 
 /// Uploads and downloads of lengths around the staging's chunk (one chunk, one more or less,
 /// two and a half: both pinned halves, each reused) and around the size where staging starts
-/// come back bit for bit, for 4- and 2-byte values; a ranged write and read at an odd offset straddling a chunk boundary too.
+/// come back bit for bit, for 4- and 2-byte values; so does a ranged write and read at an odd
+/// offset, longer than a chunk (chunks count from the start of each copy); and a kernel between
+/// a staged upload and a staged download sees the upload and is waited for.
 fn staged_copies(ctx: &mut Ctx) -> Check {
     let chunk = STAGING_CHUNK_BYTES / 4;
     let first_staged = PINNED_MIN_BYTES / 4;
@@ -69,6 +71,18 @@ fn staged_copies(ctx: &mut Ctx) -> Check {
             return Err(format!("bf16 x {len} round trip differs"));
         }
     }
+    // Stream order: upload, transpose on the device, download, all staged.
+    let (rows, cols) = (1031, 2 * chunk / 1031 + 3);
+    let values = ctx.values(rows * cols, 1.0);
+    let source = gpu(ctx.gpu.upload(&values, MemoryCategory::Workspace))?;
+    let mut transposed = ctx.zeros::<f32>(rows * cols)?;
+    gpu(ctx.gpu.convert(&source, rows, cols, true, &mut transposed))?;
+    let want: Vec<f32> = (0..rows * cols).map(|i| values[(i % rows) * cols + i / rows]).collect();
+    exact(
+        "staged upload, kernel, staged download",
+        &gpu(ctx.gpu.download(&transposed))?,
+        &want,
+    )?;
     let mut buffer = ctx.zeros::<f32>(3 * chunk)?;
     let part = ctx.values(chunk + 7, 1.0);
     let offset = chunk / 2 + 1;

@@ -189,15 +189,19 @@ impl CudaDevice {
     /// ([`super::staging`]), or from pageable memory when small or with `FP8_CUDA_PINNED=0`.
     fn copy_to_device<T: DeviceRepr>(&self, host: &[T], dst: CUdeviceptr) -> Result<()> {
         self.context().bind_to_thread().call("cuCtxSetCurrent")?;
-        if !staged(size_of_val(host)) {
-            // SAFETY: `dst` holds `host.len()` values (checked by the callers); a pageable source
-            // is staged by the driver before the call returns.
-            return unsafe { result::memcpy_htod_async(dst, host, self.stream().cu_stream()) }
-                .call("cuMemcpyHtoDAsync");
+        if staged(size_of_val(host)) {
+            // SAFETY: a `DeviceRepr` is plain data; its bytes are read as bytes.
+            let bytes = unsafe { std::slice::from_raw_parts(host.as_ptr().cast::<u8>(), size_of_val(host)) };
+            if self
+                .with_staging(|staging| staging.upload(self.stream(), bytes, dst))?
+                .is_some()
+            {
+                return Ok(());
+            }
         }
-        // SAFETY: a `DeviceRepr` is plain data; its bytes are read as bytes.
-        let bytes = unsafe { std::slice::from_raw_parts(host.as_ptr().cast::<u8>(), size_of_val(host)) };
-        self.with_staging(|staging| staging.upload(self.stream(), bytes, dst))
+        // SAFETY: `dst` holds `host.len()` values (checked by the callers); a pageable source
+        // is staged by the driver before the call returns.
+        unsafe { result::memcpy_htod_async(dst, host, self.stream().cu_stream()) }.call("cuMemcpyHtoDAsync")
     }
 
     /// Copies `host.len()` values from device address `src` into `host` in stream order,
@@ -205,16 +209,20 @@ impl CudaDevice {
     /// `FP8_CUDA_PINNED=0`).
     fn copy_to_host<T: DeviceRepr>(&self, src: CUdeviceptr, host: &mut [MaybeUninit<T>]) -> Result<()> {
         self.context().bind_to_thread().call("cuCtxSetCurrent")?;
-        if !staged(size_of_val(host)) {
-            // SAFETY: `src` holds `host.len()` values; a copy to pageable memory has completed
-            // when the call returns.
-            return unsafe { result::memcpy_dtoh_async(host, src, self.stream().cu_stream()) }
-                .call("cuMemcpyDtoHAsync");
+        if staged(size_of_val(host)) {
+            let len = size_of_val(host);
+            // SAFETY: as bytes, the same memory; only whole values' bytes are written.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(host.as_mut_ptr().cast::<MaybeUninit<u8>>(), len) };
+            if self
+                .with_staging(|staging| staging.download(self.stream(), src, bytes))?
+                .is_some()
+            {
+                return Ok(());
+            }
         }
-        let len = size_of_val(host);
-        // SAFETY: as bytes, the same memory; only whole values' bytes are written.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(host.as_mut_ptr().cast::<MaybeUninit<u8>>(), len) };
-        self.with_staging(|staging| staging.download(self.stream(), src, bytes))
+        // SAFETY: `src` holds `host.len()` values; a copy to pageable memory has completed when
+        // the call returns.
+        unsafe { result::memcpy_dtoh_async(host, src, self.stream().cu_stream()) }.call("cuMemcpyDtoHAsync")
     }
 
     /// While transfers are timed, waits for the stream before a download, so that the wait

@@ -117,8 +117,9 @@ pub struct CudaDevice {
     /// The u32 the production GEMM launches write their error codes to
     /// (allocated on first use), checked by [`CudaDevice::check_kernel_errors`].
     kernel_flag: Box<KernelFlag>,
-    /// The pinned host buffers copies go through (pinned on the first copy).
-    staging: Mutex<Option<Box<Staging>>>,
+    /// The pinned host buffers copies go through (pinned on the first copy; `Err` once pinning
+    /// failed: copies then stay pageable).
+    staging: Mutex<Option<std::result::Result<Box<Staging>, ()>>>,
 }
 
 /// The kernel error flag and the launches it was handed to.
@@ -273,13 +274,20 @@ impl CudaDevice {
     }
 
     /// Runs `copy` with this handle's pinned staging buffers, pinning them on first use (one copy
-    /// at a time per handle).
-    pub(crate) fn with_staging<R>(&self, copy: impl FnOnce(&mut Staging) -> Result<R>) -> Result<R> {
+    /// at a time per handle); `None` when they cannot be pinned (warned once per handle): the
+    /// caller then copies the pageable way. `copy` must not itself stage a copy on this handle
+    /// (the lock is held; a rayon worker waiting in it may run other jobs).
+    pub(crate) fn with_staging<R>(&self, copy: impl FnOnce(&mut Staging) -> Result<R>) -> Result<Option<R>> {
         let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
-        if staging.is_none() {
-            *staging = Some(Box::new(Staging::new(&self.ctx)?));
+        let state = staging.get_or_insert_with(|| {
+            Staging::new(&self.ctx).map(Box::new).map_err(|err| {
+                eprintln!("fp8-engine: warning: pinned staging buffers unavailable ({err}); copies stay pageable");
+            })
+        });
+        match state {
+            Ok(pinned) => copy(pinned).map(Some),
+            Err(()) => Ok(None),
         }
-        copy(staging.as_mut().expect("pinned above"))
     }
 
     /// Kernel `function` of `cuda/<module>.cu`, loading the module from its fatbin on first use.

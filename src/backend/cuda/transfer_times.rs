@@ -2,7 +2,9 @@
 //! device -> host copies, device allocations, and the waits for the GPU before a download
 //! (the kernels' own time, as the host sees it); and the operand bytes that device copies saved
 //! uploading. A copy from pageable host memory may itself wait for earlier kernels, so an upload
-//! right after a launch can count some kernel time as copy time. Off unless switched on (with
+//! right after a launch can count some kernel time as copy time; so can a staged upload, which
+//! waits for its pinned half's previous DMA (queued behind earlier kernels) and leaves its own
+//! last DMA running. Off unless switched on (with
 //! `op_times`, for `fp8 bench layer --breakdown`); off, a copy pays one thread-local flag read.
 //!
 //! While on, a download first waits for the stream on its own, so that the wait (queued

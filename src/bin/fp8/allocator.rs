@@ -32,29 +32,41 @@ const ARENA_MAX: i32 = 1;
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const TRIM_THRESHOLD: i32 = 1 << 30;
 
-/// Applies the settings above unless the user set any of them through glibc's environment
-/// variables (theirs win). Elsewhere (musl, macOS, Windows) does nothing.
+/// Applies each setting above unless the user set it: through its glibc environment variable
+/// or `GLIBC_TUNABLES` (theirs win, one by one: a container's `MALLOC_ARENA_MAX=2` keeps the
+/// others). Elsewhere (musl, macOS, Windows) does nothing.
 pub fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        let user_set = [
-            "MALLOC_MMAP_THRESHOLD_",
-            "MALLOC_TRIM_THRESHOLD_",
-            "MALLOC_MMAP_MAX_",
-            "MALLOC_ARENA_MAX",
-        ]
-        .iter()
-        .any(|name| std::env::var_os(name).is_some());
-        if user_set {
-            return;
-        }
-        // SAFETY: mallopt only changes allocator parameters; it is called before any other
-        // thread exists, and its failure (return 0) leaves glibc's defaults, which are correct.
-        unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
-            libc::mallopt(libc::M_MMAP_MAX, MMAP_MAX);
-            libc::mallopt(libc::M_ARENA_MAX, ARENA_MAX);
-            libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD);
+        let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+        let settings = [
+            (
+                "MALLOC_MMAP_THRESHOLD_",
+                "glibc.malloc.mmap_threshold",
+                libc::M_MMAP_THRESHOLD,
+                MMAP_THRESHOLD,
+            ),
+            ("MALLOC_MMAP_MAX_", "glibc.malloc.mmap_max", libc::M_MMAP_MAX, MMAP_MAX),
+            (
+                "MALLOC_ARENA_MAX",
+                "glibc.malloc.arena_max",
+                libc::M_ARENA_MAX,
+                ARENA_MAX,
+            ),
+            (
+                "MALLOC_TRIM_THRESHOLD_",
+                "glibc.malloc.trim_threshold",
+                libc::M_TRIM_THRESHOLD,
+                TRIM_THRESHOLD,
+            ),
+        ];
+        for (variable, tunable, parameter, value) in settings {
+            if std::env::var_os(variable).is_some() || tunables.contains(tunable) {
+                continue;
+            }
+            // SAFETY: mallopt only changes allocator parameters; it is called before any other
+            // thread exists, and its failure (return 0) leaves glibc's default, which is correct.
+            unsafe { libc::mallopt(parameter, value) };
         }
     }
 }

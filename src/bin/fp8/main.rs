@@ -126,7 +126,7 @@ fn on_worker_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 }
 
 /// `fp8 train | head` closes stdout while the tool still prints: `println!` then fails with
-/// EPIPE and panics. That panic ends the process with one `fp8: error:` line and status 1, as
+/// EPIPE and panics (and `eprintln!` with `2>&1 | head`). That panic ends the process with one `fp8: error:` line and status 1, as
 /// `fp8 cast` does on a closed stdout, instead of a panic message and a backtrace. SIGPIPE
 /// stays ignored (Rust's default): a closed socket of the NCCL rendezvous must be an error the
 /// code sees, not a signal that kills the process.
@@ -139,10 +139,19 @@ fn stop_on_closed_stdout() {
             .map(String::as_str)
             .or_else(|| payload.downcast_ref::<&str>().copied())
             .unwrap_or_default();
-        if let Some(why) = message.strip_prefix("failed printing to stdout: ")
-            && why.contains("Broken pipe")
+        let why = ["failed printing to stdout: ", "failed printing to stderr: "]
+            .iter()
+            .find_map(|prefix| message.strip_prefix(prefix));
+        if let Some(why) = why
+            && (why.contains("os error 32") || why.contains("Broken pipe"))
         {
-            eprintln!("fp8: error: stdout was closed by its reader ({why}); stopped");
+            // Not `eprintln!`: with `2>&1 | head` stderr is the same closed pipe (then this
+            // line is lost), and a panic inside the hook would abort.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "fp8: error: stdout was closed by its reader ({why}); stopped"
+            );
             std::process::exit(1);
         }
         default(info);
