@@ -71,6 +71,13 @@ fn train_writes_summary_metrics_plot_and_checkpoints() {
             "{precision}: {fp8_slots} FP8 slots"
         );
         assert!(out_dir.join(precision).join("checkpoint.safetensors").is_file());
+        // Model FLOP/s = tokens/s x (6 N + 6 L seq h); no MFU on the CPU (no known peak).
+        let per_token = small_model_flops_per_token();
+        let (rate, tokens) = (entry["model_flop_per_s"].as_f64(), entry["tokens_per_s"].as_f64());
+        let (rate, tokens) = (rate.expect("model_flop_per_s"), tokens.expect("tokens_per_s"));
+        assert!((rate / (tokens * per_token) - 1.0).abs() < 1e-12, "{entry}");
+        assert!(entry["mfu"].is_null(), "{entry}");
+        assert!(stdout.contains("model FLOPs:"), "{stdout}");
     }
     let png = fs::read(out_dir.join("loss.png")).expect("loss.png");
     assert_eq!(&png[1..4], b"PNG");
@@ -185,4 +192,14 @@ fn margin_divides_every_delayed_scale_by_its_power_of_two() {
         }
     }
     assert!(checked > 0, "no slot saw a non-zero amax at step 0");
+}
+
+/// Training FLOPs per token of `SMALL`'s model, counted by hand: one layer 32 wide, FFN 128
+/// (4 x hidden), on 2-digit addition (vocabulary 12, sequences of 8 tokens): 6 N for the
+/// matmul weights (q, k, v, output projection, the two MLP matrices, the head) plus
+/// 6 L seq h for causal attention.
+fn small_model_flops_per_token() -> f64 {
+    let (layers, hidden, ffn, vocab, seq) = (1.0, 32.0, 128.0, 12.0, 8.0);
+    let weights = layers * (4.0 * hidden * hidden + 2.0 * hidden * ffn) + vocab * hidden;
+    6.0 * weights + 6.0 * layers * seq * hidden
 }

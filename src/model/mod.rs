@@ -9,6 +9,7 @@
 mod config;
 mod decoder;
 mod device_move;
+pub mod flops;
 mod fp8_base;
 mod frozen_width;
 mod generate;

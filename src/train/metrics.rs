@@ -78,10 +78,22 @@ pub struct PrecisionSummary {
     pub tokens_per_s: f64,
     /// Peak bytes of all memory categories together.
     pub peak_bytes: u64,
+    /// Model FLOP/s: `tokens_per_s` times the training FLOPs per token (`model::flops`); null
+    /// where not counted (a fine-tuned Hugging Face model) or in an older summary.
+    #[serde(with = "nullable", default = "nan_f64")]
+    pub model_flop_per_s: f64,
+    /// `model_flop_per_s` over the GPU's dense bf16 peak (`model::flops::bf16_peak_tflops`);
+    /// null on the CPU, on a GPU without a known peak, or where FLOPs are not counted.
+    #[serde(with = "nullable", default = "nan_f64")]
+    pub mfu: f64,
 }
 
 fn nan() -> f32 {
     f32::NAN
+}
+
+fn nan_f64() -> f64 {
+    f64::NAN
 }
 
 /// `summary.json`: precision name (`fp32`, `bf16`, `fp8-delayed`, ...) to its results, sorted.
@@ -279,6 +291,8 @@ mod tests {
             heldout_accuracy: 0.5,
             tokens_per_s: 10.0,
             peak_bytes: 7,
+            model_flop_per_s: f64::NAN,
+            mfu: f64::NAN,
         })
         .unwrap();
         let mut keys: Vec<&str> = summary.as_object().unwrap().keys().map(|k| k.as_str()).collect();
@@ -290,6 +304,8 @@ mod tests {
                 "heldout_accuracy",
                 "heldout_answer_loss",
                 "heldout_loss",
+                "mfu",
+                "model_flop_per_s",
                 "peak_bytes",
                 "tokens_per_s"
             ]
@@ -395,6 +411,7 @@ mod tests {
         fs::write(&path, old).unwrap();
         let summary = read_summary(&path).unwrap();
         assert!(summary["fp32"].heldout_answer_loss.is_nan());
+        assert!(summary["fp32"].model_flop_per_s.is_nan() && summary["fp32"].mfu.is_nan());
         assert_eq!(summary["fp32"].heldout_loss, 0.6);
         fs::remove_dir_all(&dir).unwrap();
     }
@@ -415,6 +432,8 @@ mod tests {
                     heldout_accuracy: 0.9,
                     tokens_per_s: 5000.0,
                     peak_bytes: 1 << 20,
+                    model_flop_per_s: 2.5e12,
+                    mfu: 0.25,
                 },
             );
         }

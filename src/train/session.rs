@@ -465,6 +465,9 @@ pub fn run_model(
             heldout_accuracy: heldout.accuracy,
             tokens_per_s: tokens as f64 / seconds.max(1e-9),
             peak_bytes: report.total.peak,
+            // Counted by the caller, which knows the model's shape (`model::flops`).
+            model_flop_per_s: f64::NAN,
+            mfu: f64::NAN,
         },
         curve,
         skipped_steps: skipped,

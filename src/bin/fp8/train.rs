@@ -496,7 +496,11 @@ pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
         "peak memory",
     ]);
     let reference = outputs.first().map(|(_, o)| o.summary.heldout_loss).unwrap_or(f32::NAN);
+    let speed = ModelSpeed::new(&args, &config, &data, &device, init.is_some());
     let mut summary: Summary = BTreeMap::new();
+    for (_, out) in &mut outputs {
+        speed.fill(&mut out.summary);
+    }
     for (precision, out) in &outputs {
         let s = &out.summary;
         let delta = 100.0 * (f64::from(s.heldout_loss) / f64::from(reference) - 1.0);
@@ -514,6 +518,9 @@ pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
         summary.insert(precision.name().to_string(), s.clone());
     }
     println!("{}", table.render());
+    if let Some(line) = speed.describe(&outputs) {
+        println!("{line}");
+    }
     if let Some(floor) = data.loss_floor().filter(|f| *f > 0.0) {
         println!(
             "the held-out loss cannot fall below {floor:.4} (the operand digits are random); \
@@ -577,6 +584,8 @@ fn merge_summary(
         if let (true, Some(old)) = (idle, merged.get(&name)) {
             entry.final_train_loss = old.final_train_loss;
             entry.tokens_per_s = old.tokens_per_s;
+            entry.model_flop_per_s = old.model_flop_per_s;
+            entry.mfu = old.mfu;
             entry.peak_bytes = old.peak_bytes;
         }
         merged.insert(name, entry);
@@ -604,4 +613,65 @@ fn diverged(args: &TrainArgs, outputs: &[(Precision, RunOutput)]) -> Result<(), 
             .find(|(p, _)| p.name() == bad[0])
             .map_or(f32::NAN, |(_, o)| o.summary.final_train_loss)
     )))
+}
+
+/// Model FLOP/s and MFU of a run (`model::flops`): counted for the built-in decoder model on one
+/// rank; MFU only on a GPU whose dense bf16 peak is known.
+struct ModelSpeed {
+    /// Training FLOPs per token; `None` where not counted.
+    flops_per_token: Option<f64>,
+    /// The GPU's name and dense bf16 peak in FLOP/s.
+    peak: Option<(String, f64)>,
+}
+
+impl ModelSpeed {
+    fn new(args: &TrainArgs, config: &RunConfig, data: &Dataset, device: &Device, fine_tune: bool) -> Self {
+        let one_rank = args.dist.ranks() <= 1;
+        let model = fp8_engine::model::ModelConfig {
+            vocab: data.vocab_size(),
+            ..config.model.clone()
+        };
+        let flops_per_token = (one_rank && !fine_tune).then(|| model.training_flops_per_token(data.seq_len()));
+        let peak = match device {
+            Device::Cuda(gpu) => fp8_engine::model::flops::bf16_peak_tflops(&gpu.info().name)
+                .map(|tflops| (gpu.info().name.clone(), tflops * 1e12)),
+            _ => None,
+        };
+        ModelSpeed { flops_per_token, peak }
+    }
+
+    fn fill(&self, summary: &mut fp8_engine::train::metrics::PrecisionSummary) {
+        let Some(per_token) = self.flops_per_token else { return };
+        summary.model_flop_per_s = summary.tokens_per_s * per_token;
+        if let Some((_, peak)) = &self.peak {
+            summary.mfu = summary.model_flop_per_s / peak;
+        }
+    }
+
+    /// One line: FLOPs per token, each precision's model FLOP/s and MFU.
+    fn describe(&self, outputs: &[(Precision, RunOutput)]) -> Option<String> {
+        let per_token = self.flops_per_token?;
+        let rates: Vec<String> = outputs
+            .iter()
+            .map(|(p, o)| {
+                let mfu = match o.summary.mfu.is_finite() {
+                    true => format!(", MFU {:.2}%", 100.0 * o.summary.mfu),
+                    false => String::new(),
+                };
+                format!("{} {:.3} TFLOP/s{mfu}", p.name(), o.summary.model_flop_per_s / 1e12)
+            })
+            .collect();
+        let peak = match &self.peak {
+            Some((name, peak)) => format!(
+                "; MFU against the {name}'s dense bf16 peak of {:.1} TFLOP/s",
+                peak / 1e12
+            ),
+            None => String::new(),
+        };
+        Some(format!(
+            "model FLOPs: {:.3} MFLOP per token (6 N + 6 L seq h); {}{peak}",
+            per_token / 1e6,
+            rates.join(", ")
+        ))
+    }
 }
