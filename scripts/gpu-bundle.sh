@@ -38,6 +38,8 @@ for l in sys.stdin:
     cp "$bin" "$out/$t"
 done
 cp target/release/fp8 "$out/fp8"
+# The text the larger model of the train part reads (characters; any text of ~10 KB will do).
+cp README.md "$out/text.txt"
 strip --strip-debug "$out"/* 2>/dev/null || true
 git rev-parse HEAD > "$out/COMMIT" 2>/dev/null || echo unknown > "$out/COMMIT"
 cat > "$out/run.sh" <<'RUN'
@@ -255,6 +257,15 @@ step gpu_llama 180 ./gpu_llama
 # Per-op latency near the default model's size (hidden 64): where a staged step of `fp8 train` goes.
 gpu_step step_out bench_layer_small 30 bench-layer-small.txt ./fp8 bench layer --device cuda --runs 20 --hidden 64 --ffn 256 \
     --precision fp32,bf16,fp8-delayed --breakdown
+# The larger model of issue 15 (12 layers x 768, seq 512, 4096 tokens a step): tokens/s, model
+# FLOP/s and MFU (the `model FLOPs:` line of `fp8 train`).
+gpu_step step_out train_large 120 train-large.txt bash -c '
+dir=$(mktemp -d)
+./fp8 train --device cuda --text text.txt --seq 512 --layers 12 --hidden 768 --heads 12 --batch 8 \
+    --steps 20 --compare bf16,fp8-delayed --quiet --out "$dir" > "$dir/log" 2>&1
+rc=$?
+grep -E "^(precision|bf16 |fp8-delayed |model FLOPs|fp8: error)" "$dir/log"
+exit $rc'
 # tokens/s of the default model with the staged path's shortcuts on, then each one off
 # (docs/cuda-backend.md: device mirrors of FP8 casts, AdamW over device arenas, pinned staging),
 # then on again: the first setting ran faster off than on in both 2026-11-27 runs, so the
