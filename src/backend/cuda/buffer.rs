@@ -98,6 +98,18 @@ impl<T> Drop for DeviceBuffer<T> {
     }
 }
 
+/// `offset..offset + count` lies within a buffer of `len` elements, else `what` as an error.
+fn check_range(what: &'static str, offset: usize, count: usize, len: usize) -> Result<()> {
+    if offset.checked_add(count).is_none_or(|end| end > len) {
+        return Err(Error::LengthMismatch {
+            what,
+            src: offset.saturating_add(count),
+            dst: len,
+        });
+    }
+    Ok(())
+}
+
 impl CudaDevice {
     /// `len` zeroed elements in `category`.
     pub fn alloc_zeros<T: DeviceRepr + ValidAsZeroBits>(
@@ -136,14 +148,7 @@ impl CudaDevice {
     /// Overwrites `buffer[offset..offset + host.len()]` with `host` (a range past the buffer is
     /// an error, nothing copied).
     pub fn write_at<T: DeviceRepr>(&self, host: &[T], buffer: &mut DeviceBuffer<T>, offset: usize) -> Result<()> {
-        let len = buffer.len();
-        if offset.checked_add(host.len()).is_none_or(|end| end > len) {
-            return Err(Error::LengthMismatch {
-                what: "device write past the buffer",
-                src: offset.saturating_add(host.len()),
-                dst: len,
-            });
-        }
+        check_range("device write past the buffer", offset, host.len(), buffer.len())?;
         let start = buffer.address_mut(self) + (offset * size_of::<T>()) as u64;
         timed(Transfer::HostToDevice, size_of_val(host), || {
             self.copy_to_device(host, start)
@@ -153,13 +158,7 @@ impl CudaDevice {
     /// Copies `buffer[offset..offset + host.len()]` into `host` (waits for the stream and reports
     /// a kernel error flag, as [`CudaDevice::download`]; a range past the buffer is an error).
     pub fn read_at<T: DeviceRepr>(&self, buffer: &DeviceBuffer<T>, offset: usize, host: &mut [T]) -> Result<()> {
-        if offset.checked_add(host.len()).is_none_or(|end| end > buffer.len()) {
-            return Err(Error::LengthMismatch {
-                what: "device read past the buffer",
-                src: offset.saturating_add(host.len()),
-                dst: buffer.len(),
-            });
-        }
+        check_range("device read past the buffer", offset, host.len(), buffer.len())?;
         let start = buffer.address(self) + (offset * size_of::<T>()) as u64;
         self.wait_when_timed()?;
         // SAFETY: `T` and `MaybeUninit<T>` have one layout; only whole values are written.

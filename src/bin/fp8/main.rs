@@ -126,10 +126,10 @@ fn on_worker_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 }
 
 /// `fp8 train | head` closes stdout while the tool still prints: `println!` then fails with
-/// EPIPE and panics (and `eprintln!` with `2>&1 | head`). That panic ends the process with one `fp8: error:` line and status 1, as
-/// `fp8 cast` does on a closed stdout, instead of a panic message and a backtrace. SIGPIPE
-/// stays ignored (Rust's default): a closed socket of the NCCL rendezvous must be an error the
-/// code sees, not a signal that kills the process.
+/// EPIPE and panics (and `eprintln!` with `2>&1 | head`). That panic ends the process with one
+/// `fp8: error:` line and status 1, as `fp8 cast` does on a closed stdout, instead of a panic
+/// message and a backtrace. SIGPIPE stays ignored (Rust's default): a closed socket of the NCCL
+/// rendezvous must be an error the code sees, not a signal that kills the process.
 fn stop_on_closed_stdout() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {

@@ -627,11 +627,8 @@ struct ModelSpeed {
 impl ModelSpeed {
     fn new(args: &TrainArgs, config: &RunConfig, data: &Dataset, device: &Device, fine_tune: bool) -> Self {
         let one_rank = args.dist.ranks() <= 1;
-        let model = fp8_engine::model::ModelConfig {
-            vocab: data.vocab_size(),
-            ..config.model.clone()
-        };
-        let flops_per_token = (one_rank && !fine_tune).then(|| model.training_flops_per_token(data.seq_len()));
+        let flops_per_token =
+            (one_rank && !fine_tune).then(|| config.model_for(data).training_flops_per_token(data.seq_len()));
         let peak = match device {
             Device::Cuda(gpu) => fp8_engine::model::flops::bf16_peak_tflops(&gpu.info().name)
                 .map(|tflops| (gpu.info().name.clone(), tflops * 1e12)),
