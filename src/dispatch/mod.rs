@@ -22,6 +22,7 @@ mod cuda_ops;
 pub(crate) mod fp8_cast;
 mod gemm_check;
 pub mod op_times;
+mod on_host;
 mod plain;
 mod shadow;
 #[cfg(test)]
@@ -37,6 +38,7 @@ pub(crate) use shadow::{Perturbed, perturb_cpu_primaries};
 use std::sync::Arc;
 
 use arena_store::ArenaStore;
+use on_host::OnHost;
 use shadow::{Primary, ShadowKernels};
 use twin::{Outcome, Twin};
 
@@ -62,7 +64,9 @@ macro_rules! kernels {
         #[allow(clippy::too_many_arguments)]
         impl Kernels for CpuKernels {
             $( fn $name(&self, $($arg: $ty),*) -> Result<$ret> {
-                op_times::timed(stringify!($name), || $cpu($($arg),*))
+                op_times::timed(stringify!($name), || {
+                    $cpu($(OnHost::on_host($arg, stringify!($name))?),*)
+                })
             } )*
         }
 
@@ -84,11 +88,11 @@ macro_rules! kernels {
                     $( let contract = contract.for_gemm($call); )?
                     // An op's own contract from its call (attention: its dtype) replaces the name's.
                     $( let contract = { let _ = contract; $own }; )?
-                    $( let mut $arg = Saved::<$ty>::new($arg); )*
+                    $( let mut $arg = Saved::<$ty>::new($arg)?; )*
                     let primary = self.primary.kernels().$name($(Twin::primary(&mut $arg.live)),*)?;
                     let cpu = CpuKernels.$name($(Twin::twin(&$arg.live, &mut $arg.saved)),*)?;
                     $(
-                        if let Some(breach) = Twin::check(&$arg.live, &$arg.saved, contract) {
+                        if let Some(breach) = Twin::check(&$arg.live, &$arg.saved, contract)? {
                             return Err(self.mismatch(stringify!($name), breach));
                         }
                     )*
@@ -254,9 +258,9 @@ struct Saved<T: Twin> {
 }
 
 impl<T: Twin> Saved<T> {
-    fn new(live: T) -> Self {
-        let saved = live.save();
-        Saved { live, saved }
+    fn new(live: T) -> Result<Self> {
+        let saved = live.save()?;
+        Ok(Saved { live, saved })
     }
 }
 

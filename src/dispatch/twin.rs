@@ -7,9 +7,11 @@ use half::{bf16, f16};
 use super::contract::{Breach, Contract, GemmDtype, first_breach, first_breach_f32, gemm_tolerance};
 use super::gemm_check::{self, GemmResult};
 use super::{Cast, PlainMat};
+use crate::error::Result;
 use crate::format::Fp8Format;
 use crate::gemm::{GemmReport, Output};
 use crate::scaling::{Fp8TensorStats, SlotBank};
+use crate::tensor::device_values::{Values, ValuesMut};
 use crate::tensor::{QuantizedMatrix, Scales};
 
 /// One argument of an op, seen by the shadow runner.
@@ -20,14 +22,16 @@ pub(crate) trait Twin {
     type Arg<'s>
     where
         Self: 's;
-    fn save(&self) -> Self::Saved;
+    /// Fails only where saving downloads device values.
+    fn save(&self) -> Result<Self::Saved>;
     /// The argument for the primary op (a reborrow).
     fn primary(&mut self) -> Self::Arg<'_>;
     /// The argument for the CPU twin: the same input, or the saved copy of in-place state.
     fn twin<'s>(&'s self, saved: &'s mut Self::Saved) -> Self::Arg<'s>;
-    /// After both ran: the first breach between the primary's state and the twin's.
-    fn check(&self, _saved: &Self::Saved, _contract: Contract) -> Option<Breach> {
-        None
+    /// After both ran: the first breach between the primary's state and the twin's (an error
+    /// only where reading the primary's state downloads device values).
+    fn check(&self, _saved: &Self::Saved, _contract: Contract) -> Result<Option<Breach>> {
+        Ok(None)
     }
     /// Test-only perturbation: moves element `index` by `ulps`; says whether it did.
     #[cfg(test)]
@@ -42,7 +46,9 @@ macro_rules! twin_by_value {
         impl Twin for $ty {
             type Saved = ();
             type Arg<'s> = $ty;
-            fn save(&self) {}
+            fn save(&self) -> Result<()> {
+                Ok(())
+            }
             fn primary(&mut self) -> $ty {
                 self.clone()
             }
@@ -75,7 +81,9 @@ impl<'a, T: ?Sized> Twin for &'a T {
         = &'a T
     where
         Self: 's;
-    fn save(&self) {}
+    fn save(&self) -> Result<()> {
+        Ok(())
+    }
     fn primary(&mut self) -> &'a T {
         self
     }
@@ -91,8 +99,8 @@ impl Twin for &mut [f32] {
         = &'s mut [f32]
     where
         Self: 's;
-    fn save(&self) -> Vec<f32> {
-        self.to_vec()
+    fn save(&self) -> Result<Vec<f32>> {
+        Ok(self.to_vec())
     }
     fn primary(&mut self) -> &mut [f32] {
         self
@@ -100,8 +108,8 @@ impl Twin for &mut [f32] {
     fn twin<'s>(&'s self, saved: &'s mut Vec<f32>) -> &'s mut [f32] {
         saved
     }
-    fn check(&self, saved: &Vec<f32>, contract: Contract) -> Option<Breach> {
-        first_breach_f32(contract, self, saved)
+    fn check(&self, saved: &Vec<f32>, contract: Contract) -> Result<Option<Breach>> {
+        Ok(first_breach_f32(contract, self, saved))
     }
     #[cfg(test)]
     fn nudge(&mut self, index: usize, ulps: i32) -> bool {
@@ -115,6 +123,60 @@ impl Twin for &mut [f32] {
     }
 }
 
+/// Input values: the twin reads host values in place and a download of device ones (made
+/// before the primary op runs; an input is never written).
+impl<'a> Twin for Values<'a> {
+    type Saved = Option<Vec<f32>>;
+    type Arg<'s>
+        = Values<'s>
+    where
+        Self: 's;
+    fn save(&self) -> Result<Option<Vec<f32>>> {
+        match self {
+            Values::Host(_) => Ok(None),
+            Values::Device(d) => d.to_vec().map(Some),
+        }
+    }
+    fn primary(&mut self) -> Values<'_> {
+        *self
+    }
+    fn twin<'s>(&'s self, saved: &'s mut Option<Vec<f32>>) -> Values<'s> {
+        match saved {
+            Some(downloaded) => Values::Host(downloaded),
+            None => *self,
+        }
+    }
+}
+
+/// Output or in-place values: the twin starts from a host copy of what the primary starts
+/// from, and the primary's result is read back (downloaded from a device) to compare.
+impl<'a> Twin for ValuesMut<'a> {
+    type Saved = Vec<f32>;
+    type Arg<'s>
+        = ValuesMut<'s>
+    where
+        Self: 's;
+    fn save(&self) -> Result<Vec<f32>> {
+        self.as_values().to_host().map(|v| v.into_owned())
+    }
+    fn primary(&mut self) -> ValuesMut<'_> {
+        self.reborrow()
+    }
+    fn twin<'s>(&'s self, saved: &'s mut Vec<f32>) -> ValuesMut<'s> {
+        ValuesMut::Host(saved)
+    }
+    fn check(&self, saved: &Vec<f32>, contract: Contract) -> Result<Option<Breach>> {
+        Ok(first_breach_f32(contract, &self.as_values().to_host()?, saved))
+    }
+    #[cfg(test)]
+    fn nudge(&mut self, index: usize, ulps: i32) -> bool {
+        match self {
+            ValuesMut::Host(v) => Twin::nudge(v, index, ulps),
+            ValuesMut::Device(_) => false,
+        }
+    }
+}
+
 /// The delayed-scaling state: the twin updates a copy of the bank.
 impl Twin for &mut SlotBank {
     type Saved = SlotBank;
@@ -122,8 +184,8 @@ impl Twin for &mut SlotBank {
         = &'s mut SlotBank
     where
         Self: 's;
-    fn save(&self) -> SlotBank {
-        (**self).clone()
+    fn save(&self) -> Result<SlotBank> {
+        Ok((**self).clone())
     }
     fn primary(&mut self) -> &mut SlotBank {
         self
@@ -131,8 +193,8 @@ impl Twin for &mut SlotBank {
     fn twin<'s>(&'s self, saved: &'s mut SlotBank) -> &'s mut SlotBank {
         saved
     }
-    fn check(&self, saved: &SlotBank, contract: Contract) -> Option<Breach> {
-        first_breach_f32(contract, &self.values(), &saved.values())
+    fn check(&self, saved: &SlotBank, contract: Contract) -> Result<Option<Breach>> {
+        Ok(first_breach_f32(contract, &self.values(), &saved.values()))
     }
 }
 
@@ -155,8 +217,8 @@ impl Twin for Output<'_> {
         = Output<'s>
     where
         Self: 's;
-    fn save(&self) -> OwnedOutput {
-        match self {
+    fn save(&self) -> Result<OwnedOutput> {
+        Ok(match self {
             Output::F32(d) => OwnedOutput::F32(d.to_vec(), d.to_vec()),
             Output::Bf16(d) => OwnedOutput::Bf16(d.to_vec()),
             Output::F16(d) => OwnedOutput::F16(d.to_vec()),
@@ -165,7 +227,7 @@ impl Twin for Output<'_> {
                 format: *format,
                 scale: *scale,
             },
-        }
+        })
     }
     fn primary(&mut self) -> Output<'_> {
         match self {
@@ -191,7 +253,25 @@ impl Twin for Output<'_> {
             },
         }
     }
-    fn check(&self, saved: &OwnedOutput, contract: Contract) -> Option<Breach> {
+    fn check(&self, saved: &OwnedOutput, contract: Contract) -> Result<Option<Breach>> {
+        Ok(self.output_breach(saved, contract))
+    }
+    #[cfg(test)]
+    fn nudge(&mut self, index: usize, ulps: i32) -> bool {
+        match self {
+            Output::F32(d) => Twin::nudge(d, index, ulps),
+            _ => false,
+        }
+    }
+}
+
+/// The GEMM output comparison of [`Twin::check`].
+trait OutputBreach {
+    fn output_breach(&self, saved: &OwnedOutput, contract: Contract) -> Option<Breach>;
+}
+
+impl OutputBreach for Output<'_> {
+    fn output_breach(&self, saved: &OwnedOutput, contract: Contract) -> Option<Breach> {
         let widen = |v: &[bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
         let widen16 = |v: &[f16]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
         let (dtype, scale, primary, cpu, before) = match (self, saved) {
@@ -234,19 +314,6 @@ impl Twin for Output<'_> {
                 primary.into_iter(),
                 cpu.into_iter(),
             ),
-        }
-    }
-    #[cfg(test)]
-    fn nudge(&mut self, index: usize, ulps: i32) -> bool {
-        match self {
-            Output::F32(d) => match d.get_mut(index) {
-                Some(v) => {
-                    *v = f32::from_bits(v.to_bits().wrapping_add_signed(ulps));
-                    true
-                }
-                None => false,
-            },
-            _ => false,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! `Tensor`: a row-major matrix of activations or gradients, with its values on a device.
 
 use super::DeviceKind;
+use super::device_values::{CudaStorage, Values, ValuesMut};
 use crate::error::{Error, Result};
 
 /// Where a tensor's values live.
@@ -9,16 +10,10 @@ pub(crate) enum Storage {
     /// Host memory: `rows * cols` f32 values, row-major, each exactly representable in the
     /// compute dtype wherever a GPU would store that dtype.
     Cpu(Vec<f32>),
-    /// GPU memory. The CUDA ops are staged through host memory today (`docs/cuda-backend.md`),
-    /// so no value of this arm is made yet.
-    #[allow(dead_code)] // uninhabited: nothing constructs it before device-resident tensors
+    /// GPU memory: the same f32 values, made by the CUDA backend's ops (`docs/cuda-backend.md`,
+    /// Device-resident tensors).
     Cuda(CudaStorage),
 }
-
-/// A device buffer of a tensor. Uninhabited until tensors live on the device (the staged CUDA
-/// ops take host tensors), so code that matches on [`Storage`] is complete without a host fallback.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum CudaStorage {}
 
 /// A `[rows, cols]` row-major activation. Values are f32, rounded to the
 /// precision's compute dtype wherever a GPU would store them in that dtype.
@@ -75,37 +70,102 @@ impl Tensor {
         self.cols
     }
 
+    /// A tensor of `[rows, cols]` values on a GPU; an error if the length does not match.
+    pub(crate) fn on_device(values: CudaStorage, rows: usize, cols: usize) -> Result<Self> {
+        let expected = rows.saturating_mul(cols);
+        if values.len() != expected {
+            return Err(Error::ShapeMismatch {
+                what: "Tensor on a GPU",
+                rows,
+                cols,
+                expected,
+                got: values.len(),
+            });
+        }
+        Ok(Tensor {
+            storage: Storage::Cuda(values),
+            rows,
+            cols,
+        })
+    }
+
     /// Number of values.
     pub fn len(&self) -> usize {
-        self.data().len()
+        match &self.storage {
+            Storage::Cpu(values) => values.len(),
+            Storage::Cuda(values) => values.len(),
+        }
     }
 
     /// Whether the tensor holds no values.
     pub fn is_empty(&self) -> bool {
-        self.data().is_empty()
+        self.len() == 0
     }
 
     /// The values, row-major.
+    ///
+    /// # Panics
+    /// If the values live on a GPU. Only the crate's own modules hold such tensors, between
+    /// their ops, and bring them back at their boundaries; [`Tensor::to_host`] is the way back.
     pub fn data(&self) -> &[f32] {
         match &self.storage {
             Storage::Cpu(values) => values,
-            Storage::Cuda(never) => match *never {},
+            Storage::Cuda(values) => on_gpu(values),
         }
     }
 
     /// The values, row-major, to change in place (the shape stays).
+    ///
+    /// # Panics
+    /// If the values live on a GPU, as [`Tensor::data`].
     pub fn data_mut(&mut self) -> &mut [f32] {
         match &mut self.storage {
             Storage::Cpu(values) => values,
-            Storage::Cuda(never) => match *never {},
+            Storage::Cuda(values) => on_gpu(values),
         }
     }
 
     /// The values, row-major, taking the tensor apart.
+    ///
+    /// # Panics
+    /// If the values live on a GPU, as [`Tensor::data`].
     pub fn into_data(self) -> Vec<f32> {
         match self.storage {
             Storage::Cpu(values) => values,
-            Storage::Cuda(never) => match never {},
+            Storage::Cuda(values) => on_gpu(&values),
+        }
+    }
+
+    /// The same values in host memory: a copy of a host tensor, a download of a GPU one.
+    pub fn to_host(&self) -> Result<Tensor> {
+        let values = match &self.storage {
+            Storage::Cpu(values) => values.clone(),
+            Storage::Cuda(values) => values.to_vec()?,
+        };
+        Tensor::new(values, self.rows, self.cols)
+    }
+
+    /// This tensor in host memory (a GPU one downloaded, a host one as it is).
+    pub fn into_host(self) -> Result<Tensor> {
+        match self.storage {
+            Storage::Cpu(_) => Ok(self),
+            Storage::Cuda(_) => self.to_host(),
+        }
+    }
+
+    /// The values as an op argument, wherever they live.
+    pub(crate) fn values(&self) -> Values<'_> {
+        match &self.storage {
+            Storage::Cpu(values) => Values::Host(values),
+            Storage::Cuda(values) => Values::Device(values),
+        }
+    }
+
+    /// The values as an op's output or in-place argument, wherever they live.
+    pub(crate) fn values_mut(&mut self) -> ValuesMut<'_> {
+        match &mut self.storage {
+            Storage::Cpu(values) => ValuesMut::Host(values),
+            Storage::Cuda(values) => ValuesMut::Device(values),
         }
     }
 
@@ -113,7 +173,7 @@ impl Tensor {
     pub fn device(&self) -> DeviceKind {
         match &self.storage {
             Storage::Cpu(_) => DeviceKind::Cpu,
-            Storage::Cuda(never) => match *never {},
+            Storage::Cuda(values) => DeviceKind::Cuda(values.ordinal()),
         }
     }
 
@@ -135,4 +195,13 @@ impl Tensor {
             ),
         })
     }
+}
+
+/// The panic of host-only accessors on GPU values (see [`Tensor::data`]).
+#[cold]
+fn on_gpu(values: &CudaStorage) -> ! {
+    panic!(
+        "tensor values live on cuda:{}: bring them to the host with Tensor::to_host first",
+        values.ordinal()
+    )
 }

@@ -13,6 +13,7 @@
 mod dense;
 pub mod dequantize;
 mod device_kind;
+pub(crate) mod device_values;
 mod dtype;
 mod half_values;
 mod scales;
@@ -37,11 +38,15 @@ use crate::format::Fp8Format;
 enum CodeStorage {
     /// Host memory: `rows * cols` codes, row-major.
     Cpu(Vec<u8>),
-    /// GPU memory: uninhabited until the CUDA backend implements its first op, as for
-    /// [`Tensor`]'s storage, so every match on it is complete without a host fallback.
-    #[allow(dead_code)] // uninhabited: nothing can construct it before the CUDA ops exist
-    Cuda(dense::CudaStorage),
+    /// GPU memory: uninhabited (device copies of codes are mirrors, [`DeviceMirror`]), so every
+    /// match on it is complete without a host fallback.
+    #[allow(dead_code)] // uninhabited: nothing can construct it
+    Cuda(DeviceCodes),
 }
+
+/// FP8 codes held only on a device: none yet.
+#[derive(Clone, Debug, PartialEq)]
+enum DeviceCodes {}
 
 /// A device copy of a quantized matrix's codes and scales, kept by the device op that wrote them
 /// (the staged CUDA casts), so a GEMM on the same GPU reads it instead of uploading the host copy.

@@ -1,0 +1,302 @@
+//! Values that may live on a GPU: the device array a tensor holds there ([`DeviceArray`],
+//! opaque here so tensors depend on no backend, as [`super::DeviceMirror`]), and the op
+//! arguments that name either host or device values ([`Values`], [`ValuesMut`]).
+//!
+//! A device array holds f32 values rounded to the compute dtype, the same values the host
+//! arm of a tensor holds, so every op contract and CPU twin reads them unchanged after a
+//! download (`docs/cuda-backend.md`, Device-resident tensors).
+
+use std::any::Any;
+use std::borrow::Cow;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+
+/// f32 values in a GPU's memory, kept by that GPU's backend (`dispatch::cuda_ops`).
+pub(crate) trait DeviceArray: Debug + Send + Sync {
+    /// The GPU holding the values.
+    fn ordinal(&self) -> usize;
+    /// Number of values.
+    fn len(&self) -> usize;
+    /// Copies every value into `out` (of [`Self::len`] values), after the work that writes them.
+    fn read(&self, out: &mut [f32]) -> Result<()>;
+    /// A new array on the same GPU holding the same values (copy on write of shared values).
+    fn duplicate(&self) -> Result<Box<dyn DeviceArray>>;
+    /// The backend's own type, to reach its buffer.
+    fn as_any(&self) -> &dyn Any;
+    /// The backend's own type, to write its buffer.
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// A tensor's values on a GPU. Clones share the array (as host tensors would copy it); the
+/// first write to a shared array copies it on the device first ([`Self::unique_mut`]).
+#[derive(Clone, Debug)]
+pub(crate) struct CudaStorage {
+    array: Arc<dyn DeviceArray>,
+}
+
+impl PartialEq for CudaStorage {
+    /// The same array. Values on a device are compared by downloading them (`Tensor::to_host`).
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.array, &other.array)
+    }
+}
+
+impl CudaStorage {
+    pub(crate) fn new(array: Box<dyn DeviceArray>) -> Self {
+        CudaStorage { array: array.into() }
+    }
+
+    /// The GPU holding the values.
+    pub(crate) fn ordinal(&self) -> usize {
+        self.array.ordinal()
+    }
+
+    /// Number of values.
+    pub(crate) fn len(&self) -> usize {
+        self.array.len()
+    }
+
+    /// The backend's array.
+    pub(crate) fn array(&self) -> &dyn DeviceArray {
+        &*self.array
+    }
+
+    /// The backend's array to write: this storage's own, copied on the device first if a clone
+    /// shares it (the clone keeps the old values).
+    pub(crate) fn unique_mut(&mut self) -> Result<&mut dyn DeviceArray> {
+        if Arc::get_mut(&mut self.array).is_none() {
+            self.array = self.array.duplicate()?.into();
+        }
+        Ok(Arc::get_mut(&mut self.array).expect("a fresh or unshared array has one owner"))
+    }
+
+    /// The values, downloaded.
+    pub(crate) fn to_vec(&self) -> Result<Vec<f32>> {
+        let mut out = vec![0.0; self.len()];
+        self.array.read(&mut out)?;
+        Ok(out)
+    }
+}
+
+/// An op's input values: in host memory, or on a GPU.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Values<'a> {
+    Host(&'a [f32]),
+    Device(&'a CudaStorage),
+}
+
+impl<'a> From<&'a [f32]> for Values<'a> {
+    fn from(values: &'a [f32]) -> Self {
+        Values::Host(values)
+    }
+}
+
+impl<'a> From<&'a Vec<f32>> for Values<'a> {
+    fn from(values: &'a Vec<f32>) -> Self {
+        Values::Host(values)
+    }
+}
+
+impl<'a> Values<'a> {
+    /// Number of values.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Values::Host(v) => v.len(),
+            Values::Device(d) => d.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The GPU holding them, if any.
+    pub(crate) fn ordinal(&self) -> Option<usize> {
+        match self {
+            Values::Host(_) => None,
+            Values::Device(d) => Some(d.ordinal()),
+        }
+    }
+
+    /// The host values, or `Unsupported` naming `op` for device values (an op of the CPU
+    /// backend: modules move to a device whole, so a device value there is a bug).
+    pub(crate) fn host(self, op: &'static str) -> Result<&'a [f32]> {
+        match self {
+            Values::Host(v) => Ok(v),
+            Values::Device(d) => Err(not_on_host(op, d)),
+        }
+    }
+
+    /// The values in host memory: borrowed, or downloaded.
+    pub(crate) fn to_host(self) -> Result<Cow<'a, [f32]>> {
+        match self {
+            Values::Host(v) => Ok(Cow::Borrowed(v)),
+            Values::Device(d) => d.to_vec().map(Cow::Owned),
+        }
+    }
+}
+
+/// An op's output or in-place values: in host memory, or on a GPU.
+#[derive(Debug)]
+pub(crate) enum ValuesMut<'a> {
+    Host(&'a mut [f32]),
+    Device(&'a mut CudaStorage),
+}
+
+impl<'a> From<&'a mut [f32]> for ValuesMut<'a> {
+    fn from(values: &'a mut [f32]) -> Self {
+        ValuesMut::Host(values)
+    }
+}
+
+impl<'a> From<&'a mut Vec<f32>> for ValuesMut<'a> {
+    fn from(values: &'a mut Vec<f32>) -> Self {
+        ValuesMut::Host(values)
+    }
+}
+
+impl<'a> ValuesMut<'a> {
+    /// Number of values.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            ValuesMut::Host(v) => v.len(),
+            ValuesMut::Device(d) => d.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The GPU holding them, if any.
+    pub(crate) fn ordinal(&self) -> Option<usize> {
+        match self {
+            ValuesMut::Host(_) => None,
+            ValuesMut::Device(d) => Some(d.ordinal()),
+        }
+    }
+
+    /// The same values, borrowed again for a shorter time.
+    pub(crate) fn reborrow(&mut self) -> ValuesMut<'_> {
+        match self {
+            ValuesMut::Host(v) => ValuesMut::Host(v),
+            ValuesMut::Device(d) => ValuesMut::Device(d),
+        }
+    }
+
+    /// Read-only view.
+    pub(crate) fn as_values(&self) -> Values<'_> {
+        match self {
+            ValuesMut::Host(v) => Values::Host(v),
+            ValuesMut::Device(d) => Values::Device(d),
+        }
+    }
+
+    /// The host values, or `Unsupported` naming `op` for device values ([`Values::host`]).
+    pub(crate) fn host(self, op: &'static str) -> Result<&'a mut [f32]> {
+        match self {
+            ValuesMut::Host(v) => Ok(v),
+            ValuesMut::Device(d) => Err(not_on_host(op, d)),
+        }
+    }
+}
+
+fn not_on_host(op: &'static str, d: &CudaStorage) -> Error {
+    Error::DeviceMismatch {
+        op,
+        expected: "cpu".to_string(),
+        got: format!("cuda:{}", d.ordinal()),
+    }
+}
+
+/// A device array in host memory, for tests of the code around device values on machines
+/// without a GPU: it plays a GPU's array (ordinal, copy on write, downloads) and nothing else.
+#[cfg(test)]
+#[derive(Debug)]
+pub(crate) struct HostArray {
+    pub(crate) ordinal: usize,
+    pub(crate) values: Vec<f32>,
+}
+
+#[cfg(test)]
+impl DeviceArray for HostArray {
+    fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+    fn len(&self) -> usize {
+        self.values.len()
+    }
+    fn read(&self, out: &mut [f32]) -> Result<()> {
+        out.copy_from_slice(&self.values);
+        Ok(())
+    }
+    fn duplicate(&self) -> Result<Box<dyn DeviceArray>> {
+        Ok(Box::new(HostArray {
+            ordinal: self.ordinal,
+            values: self.values.clone(),
+        }))
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on_gpu(ordinal: usize, values: Vec<f32>) -> CudaStorage {
+        CudaStorage::new(Box::new(HostArray { ordinal, values }))
+    }
+
+    fn written(storage: &mut CudaStorage, v: f32) {
+        let array = storage.unique_mut().unwrap();
+        let host = array.as_any_mut().downcast_mut::<HostArray>().unwrap();
+        host.values.iter_mut().for_each(|x| *x = v);
+    }
+
+    #[test]
+    fn a_write_to_shared_device_values_copies_them_first() {
+        let mut a = on_gpu(2, vec![1.0, 2.0, 3.0]);
+        let b = a.clone();
+        assert_eq!(a, b, "clones share one array");
+        written(&mut a, 9.0);
+        assert_ne!(a, b, "the write copied the array");
+        assert_eq!(a.to_vec().unwrap(), vec![9.0; 3]);
+        assert_eq!(b.to_vec().unwrap(), vec![1.0, 2.0, 3.0], "the clone keeps the old values");
+        // An unshared array is written in place: no copy.
+        let before = Arc::as_ptr(&a.array) as *const () as usize;
+        written(&mut a, 4.0);
+        assert_eq!(Arc::as_ptr(&a.array) as *const () as usize, before);
+        assert_eq!(a.ordinal(), 2);
+    }
+
+    #[test]
+    fn host_only_code_names_the_op_for_device_values() {
+        let mut d = on_gpu(1, vec![0.5; 4]);
+        let err = Values::Device(&d).host("gelu_forward").unwrap_err();
+        assert_eq!(
+            err,
+            Error::DeviceMismatch {
+                op: "gelu_forward",
+                expected: "cpu".into(),
+                got: "cuda:1".into()
+            }
+        );
+        assert!(ValuesMut::Device(&mut d).host("gelu_forward").is_err());
+        assert_eq!(Values::Device(&d).to_host().unwrap().as_ref(), &[0.5; 4]);
+        let mut h = vec![1.0f32, 2.0];
+        assert_eq!(Values::from(&h).host("x").unwrap(), &[1.0, 2.0]);
+        let mut m = ValuesMut::from(&mut h);
+        assert_eq!((m.len(), m.ordinal(), m.as_values().ordinal()), (2, None, None));
+        m.reborrow().host("x").unwrap()[0] = 5.0;
+        assert_eq!(h, vec![5.0, 2.0]);
+    }
+}
