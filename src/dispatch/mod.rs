@@ -21,8 +21,8 @@ mod contract;
 mod cuda_ops;
 pub(crate) mod fp8_cast;
 mod gemm_check;
-pub mod op_times;
 mod on_host;
+pub mod op_times;
 mod plain;
 mod shadow;
 #[cfg(test)]
@@ -48,6 +48,7 @@ use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{GemmParams, GemmReport, Operand, Output};
 use crate::scaling::{DelayedScaling, Fp8TensorStats, SlotBank, TensorRole};
+pub(crate) use crate::tensor::device_values::{Values, ValuesMut};
 use crate::tensor::{DeviceKind, DeviceMirror, Dtype, QuantizedMatrix, Tensor};
 
 /// Declares the op trait from one list, with the CPU implementation of each op
@@ -135,44 +136,44 @@ kernels! {
     /// The transpose of `[rows, cols]` f32 values in a plain compute dtype.
     fn convert_transposed(dtype: Dtype, src: &[f32], rows: usize, cols: usize) -> PlainMat = plain::convert_transposed;
     /// LayerNorm forward, saving mean and rstd.
-    fn layernorm_forward(x: &[f32], gamma: &[f32], beta: &[f32], shape: NormShape, eps: f32, zero_centered: bool,
-        y: &mut [f32], mean: &mut [f32], rstd: &mut [f32]) -> () = crate::ops::layernorm_forward;
+    fn layernorm_forward(x: Values<'_>, gamma: Values<'_>, beta: Values<'_>, shape: NormShape, eps: f32, zero_centered: bool,
+        y: ValuesMut<'_>, mean: ValuesMut<'_>, rstd: ValuesMut<'_>) -> () = crate::ops::layernorm_forward;
     /// LayerNorm backward: dx, and `+=` into dgamma and dbeta.
-    fn layernorm_backward(dy: &[f32], x: &[f32], gamma: &[f32], mean: &[f32], rstd: &[f32], shape: NormShape,
-        zero_centered: bool, dx: &mut [f32], dgamma: &mut [f32], dbeta: &mut [f32]) -> () = crate::ops::layernorm_backward;
+    fn layernorm_backward(dy: Values<'_>, x: Values<'_>, gamma: Values<'_>, mean: Values<'_>, rstd: Values<'_>, shape: NormShape,
+        zero_centered: bool, dx: ValuesMut<'_>, dgamma: ValuesMut<'_>, dbeta: ValuesMut<'_>) -> () = crate::ops::layernorm_backward;
     /// RMSNorm forward, saving rstd.
-    fn rmsnorm_forward(x: &[f32], gamma: &[f32], shape: NormShape, eps: f32, zero_centered: bool, y: &mut [f32],
-        rstd: &mut [f32]) -> () = crate::ops::rmsnorm_forward;
+    fn rmsnorm_forward(x: Values<'_>, gamma: Values<'_>, shape: NormShape, eps: f32, zero_centered: bool, y: ValuesMut<'_>,
+        rstd: ValuesMut<'_>) -> () = crate::ops::rmsnorm_forward;
     /// RMSNorm backward: dx, and `+=` into dgamma.
-    fn rmsnorm_backward(dy: &[f32], x: &[f32], gamma: &[f32], rstd: &[f32], shape: NormShape, zero_centered: bool,
-        dx: &mut [f32], dgamma: &mut [f32]) -> () = crate::ops::rmsnorm_backward;
+    fn rmsnorm_backward(dy: Values<'_>, x: Values<'_>, gamma: Values<'_>, rstd: Values<'_>, shape: NormShape, zero_centered: bool,
+        dx: ValuesMut<'_>, dgamma: ValuesMut<'_>) -> () = crate::ops::rmsnorm_backward;
     /// tanh-GELU forward.
-    fn gelu_forward(x: &[f32], y: &mut [f32]) -> () = crate::ops::gelu_forward;
+    fn gelu_forward(x: Values<'_>, y: ValuesMut<'_>) -> () = crate::ops::gelu_forward;
     /// tanh-GELU backward.
-    fn gelu_backward(dy: &[f32], x: &[f32], dx: &mut [f32]) -> () = crate::ops::gelu_backward;
+    fn gelu_backward(dy: Values<'_>, x: Values<'_>, dx: ValuesMut<'_>) -> () = crate::ops::gelu_backward;
     /// SwiGLU forward over `[rows, 2 * cols]`.
-    fn swiglu_forward(x: &[f32], rows: usize, cols: usize, y: &mut [f32]) -> () = crate::ops::swiglu_forward;
+    fn swiglu_forward(x: Values<'_>, rows: usize, cols: usize, y: ValuesMut<'_>) -> () = crate::ops::swiglu_forward;
     /// SwiGLU backward.
-    fn swiglu_backward(dy: &[f32], x: &[f32], rows: usize, cols: usize, dx: &mut [f32]) -> ()
+    fn swiglu_backward(dy: Values<'_>, x: Values<'_>, rows: usize, cols: usize, dx: ValuesMut<'_>) -> ()
         = crate::ops::swiglu_backward;
     /// Causal attention core forward, saving the log-sum-exp.
-    fn attention_forward(q: &[f32], k: &[f32], v: &[f32], shape: AttentionShape, softmax_scale: f32, dtype: Dtype,
-        out: &mut [f32], lse: &mut [f32]) -> () = crate::ops::attention_forward, contract = contract::attention(dtype);
+    fn attention_forward(q: Values<'_>, k: Values<'_>, v: Values<'_>, shape: AttentionShape, softmax_scale: f32, dtype: Dtype,
+        out: ValuesMut<'_>, lse: ValuesMut<'_>) -> () = crate::ops::attention_forward, contract = contract::attention(dtype);
     /// Causal attention core backward.
-    fn attention_backward(dout: &[f32], q: &[f32], k: &[f32], v: &[f32], out: &[f32], lse: &[f32],
-        shape: AttentionShape, softmax_scale: f32, dtype: Dtype, dq: &mut [f32], dk: &mut [f32], dv: &mut [f32])
+    fn attention_backward(dout: Values<'_>, q: Values<'_>, k: Values<'_>, v: Values<'_>, out: Values<'_>, lse: Values<'_>,
+        shape: AttentionShape, softmax_scale: f32, dtype: Dtype, dq: ValuesMut<'_>, dk: ValuesMut<'_>, dv: ValuesMut<'_>)
         -> () = crate::ops::attention_backward, contract = contract::attention(dtype);
     /// Causal attention of new queries against a key/value cache (generation), forward only.
     fn attention_cached(q: &[f32], k: &[f32], v: &[f32], shape: CachedAttentionShape, softmax_scale: f32,
         dtype: Dtype, out: &mut [f32]) -> () = crate::ops::attention_cached, contract = contract::attention(dtype);
     /// Rotary position embedding of `[rows, heads * head_dim]`, in place.
-    fn rope_forward(x: &mut [f32], shape: RopeShape, table: &RopeTable) -> () = cpu_rope_forward;
+    fn rope_forward(x: ValuesMut<'_>, shape: RopeShape, table: &RopeTable) -> () = cpu_rope_forward;
     /// The rotary embedding's backward (the transposed rotation), in place.
-    fn rope_backward(dx: &mut [f32], shape: RopeShape, table: &RopeTable) -> () = cpu_rope_backward;
+    fn rope_backward(dx: ValuesMut<'_>, shape: RopeShape, table: &RopeTable) -> () = cpu_rope_backward;
     /// The residual add, rounded to the dtype.
-    fn residual_add(x: &[f32], f: &[f32], dtype: Dtype) -> Vec<f32> = crate::ops::elementwise::residual_add;
+    fn residual_add(x: Values<'_>, f: Values<'_>, dtype: Dtype, out: ValuesMut<'_>) -> () = cpu_residual_add;
     /// `sums += column sums of x` (bias gradients).
-    fn column_sum(x: &[f32], cols: usize, sums: &mut [f32]) -> () = crate::ops::elementwise::column_sum_accumulate;
+    fn column_sum(x: Values<'_>, cols: usize, sums: ValuesMut<'_>) -> () = crate::ops::elementwise::column_sum_accumulate;
     /// Embedding gather.
     fn embedding_forward(ids: &[u32], table: &[f32], dim: usize, out: &mut [f32]) -> ()
         = crate::ops::embedding_forward;
@@ -233,6 +234,10 @@ fn cpu_cast_stats(name: String, src: &[f32], cast: &Cast) -> Result<Fp8TensorSta
 
 fn cpu_uncast_stats(name: String, values: &[f32], format: Fp8Format, amax: f32, scale: f32) -> Result<Fp8TensorStats> {
     Ok(fp8_cast::uncast_stats(name, values, format, amax, scale))
+}
+
+fn cpu_residual_add(x: &[f32], f: &[f32], dtype: Dtype, out: &mut [f32]) -> Result<()> {
+    crate::ops::elementwise::residual_add_into(x, f, dtype, out)
 }
 
 fn cpu_rope_forward(x: &mut [f32], shape: RopeShape, table: &RopeTable) -> Result<()> {
@@ -357,6 +362,25 @@ impl Backend {
         }
     }
 
+    /// A `[rows, cols]` tensor for an op's output, where `input` lives: host memory for a host
+    /// input, a new array on its GPU for a device one (the op writes every value; the
+    /// contents before are unspecified).
+    pub(crate) fn output_like(&self, input: &Tensor, rows: usize, cols: usize) -> Result<Tensor> {
+        let len = rows.checked_mul(cols).ok_or(Error::ShapeMismatch {
+            what: "op output",
+            rows,
+            cols,
+            expected: usize::MAX,
+            got: 0,
+        })?;
+        match input.device() {
+            DeviceKind::Cpu => Tensor::new(crate::tensor::scratch::overwritten(len), rows, cols),
+            DeviceKind::Cuda(ordinal) => {
+                Tensor::on_device(cuda_ops::new_values(&CudaKernels { ordinal }, len)?, rows, cols)
+            }
+        }
+    }
+
     /// The kernels of this device (the one dispatch `match`).
     pub(crate) fn kernels(&self) -> &dyn Kernels {
         match self {
@@ -398,11 +422,11 @@ mod tests {
         // Position 4 is past the table: the twin's error, whether or not GPU 99 exists.
         let cuda = Backend::on(DeviceKind::Cuda(99))
             .kernels()
-            .rope_forward(&mut x, shape, &table)
+            .rope_forward(ValuesMut::Host(&mut x), shape, &table)
             .expect_err("past the table");
         let cpu = Backend::default()
             .kernels()
-            .rope_forward(&mut x, shape, &table)
+            .rope_forward(ValuesMut::Host(&mut x), shape, &table)
             .expect_err("past the table");
         assert_eq!(cuda, cpu);
         // A good shape reaches the device, which is missing: a typed error, x untouched.
@@ -412,7 +436,7 @@ mod tests {
         };
         let err = Backend::on(DeviceKind::Cuda(99))
             .kernels()
-            .rope_backward(&mut x, shape, &table)
+            .rope_backward(ValuesMut::Host(&mut x), shape, &table)
             .expect_err("there is no GPU 99");
         assert!(matches!(err, Error::NoGpu { .. } | Error::KernelsMissing), "{err}");
         assert_eq!(x, vec![7.0; 8], "a failed op must not touch its input");
@@ -424,7 +448,7 @@ mod tests {
         let mut y = vec![7.0f32; 4];
         let err = Backend::on(DeviceKind::Cuda(99))
             .kernels()
-            .gelu_forward(&[1.0; 4], &mut y)
+            .gelu_forward(Values::Host(&[1.0; 4]), ValuesMut::Host(&mut y))
             .expect_err("there is no GPU 99");
         assert!(matches!(err, Error::NoGpu { .. } | Error::KernelsMissing), "{err}");
         assert_eq!(y, vec![7.0; 4]);
@@ -479,7 +503,7 @@ mod tests {
         let (mut via_dispatch, mut direct) = (vec![0.0; 64], vec![0.0; 64]);
         Backend::default()
             .kernels()
-            .gelu_forward(&x, &mut via_dispatch)
+            .gelu_forward(Values::Host(&x), ValuesMut::Host(&mut via_dispatch))
             .unwrap();
         crate::ops::gelu_forward(&x, &mut direct).unwrap();
         assert_eq!(

@@ -94,22 +94,38 @@ pub(crate) fn timed<R>(op: &'static str, f: impl FnOnce() -> R) -> R {
 mod tests {
     use super::*;
     use crate::dispatch::Backend;
+    use crate::dispatch::{Values, ValuesMut};
 
     #[test]
     fn records_ops_per_phase_only_while_enabled() {
         let kernels = Backend::default();
         let x = vec![0.5f32; 1024];
         let mut y = vec![0.0f32; 1024];
-        kernels.kernels().gelu_forward(&x, &mut y).unwrap();
+        kernels
+            .kernels()
+            .gelu_forward(Values::Host(&x), ValuesMut::Host(&mut y))
+            .unwrap();
         take();
         enable(true);
         set_phase(Phase::Forward);
-        kernels.kernels().gelu_forward(&x, &mut y).unwrap();
-        kernels.kernels().gelu_forward(&x, &mut y).unwrap();
+        kernels
+            .kernels()
+            .gelu_forward(Values::Host(&x), ValuesMut::Host(&mut y))
+            .unwrap();
+        kernels
+            .kernels()
+            .gelu_forward(Values::Host(&x), ValuesMut::Host(&mut y))
+            .unwrap();
         set_phase(Phase::Backward);
-        kernels.kernels().gelu_backward(&x, &x, &mut y).unwrap();
+        kernels
+            .kernels()
+            .gelu_backward(Values::Host(&x), Values::Host(&x), ValuesMut::Host(&mut y))
+            .unwrap();
         enable(false);
-        kernels.kernels().gelu_backward(&x, &x, &mut y).unwrap();
+        kernels
+            .kernels()
+            .gelu_backward(Values::Host(&x), Values::Host(&x), ValuesMut::Host(&mut y))
+            .unwrap();
         let times = take();
         let calls: Vec<_> = times.iter().map(|t| (t.op, t.phase, t.calls)).collect();
         assert_eq!(

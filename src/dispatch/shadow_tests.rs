@@ -3,6 +3,7 @@
 //! perturbed bounded op passes within its bound and fails beyond it.
 
 use super::{Backend, Perturbed, perturb_cpu_primaries};
+use super::{Values, ValuesMut};
 use crate::amp::{Fp8Recipe, Precision};
 use crate::backend::cuda::error_bound::FP8_ACCUMULATOR_BITS;
 use crate::error::{Error, Result};
@@ -173,9 +174,15 @@ fn in_place_state_is_copied_before_the_primary_op() {
     // `+=` ops: the twin must start from the sums as they were, not as the primary left them.
     let x: Vec<f32> = (0..12).map(|i| i as f32 * 0.25).collect();
     let (mut plain, mut checked) = (vec![1.0f32, -2.0, 3.0], vec![1.0f32, -2.0, 3.0]);
-    Backend::default().kernels().column_sum(&x, 3, &mut plain).unwrap();
+    Backend::default()
+        .kernels()
+        .column_sum(Values::Host(&x), 3, ValuesMut::Host(&mut plain))
+        .unwrap();
     let shadow = Backend::default().checked_against_cpu(true, "bias");
-    shadow.kernels().column_sum(&x, 3, &mut checked).unwrap();
+    shadow
+        .kernels()
+        .column_sum(Values::Host(&x), 3, ValuesMut::Host(&mut checked))
+        .unwrap();
     assert_eq!(plain, checked);
     // And a moved accumulator is caught at its index.
     perturb_cpu_primaries(Some(Perturbed {
@@ -187,7 +194,7 @@ fn in_place_state_is_copied_before_the_primary_op() {
     perturb_cpu_primaries(None);
     let err = perturbed
         .kernels()
-        .column_sum(&x, 3, &mut checked)
+        .column_sum(Values::Host(&x), 3, ValuesMut::Host(&mut checked))
         .expect_err("moved beyond the bound");
     assert!(
         matches!(

@@ -10,7 +10,7 @@ use super::norm::NormConfig;
 use super::param::{Module, Parameter};
 use super::replay::Replay;
 use crate::amp::Precision;
-use crate::dispatch::{AttentionShape, Backend};
+use crate::dispatch::{AttentionShape, Backend, Values, ValuesMut};
 use crate::error::{Error, Result};
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
@@ -159,9 +159,16 @@ impl MultiheadAttention {
         let mut out = scratch::overwritten(tokens * self.hidden);
         let mut lse = vec![0.0; batch * self.heads * seq];
         let scale = 1.0 / (shape.head_dim as f32).sqrt();
-        self.backend
-            .kernels()
-            .attention_forward(&q, &k, &v, shape, scale, self.dtype, &mut out, &mut lse)?;
+        self.backend.kernels().attention_forward(
+            Values::Host(&q),
+            Values::Host(&k),
+            Values::Host(&v),
+            shape,
+            scale,
+            self.dtype,
+            ValuesMut::Host(&mut out),
+            ValuesMut::Host(&mut lse),
+        )?;
         self.dtype.round_slice(&mut out);
         // The output projection keeps its own copy of `out` for wgrad (the attention backward
         // keeps this one): handed over, so fp32 copies it once, not twice.
@@ -190,18 +197,18 @@ impl MultiheadAttention {
         let [mut dq, mut dk, mut dv] = [(); 3].map(|()| scratch::overwritten(n));
         let scale = 1.0 / (s.shape.head_dim as f32).sqrt();
         self.backend.kernels().attention_backward(
-            dout.data(),
-            &s.q,
-            &s.k,
-            &s.v,
-            &s.out,
-            &s.lse,
+            dout.values(),
+            Values::Host(&s.q),
+            Values::Host(&s.k),
+            Values::Host(&s.v),
+            Values::Host(&s.out),
+            Values::Host(&s.lse),
             s.shape,
             scale,
             self.dtype,
-            &mut dq,
-            &mut dk,
-            &mut dv,
+            ValuesMut::Host(&mut dq),
+            ValuesMut::Host(&mut dk),
+            ValuesMut::Host(&mut dv),
         )?;
         let tokens = dout.rows();
         let mut dqkv = join_qkv([&dq, &dk, &dv], tokens, self.hidden);

@@ -16,7 +16,7 @@ use super::norm::NormConfig;
 use super::param::{Module, Parameter};
 use super::replay::Replay;
 use crate::amp::Precision;
-use crate::dispatch::{AttentionShape, Backend, CachedAttentionShape, RopeShape, RopeTable};
+use crate::dispatch::{AttentionShape, Backend, CachedAttentionShape, RopeShape, RopeTable, Values, ValuesMut};
 use crate::error::{Error, Result};
 use crate::scaling::{DelayedSlot, Fp8TensorStats};
 use crate::tensor::{DeviceKind, Dtype, Tensor};
@@ -180,7 +180,9 @@ impl GroupedQueryAttention {
                 head_dim: c.head_dim,
                 first_position,
             };
-            self.backend.kernels().rope_forward(part, shape, rope)?;
+            self.backend
+                .kernels()
+                .rope_forward(ValuesMut::Host(part), shape, rope)?;
             self.dtype.round_slice(part);
         }
         Ok([q, k, v])
@@ -208,9 +210,16 @@ impl GroupedQueryAttention {
         let mut out = vec![0.0; tokens * c.q_width()];
         let mut lse = vec![0.0; batch * c.heads * seq];
         let scale = 1.0 / (c.head_dim as f32).sqrt();
-        self.backend
-            .kernels()
-            .attention_forward(&q, &k, &v, shape, scale, self.dtype, &mut out, &mut lse)?;
+        self.backend.kernels().attention_forward(
+            Values::Host(&q),
+            Values::Host(&k),
+            Values::Host(&v),
+            shape,
+            scale,
+            self.dtype,
+            ValuesMut::Host(&mut out),
+            ValuesMut::Host(&mut lse),
+        )?;
         self.dtype.round_slice(&mut out);
         let y = self
             .out_proj
@@ -238,18 +247,18 @@ impl GroupedQueryAttention {
         let (mut dq, mut dk, mut dv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         self.backend.kernels().attention_backward(
-            dout.data(),
-            &s.q,
-            &s.k,
-            &s.v,
-            &s.out,
-            &s.lse,
+            dout.values(),
+            Values::Host(&s.q),
+            Values::Host(&s.k),
+            Values::Host(&s.v),
+            Values::Host(&s.out),
+            Values::Host(&s.lse),
             s.shape,
             scale,
             self.dtype,
-            &mut dq,
-            &mut dk,
-            &mut dv,
+            ValuesMut::Host(&mut dq),
+            ValuesMut::Host(&mut dk),
+            ValuesMut::Host(&mut dv),
         )?;
         let tokens = dout.rows();
         let (mut dk, dv) = (sum_heads(&dk, tokens, &c), sum_heads(&dv, tokens, &c));
@@ -261,7 +270,9 @@ impl GroupedQueryAttention {
                 head_dim: c.head_dim,
                 first_position: 0,
             };
-            self.backend.kernels().rope_backward(part, shape, rope)?;
+            self.backend
+                .kernels()
+                .rope_backward(ValuesMut::Host(part), shape, rope)?;
         }
         let mut dqkv = join(&[&dq, &dk, &dv], tokens, [c.q_width(), c.kv_width(), c.kv_width()]);
         self.dtype.round_slice(&mut dqkv);

@@ -6,7 +6,7 @@ use super::linear_gemms::{LinearGemms, WeightSliceCast};
 use super::lora::LoraAdapter;
 use super::param::{Module, Parameter};
 use crate::amp::Precision;
-use crate::dispatch::Backend;
+use crate::dispatch::{Backend, ValuesMut};
 use crate::error::Result;
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
@@ -196,7 +196,7 @@ impl Linear {
             Some(w) => {
                 let kernels = self.gemms.backend().kernels();
                 if let Some(db) = bias_grad {
-                    kernels.column_sum(dy.data(), self.out_features, db)?;
+                    kernels.column_sum(dy.values(), self.out_features, ValuesMut::Host(db))?;
                 }
                 let dtype = self.gemms.precision().compute_dtype();
                 w.backward(kernels, self.gemms.precision(), dy.data(), dtype)?

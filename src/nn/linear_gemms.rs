@@ -18,7 +18,7 @@
 use super::no_forward;
 use super::param::Parameter;
 use crate::amp::{Fp8Recipe, Precision};
-use crate::dispatch::{Backend, Cast, Kernels, PlainMat, fp8_cast};
+use crate::dispatch::{Backend, Cast, Kernels, PlainMat, Values, ValuesMut, fp8_cast};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{FP8_K_MULTIPLE, GemmParams, Mat, Operand, Output};
@@ -501,7 +501,7 @@ impl LinearGemms {
         let backend = self.backend.clone();
         let kernels = backend.kernels();
         if let Some(db) = bias_grad {
-            kernels.column_sum(dy, out, db)?;
+            kernels.column_sum(Values::Host(dy), out, ValuesMut::Host(db))?;
         }
         let Some((_, copy)) = &self.weight else {
             return Err(internal(&self.layer, "no weight copy in backward"));

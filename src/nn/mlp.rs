@@ -8,7 +8,7 @@ use super::norm::{Norm, NormConfig};
 use super::param::{Module, Parameter};
 use super::replay::Replay;
 use crate::amp::Precision;
-use crate::dispatch::Backend;
+use crate::dispatch::{Backend, ValuesMut};
 use crate::error::Result;
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
@@ -119,11 +119,15 @@ impl LayerNormMLP {
         let a = self.fc1.forward_owned(normed, replay)?;
         let mut g = self.buffer(a.rows() * self.ffn);
         match self.activation {
-            Activation::Gelu => self.backend.kernels().gelu_forward(a.data(), &mut g)?,
-            Activation::SwiGlu => self
+            Activation::Gelu => self
                 .backend
                 .kernels()
-                .swiglu_forward(a.data(), a.rows(), self.ffn, &mut g)?,
+                .gelu_forward(a.values(), ValuesMut::Host(&mut g))?,
+            Activation::SwiGlu => {
+                self.backend
+                    .kernels()
+                    .swiglu_forward(a.values(), a.rows(), self.ffn, ValuesMut::Host(&mut g))?
+            }
         }
         self.dtype.round_slice(&mut g);
         let g = Tensor::new(g, a.rows(), self.ffn)?;
@@ -140,12 +144,18 @@ impl LayerNormMLP {
         let a = self.pre_activation.take().ok_or_else(|| no_forward(&self.name))?;
         let mut da = self.buffer(a.len());
         match self.activation {
-            Activation::Gelu => self.backend.kernels().gelu_backward(dg.data(), a.data(), &mut da)?,
-            Activation::SwiGlu => {
+            Activation::Gelu => {
                 self.backend
                     .kernels()
-                    .swiglu_backward(dg.data(), a.data(), a.rows(), self.ffn, &mut da)?
+                    .gelu_backward(dg.values(), a.values(), ValuesMut::Host(&mut da))?
             }
+            Activation::SwiGlu => self.backend.kernels().swiglu_backward(
+                dg.values(),
+                a.values(),
+                a.rows(),
+                self.ffn,
+                ValuesMut::Host(&mut da),
+            )?,
         }
         self.dtype.round_slice(&mut da);
         let da = Tensor::new(da, a.rows(), a.cols())?;

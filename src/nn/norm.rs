@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use super::no_forward;
 use super::param::{Module, Parameter};
 use crate::amp::Precision;
-use crate::dispatch::{Backend, NormShape};
+use crate::dispatch::{Backend, NormShape, Values, ValuesMut};
 use crate::error::Result;
 use crate::tensor::Tensor;
 use crate::tensor::scratch;
@@ -103,25 +103,25 @@ impl NormCore {
             Some(beta) => {
                 mean = vec![0.0; x.rows()];
                 self.backend.kernels().layernorm_forward(
-                    x.data(),
-                    &self.gamma.widened(),
-                    &beta.widened(),
+                    x.values(),
+                    Values::Host(&self.gamma.widened()),
+                    Values::Host(&beta.widened()),
                     shape,
                     self.config.eps,
                     self.config.zero_centered_gamma,
-                    &mut y,
-                    &mut mean,
-                    &mut rstd,
+                    ValuesMut::Host(&mut y),
+                    ValuesMut::Host(&mut mean),
+                    ValuesMut::Host(&mut rstd),
                 )?;
             }
             None => self.backend.kernels().rmsnorm_forward(
-                x.data(),
-                &self.gamma.widened(),
+                x.values(),
+                Values::Host(&self.gamma.widened()),
                 shape,
                 self.config.eps,
                 self.config.zero_centered_gamma,
-                &mut y,
-                &mut rstd,
+                ValuesMut::Host(&mut y),
+                ValuesMut::Host(&mut rstd),
             )?,
         }
         self.saved = Some(NormSaved {
@@ -167,32 +167,32 @@ impl NormCore {
         let gamma = &*gamma;
         match &mut self.beta {
             Some(beta) => self.backend.kernels().layernorm_backward(
-                dy.data(),
-                &saved.x,
-                gamma,
-                &saved.mean,
-                &saved.rstd,
+                dy.values(),
+                Values::Host(&saved.x),
+                Values::Host(gamma),
+                Values::Host(&saved.mean),
+                Values::Host(&saved.rstd),
                 shape,
                 zc,
-                &mut dx,
-                dgamma,
-                match beta.is_frozen() {
+                ValuesMut::Host(&mut dx),
+                ValuesMut::Host(dgamma),
+                ValuesMut::Host(match beta.is_frozen() {
                     true => {
                         beta_scratch.resize(self.hidden, 0.0);
                         &mut beta_scratch[..]
                     }
                     false => beta.grad_mut(),
-                },
+                }),
             )?,
             None => self.backend.kernels().rmsnorm_backward(
-                dy.data(),
-                &saved.x,
-                gamma,
-                &saved.rstd,
+                dy.values(),
+                Values::Host(&saved.x),
+                Values::Host(gamma),
+                Values::Host(&saved.rstd),
                 shape,
                 zc,
-                &mut dx,
-                dgamma,
+                ValuesMut::Host(&mut dx),
+                ValuesMut::Host(dgamma),
             )?,
         }
         self.dtype.round_slice(&mut dx);

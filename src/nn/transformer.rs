@@ -142,8 +142,11 @@ impl TransformerLayer {
     }
 
     fn residual(&self, x: &Tensor, f: &Tensor) -> Result<Tensor> {
-        let sum = self.backend.kernels().residual_add(x.data(), f.data(), self.dtype)?;
-        Tensor::new(sum, x.rows(), x.cols())
+        let mut sum = self.backend.output_like(x, x.rows(), x.cols())?;
+        self.backend
+            .kernels()
+            .residual_add(x.values(), f.values(), self.dtype, sum.values_mut())?;
+        Ok(sum)
     }
 
     /// Drops what the last forward kept for backward (after an evaluation-only forward).

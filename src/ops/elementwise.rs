@@ -14,6 +14,15 @@ pub fn residual_add(x: &[f32], f: &[f32], dtype: Dtype) -> Result<Vec<f32>> {
     Ok(sum)
 }
 
+/// [`residual_add`] into `out` (every value overwritten).
+pub fn residual_add_into(x: &[f32], f: &[f32], dtype: Dtype, out: &mut [f32]) -> Result<()> {
+    len("residual branch f", 1, x.len(), f.len())?;
+    len("residual sum", 1, x.len(), out.len())?;
+    out.iter_mut().zip(x.iter().zip(f)).for_each(|(o, (a, b))| *o = a + b);
+    dtype.round_slice(out);
+    Ok(())
+}
+
 /// `sums[c] += sum over rows of x[r, c]`, rows in order (a bias gradient from `dy [rows, cols]`).
 pub fn column_sum_accumulate(x: &[f32], cols: usize, sums: &mut [f32]) -> Result<()> {
     len("column sums", 1, cols, sums.len())?;

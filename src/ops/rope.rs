@@ -141,9 +141,9 @@ pub struct RopeShape {
 }
 
 /// The argument check of both backends: returns the row width `heads * head_dim`.
-pub(crate) fn check(x: &[f32], shape: &RopeShape, table: &RopeTable) -> Result<usize> {
+pub(crate) fn check(x_len: usize, shape: &RopeShape, table: &RopeTable) -> Result<usize> {
     let width = elements("rope width (heads x head_dim)", shape.heads, shape.head_dim)?;
-    len("rope x", shape.rows, width, x.len())?;
+    len("rope x", shape.rows, width, x_len)?;
     if table.rotary_dim > shape.head_dim || shape.seq == 0 {
         return Err(Error::InvalidShape {
             what: "rope",
@@ -166,7 +166,7 @@ pub(crate) fn check(x: &[f32], shape: &RopeShape, table: &RopeTable) -> Result<u
 }
 
 fn rotate(x: &mut [f32], shape: &RopeShape, table: &RopeTable, sign: f32) -> Result<()> {
-    let width = check(x, shape, table)?;
+    let width = check(x.len(), shape, table)?;
     if width == 0 {
         return Ok(());
     }

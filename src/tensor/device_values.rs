@@ -108,11 +108,6 @@ impl<'a> Values<'a> {
         }
     }
 
-    /// Whether there are none.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The GPU holding them, if any.
     pub(crate) fn ordinal(&self) -> Option<usize> {
         match self {
@@ -165,11 +160,6 @@ impl<'a> ValuesMut<'a> {
             ValuesMut::Host(v) => v.len(),
             ValuesMut::Device(d) => d.len(),
         }
-    }
-
-    /// Whether there are none.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// The GPU holding them, if any.
@@ -270,7 +260,11 @@ mod tests {
         written(&mut a, 9.0);
         assert_ne!(a, b, "the write copied the array");
         assert_eq!(a.to_vec().unwrap(), vec![9.0; 3]);
-        assert_eq!(b.to_vec().unwrap(), vec![1.0, 2.0, 3.0], "the clone keeps the old values");
+        assert_eq!(
+            b.to_vec().unwrap(),
+            vec![1.0, 2.0, 3.0],
+            "the clone keeps the old values"
+        );
         // An unshared array is written in place: no copy.
         let before = Arc::as_ptr(&a.array) as *const () as usize;
         written(&mut a, 4.0);

@@ -6,6 +6,7 @@
 
 use half::{bf16, f16};
 
+use super::resident::staged_for;
 use super::{Pooled, Staged, staged};
 use crate::backend::cuda::DeviceElement;
 use crate::backend::cuda::norm::NormParamsRef;
@@ -14,6 +15,7 @@ use crate::dispatch::{AttentionShape, CachedAttentionShape, CudaKernels, NormSha
 use crate::error::Result;
 use crate::ops::attention_cached::nothing_to_do;
 use crate::tensor::Dtype;
+use crate::tensor::device_values::{Values, ValuesMut};
 
 /// `[rows, cols]` f32 values converted on the device to `T`, transposed when asked.
 fn convert_to<T: DeviceElement + Pooled>(
@@ -60,19 +62,28 @@ pub(crate) fn convert_transposed(
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn layernorm_forward(
     k: &CudaKernels,
-    x: &[f32],
-    gamma: &[f32],
-    beta: &[f32],
+    x: Values<'_>,
+    gamma: Values<'_>,
+    beta: Values<'_>,
     shape: NormShape,
     eps: f32,
     zero_centered: bool,
-    y: &mut [f32],
-    mean: &mut [f32],
-    rstd: &mut [f32],
+    y: ValuesMut<'_>,
+    mean: ValuesMut<'_>,
+    rstd: ValuesMut<'_>,
 ) -> Result<()> {
-    let s = staged(k)?;
-    let (x_d, gamma_d, beta_d) = (s.up(x)?, s.up(gamma)?, s.up(beta)?);
-    let (mut y_d, mut mean_d, mut rstd_d) = (s.scratch(y.len())?, s.scratch(mean.len())?, s.scratch(rstd.len())?);
+    const OP: &str = "layernorm_forward";
+    let on = [
+        x.ordinal(),
+        gamma.ordinal(),
+        beta.ordinal(),
+        y.ordinal(),
+        mean.ordinal(),
+        rstd.ordinal(),
+    ];
+    let s = staged_for(k, OP, on)?;
+    let (x_d, gamma_d, beta_d) = (s.input(OP, x)?, s.input(OP, gamma)?, s.input(OP, beta)?);
+    let (mut y_d, mut mean_d, mut rstd_d) = (s.output(OP, y)?, s.output(OP, mean)?, s.output(OP, rstd)?);
     let params = NormParamsRef {
         gamma: &gamma_d,
         beta: Some(&beta_d),
@@ -88,31 +99,44 @@ pub(crate) fn layernorm_forward(
         Some(&mut mean_d),
         &mut rstd_d,
     )?;
-    s.down(&y_d, y)?;
-    s.down(&mean_d, mean)?;
-    s.down(&rstd_d, rstd)
+    y_d.finish(&s)?;
+    mean_d.finish(&s)?;
+    rstd_d.finish(&s)
 }
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn layernorm_backward(
     k: &CudaKernels,
-    dy: &[f32],
-    x: &[f32],
-    gamma: &[f32],
-    mean: &[f32],
-    rstd: &[f32],
+    dy: Values<'_>,
+    x: Values<'_>,
+    gamma: Values<'_>,
+    mean: Values<'_>,
+    rstd: Values<'_>,
     shape: NormShape,
     zero_centered: bool,
-    dx: &mut [f32],
-    dgamma: &mut [f32],
-    dbeta: &mut [f32],
+    dx: ValuesMut<'_>,
+    dgamma: ValuesMut<'_>,
+    dbeta: ValuesMut<'_>,
 ) -> Result<()> {
-    let s = staged(k)?;
-    let (dy_d, x_d, gamma_d, mean_d, rstd_d) = (s.up(dy)?, s.up(x)?, s.up(gamma)?, s.up(mean)?, s.up(rstd)?);
+    const OP: &str = "layernorm_backward";
+    let on = [
+        dy.ordinal(),
+        x.ordinal(),
+        gamma.ordinal(),
+        mean.ordinal(),
+        rstd.ordinal(),
+    ];
+    let s = staged_for(
+        k,
+        OP,
+        on.into_iter().chain([dx.ordinal(), dgamma.ordinal(), dbeta.ordinal()]),
+    )?;
+    let (dy_d, x_d, gamma_d) = (s.input(OP, dy)?, s.input(OP, x)?, s.input(OP, gamma)?);
+    let (mean_d, rstd_d) = (s.input(OP, mean)?, s.input(OP, rstd)?);
     // LayerNorm has a beta; its value is not read by the backward, only its presence.
     let beta_d = s.scratch::<f32>(gamma.len())?;
-    let mut dx_d = s.scratch(dx.len())?;
-    let (mut dgamma_d, mut dbeta_d) = (s.up(dgamma)?, s.up(dbeta)?);
+    let mut dx_d = s.output(OP, dx)?;
+    let (mut dgamma_d, mut dbeta_d) = (s.in_place(OP, dgamma)?, s.in_place(OP, dbeta)?);
     let params = NormParamsRef {
         gamma: &gamma_d,
         beta: Some(&beta_d),
@@ -129,25 +153,26 @@ pub(crate) fn layernorm_backward(
         &mut dgamma_d,
         Some(&mut dbeta_d),
     )?;
-    s.down(&dx_d, dx)?;
-    s.down(&dgamma_d, dgamma)?;
-    s.down(&dbeta_d, dbeta)
+    dx_d.finish(&s)?;
+    dgamma_d.finish(&s)?;
+    dbeta_d.finish(&s)
 }
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rmsnorm_forward(
     k: &CudaKernels,
-    x: &[f32],
-    gamma: &[f32],
+    x: Values<'_>,
+    gamma: Values<'_>,
     shape: NormShape,
     eps: f32,
     zero_centered: bool,
-    y: &mut [f32],
-    rstd: &mut [f32],
+    y: ValuesMut<'_>,
+    rstd: ValuesMut<'_>,
 ) -> Result<()> {
-    let s = staged(k)?;
-    let (x_d, gamma_d) = (s.up(x)?, s.up(gamma)?);
-    let (mut y_d, mut rstd_d) = (s.scratch(y.len())?, s.scratch(rstd.len())?);
+    const OP: &str = "rmsnorm_forward";
+    let s = staged_for(k, OP, [x.ordinal(), gamma.ordinal(), y.ordinal(), rstd.ordinal()])?;
+    let (x_d, gamma_d) = (s.input(OP, x)?, s.input(OP, gamma)?);
+    let (mut y_d, mut rstd_d) = (s.output(OP, y)?, s.output(OP, rstd)?);
     let params = NormParamsRef {
         gamma: &gamma_d,
         beta: None,
@@ -155,25 +180,39 @@ pub(crate) fn rmsnorm_forward(
     };
     s.device()
         .norm_forward(&x_d, params, shape, eps, Some(&mut y_d), None, None, &mut rstd_d)?;
-    s.down(&y_d, y)?;
-    s.down(&rstd_d, rstd)
+    y_d.finish(&s)?;
+    rstd_d.finish(&s)
 }
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rmsnorm_backward(
     k: &CudaKernels,
-    dy: &[f32],
-    x: &[f32],
-    gamma: &[f32],
-    rstd: &[f32],
+    dy: Values<'_>,
+    x: Values<'_>,
+    gamma: Values<'_>,
+    rstd: Values<'_>,
     shape: NormShape,
     zero_centered: bool,
-    dx: &mut [f32],
-    dgamma: &mut [f32],
+    dx: ValuesMut<'_>,
+    dgamma: ValuesMut<'_>,
 ) -> Result<()> {
-    let s = staged(k)?;
-    let (dy_d, x_d, gamma_d, rstd_d) = (s.up(dy)?, s.up(x)?, s.up(gamma)?, s.up(rstd)?);
-    let (mut dx_d, mut dgamma_d) = (s.scratch(dx.len())?, s.up(dgamma)?);
+    const OP: &str = "rmsnorm_backward";
+    let on = [
+        dy.ordinal(),
+        x.ordinal(),
+        gamma.ordinal(),
+        rstd.ordinal(),
+        dx.ordinal(),
+        dgamma.ordinal(),
+    ];
+    let s = staged_for(k, OP, on)?;
+    let (dy_d, x_d, gamma_d, rstd_d) = (
+        s.input(OP, dy)?,
+        s.input(OP, x)?,
+        s.input(OP, gamma)?,
+        s.input(OP, rstd)?,
+    );
+    let (mut dx_d, mut dgamma_d) = (s.output(OP, dx)?, s.in_place(OP, dgamma)?);
     let params = NormParamsRef {
         gamma: &gamma_d,
         beta: None,
@@ -190,86 +229,101 @@ pub(crate) fn rmsnorm_backward(
         &mut dgamma_d,
         None,
     )?;
-    s.down(&dx_d, dx)?;
-    s.down(&dgamma_d, dgamma)
+    dx_d.finish(&s)?;
+    dgamma_d.finish(&s)
 }
 
-pub(crate) fn gelu_forward(k: &CudaKernels, x: &[f32], y: &mut [f32]) -> Result<()> {
-    let s = staged(k)?;
-    let (x_d, mut y_d) = (s.up(x)?, s.scratch(y.len())?);
+pub(crate) fn gelu_forward(k: &CudaKernels, x: Values<'_>, y: ValuesMut<'_>) -> Result<()> {
+    const OP: &str = "gelu_forward";
+    let s = staged_for(k, OP, [x.ordinal(), y.ordinal()])?;
+    let (x_d, mut y_d) = (s.input(OP, x)?, s.output(OP, y)?);
     s.device().gelu_forward(&x_d, &mut y_d)?;
-    s.down(&y_d, y)
+    y_d.finish(&s)
 }
 
-pub(crate) fn gelu_backward(k: &CudaKernels, dy: &[f32], x: &[f32], dx: &mut [f32]) -> Result<()> {
-    let s = staged(k)?;
-    let (dy_d, x_d, mut dx_d) = (s.up(dy)?, s.up(x)?, s.scratch(dx.len())?);
+pub(crate) fn gelu_backward(k: &CudaKernels, dy: Values<'_>, x: Values<'_>, dx: ValuesMut<'_>) -> Result<()> {
+    const OP: &str = "gelu_backward";
+    let s = staged_for(k, OP, [dy.ordinal(), x.ordinal(), dx.ordinal()])?;
+    let (dy_d, x_d, mut dx_d) = (s.input(OP, dy)?, s.input(OP, x)?, s.output(OP, dx)?);
     s.device().gelu_backward(&dy_d, &x_d, &mut dx_d)?;
-    s.down(&dx_d, dx)
+    dx_d.finish(&s)
 }
 
-pub(crate) fn swiglu_forward(k: &CudaKernels, x: &[f32], rows: usize, cols: usize, y: &mut [f32]) -> Result<()> {
-    let s = staged(k)?;
-    let (x_d, mut y_d) = (s.up(x)?, s.scratch(y.len())?);
+pub(crate) fn swiglu_forward(k: &CudaKernels, x: Values<'_>, rows: usize, cols: usize, y: ValuesMut<'_>) -> Result<()> {
+    const OP: &str = "swiglu_forward";
+    let s = staged_for(k, OP, [x.ordinal(), y.ordinal()])?;
+    let (x_d, mut y_d) = (s.input(OP, x)?, s.output(OP, y)?);
     s.device().swiglu_forward(&x_d, rows, cols, &mut y_d)?;
-    s.down(&y_d, y)
+    y_d.finish(&s)
 }
 
 pub(crate) fn swiglu_backward(
     k: &CudaKernels,
-    dy: &[f32],
-    x: &[f32],
+    dy: Values<'_>,
+    x: Values<'_>,
     rows: usize,
     cols: usize,
-    dx: &mut [f32],
+    dx: ValuesMut<'_>,
 ) -> Result<()> {
-    let s = staged(k)?;
-    let (dy_d, x_d, mut dx_d) = (s.up(dy)?, s.up(x)?, s.scratch(dx.len())?);
+    const OP: &str = "swiglu_backward";
+    let s = staged_for(k, OP, [dy.ordinal(), x.ordinal(), dx.ordinal()])?;
+    let (dy_d, x_d, mut dx_d) = (s.input(OP, dy)?, s.input(OP, x)?, s.output(OP, dx)?);
     s.device().swiglu_backward(&dy_d, &x_d, rows, cols, &mut dx_d)?;
-    s.down(&dx_d, dx)
+    dx_d.finish(&s)
 }
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_forward(
     k: &CudaKernels,
-    q: &[f32],
-    k_in: &[f32],
-    v: &[f32],
+    q: Values<'_>,
+    k_in: Values<'_>,
+    v: Values<'_>,
     shape: AttentionShape,
     softmax_scale: f32,
     dtype: Dtype,
-    out: &mut [f32],
-    lse: &mut [f32],
+    out: ValuesMut<'_>,
+    lse: ValuesMut<'_>,
 ) -> Result<()> {
-    let s = staged(k)?;
-    let (q_d, k_d, v_d) = (s.up(q)?, s.up(k_in)?, s.up(v)?);
-    let (mut out_d, mut lse_d) = (s.scratch(out.len())?, s.scratch(lse.len())?);
+    const OP: &str = "attention_forward";
+    let on = [q.ordinal(), k_in.ordinal(), v.ordinal(), out.ordinal(), lse.ordinal()];
+    let s = staged_for(k, OP, on)?;
+    let (q_d, k_d, v_d) = (s.input(OP, q)?, s.input(OP, k_in)?, s.input(OP, v)?);
+    let (mut out_d, mut lse_d) = (s.output(OP, out)?, s.output(OP, lse)?);
     s.device()
         .attention_forward(&q_d, &k_d, &v_d, shape, softmax_scale, dtype, &mut out_d, &mut lse_d)?;
-    s.down(&out_d, out)?;
-    s.down(&lse_d, lse)
+    out_d.finish(&s)?;
+    lse_d.finish(&s)
 }
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_backward(
     k: &CudaKernels,
-    dout: &[f32],
-    q: &[f32],
-    k_in: &[f32],
-    v: &[f32],
-    out: &[f32],
-    lse: &[f32],
+    dout: Values<'_>,
+    q: Values<'_>,
+    k_in: Values<'_>,
+    v: Values<'_>,
+    out: Values<'_>,
+    lse: Values<'_>,
     shape: AttentionShape,
     softmax_scale: f32,
     dtype: Dtype,
-    dq: &mut [f32],
-    dk: &mut [f32],
-    dv: &mut [f32],
+    dq: ValuesMut<'_>,
+    dk: ValuesMut<'_>,
+    dv: ValuesMut<'_>,
 ) -> Result<()> {
-    let s = staged(k)?;
-    let (dout_d, q_d, k_d, v_d) = (s.up(dout)?, s.up(q)?, s.up(k_in)?, s.up(v)?);
-    let (out_d, lse_d) = (s.up(out)?, s.up(lse)?);
-    let (mut dq_d, mut dk_d, mut dv_d) = (s.scratch(dq.len())?, s.scratch(dk.len())?, s.scratch(dv.len())?);
+    const OP: &str = "attention_backward";
+    let on = [
+        dout.ordinal(),
+        q.ordinal(),
+        k_in.ordinal(),
+        v.ordinal(),
+        out.ordinal(),
+        lse.ordinal(),
+    ];
+    let s = staged_for(k, OP, on.into_iter().chain([dq.ordinal(), dk.ordinal(), dv.ordinal()]))?;
+    let (dout_d, q_d, k_d, v_d) = (s.input(OP, dout)?, s.input(OP, q)?, s.input(OP, k_in)?, s.input(OP, v)?);
+    let (out_d, lse_d) = (s.input(OP, out)?, s.input(OP, lse)?);
+    let (mut dq_d, mut dk_d, mut dv_d) = (s.output(OP, dq)?, s.output(OP, dk)?, s.output(OP, dv)?);
     s.device().attention_backward(
         &dout_d,
         &q_d,
@@ -284,9 +338,9 @@ pub(crate) fn attention_backward(
         &mut dk_d,
         &mut dv_d,
     )?;
-    s.down(&dq_d, dq)?;
-    s.down(&dk_d, dk)?;
-    s.down(&dv_d, dv)
+    dq_d.finish(&s)?;
+    dk_d.finish(&s)?;
+    dv_d.finish(&s)
 }
 
 /// Generation's cached attention, grouped key/value heads read in place.
@@ -312,34 +366,50 @@ pub(crate) fn attention_cached(
     s.down(&out_d, out)
 }
 
-/// The rotary embedding in place: `x` and the table rows of the call's positions go up.
-fn rope(k: &CudaKernels, x: &mut [f32], shape: RopeShape, table: &RopeTable, direction: RopeDirection) -> Result<()> {
-    let (cos, sin) = host_rows(x, &shape, table)?;
-    let s = staged(k)?;
-    let (mut x_d, cos_d, sin_d) = (s.up(x)?, s.up(cos)?, s.up(sin)?);
+/// The rotary embedding in place: `x` (if on the host) and the table rows of the call's
+/// positions go up.
+fn rope(
+    k: &CudaKernels,
+    op: &'static str,
+    x: ValuesMut<'_>,
+    shape: RopeShape,
+    table: &RopeTable,
+    direction: RopeDirection,
+) -> Result<()> {
+    let (cos, sin) = host_rows(x.len(), &shape, table)?;
+    let s = staged_for(k, op, [x.ordinal()])?;
+    let (mut x_d, cos_d, sin_d) = (s.in_place(op, x)?, s.up(cos)?, s.up(sin)?);
     s.device()
         .rope(&mut x_d, shape, table.rotary_dim(), &cos_d, &sin_d, direction)?;
-    s.down(&x_d, x)
+    x_d.finish(&s)
 }
 
-pub(crate) fn rope_forward(k: &CudaKernels, x: &mut [f32], shape: RopeShape, table: &RopeTable) -> Result<()> {
-    rope(k, x, shape, table, RopeDirection::Forward)
+pub(crate) fn rope_forward(k: &CudaKernels, x: ValuesMut<'_>, shape: RopeShape, table: &RopeTable) -> Result<()> {
+    rope(k, "rope_forward", x, shape, table, RopeDirection::Forward)
 }
 
-pub(crate) fn rope_backward(k: &CudaKernels, dx: &mut [f32], shape: RopeShape, table: &RopeTable) -> Result<()> {
-    rope(k, dx, shape, table, RopeDirection::Backward)
+pub(crate) fn rope_backward(k: &CudaKernels, dx: ValuesMut<'_>, shape: RopeShape, table: &RopeTable) -> Result<()> {
+    rope(k, "rope_backward", dx, shape, table, RopeDirection::Backward)
 }
 
-pub(crate) fn residual_add(k: &CudaKernels, x: &[f32], f: &[f32], dtype: Dtype) -> Result<Vec<f32>> {
-    let s = staged(k)?;
-    let (x_d, f_d, mut out_d) = (s.up(x)?, s.up(f)?, s.scratch(x.len())?);
+pub(crate) fn residual_add(
+    k: &CudaKernels,
+    x: Values<'_>,
+    f: Values<'_>,
+    dtype: Dtype,
+    out: ValuesMut<'_>,
+) -> Result<()> {
+    const OP: &str = "residual_add";
+    let s = staged_for(k, OP, [x.ordinal(), f.ordinal(), out.ordinal()])?;
+    let (x_d, f_d, mut out_d) = (s.input(OP, x)?, s.input(OP, f)?, s.output(OP, out)?);
     s.device().residual_add(&x_d, &f_d, dtype, &mut out_d)?;
-    s.down_vec(&out_d)
+    out_d.finish(&s)
 }
 
-pub(crate) fn column_sum(k: &CudaKernels, x: &[f32], cols: usize, sums: &mut [f32]) -> Result<()> {
-    let s = staged(k)?;
-    let (x_d, mut sums_d) = (s.up(x)?, s.up(sums)?);
+pub(crate) fn column_sum(k: &CudaKernels, x: Values<'_>, cols: usize, sums: ValuesMut<'_>) -> Result<()> {
+    const OP: &str = "column_sum";
+    let s = staged_for(k, OP, [x.ordinal(), sums.ordinal()])?;
+    let (x_d, mut sums_d) = (s.input(OP, x)?, s.in_place(OP, sums)?);
     s.device().column_sum(&x_d, cols, &mut sums_d)?;
-    s.down(&sums_d, sums)
+    sums_d.finish(&s)
 }
