@@ -19,6 +19,8 @@
 pub(crate) mod arena_store;
 mod contract;
 mod cuda_ops;
+#[cfg(test)]
+mod device_values_tests;
 pub(crate) mod fp8_cast;
 mod gemm_check;
 mod on_host;
@@ -359,6 +361,20 @@ impl Backend {
         match self.device() {
             DeviceKind::Cpu => Ok(None),
             DeviceKind::Cuda(ordinal) => cuda_ops::resident(&CudaKernels { ordinal }, q),
+        }
+    }
+
+    /// `tensor`'s values on this backend's device: the same tensor on the CPU (a GPU one
+    /// downloaded), uploaded to a CUDA backend's GPU (a tensor already there shared, not copied).
+    pub(crate) fn to_device(&self, tensor: &Tensor) -> Result<Tensor> {
+        let (rows, cols) = tensor.shape();
+        match (self.device(), tensor.device()) {
+            (DeviceKind::Cpu, _) => tensor.to_host(),
+            (DeviceKind::Cuda(want), DeviceKind::Cuda(have)) if want == have => Ok(tensor.clone()),
+            (DeviceKind::Cuda(ordinal), _) => {
+                let host = tensor.to_host()?;
+                Tensor::on_device(cuda_ops::upload(&CudaKernels { ordinal }, host.data())?, rows, cols)
+            }
         }
     }
 

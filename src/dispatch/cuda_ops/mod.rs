@@ -24,7 +24,7 @@ pub(super) use layer::{
     gelu_forward, layernorm_backward, layernorm_forward, residual_add, rmsnorm_backward, rmsnorm_forward,
     rope_backward, rope_forward, swiglu_backward, swiglu_forward,
 };
-pub(super) use resident::new_values;
+pub(super) use resident::{new_values, upload};
 pub(super) use train::{
     adamw, cross_entropy_backward, cross_entropy_forward, embedding_backward, embedding_forward, sum_squares,
     unscale_and_check,

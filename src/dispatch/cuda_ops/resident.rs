@@ -62,6 +62,17 @@ pub(crate) fn new_values(k: &CudaKernels, len: usize) -> Result<CudaStorage> {
     staged(k)?.new_values(k.ordinal, len)
 }
 
+/// `host` uploaded to the GPU of `k`, as a tensor's values there.
+pub(crate) fn upload(k: &CudaKernels, host: &[f32]) -> Result<CudaStorage> {
+    let s = staged(k)?;
+    let mut storage = s.new_values(k.ordinal, host.len())?;
+    if !host.is_empty() {
+        let buffer = s.own_mut("upload", &mut storage)?;
+        s.device().write(host, buffer)?;
+    }
+    Ok(storage)
+}
+
 /// Checks that every device value of an op (`ordinals`: `None` for host values) is on the GPU
 /// of `k`, then opens it: a value on another device is `DeviceMismatch` naming the op, before
 /// any device work.

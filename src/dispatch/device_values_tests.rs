@@ -1,0 +1,384 @@
+//! Device values through the op trait. On any machine: where each backend accepts them, what
+//! it says when it does not, and how shadow mode reads them (a host-memory stand-in plays the
+//! GPU's array, `tensor::device_values::HostArray`). With a GPU, `device_arms_match_host_arms`:
+//! every op that takes device values gives the same bits with its inputs and outputs on the
+//! device as with them staged from the host (it prints `skipped:` without one).
+
+use super::contract::Contract;
+use super::twin::Twin;
+use super::{AttentionShape, Backend, CpuKernels, CudaKernels, Kernels, NormShape, RopeShape, RopeTable};
+use super::{Values, ValuesMut};
+use crate::error::Error;
+use crate::tensor::device_values::{CudaStorage, HostArray};
+use crate::tensor::{DeviceKind, Dtype, Tensor};
+
+fn stand_in(ordinal: usize, values: Vec<f32>) -> CudaStorage {
+    CudaStorage::new(Box::new(HostArray { ordinal, values }))
+}
+
+fn ramp(n: usize, seed: f32) -> Vec<f32> {
+    (0..n).map(|i| (i as f32 * 0.37 + seed).sin() * 2.0).collect()
+}
+
+#[test]
+fn the_cpu_backend_names_the_op_of_a_device_value_and_writes_nothing() {
+    let x = stand_in(0, ramp(8, 0.0));
+    let mut y = vec![7.0f32; 8];
+    let err = CpuKernels
+        .gelu_forward(Values::Device(&x), ValuesMut::Host(&mut y))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        Error::DeviceMismatch {
+            op: "gelu_forward",
+            expected: "cpu".into(),
+            got: "cuda:0".into()
+        }
+    );
+    assert_eq!(y, vec![7.0; 8]);
+    // A device output is refused the same way, before the input is read.
+    let mut out = stand_in(1, vec![0.0; 8]);
+    let host_x = ramp(8, 0.0);
+    let err = CpuKernels
+        .residual_add(
+            Values::Host(&host_x),
+            Values::Host(&host_x),
+            Dtype::F32,
+            ValuesMut::Device(&mut out),
+        )
+        .unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { op: "residual_add", .. }), "{err}");
+}
+
+#[test]
+fn a_cuda_op_checks_where_its_values_live_before_opening_its_gpu() {
+    let on_3 = stand_in(3, ramp(8, 0.0));
+    let mut y = vec![7.0f32; 8];
+    let err = Backend::on(DeviceKind::Cuda(99))
+        .kernels()
+        .gelu_forward(Values::Device(&on_3), ValuesMut::Host(&mut y))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        Error::DeviceMismatch {
+            op: "gelu_forward",
+            expected: "cuda:99".into(),
+            got: "cuda:3".into()
+        }
+    );
+    // An in-place argument on another GPU too (rope's x), and a device output (layernorm's y).
+    let table = RopeTable::new(&[1.0, 0.5], 4);
+    let shape = RopeShape {
+        rows: 2,
+        seq: 2,
+        heads: 1,
+        head_dim: 4,
+        first_position: 0,
+    };
+    let mut x = stand_in(3, ramp(8, 1.0));
+    let err = Backend::on(DeviceKind::Cuda(99))
+        .kernels()
+        .rope_forward(ValuesMut::Device(&mut x), shape, &table)
+        .unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { op: "rope_forward", .. }), "{err}");
+    assert_eq!(x.to_vec().unwrap(), ramp(8, 1.0), "a refused op writes nothing");
+    // Values on the op's own GPU pass the check: then GPU 99 itself is missing.
+    let on_99 = stand_in(99, ramp(8, 0.0));
+    let err = Backend::on(DeviceKind::Cuda(99))
+        .kernels()
+        .gelu_forward(Values::Device(&on_99), ValuesMut::Host(&mut y))
+        .unwrap_err();
+    assert!(matches!(err, Error::NoGpu { .. } | Error::KernelsMissing), "{err}");
+    assert_eq!(y, vec![7.0; 8]);
+}
+
+#[test]
+fn shadow_mode_gives_the_twin_a_download_of_device_values() {
+    // An input: saved as a download before the primary runs, the twin reads that copy.
+    let x = stand_in(0, ramp(6, 2.0));
+    let mut input = Values::Device(&x);
+    let mut saved = Twin::save(&input).unwrap();
+    assert_eq!(saved.as_deref(), Some(&ramp(6, 2.0)[..]));
+    assert!(matches!(Twin::twin(&input, &mut saved), Values::Host(v) if v == &ramp(6, 2.0)[..]));
+    assert!(matches!(Twin::primary(&mut input), Values::Device(_)));
+    // A host input is read in place: nothing saved.
+    let host = ramp(6, 2.0);
+    assert!(Twin::save(&Values::Host(&host)).unwrap().is_none());
+    // An output on the device: the twin starts from a host copy, the primary's result is read
+    // back to compare, and a difference is a breach at its index.
+    let mut y = stand_in(0, vec![1.0; 4]);
+    let mut output = ValuesMut::Device(&mut y);
+    let mut twin_copy = Twin::save(&output).unwrap();
+    assert_eq!(twin_copy, vec![1.0; 4]);
+    if let ValuesMut::Host(t) = Twin::twin(&output, &mut twin_copy) {
+        t[2] = 5.0;
+    }
+    let breach = Twin::check(&output, &twin_copy, Contract::Exact)
+        .unwrap()
+        .expect("element 2 differs");
+    assert_eq!(breach.index, 2);
+    twin_copy[2] = 1.0;
+    assert!(Twin::check(&output, &twin_copy, Contract::Exact).unwrap().is_none());
+    assert!(matches!(Twin::primary(&mut output), ValuesMut::Device(_)));
+}
+
+#[test]
+fn a_tensor_on_a_device_reports_it_and_comes_back_whole() {
+    let t = Tensor::on_device(stand_in(2, ramp(6, 0.5)), 2, 3).unwrap();
+    assert_eq!((t.device(), t.shape(), t.len()), (DeviceKind::Cuda(2), (2, 3), 6));
+    assert!(matches!(t.values(), Values::Device(_)));
+    let back = t.to_host().unwrap();
+    assert_eq!((back.device(), back.shape()), (DeviceKind::Cpu, (2, 3)));
+    assert_eq!(back.data(), &ramp(6, 0.5)[..]);
+    assert_eq!(t.clone().into_host().unwrap(), back);
+    // The CPU backend brings a device tensor home; a host one stays as it is.
+    assert_eq!(Backend::default().to_device(&t).unwrap(), back);
+    assert_eq!(Backend::default().to_device(&back).unwrap(), back);
+    // A wrong length is refused, as for host tensors.
+    assert!(matches!(
+        Tensor::on_device(stand_in(2, ramp(5, 0.0)), 2, 3),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    // An op's output follows its input: a host input gets a host output of the asked shape.
+    let out = Backend::default().output_like(&back, 3, 4).unwrap();
+    assert_eq!((out.device(), out.shape()), (DeviceKind::Cpu, (3, 4)));
+}
+
+#[test]
+#[should_panic(expected = "live on cuda:2")]
+fn host_slices_of_device_values_are_a_bug_that_names_the_gpu() {
+    let t = Tensor::on_device(stand_in(2, ramp(6, 0.5)), 2, 3).unwrap();
+    let _ = t.data();
+}
+
+/// On GPU 0: each op with its inputs and outputs on the device against the same op with host
+/// values (the staged path `gpu_layers` and `gpu_ops` validated): the same kernels on the same
+/// values, so the same bits. Also: accumulators and in-place values on the device start from
+/// their values, and a shared device tensor is copied before an in-place op writes it.
+#[test]
+fn device_arms_match_host_arms() {
+    if let Err(err) = crate::backend::cuda::CudaDevice::open(0) {
+        println!("device_arms_match_host_arms: skipped: {err}");
+        return;
+    }
+    let gpu = Backend::on(DeviceKind::Cuda(0));
+    let k = CudaKernels { ordinal: 0 };
+    let (rows, cols) = (96, 160);
+    let n = rows * cols;
+    let up = |v: &[f32], r: usize, c: usize| gpu.to_device(&Tensor::new(v.to_vec(), r, c).unwrap()).unwrap();
+    let down = |t: &Tensor| t.to_host().unwrap().into_data();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let same = |what: &str, host: &[f32], device: &Tensor| {
+        assert_eq!(
+            bits(host),
+            bits(&down(device)),
+            "{what}: device values differ from host values"
+        );
+    };
+    let (x, dy) = (ramp(n, 0.1), ramp(n, 0.9));
+    let (xd, dyd) = (up(&x, rows, cols), up(&dy, rows, cols));
+    assert_eq!(down(&xd), x, "upload and download");
+
+    // GELU forward and backward.
+    let mut y = vec![0.0; n];
+    k.gelu_forward(Values::Host(&x), ValuesMut::Host(&mut y)).unwrap();
+    let mut yd = gpu.output_like(&xd, rows, cols).unwrap();
+    k.gelu_forward(xd.values(), yd.values_mut()).unwrap();
+    same("gelu_forward", &y, &yd);
+    let mut dx = vec![0.0; n];
+    k.gelu_backward(Values::Host(&dy), Values::Host(&x), ValuesMut::Host(&mut dx))
+        .unwrap();
+    let mut dxd = gpu.output_like(&xd, rows, cols).unwrap();
+    k.gelu_backward(dyd.values(), xd.values(), dxd.values_mut()).unwrap();
+    same("gelu_backward", &dx, &dxd);
+
+    // LayerNorm forward and backward, the gamma/beta gradients accumulating into device values.
+    let shape = NormShape { rows, cols };
+    let (gamma, beta) = (ramp(cols, 3.0), ramp(cols, 4.0));
+    let (gd, bd) = (up(&gamma, 1, cols), up(&beta, 1, cols));
+    let (mut y, mut mean, mut rstd) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
+    k.layernorm_forward(
+        Values::Host(&x),
+        Values::Host(&gamma),
+        Values::Host(&beta),
+        shape,
+        1e-5,
+        false,
+        ValuesMut::Host(&mut y),
+        ValuesMut::Host(&mut mean),
+        ValuesMut::Host(&mut rstd),
+    )
+    .unwrap();
+    let mut yd = gpu.output_like(&xd, rows, cols).unwrap();
+    let (mut meand, mut rstdd) = (
+        gpu.output_like(&xd, rows, 1).unwrap(),
+        gpu.output_like(&xd, rows, 1).unwrap(),
+    );
+    k.layernorm_forward(
+        xd.values(),
+        gd.values(),
+        bd.values(),
+        shape,
+        1e-5,
+        false,
+        yd.values_mut(),
+        meand.values_mut(),
+        rstdd.values_mut(),
+    )
+    .unwrap();
+    same("layernorm_forward y", &y, &yd);
+    same("layernorm_forward mean", &mean, &meand);
+    same("layernorm_forward rstd", &rstd, &rstdd);
+    let (mut dx, mut dgamma, mut dbeta) = (vec![0.0; n], ramp(cols, 5.0), ramp(cols, 6.0));
+    let (mut dgd, mut dbd) = (up(&dgamma, 1, cols), up(&dbeta, 1, cols));
+    k.layernorm_backward(
+        Values::Host(&dy),
+        Values::Host(&x),
+        Values::Host(&gamma),
+        Values::Host(&mean),
+        Values::Host(&rstd),
+        shape,
+        false,
+        ValuesMut::Host(&mut dx),
+        ValuesMut::Host(&mut dgamma),
+        ValuesMut::Host(&mut dbeta),
+    )
+    .unwrap();
+    let mut dxd = gpu.output_like(&xd, rows, cols).unwrap();
+    k.layernorm_backward(
+        dyd.values(),
+        xd.values(),
+        gd.values(),
+        meand.values(),
+        rstdd.values(),
+        shape,
+        false,
+        dxd.values_mut(),
+        dgd.values_mut(),
+        dbd.values_mut(),
+    )
+    .unwrap();
+    same("layernorm_backward dx", &dx, &dxd);
+    same("layernorm_backward dgamma (accumulated)", &dgamma, &dgd);
+    same("layernorm_backward dbeta (accumulated)", &dbeta, &dbd);
+
+    // Residual add and column sums (an accumulator).
+    let mut sum = vec![0.0; n];
+    k.residual_add(
+        Values::Host(&x),
+        Values::Host(&dy),
+        Dtype::Bf16,
+        ValuesMut::Host(&mut sum),
+    )
+    .unwrap();
+    let mut sumd = gpu.output_like(&xd, rows, cols).unwrap();
+    k.residual_add(xd.values(), dyd.values(), Dtype::Bf16, sumd.values_mut())
+        .unwrap();
+    same("residual_add", &sum, &sumd);
+    let mut sums = ramp(cols, 7.0);
+    let mut sumsd = up(&sums, 1, cols);
+    k.column_sum(Values::Host(&x), cols, ValuesMut::Host(&mut sums))
+        .unwrap();
+    k.column_sum(xd.values(), cols, sumsd.values_mut()).unwrap();
+    same("column_sum (accumulated)", &sums, &sumsd);
+
+    // Rope in place on a shared tensor: the op's copy changes, the other keeps its values.
+    let (heads, head_dim, seq) = (4, 40, 48);
+    let table = RopeTable::new(
+        &ramp(head_dim / 2, 8.0)
+            .iter()
+            .map(|v| v.abs() / 4.0)
+            .collect::<Vec<_>>(),
+        seq,
+    );
+    let rope = RopeShape {
+        rows,
+        seq,
+        heads,
+        head_dim,
+        first_position: 0,
+    };
+    let mut roped = x.clone();
+    k.rope_forward(ValuesMut::Host(&mut roped), rope, &table).unwrap();
+    let mut shared = xd.clone();
+    k.rope_forward(shared.values_mut(), rope, &table).unwrap();
+    same("rope_forward", &roped, &shared);
+    same("rope_forward leaves the clone it shared with", &x, &xd);
+
+    // Attention forward and backward (bf16 probabilities), every tensor on the device.
+    let attn = AttentionShape {
+        batch: 2,
+        seq: 48,
+        heads,
+        head_dim,
+    };
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let (q, kk, v) = (ramp(n, 1.5), ramp(n, 2.5), ramp(n, 3.5));
+    let (qd, kd, vd) = (up(&q, rows, cols), up(&kk, rows, cols), up(&v, rows, cols));
+    let lse_len = attn.batch * heads * attn.seq;
+    let (mut out, mut lse) = (vec![0.0; n], vec![0.0; lse_len]);
+    k.attention_forward(
+        Values::Host(&q),
+        Values::Host(&kk),
+        Values::Host(&v),
+        attn,
+        scale,
+        Dtype::Bf16,
+        ValuesMut::Host(&mut out),
+        ValuesMut::Host(&mut lse),
+    )
+    .unwrap();
+    let (mut outd, mut lsed) = (
+        gpu.output_like(&qd, rows, cols).unwrap(),
+        gpu.output_like(&qd, 1, lse_len).unwrap(),
+    );
+    k.attention_forward(
+        qd.values(),
+        kd.values(),
+        vd.values(),
+        attn,
+        scale,
+        Dtype::Bf16,
+        outd.values_mut(),
+        lsed.values_mut(),
+    )
+    .unwrap();
+    same("attention_forward out", &out, &outd);
+    same("attention_forward lse", &lse, &lsed);
+    let [mut dq, mut dk, mut dv] = [(); 3].map(|()| vec![0.0; n]);
+    k.attention_backward(
+        Values::Host(&dy),
+        Values::Host(&q),
+        Values::Host(&kk),
+        Values::Host(&v),
+        Values::Host(&out),
+        Values::Host(&lse),
+        attn,
+        scale,
+        Dtype::Bf16,
+        ValuesMut::Host(&mut dq),
+        ValuesMut::Host(&mut dk),
+        ValuesMut::Host(&mut dv),
+    )
+    .unwrap();
+    let [mut dqd, mut dkd, mut dvd] = [(); 3].map(|()| gpu.output_like(&qd, rows, cols).unwrap());
+    k.attention_backward(
+        dyd.values(),
+        qd.values(),
+        kd.values(),
+        vd.values(),
+        outd.values(),
+        lsed.values(),
+        attn,
+        scale,
+        Dtype::Bf16,
+        dqd.values_mut(),
+        dkd.values_mut(),
+        dvd.values_mut(),
+    )
+    .unwrap();
+    same("attention_backward dq", &dq, &dqd);
+    same("attention_backward dk", &dk, &dkd);
+    same("attention_backward dv", &dv, &dvd);
+    println!("device_arms_match_host_arms: gelu, layernorm, residual, column sums, rope, attention: same bits");
+}
