@@ -1,8 +1,8 @@
 // Dtype conversion (f32 values to f32/bf16/fp16 storage, optionally
 // transposed through shared memory), the transpose of 16-bit values, the residual add rounded to the dtype,
-// and the column sum of a bias gradient. Twins: dispatch::plain::convert and
-// convert_transposed, gemm::Mat::k_major (transpose_16), ops::elementwise::residual_add and
-// column_sum_accumulate;
+// the rounding of f32 values to the dtype in place, and the column sum of a bias gradient.
+// Twins: dispatch::plain::convert and convert_transposed, gemm::Mat::k_major (transpose_16),
+// ops::elementwise::residual_add, Dtype::round_slice and column_sum_accumulate;
 // every result is the same bits as the twin's.
 #include "ops_device.cuh"
 
@@ -86,6 +86,16 @@ extern "C" __global__ void __launch_bounds__(THREADS) fp8_residual_add(const Fp8
     const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         out[i] = round_to(add(a[i], b[i]), p.dtype);
+}
+
+// out = round_dtype(out) in place over rows * cols elements: f32 values rounded to the compute
+// dtype, as the layers store a bf16/fp16 value (twin: Dtype::round_slice).
+extern "C" __global__ void __launch_bounds__(THREADS) fp8_round(const Fp8EltwiseParams p) {
+    float* out = reinterpret_cast<float*>(p.out);
+    const uint64_t n = p.rows * p.cols;
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        out[i] = round_to(out[i], p.dtype);
 }
 
 // out[c] += a[r, c] for r = 0, 1, ... in order: one thread per column adds

@@ -67,7 +67,7 @@ pub(crate) fn attention(dtype: Dtype) -> Contract<'static> {
 pub(crate) fn contract(op: &str) -> Contract<'static> {
     match op {
         "quantize" | "convert" | "convert_transposed" | "delayed_update" | "cast_stats" | "uncast_stats"
-        | "residual_add" | "embedding_forward" | "unscale_and_check" | "rope_forward" | "rope_backward" => {
+        | "residual_add" | "round" | "embedding_forward" | "unscale_and_check" | "rope_forward" | "rope_backward" => {
             Contract::Exact
         }
         // K and the operands are the call's: the shadow runner sets them ([`Contract::for_gemm`]).
@@ -382,6 +382,7 @@ mod tests {
             "convert",
             "delayed_update",
             "residual_add",
+            "round",
             "embedding_forward",
             "unscale_and_check",
             "rope_forward",

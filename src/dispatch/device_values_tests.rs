@@ -382,3 +382,60 @@ fn device_arms_match_host_arms() {
     same("attention_backward dv", &dv, &dvd);
     println!("device_arms_match_host_arms: gelu, layernorm, residual, column sums, rope, attention: same bits");
 }
+
+/// On GPU 0: a norm layer fed a device tensor keeps its output, its saved state and its input
+/// gradient on the device, with the same bits (and the same parameter gradients) as the same
+/// layer fed host tensors, whose ops stage them (bf16, so the roundings run on the device too).
+#[test]
+fn norm_layers_keep_device_inputs_on_the_device() {
+    use crate::amp::Precision;
+    use crate::nn::{LayerNorm, Module, NormConfig, RMSNorm};
+    if let Err(err) = crate::backend::cuda::CudaDevice::open(0) {
+        println!("norm_layers_keep_device_inputs_on_the_device: skipped: {err}");
+        return;
+    }
+    let gpu = Backend::on(DeviceKind::Cuda(0));
+    let precision: Precision = "bf16".parse().unwrap();
+    let (rows, hidden) = (64, 192);
+    let x = Tensor::new(ramp(rows * hidden, 0.3), rows, hidden).unwrap();
+    let dy = Tensor::new(ramp(rows * hidden, 1.3), rows, hidden).unwrap();
+    let (xd, dyd) = (gpu.to_device(&x).unwrap(), gpu.to_device(&dy).unwrap());
+    let bits = |t: &Tensor| {
+        t.to_host()
+            .unwrap()
+            .data()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>()
+    };
+    macro_rules! check {
+        ($layer:ty) => {{
+            let mut staged = <$layer>::new("norm", hidden, NormConfig::default(), &precision).unwrap();
+            let mut resident = <$layer>::new("norm", hidden, NormConfig::default(), &precision).unwrap();
+            staged.to_device(DeviceKind::Cuda(0)).unwrap();
+            resident.to_device(DeviceKind::Cuda(0)).unwrap();
+            let (y, yd) = (staged.forward(&x).unwrap(), resident.forward(&xd).unwrap());
+            assert_eq!(yd.device(), DeviceKind::Cuda(0), "the output stays where the input is");
+            assert_eq!(bits(&y), bits(&yd), "{} forward", stringify!($layer));
+            let (dx, dxd) = (staged.backward(&dy).unwrap(), resident.backward(&dyd).unwrap());
+            assert_eq!(dxd.device(), DeviceKind::Cuda(0));
+            assert_eq!(bits(&dx), bits(&dxd), "{} backward", stringify!($layer));
+            let mut grads = Vec::new();
+            staged.visit_parameters(&mut |p| grads.push(p.grad().to_vec()));
+            let mut i = 0;
+            resident.visit_parameters(&mut |p| {
+                assert_eq!(
+                    p.grad(),
+                    &grads[i][..],
+                    "{} gradient of {}",
+                    stringify!($layer),
+                    p.name()
+                );
+                i += 1;
+            });
+        }};
+    }
+    check!(LayerNorm);
+    check!(RMSNorm);
+    println!("norm_layers_keep_device_inputs_on_the_device: LayerNorm, RMSNorm: same bits");
+}

@@ -174,6 +174,8 @@ kernels! {
     fn rope_backward(dx: ValuesMut<'_>, shape: RopeShape, table: &RopeTable) -> () = cpu_rope_backward;
     /// The residual add, rounded to the dtype.
     fn residual_add(x: Values<'_>, f: Values<'_>, dtype: Dtype, out: ValuesMut<'_>) -> () = cpu_residual_add;
+    /// The values rounded to the compute dtype in place (kept as f32, the layers' storage).
+    fn round(values: ValuesMut<'_>, dtype: Dtype) -> () = cpu_round;
     /// `sums += column sums of x` (bias gradients).
     fn column_sum(x: Values<'_>, cols: usize, sums: ValuesMut<'_>) -> () = crate::ops::elementwise::column_sum_accumulate;
     /// Embedding gather.
@@ -240,6 +242,11 @@ fn cpu_uncast_stats(name: String, values: &[f32], format: Fp8Format, amax: f32, 
 
 fn cpu_residual_add(x: &[f32], f: &[f32], dtype: Dtype, out: &mut [f32]) -> Result<()> {
     crate::ops::elementwise::residual_add_into(x, f, dtype, out)
+}
+
+fn cpu_round(values: &mut [f32], dtype: Dtype) -> Result<()> {
+    dtype.round_slice(values);
+    Ok(())
 }
 
 fn cpu_rope_forward(x: &mut [f32], shape: RopeShape, table: &RopeTable) -> Result<()> {
@@ -366,6 +373,7 @@ impl Backend {
 
     /// `tensor`'s values on this backend's device: the same tensor on the CPU (a GPU one
     /// downloaded), uploaded to a CUDA backend's GPU (a tensor already there shared, not copied).
+    #[cfg_attr(not(test), allow(dead_code))] // the model's boundary uploads with it once every layer takes device values
     pub(crate) fn to_device(&self, tensor: &Tensor) -> Result<Tensor> {
         let (rows, cols) = tensor.shape();
         match (self.device(), tensor.device()) {

@@ -10,7 +10,6 @@ use crate::amp::Precision;
 use crate::dispatch::{Backend, NormShape, Values, ValuesMut};
 use crate::error::Result;
 use crate::tensor::Tensor;
-use crate::tensor::scratch;
 use crate::tensor::{DeviceKind, Dtype};
 
 /// Which normalization.
@@ -44,12 +43,12 @@ impl Default for NormConfig {
     }
 }
 
-/// What a norm's forward keeps for backward.
+/// What a norm's forward keeps for backward, where the input lived (host or GPU).
 struct NormSaved {
-    x: Vec<f32>,
-    rows: usize,
-    mean: Vec<f32>,
-    rstd: Vec<f32>,
+    x: Tensor,
+    /// LayerNorm's row means (`[rows, 1]`); none for RMSNorm.
+    mean: Option<Tensor>,
+    rstd: Tensor,
 }
 
 /// The shared core of LayerNorm and RMSNorm.
@@ -88,20 +87,20 @@ impl NormCore {
         })
     }
 
-    /// The f32 output (not rounded).
+    /// The f32 output (not rounded), where `x` lives (host or GPU).
     fn forward_f32(&mut self, x: &Tensor) -> Result<Tensor> {
         x.expect(&self.name, "input", None, self.hidden)?;
+        let rows = x.rows();
         let shape = NormShape {
-            rows: x.rows(),
+            rows,
             cols: self.hidden,
         };
         // Both norm kernels write every output value.
-        let mut y = scratch::overwritten(x.len());
-        let mut rstd = vec![0.0; x.rows()];
-        let mut mean = Vec::new();
-        match &self.beta {
+        let mut y = self.backend.output_like(x, rows, self.hidden)?;
+        let mut rstd = self.backend.output_like(x, rows, 1)?;
+        let mean = match &self.beta {
             Some(beta) => {
-                mean = vec![0.0; x.rows()];
+                let mut mean = self.backend.output_like(x, rows, 1)?;
                 self.backend.kernels().layernorm_forward(
                     x.values(),
                     Values::Host(&self.gamma.widened()),
@@ -109,33 +108,36 @@ impl NormCore {
                     shape,
                     self.config.eps,
                     self.config.zero_centered_gamma,
-                    ValuesMut::Host(&mut y),
-                    ValuesMut::Host(&mut mean),
-                    ValuesMut::Host(&mut rstd),
+                    y.values_mut(),
+                    mean.values_mut(),
+                    rstd.values_mut(),
                 )?;
+                Some(mean)
             }
-            None => self.backend.kernels().rmsnorm_forward(
-                x.values(),
-                Values::Host(&self.gamma.widened()),
-                shape,
-                self.config.eps,
-                self.config.zero_centered_gamma,
-                ValuesMut::Host(&mut y),
-                ValuesMut::Host(&mut rstd),
-            )?,
-        }
+            None => {
+                self.backend.kernels().rmsnorm_forward(
+                    x.values(),
+                    Values::Host(&self.gamma.widened()),
+                    shape,
+                    self.config.eps,
+                    self.config.zero_centered_gamma,
+                    y.values_mut(),
+                    rstd.values_mut(),
+                )?;
+                None
+            }
+        };
         self.saved = Some(NormSaved {
-            x: scratch::copy_of(x.data()),
-            rows: x.rows(),
+            x: x.kept_copy(),
             mean,
             rstd,
         });
-        Tensor::new(y, x.rows(), self.hidden)
+        Ok(y)
     }
 
     fn forward(&mut self, x: &Tensor) -> Result<Tensor> {
         let mut y = self.forward_f32(x)?;
-        self.dtype.round_slice(y.data_mut());
+        self.backend.kernels().round(y.values_mut(), self.dtype)?;
         Ok(y)
     }
 
@@ -143,16 +145,17 @@ impl NormCore {
         let Some(saved) = self.saved.take() else {
             return Err(no_forward(&self.name));
         };
-        if let Err(err) = dy.expect(&self.name, "output gradient", Some(saved.rows), self.hidden) {
+        let rows = saved.x.rows();
+        if let Err(err) = dy.expect(&self.name, "output gradient", Some(rows), self.hidden) {
             self.saved = Some(saved);
             return Err(err);
         }
         let shape = NormShape {
-            rows: saved.rows,
+            rows,
             cols: self.hidden,
         };
         // dX is overwritten by both backward kernels (their gamma and beta gradients accumulate).
-        let mut dx = scratch::overwritten(dy.len());
+        let mut dx = self.backend.output_like(dy, rows, self.hidden)?;
         let zc = self.config.zero_centered_gamma;
         // A frozen norm (LoRA) still needs dX; its weight gradients go to a scratch buffer.
         let (mut gamma_scratch, mut beta_scratch) = (Vec::new(), Vec::new());
@@ -165,16 +168,16 @@ impl NormCore {
             (Cow::Borrowed(&*gamma), dgamma)
         };
         let gamma = &*gamma;
-        match &mut self.beta {
-            Some(beta) => self.backend.kernels().layernorm_backward(
+        match (&mut self.beta, &saved.mean) {
+            (Some(beta), Some(mean)) => self.backend.kernels().layernorm_backward(
                 dy.values(),
-                Values::Host(&saved.x),
+                saved.x.values(),
                 Values::Host(gamma),
-                Values::Host(&saved.mean),
-                Values::Host(&saved.rstd),
+                mean.values(),
+                saved.rstd.values(),
                 shape,
                 zc,
-                ValuesMut::Host(&mut dx),
+                dx.values_mut(),
                 ValuesMut::Host(dgamma),
                 ValuesMut::Host(match beta.is_frozen() {
                     true => {
@@ -184,20 +187,20 @@ impl NormCore {
                     false => beta.grad_mut(),
                 }),
             )?,
-            None => self.backend.kernels().rmsnorm_backward(
+            _ => self.backend.kernels().rmsnorm_backward(
                 dy.values(),
-                Values::Host(&saved.x),
+                saved.x.values(),
                 Values::Host(gamma),
-                Values::Host(&saved.rstd),
+                saved.rstd.values(),
                 shape,
                 zc,
-                ValuesMut::Host(&mut dx),
+                dx.values_mut(),
                 ValuesMut::Host(dgamma),
             )?,
         }
-        self.dtype.round_slice(&mut dx);
-        scratch::recycle(saved.x);
-        Tensor::new(dx, saved.rows, self.hidden)
+        self.backend.kernels().round(dx.values_mut(), self.dtype)?;
+        saved.x.recycle();
+        Ok(dx)
     }
 
     fn visit(&mut self, f: &mut dyn FnMut(&mut Parameter)) {
@@ -209,7 +212,7 @@ impl NormCore {
 
     fn saved_bytes(&self) -> usize {
         self.saved.as_ref().map_or(0, |s| {
-            s.x.len() * self.dtype.bytes() + 4 * (s.mean.len() + s.rstd.len())
+            s.x.len() * self.dtype.bytes() + 4 * (s.mean.as_ref().map_or(0, Tensor::len) + s.rstd.len())
         })
     }
 }

@@ -153,6 +153,28 @@ impl Tensor {
         }
     }
 
+    /// A copy to keep for backward: host values copied into a recycled buffer, device values
+    /// shared (copied on the device only if a later op writes one of the two in place).
+    pub(crate) fn kept_copy(&self) -> Tensor {
+        let storage = match &self.storage {
+            Storage::Cpu(values) => Storage::Cpu(super::scratch::copy_of(values)),
+            Storage::Cuda(values) => Storage::Cuda(values.clone()),
+        };
+        Tensor {
+            storage,
+            rows: self.rows,
+            cols: self.cols,
+        }
+    }
+
+    /// Gives host values back to the scratch pool (device values are freed when the last
+    /// tensor sharing them goes).
+    pub(crate) fn recycle(self) {
+        if let Storage::Cpu(values) = self.storage {
+            super::scratch::recycle(values);
+        }
+    }
+
     /// The values as an op argument, wherever they live.
     pub(crate) fn values(&self) -> Values<'_> {
         match &self.storage {

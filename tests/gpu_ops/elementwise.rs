@@ -40,6 +40,7 @@ pub fn run(ctx: &mut Ctx, results: &mut Vec<(String, Check)>) {
     for n in [1, 1000, 65_537] {
         for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
             results.push((format!("residual_add {n} {dtype:?}"), residual_add(ctx, n, dtype)));
+            results.push((format!("round_to {n} {dtype:?}"), round_to(ctx, n, dtype)));
         }
         results.push((format!("unscale_and_check {n}"), unscale(ctx, n)));
         results.push((format!("sum_squares {n}"), sum_squares(ctx, n)));
@@ -106,6 +107,25 @@ fn residual_add(ctx: &mut Ctx, n: usize, dtype: Dtype) -> Check {
         &ctx.down(&out)?,
         &cpu(ops::elementwise::residual_add(&x, &f, dtype))?,
     )
+}
+
+/// Twin: `Dtype::round_slice`: same bits, ties and the largest values included (wide values
+/// overflow to infinity in fp16, as on the host).
+fn round_to(ctx: &mut Ctx, n: usize, dtype: Dtype) -> Check {
+    let mut want = ctx.values(n, 70000.0);
+    let edges = [
+        0.0,
+        -0.0,
+        1.0 + f32::EPSILON * 64.0,
+        65520.0,
+        f32::MAX,
+        f32::MIN_POSITIVE / 2.0,
+    ];
+    want.iter_mut().zip(edges).for_each(|(v, e)| *v = e);
+    let mut x = ctx.up(&want)?;
+    gpu(ctx.gpu.round_to(&mut x, dtype))?;
+    dtype.round_slice(&mut want);
+    exact("rounded", &ctx.down(&x)?, &want)
 }
 
 /// Twin: `ops::elementwise::column_sum_accumulate`: same additions in the same order, same bits.

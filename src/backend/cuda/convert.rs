@@ -131,6 +131,23 @@ impl CudaDevice {
         launch(self, MODULE, "fp8_residual_add", blocks, params)
     }
 
+    /// `x = f32(dtype(x))` in place: the values rounded to the compute dtype, kept as f32 (the
+    /// layers' storage). Twin of `Dtype::round_slice`: same bits. No launch for f32.
+    pub fn round_to(&self, x: &mut DeviceBuffer<f32>, dtype: Dtype) -> Result<()> {
+        if x.is_empty() || dtype == Dtype::F32 {
+            return Ok(());
+        }
+        let params = Fp8EltwiseParams {
+            out: x.address_mut(self),
+            rows: 1,
+            cols: x.len() as u64,
+            dtype: dtype_code(dtype),
+            ..Default::default()
+        };
+        let blocks = stride_blocks(self.info().multiprocessors, x.len());
+        launch(self, MODULE, "fp8_round", blocks, params)
+    }
+
     /// `sums[c] += x[r, c]` over the rows of `x [rows, cols]` in order (bias gradients).
     /// Twin of `ops::elementwise::column_sum_accumulate`: the same additions in the same
     /// order, so the same bits; deterministic (no atomics).

@@ -13,7 +13,10 @@ const FAMILIES: [(&str, &[&str]); 11] = [
         "FP8 statistics, scaling",
         &["cast_stats", "uncast_stats", "delayed_update"],
     ),
-    ("dtype conversions, transposes", &["convert", "convert_transposed"]),
+    (
+        "dtype conversions, transposes, roundings",
+        &["convert", "convert_transposed", "round"],
+    ),
     (
         "norms",
         &[

@@ -406,6 +406,25 @@ pub(crate) fn residual_add(
     out_d.finish(&s)
 }
 
+/// Device values are rounded by the `fp8_round` kernel in place; host values on the host (a
+/// round trip to the GPU would cost far more than the rounding: a cheap op placed where its
+/// values are, not a missing kernel).
+pub(crate) fn round(k: &CudaKernels, values: ValuesMut<'_>, dtype: Dtype) -> Result<()> {
+    const OP: &str = "round";
+    match values {
+        ValuesMut::Host(host) => {
+            dtype.round_slice(host);
+            Ok(())
+        }
+        device => {
+            let s = staged_for(k, OP, [device.ordinal()])?;
+            let mut x = s.in_place(OP, device)?;
+            s.device().round_to(&mut x, dtype)?;
+            x.finish(&s)
+        }
+    }
+}
+
 pub(crate) fn column_sum(k: &CudaKernels, x: Values<'_>, cols: usize, sums: ValuesMut<'_>) -> Result<()> {
     const OP: &str = "column_sum";
     let s = staged_for(k, OP, [x.ordinal(), sums.ordinal()])?;

@@ -22,7 +22,7 @@ pub(super) use cast::{cast_stats, delayed_update, gemm, quantize, resident, unca
 pub(super) use layer::{
     attention_backward, attention_cached, attention_forward, column_sum, convert, convert_transposed, gelu_backward,
     gelu_forward, layernorm_backward, layernorm_forward, residual_add, rmsnorm_backward, rmsnorm_forward,
-    rope_backward, rope_forward, swiglu_backward, swiglu_forward,
+    rope_backward, rope_forward, round, swiglu_backward, swiglu_forward,
 };
 pub(super) use resident::{new_values, upload};
 pub(super) use train::{

@@ -63,6 +63,7 @@ pub(crate) fn new_values(k: &CudaKernels, len: usize) -> Result<CudaStorage> {
 }
 
 /// `host` uploaded to the GPU of `k`, as a tensor's values there.
+#[cfg_attr(not(test), allow(dead_code))] // with `Backend::to_device`
 pub(crate) fn upload(k: &CudaKernels, host: &[f32]) -> Result<CudaStorage> {
     let s = staged(k)?;
     let mut storage = s.new_values(k.ordinal, host.len())?;
