@@ -98,6 +98,21 @@ extern "C" __global__ void __launch_bounds__(THREADS) fp8_round(const Fp8Eltwise
         out[i] = round_to(out[i], p.dtype);
 }
 
+// A column range of one row-major matrix into another (rows x width values, moved as they
+// are): the split of the fused QKV output into Q, K, V and the join of their gradients
+// (twin: dispatch::columns::copy_columns). Grid-stride over the range; consecutive threads
+// take consecutive columns of a row, so reads and writes are coalesced.
+extern "C" __global__ void __launch_bounds__(THREADS) fp8_copy_columns(const Fp8CopyColumnsParams p) {
+    const float* a = reinterpret_cast<const float*>(p.a);
+    float* out = reinterpret_cast<float*>(p.out);
+    const uint64_t n = p.rows * p.width;
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const uint64_t r = i / p.width, c = i % p.width;
+        out[r * p.out_cols + p.out_first + c] = a[r * p.a_cols + p.a_first + c];
+    }
+}
+
 // out[c] += a[r, c] for r = 0, 1, ... in order: one thread per column adds
 // the rows in the CPU twin's order, so the sums are the twin's bits (and
 // deterministic, no atomics). A warp reads 32 consecutive columns of a row.

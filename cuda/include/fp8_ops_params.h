@@ -36,6 +36,21 @@ typedef struct Fp8EltwiseParams {
     uint32_t dtype; /* FP8_DTYPE_*: rounding of the result where the op rounds */
 } Fp8EltwiseParams;
 
+/* A column range copied between two row-major matrices of the same rows:
+ * out[r * out_cols + out_first + c] = a[r * a_cols + a_first + c] for c < width
+ * (the attention's split of the fused QKV projection into Q, K, V, and the join
+ * of their gradients). */
+typedef struct Fp8CopyColumnsParams {
+    uint64_t a;
+    uint64_t out;
+    uint64_t rows;
+    uint64_t width;
+    uint64_t a_cols;
+    uint64_t a_first;
+    uint64_t out_cols;
+    uint64_t out_first;
+} Fp8CopyColumnsParams;
+
 /* LayerNorm / RMSNorm forward and backward, one block per row; the backward's
  * dgamma/dbeta go through per-row-block partials reduced in a fixed order. */
 typedef struct Fp8NormParams {

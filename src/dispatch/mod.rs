@@ -31,6 +31,7 @@ mod shadow;
 mod shadow_tests;
 mod twin;
 
+pub(crate) use crate::ops::elementwise::ColumnCopy;
 pub(crate) use crate::ops::{AdamWStep, AttentionShape, CachedAttentionShape, NormShape, RopeShape, RopeTable};
 pub(crate) use fp8_cast::Cast;
 pub(crate) use plain::PlainMat;
@@ -174,6 +175,8 @@ kernels! {
     fn rope_backward(dx: ValuesMut<'_>, shape: RopeShape, table: &RopeTable) -> () = cpu_rope_backward;
     /// The residual add, rounded to the dtype.
     fn residual_add(x: Values<'_>, f: Values<'_>, dtype: Dtype, out: ValuesMut<'_>) -> () = cpu_residual_add;
+    /// A column range of `a` into `out` (the other columns of `out` kept).
+    fn copy_columns(a: Values<'_>, out: ValuesMut<'_>, copy: ColumnCopy) -> () = crate::ops::elementwise::copy_columns;
     /// The values rounded to the compute dtype in place (kept as f32, the layers' storage).
     fn round(values: ValuesMut<'_>, dtype: Dtype) -> () = cpu_round;
     /// `sums += column sums of x` (bias gradients).

@@ -70,5 +70,6 @@ on_host_by_value!(
     crate::ops::NormShape,
     crate::ops::AttentionShape,
     crate::ops::CachedAttentionShape,
-    crate::ops::RopeShape
+    crate::ops::RopeShape,
+    crate::ops::elementwise::ColumnCopy
 );

@@ -71,7 +71,8 @@ twin_by_value!(
     crate::ops::NormShape,
     crate::ops::AttentionShape,
     crate::ops::CachedAttentionShape,
-    crate::ops::RopeShape
+    crate::ops::RopeShape,
+    crate::ops::elementwise::ColumnCopy
 );
 
 /// Shared inputs: both ops read the same memory.

@@ -10,12 +10,11 @@ use super::norm::NormConfig;
 use super::param::{Module, Parameter};
 use super::replay::Replay;
 use crate::amp::Precision;
-use crate::dispatch::{AttentionShape, Backend, Values, ValuesMut};
+use crate::dispatch::{AttentionShape, Backend, ColumnCopy};
 use crate::error::{Error, Result};
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
 use crate::tensor::Tensor;
-use crate::tensor::scratch;
 use crate::tensor::{DeviceKind, Dtype};
 
 /// The QKV projection, with or without its input norm.
@@ -27,11 +26,12 @@ enum QkvProjection {
 /// What attention keeps for backward: q, k, v and the output (compute dtype) and the
 /// f32 log-sum-exp per row, so backward never stores the `seq x seq` probabilities.
 struct AttentionSaved {
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    out: Vec<f32>,
-    lse: Vec<f32>,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    /// `[batch * heads * seq, 1]`.
+    lse: Tensor,
     shape: AttentionShape,
 }
 
@@ -147,8 +147,8 @@ impl MultiheadAttention {
             QkvProjection::Plain(linear) => linear.forward_pass(x, replay)?,
             QkvProjection::Normed(fused) => fused.run(x, replay)?,
         };
-        let [q, k, v] = split_qkv(qkv.data(), tokens, self.hidden);
-        scratch::recycle(qkv.into_data());
+        let [q, k, v] = self.split_qkv(&qkv)?;
+        qkv.recycle();
         let shape = AttentionShape {
             batch,
             seq,
@@ -156,25 +156,23 @@ impl MultiheadAttention {
             head_dim: self.hidden / self.heads,
         };
         // The attention forward writes all of `out` (and `lse`), the backward all of dq, dk, dv.
-        let mut out = scratch::overwritten(tokens * self.hidden);
-        let mut lse = vec![0.0; batch * self.heads * seq];
+        let mut out = self.backend.output_like(&q, tokens, self.hidden)?;
+        let mut lse = self.backend.output_like(&q, batch * self.heads * seq, 1)?;
         let scale = 1.0 / (shape.head_dim as f32).sqrt();
         self.backend.kernels().attention_forward(
-            Values::Host(&q),
-            Values::Host(&k),
-            Values::Host(&v),
+            q.values(),
+            k.values(),
+            v.values(),
             shape,
             scale,
             self.dtype,
-            ValuesMut::Host(&mut out),
-            ValuesMut::Host(&mut lse),
+            out.values_mut(),
+            lse.values_mut(),
         )?;
-        self.dtype.round_slice(&mut out);
+        self.backend.kernels().round(out.values_mut(), self.dtype)?;
         // The output projection keeps its own copy of `out` for wgrad (the attention backward
         // keeps this one): handed over, so fp32 copies it once, not twice.
-        let y = self
-            .proj
-            .forward_owned(Tensor::new(scratch::copy_of(&out), tokens, self.hidden)?, replay)?;
+        let y = self.proj.forward_owned(out.kept_copy(), replay)?;
         self.saved = Some(AttentionSaved {
             q,
             k,
@@ -193,36 +191,80 @@ impl MultiheadAttention {
         }
         let dout = self.proj.backward(dy)?;
         let s = self.saved.take().ok_or_else(|| no_forward(&self.name))?;
-        let n = s.q.len();
-        let [mut dq, mut dk, mut dv] = [(); 3].map(|()| scratch::overwritten(n));
+        let (rows, cols) = s.q.shape();
+        let mut grads = Vec::with_capacity(3);
+        for _ in 0..3 {
+            grads.push(self.backend.output_like(&dout, rows, cols)?);
+        }
+        let [mut dq, mut dk, mut dv]: [Tensor; 3] = grads.try_into().expect("three gradients");
         let scale = 1.0 / (s.shape.head_dim as f32).sqrt();
         self.backend.kernels().attention_backward(
             dout.values(),
-            Values::Host(&s.q),
-            Values::Host(&s.k),
-            Values::Host(&s.v),
-            Values::Host(&s.out),
-            Values::Host(&s.lse),
+            s.q.values(),
+            s.k.values(),
+            s.v.values(),
+            s.out.values(),
+            s.lse.values(),
             s.shape,
             scale,
             self.dtype,
-            ValuesMut::Host(&mut dq),
-            ValuesMut::Host(&mut dk),
-            ValuesMut::Host(&mut dv),
+            dq.values_mut(),
+            dk.values_mut(),
+            dv.values_mut(),
         )?;
-        let tokens = dout.rows();
-        let mut dqkv = join_qkv([&dq, &dk, &dv], tokens, self.hidden);
-        for dead in [dout.into_data(), s.q, s.k, s.v, s.out, dq, dk, dv] {
-            scratch::recycle(dead);
+        let mut dqkv = self.join_qkv([&dq, &dk, &dv])?;
+        for dead in [dout, s.q, s.k, s.v, s.out, s.lse, dq, dk, dv] {
+            dead.recycle();
         }
-        self.dtype.round_slice(&mut dqkv);
-        let dqkv = Tensor::new(dqkv, tokens, 3 * self.hidden)?;
+        self.backend.kernels().round(dqkv.values_mut(), self.dtype)?;
         let dx = match &mut self.qkv {
             QkvProjection::Plain(linear) => linear.backward(&dqkv),
             QkvProjection::Normed(fused) => fused.backward(&dqkv),
         };
-        scratch::recycle(dqkv.into_data());
+        dqkv.recycle();
         dx
+    }
+
+    /// Q, K and V, the thirds of each row of the fused projection's output, where it lives.
+    fn split_qkv(&self, qkv: &Tensor) -> Result<[Tensor; 3]> {
+        let (rows, h) = (qkv.rows(), self.hidden);
+        let mut parts = Vec::with_capacity(3);
+        for part in 0..3 {
+            let mut t = self.backend.output_like(qkv, rows, h)?;
+            let copy = ColumnCopy {
+                rows,
+                width: h,
+                a_cols: 3 * h,
+                a_first: part * h,
+                out_cols: h,
+                out_first: 0,
+            };
+            self.backend
+                .kernels()
+                .copy_columns(qkv.values(), t.values_mut(), copy)?;
+            parts.push(t);
+        }
+        Ok(parts.try_into().expect("three parts"))
+    }
+
+    /// The inverse of [`Self::split_qkv`]: `[dq | dk | dv]` per row.
+    fn join_qkv(&self, parts: [&Tensor; 3]) -> Result<Tensor> {
+        let (rows, h) = (parts[0].rows(), self.hidden);
+        let mut joined = self.backend.output_like(parts[0], rows, 3 * h)?;
+        for (part, t) in parts.into_iter().enumerate() {
+            let copy = ColumnCopy {
+                rows,
+                width: h,
+                a_cols: h,
+                a_first: 0,
+                out_cols: 3 * h,
+                out_first: part * h,
+            };
+            self.backend
+                .kernels()
+                .copy_columns(t.values(), joined.values_mut(), copy)?;
+        }
+        Ok(joined)
     }
 
     pub(crate) fn clear_saved(&mut self) {
@@ -248,28 +290,6 @@ impl MultiheadAttention {
             QkvProjection::Normed(fused) => fused.as_ref(),
         }
     }
-}
-
-/// `[tokens, 3h]` -> q, k, v each `[tokens, h]`.
-fn split_qkv(qkv: &[f32], tokens: usize, h: usize) -> [Vec<f32>; 3] {
-    std::array::from_fn(|part| {
-        let mut out = scratch::empty_with_room(tokens * h);
-        for row in qkv.chunks(3 * h) {
-            out.extend_from_slice(&row[part * h..(part + 1) * h]);
-        }
-        out
-    })
-}
-
-/// The inverse of [`split_qkv`].
-fn join_qkv(parts: [&[f32]; 3], tokens: usize, h: usize) -> Vec<f32> {
-    let mut out = scratch::empty_with_room(tokens * 3 * h);
-    for t in 0..tokens {
-        for part in parts {
-            out.extend_from_slice(&part[t * h..(t + 1) * h]);
-        }
-    }
-    out
 }
 
 impl Module for MultiheadAttention {

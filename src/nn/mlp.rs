@@ -8,7 +8,7 @@ use super::norm::{Norm, NormConfig};
 use super::param::{Module, Parameter};
 use super::replay::Replay;
 use crate::amp::Precision;
-use crate::dispatch::{Backend, ValuesMut};
+use crate::dispatch::Backend;
 use crate::error::Result;
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
@@ -117,20 +117,16 @@ impl LayerNormMLP {
             self.norm.forward(x)?
         };
         let a = self.fc1.forward_owned(normed, replay)?;
-        let mut g = self.buffer(a.rows() * self.ffn);
+        let mut g = self.output_like(&a, a.rows(), self.ffn)?;
         match self.activation {
-            Activation::Gelu => self
-                .backend
-                .kernels()
-                .gelu_forward(a.values(), ValuesMut::Host(&mut g))?,
+            Activation::Gelu => self.backend.kernels().gelu_forward(a.values(), g.values_mut())?,
             Activation::SwiGlu => {
                 self.backend
                     .kernels()
-                    .swiglu_forward(a.values(), a.rows(), self.ffn, ValuesMut::Host(&mut g))?
+                    .swiglu_forward(a.values(), a.rows(), self.ffn, g.values_mut())?
             }
         }
-        self.dtype.round_slice(&mut g);
-        let g = Tensor::new(g, a.rows(), self.ffn)?;
+        self.backend.kernels().round(g.values_mut(), self.dtype)?;
         self.pre_activation = Some(a);
         self.fc2.forward_owned(g, replay)
     }
@@ -142,28 +138,36 @@ impl LayerNormMLP {
         }
         let dg = self.fc2.backward(dy)?;
         let a = self.pre_activation.take().ok_or_else(|| no_forward(&self.name))?;
-        let mut da = self.buffer(a.len());
+        let mut da = self.output_like(&dg, a.rows(), a.cols())?;
         match self.activation {
-            Activation::Gelu => {
+            Activation::Gelu => self
+                .backend
+                .kernels()
+                .gelu_backward(dg.values(), a.values(), da.values_mut())?,
+            Activation::SwiGlu => {
                 self.backend
                     .kernels()
-                    .gelu_backward(dg.values(), a.values(), ValuesMut::Host(&mut da))?
+                    .swiglu_backward(dg.values(), a.values(), a.rows(), self.ffn, da.values_mut())?
             }
-            Activation::SwiGlu => self.backend.kernels().swiglu_backward(
-                dg.values(),
-                a.values(),
-                a.rows(),
-                self.ffn,
-                ValuesMut::Host(&mut da),
-            )?,
         }
-        self.dtype.round_slice(&mut da);
-        let da = Tensor::new(da, a.rows(), a.cols())?;
-        scratch::recycle(a.into_data());
-        scratch::recycle(dg.into_data());
+        self.backend.kernels().round(da.values_mut(), self.dtype)?;
+        a.recycle();
+        dg.recycle();
         let dn = self.fc1.backward(&da)?;
-        self.spare = Some(da.into_data());
+        if da.device() == DeviceKind::Cpu {
+            self.spare = Some(da.into_data());
+        }
         self.norm.backward(&dn)
+    }
+
+    /// A `[rows, cols]` activation output or gradient where `like` lives: on the host in the
+    /// spare buffer if it is left ([`Self::buffer`]), on a GPU a new array (the kernels write
+    /// every element).
+    fn output_like(&mut self, like: &Tensor, rows: usize, cols: usize) -> Result<Tensor> {
+        match like.device() {
+            DeviceKind::Cpu => Tensor::new(self.buffer(rows * cols), rows, cols),
+            DeviceKind::Cuda(_) => self.backend.output_like(like, rows, cols),
+        }
     }
 
     /// `len` values for an activation output or gradient, in the spare buffer if it is left

@@ -14,7 +14,6 @@ use crate::error::Result;
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
 use crate::tensor::Tensor;
-use crate::tensor::scratch;
 use crate::tensor::{DeviceKind, Dtype};
 
 /// Shape and options of a [`TransformerLayer`].
@@ -133,11 +132,11 @@ impl TransformerLayer {
     fn run(&mut self, x: &Tensor, batch: usize, seq: usize, replay: bool) -> Result<Tensor> {
         let a = self.attn.run(x, batch, seq, replay)?;
         let h = self.residual(x, &a)?;
-        scratch::recycle(a.into_data());
+        a.recycle();
         let m = self.mlp.run(&h, replay)?;
         let y = self.residual(&h, &m);
-        scratch::recycle(h.into_data());
-        scratch::recycle(m.into_data());
+        h.recycle();
+        m.recycle();
         y
     }
 
@@ -164,11 +163,11 @@ impl TransformerLayer {
         dy.expect(&self.name, "output gradient", None, self.config.hidden)?;
         let dm = self.mlp.backward(dy)?;
         let dh = self.residual(dy, &dm)?;
-        scratch::recycle(dm.into_data());
+        dm.recycle();
         let da = self.attn.backward(&dh)?;
         let dx = self.residual(&dh, &da);
-        scratch::recycle(dh.into_data());
-        scratch::recycle(da.into_data());
+        dh.recycle();
+        da.recycle();
         dx
     }
 }

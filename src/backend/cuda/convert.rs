@@ -1,9 +1,10 @@
 //! Launchers of `cuda/convert.cu`: dtype conversion (optionally transposed),
-//! the transpose of 16-bit values (twin: `gemm::Mat::k_major`), the residual add and the
-//! column sum. Each is the GPU twin of a CPU op with
-//! the same bits: `dispatch::plain::convert` / `convert_transposed` (f32 values
-//! to bf16/fp16 storage, round to nearest even), `ops::elementwise::residual_add`
-//! and `ops::elementwise::column_sum_accumulate`.
+//! the transpose of 16-bit values (twin: `gemm::Mat::k_major`), the residual add, the
+//! rounding to a dtype in place, the column-range copy and the column sum. Each is the GPU
+//! twin of a CPU op with the same bits: `dispatch::plain::convert` / `convert_transposed`
+//! (f32 values to bf16/fp16 storage, round to nearest even), `ops::elementwise::residual_add`,
+//! `Dtype::round_slice`, `ops::elementwise::copy_columns` and
+//! `ops::elementwise::column_sum_accumulate`.
 
 use cudarc::driver::DeviceRepr;
 
@@ -11,8 +12,9 @@ use super::buffer::{DeviceBuffer, DeviceElement};
 use super::context::CudaDevice;
 use super::launch::{launch, tile_blocks};
 use super::op_args::{check_len, dtype_code, elements, stride_blocks};
-use super::params::Fp8EltwiseParams;
+use super::params::{Fp8CopyColumnsParams, Fp8EltwiseParams};
 use crate::error::{Error, Result};
+use crate::ops::elementwise::ColumnCopy;
 use crate::tensor::Dtype;
 
 const MODULE: &str = "convert";
@@ -146,6 +148,29 @@ impl CudaDevice {
         };
         let blocks = stride_blocks(self.info().multiprocessors, x.len());
         launch(self, MODULE, "fp8_round", blocks, params)
+    }
+
+    /// Columns `copy.a_first..+copy.width` of `a` into columns `copy.out_first..` of `out`, row
+    /// by row; the other columns of `out` keep their values. Twin of
+    /// `ops::elementwise::copy_columns`: the values moved as they are.
+    pub fn copy_columns(&self, a: &DeviceBuffer<f32>, out: &mut DeviceBuffer<f32>, copy: ColumnCopy) -> Result<()> {
+        copy.check(a.len(), out.len())?;
+        let n = copy.rows * copy.width;
+        if n == 0 {
+            return Ok(());
+        }
+        let params = Fp8CopyColumnsParams {
+            a: a.address(self),
+            out: out.address_mut(self),
+            rows: copy.rows as u64,
+            width: copy.width as u64,
+            a_cols: copy.a_cols as u64,
+            a_first: copy.a_first as u64,
+            out_cols: copy.out_cols as u64,
+            out_first: copy.out_first as u64,
+        };
+        let blocks = stride_blocks(self.info().multiprocessors, n);
+        launch(self, MODULE, "fp8_copy_columns", blocks, params)
     }
 
     /// `sums[c] += x[r, c]` over the rows of `x [rows, cols]` in order (bias gradients).

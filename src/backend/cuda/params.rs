@@ -332,6 +332,34 @@ const _: () = {
 };
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
+pub struct Fp8CopyColumnsParams {
+    pub a: u64,
+    pub out: u64,
+    pub rows: u64,
+    pub width: u64,
+    pub a_cols: u64,
+    pub a_first: u64,
+    pub out_cols: u64,
+    pub out_first: u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Fp8CopyColumnsParams"][::core::mem::size_of::<Fp8CopyColumnsParams>() - 64usize];
+    ["Alignment of Fp8CopyColumnsParams"][::core::mem::align_of::<Fp8CopyColumnsParams>() - 8usize];
+    ["Offset of field: Fp8CopyColumnsParams::a"][::core::mem::offset_of!(Fp8CopyColumnsParams, a) - 0usize];
+    ["Offset of field: Fp8CopyColumnsParams::out"][::core::mem::offset_of!(Fp8CopyColumnsParams, out) - 8usize];
+    ["Offset of field: Fp8CopyColumnsParams::rows"][::core::mem::offset_of!(Fp8CopyColumnsParams, rows) - 16usize];
+    ["Offset of field: Fp8CopyColumnsParams::width"][::core::mem::offset_of!(Fp8CopyColumnsParams, width) - 24usize];
+    ["Offset of field: Fp8CopyColumnsParams::a_cols"][::core::mem::offset_of!(Fp8CopyColumnsParams, a_cols) - 32usize];
+    ["Offset of field: Fp8CopyColumnsParams::a_first"]
+        [::core::mem::offset_of!(Fp8CopyColumnsParams, a_first) - 40usize];
+    ["Offset of field: Fp8CopyColumnsParams::out_cols"]
+        [::core::mem::offset_of!(Fp8CopyColumnsParams, out_cols) - 48usize];
+    ["Offset of field: Fp8CopyColumnsParams::out_first"]
+        [::core::mem::offset_of!(Fp8CopyColumnsParams, out_first) - 56usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
 pub struct Fp8NormParams {
     pub x: u64,
     pub gamma: u64,

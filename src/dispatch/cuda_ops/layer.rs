@@ -11,7 +11,9 @@ use super::{Pooled, Staged, staged};
 use crate::backend::cuda::DeviceElement;
 use crate::backend::cuda::norm::NormParamsRef;
 use crate::backend::cuda::rope::{RopeDirection, host_rows};
-use crate::dispatch::{AttentionShape, CachedAttentionShape, CudaKernels, NormShape, PlainMat, RopeShape, RopeTable};
+use crate::dispatch::{
+    AttentionShape, CachedAttentionShape, ColumnCopy, CudaKernels, NormShape, PlainMat, RopeShape, RopeTable,
+};
 use crate::error::Result;
 use crate::ops::attention_cached::nothing_to_do;
 use crate::tensor::Dtype;
@@ -403,6 +405,23 @@ pub(crate) fn residual_add(
     let s = staged_for(k, OP, [x.ordinal(), f.ordinal(), out.ordinal()])?;
     let (x_d, f_d, mut out_d) = (s.input(OP, x)?, s.input(OP, f)?, s.output(OP, out)?);
     s.device().residual_add(&x_d, &f_d, dtype, &mut out_d)?;
+    out_d.finish(&s)
+}
+
+/// Device values are moved by the `fp8_copy_columns` kernel; when both sides are host values
+/// they are moved on the host (staging them would only add copies: a data move placed where
+/// its values are, as [`round`]).
+pub(crate) fn copy_columns(k: &CudaKernels, a: Values<'_>, out: ValuesMut<'_>, copy: ColumnCopy) -> Result<()> {
+    const OP: &str = "copy_columns";
+    // The twin's check first: a bad range is the same error on both backends, before any copy.
+    copy.check(a.len(), out.len())?;
+    let out = match (a, out) {
+        (Values::Host(a), ValuesMut::Host(out)) => return crate::ops::elementwise::copy_columns(a, out, copy),
+        (_, out) => out,
+    };
+    let s = staged_for(k, OP, [a.ordinal(), out.ordinal()])?;
+    let (a_d, mut out_d) = (s.input(OP, a)?, s.in_place(OP, out)?);
+    s.device().copy_columns(&a_d, &mut out_d, copy)?;
     out_d.finish(&s)
 }
 

@@ -20,9 +20,9 @@ mod train;
 pub(super) use arena::arena_store;
 pub(super) use cast::{cast_stats, delayed_update, gemm, quantize, resident, uncast_stats};
 pub(super) use layer::{
-    attention_backward, attention_cached, attention_forward, column_sum, convert, convert_transposed, gelu_backward,
-    gelu_forward, layernorm_backward, layernorm_forward, residual_add, rmsnorm_backward, rmsnorm_forward,
-    rope_backward, rope_forward, round, swiglu_backward, swiglu_forward,
+    attention_backward, attention_cached, attention_forward, column_sum, convert, convert_transposed, copy_columns,
+    gelu_backward, gelu_forward, layernorm_backward, layernorm_forward, residual_add, rmsnorm_backward,
+    rmsnorm_forward, rope_backward, rope_forward, round, swiglu_backward, swiglu_forward,
 };
 pub(super) use resident::{new_values, upload};
 pub(super) use train::{
