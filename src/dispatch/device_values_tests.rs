@@ -93,6 +93,38 @@ fn a_cuda_op_checks_where_its_values_live_before_opening_its_gpu() {
 }
 
 #[test]
+fn ops_that_stay_on_the_host_for_host_values_still_need_their_gpu() {
+    // round and copy_columns move host values on the host, but a missing GPU is still the
+    // backend's typed error, the values untouched.
+    let mut x = ramp(8, 0.25);
+    let cuda = Backend::on(DeviceKind::Cuda(99));
+    let err = cuda.kernels().round(ValuesMut::Host(&mut x), Dtype::Bf16).unwrap_err();
+    assert!(matches!(err, Error::NoGpu { .. } | Error::KernelsMissing), "{err}");
+    let copy = super::ColumnCopy {
+        rows: 2,
+        width: 2,
+        a_cols: 4,
+        a_first: 1,
+        out_cols: 4,
+        out_first: 0,
+    };
+    let mut out = vec![0.0; 8];
+    let err = cuda
+        .kernels()
+        .copy_columns(Values::Host(&ramp(8, 0.0)), ValuesMut::Host(&mut out), copy)
+        .unwrap_err();
+    assert!(matches!(err, Error::NoGpu { .. } | Error::KernelsMissing), "{err}");
+    assert_eq!((x, out), (ramp(8, 0.25), vec![0.0; 8]));
+    // A bad range is the twin's error on both backends, before the GPU is looked for.
+    let bad = super::ColumnCopy { a_first: 3, ..copy };
+    let err = cuda
+        .kernels()
+        .copy_columns(Values::Host(&ramp(8, 0.0)), ValuesMut::Host(&mut vec![0.0; 8]), bad)
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidShape { .. }), "{err}");
+}
+
+#[test]
 fn shadow_mode_gives_the_twin_a_download_of_device_values() {
     // An input: saved as a download before the primary runs, the twin reads that copy.
     let x = stand_in(0, ramp(6, 2.0));
@@ -282,6 +314,32 @@ fn device_arms_match_host_arms() {
     k.column_sum(xd.values(), cols, sumsd.values_mut()).unwrap();
     same("column_sum (accumulated)", &sums, &sumsd);
 
+    // Rounding in place, and a column range into a device matrix whose other columns stay.
+    let mut rounded = x.clone();
+    k.round(ValuesMut::Host(&mut rounded), Dtype::F16).unwrap();
+    let mut roundd = xd.kept_copy();
+    k.round(roundd.values_mut(), Dtype::F16).unwrap();
+    same("round", &rounded, &roundd);
+    same("round leaves the tensor it shared values with", &x, &xd);
+    let copy = super::ColumnCopy {
+        rows,
+        width: 40,
+        a_cols: cols,
+        a_first: 100,
+        out_cols: cols,
+        out_first: 7,
+    };
+    let mut moved = dy.clone();
+    k.copy_columns(Values::Host(&x), ValuesMut::Host(&mut moved), copy)
+        .unwrap();
+    let mut movedd = up(&dy, rows, cols);
+    k.copy_columns(xd.values(), movedd.values_mut(), copy).unwrap();
+    same("copy_columns", &moved, &movedd);
+    // A host source into a device matrix: the source goes up, the rest stays.
+    let mut mixed = up(&dy, rows, cols);
+    k.copy_columns(Values::Host(&x), mixed.values_mut(), copy).unwrap();
+    same("copy_columns from host values", &moved, &mixed);
+
     // Rope in place on a shared tensor: the op's copy changes, the other keeps its values.
     let (heads, head_dim, seq) = (4, 40, 48);
     let table = RopeTable::new(
@@ -380,7 +438,10 @@ fn device_arms_match_host_arms() {
     same("attention_backward dq", &dq, &dqd);
     same("attention_backward dk", &dk, &dkd);
     same("attention_backward dv", &dv, &dvd);
-    println!("device_arms_match_host_arms: gelu, layernorm, residual, column sums, rope, attention: same bits");
+    println!(
+        "device_arms_match_host_arms: gelu, layernorm, residual, column sums, round, copy_columns, rope, attention: \
+         same bits"
+    );
 }
 
 /// On GPU 0: a norm layer fed a device tensor keeps its output, its saved state and its input

@@ -415,11 +415,12 @@ pub(crate) fn copy_columns(k: &CudaKernels, a: Values<'_>, out: ValuesMut<'_>, c
     const OP: &str = "copy_columns";
     // The twin's check first: a bad range is the same error on both backends, before any copy.
     copy.check(a.len(), out.len())?;
+    // The GPU first, as every op of this backend: a missing one is an error here too.
+    let s = staged_for(k, OP, [a.ordinal(), out.ordinal()])?;
     let out = match (a, out) {
         (Values::Host(a), ValuesMut::Host(out)) => return crate::ops::elementwise::copy_columns(a, out, copy),
         (_, out) => out,
     };
-    let s = staged_for(k, OP, [a.ordinal(), out.ordinal()])?;
     let (a_d, mut out_d) = (s.input(OP, a)?, s.in_place(OP, out)?);
     s.device().copy_columns(&a_d, &mut out_d, copy)?;
     out_d.finish(&s)
@@ -430,13 +431,14 @@ pub(crate) fn copy_columns(k: &CudaKernels, a: Values<'_>, out: ValuesMut<'_>, c
 /// values are, not a missing kernel).
 pub(crate) fn round(k: &CudaKernels, values: ValuesMut<'_>, dtype: Dtype) -> Result<()> {
     const OP: &str = "round";
+    // The GPU first, as every op of this backend: a missing one is an error here too.
+    let s = staged_for(k, OP, [values.ordinal()])?;
     match values {
         ValuesMut::Host(host) => {
             dtype.round_slice(host);
             Ok(())
         }
         device => {
-            let s = staged_for(k, OP, [device.ordinal()])?;
             let mut x = s.in_place(OP, device)?;
             s.device().round_to(&mut x, dtype)?;
             x.finish(&s)
