@@ -119,7 +119,7 @@ fn ops_that_stay_on_the_host_for_host_values_still_need_their_gpu() {
     let bad = super::ColumnCopy { a_first: 3, ..copy };
     let err = cuda
         .kernels()
-        .copy_columns(Values::Host(&ramp(8, 0.0)), ValuesMut::Host(&mut vec![0.0; 8]), bad)
+        .copy_columns(Values::Host(&ramp(8, 0.0)), ValuesMut::Host(&mut [0.0; 8]), bad)
         .unwrap_err();
     assert!(matches!(err, Error::InvalidShape { .. }), "{err}");
 }
