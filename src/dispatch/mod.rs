@@ -129,15 +129,15 @@ macro_rules! kernels {
 
 kernels! {
     /// Casts `[rows, cols]` to FP8 under any recipe, both copies (row-wise and transposed).
-    fn quantize(recipe: &Fp8Recipe, role: TensorRole, src: &[f32], rows: usize, cols: usize, delayed_scale: f32)
+    fn quantize(recipe: &Fp8Recipe, role: TensorRole, src: Values<'_>, rows: usize, cols: usize, delayed_scale: f32)
         -> Cast = fp8_cast::cast;
     /// `D = A B^T` scaled (`docs/numerics.md`, GEMM), any operand precision.
     fn gemm(a: &Operand, b: &Operand, out: Output, params: &GemmParams) -> GemmReport = crate::gemm::cpu::gemm,
         gemm_call = contract::GemmCall { a, b, params };
     /// f32 values to a plain compute dtype.
-    fn convert(dtype: Dtype, src: &[f32]) -> PlainMat = plain::convert;
+    fn convert(dtype: Dtype, src: Values<'_>) -> PlainMat = plain::convert;
     /// The transpose of `[rows, cols]` f32 values in a plain compute dtype.
-    fn convert_transposed(dtype: Dtype, src: &[f32], rows: usize, cols: usize) -> PlainMat = plain::convert_transposed;
+    fn convert_transposed(dtype: Dtype, src: Values<'_>, rows: usize, cols: usize) -> PlainMat = plain::convert_transposed;
     /// LayerNorm forward, saving mean and rstd.
     fn layernorm_forward(x: Values<'_>, gamma: Values<'_>, beta: Values<'_>, shape: NormShape, eps: f32, zero_centered: bool,
         y: ValuesMut<'_>, mean: ValuesMut<'_>, rstd: ValuesMut<'_>) -> () = crate::ops::layernorm_forward;
@@ -198,9 +198,9 @@ kernels! {
     fn delayed_update(bank: &mut SlotBank, slots: &[usize], formats: &[Fp8Format], recipe: &DelayedScaling) -> ()
         = cpu_delayed_update;
     /// FP8 statistics of a cast.
-    fn cast_stats(name: String, src: &[f32], cast: &Cast) -> Fp8TensorStats = cpu_cast_stats;
+    fn cast_stats(name: String, src: Values<'_>, cast: &Cast) -> Fp8TensorStats = cpu_cast_stats;
     /// FP8 statistics of a high-precision tensor as if cast per tensor with `scale`.
-    fn uncast_stats(name: String, values: &[f32], format: Fp8Format, amax: f32, scale: f32) -> Fp8TensorStats
+    fn uncast_stats(name: String, values: Values<'_>, format: Fp8Format, amax: f32, scale: f32) -> Fp8TensorStats
         = cpu_uncast_stats;
     /// One AdamW update of a parameter and its moments.
     fn adamw(value: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], step: &crate::ops::AdamWStep) -> ()

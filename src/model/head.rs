@@ -2,7 +2,7 @@
 //! in the compute dtype (inputs converted like a linear layer's, f32 accumulation, f32 logits
 //! for the loss).
 
-use crate::dispatch::{Kernels, PlainMat};
+use crate::dispatch::{Kernels, PlainMat, Values};
 use crate::error::Result;
 use crate::gemm::{GemmParams, Operand, Output};
 use crate::nn::{Linear, Parameter};
@@ -64,9 +64,11 @@ impl<'a> Table<'a> {
         };
         match transposed {
             true => slot
-                .insert(kernels.convert_transposed(dtype, values, vocab, hidden)?)
+                .insert(kernels.convert_transposed(dtype, Values::Host(values), vocab, hidden)?)
                 .operand(hidden, vocab),
-            false => slot.insert(kernels.convert(dtype, values)?).operand(vocab, hidden),
+            false => slot
+                .insert(kernels.convert(dtype, Values::Host(values))?)
+                .operand(vocab, hidden),
         }
     }
 }
@@ -144,7 +146,7 @@ fn forward(
     dtype: Dtype,
 ) -> Result<Vec<f32>> {
     let vocab = table.len() / hidden.max(1);
-    let h = kernels.convert(dtype, h)?;
+    let h = kernels.convert(dtype, Values::Host(h))?;
     let mut slot = None;
     let e = table.operand(kernels, dtype, (vocab, hidden, false), &mut slot)?;
     let mut logits = vec![0.0; rows * vocab];
@@ -171,7 +173,7 @@ fn backward(
     dtable: Option<&mut [f32]>,
 ) -> Result<Vec<f32>> {
     let vocab = table.len() / hidden.max(1);
-    let dl = kernels.convert(dtype, dlogits)?;
+    let dl = kernels.convert(dtype, Values::Host(dlogits))?;
     let mut slot = None;
     let e_t = table.operand(kernels, dtype, (vocab, hidden, true), &mut slot)?;
     let mut dh = vec![0.0; rows * hidden];
@@ -185,8 +187,8 @@ fn backward(
         dtype.round_slice(&mut dh);
         return Ok(dh);
     };
-    let dl_t = kernels.convert_transposed(dtype, dlogits, rows, vocab)?;
-    let h_t = kernels.convert_transposed(dtype, h, rows, hidden)?;
+    let dl_t = kernels.convert_transposed(dtype, Values::Host(dlogits), rows, vocab)?;
+    let h_t = kernels.convert_transposed(dtype, Values::Host(h), rows, hidden)?;
     kernels.gemm(
         &dl_t.operand(vocab, rows)?,
         &h_t.operand(hidden, rows)?,

@@ -18,7 +18,7 @@
 //! 1x128 blocks against 128x128 weight blocks, or per tensor against a per-tensor weight.
 
 use crate::amp::{Fp8Recipe, Precision};
-use crate::dispatch::{Backend, Kernels};
+use crate::dispatch::{Backend, Kernels, Values};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{GemmParams, Operand, Output};
@@ -229,7 +229,7 @@ impl FrozenFp8Weight {
     ) -> Result<Vec<f32>> {
         let recipe = self.scaling.activation_recipe(run);
         let out = self.out_features();
-        let xq = kernels.quantize(&recipe, TensorRole::Input, x, rows, self.in_features, 1.0)?;
+        let xq = kernels.quantize(&recipe, TensorRole::Input, Values::Host(x), rows, self.in_features, 1.0)?;
         let a = Operand::Fp8(xq.tensor.format(), xq.tensor.rowwise());
         let mut y = vec![0f32; rows * out];
         let mut offset = 0;
@@ -271,7 +271,7 @@ impl FrozenFp8Weight {
                 .chunks_exact(out)
                 .flat_map(|row| row[offset..offset + n].iter().copied())
                 .collect();
-            let dyq = kernels.quantize(&recipe, TensorRole::OutputGrad, &part, rows, n, 1.0)?;
+            let dyq = kernels.quantize(&recipe, TensorRole::OutputGrad, Values::Host(&part), rows, n, 1.0)?;
             let wt = transposed(seg)?;
             let params = GemmParams {
                 beta: if i == 0 { 0.0 } else { 1.0 },

@@ -69,7 +69,8 @@ fn plain_operand<'a>(
     if dtype == Dtype::F32 {
         return Ok(Operand::F32(Mat::new(src, rows, cols)?));
     }
-    slot.insert(kernels.convert(dtype, src)?).operand(rows, cols)
+    slot.insert(kernels.convert(dtype, Values::Host(src))?)
+        .operand(rows, cols)
 }
 
 /// The operand of a frozen weight held in 16 bits of the compute dtype (`WeightCopy::Stored`),
@@ -252,10 +253,10 @@ impl LinearGemms {
             Fp8Recipe::Delayed(_) => self.slot_scale(role),
             _ => current_scale(amax, format.max_finite(), false, 0.0),
         };
-        let stats = self
-            .backend
-            .kernels()
-            .uncast_stats(self.stat_name(role), values, format, amax, scale)?;
+        let stats =
+            self.backend
+                .kernels()
+                .uncast_stats(self.stat_name(role), Values::Host(values), format, amax, scale)?;
         self.stats[role_index(role)] = Some(stats);
         Ok(())
     }
@@ -352,18 +353,18 @@ impl LinearGemms {
             Precision::Fp8(recipe) => {
                 let scale = self.slot_scale(TensorRole::Weight);
                 let values = weight.widened();
-                let cast = kernels.quantize(recipe, TensorRole::Weight, &values, out, inp, scale)?;
+                let cast = kernels.quantize(recipe, TensorRole::Weight, Values::Host(&values), out, inp, scale)?;
                 if !replay {
                     self.record(TensorRole::Weight, cast.amax);
                     let name = self.stat_name(TensorRole::Weight);
-                    self.stats[1] = Some(kernels.cast_stats(name, &values, &cast)?);
+                    self.stats[1] = Some(kernels.cast_stats(name, Values::Host(&values), &cast)?);
                 }
                 WeightCopy::Fp8(cast)
             }
             // A frozen weight held in 16 bits of the compute dtype is its own operand.
             _ if weight.half_values().is_some_and(|h| h.dtype() == self.dtype()) => WeightCopy::Stored,
             // Else one compute copy, as for f32 values (16-bit ones widen exactly first).
-            _ => WeightCopy::Plain(kernels.convert(self.dtype(), &weight.widened())?),
+            _ => WeightCopy::Plain(kernels.convert(self.dtype(), Values::Host(&weight.widened()))?),
         };
         self.weight = Some((weight.version(), copy));
         self.installed_stats = None;
@@ -421,7 +422,7 @@ impl LinearGemms {
         };
         let (saved, report, input_cast) = match (&self.precision, copy) {
             (Precision::Fp8(recipe), WeightCopy::Fp8(w)) => {
-                let xq = kernels.quantize(recipe, TensorRole::Input, x, rows, inp, input_scale)?;
+                let xq = kernels.quantize(recipe, TensorRole::Input, Values::Host(x), rows, inp, input_scale)?;
                 let params = GemmParams {
                     bias,
                     split_accumulator: false, // forward: fast accumulation allowed (`docs/numerics.md`, GEMM)
@@ -432,7 +433,7 @@ impl LinearGemms {
                 let report = kernels.gemm(&a, &b, Output::F32(&mut y), &params)?;
                 let stats = match replay {
                     true => None,
-                    false => Some(kernels.cast_stats(self.stat_name(TensorRole::Input), x, &xq)?),
+                    false => Some(kernels.cast_stats(self.stat_name(TensorRole::Input), Values::Host(x), &xq)?),
                 };
                 let amax = xq.amax;
                 let (format, _, columnwise) = xq.tensor.into_parts();
@@ -449,7 +450,7 @@ impl LinearGemms {
                 // kept as it is; a borrowed one is copied).
                 let xm = match input {
                     Input::Owned(values) if self.dtype() == Dtype::F32 => PlainMat::F32(values),
-                    _ => kernels.convert(self.dtype(), x)?,
+                    _ => kernels.convert(self.dtype(), Values::Host(x))?,
                 };
                 let params = GemmParams {
                     bias,
@@ -515,7 +516,7 @@ impl LinearGemms {
         let (dgrad_amax, output_grad_cast) = match (&self.precision, copy, &saved) {
             (Precision::Fp8(recipe), WeightCopy::Fp8(w), SavedInput::Fp8(x_format, xt)) => {
                 let scale = self.slot_scale(TensorRole::OutputGrad);
-                let dyq = kernels.quantize(recipe, TensorRole::OutputGrad, dy, rows, out, scale)?;
+                let dyq = kernels.quantize(recipe, TensorRole::OutputGrad, Values::Host(dy), rows, out, scale)?;
                 let dy_format = dyq.tensor.format();
                 let dgrad = kernels.gemm(
                     &Operand::Fp8(dy_format, dyq.tensor.rowwise()),
@@ -531,7 +532,7 @@ impl LinearGemms {
                         &accumulate,
                     )?;
                 }
-                let stats = kernels.cast_stats(self.stat_name(TensorRole::OutputGrad), dy, &dyq)?;
+                let stats = kernels.cast_stats(self.stat_name(TensorRole::OutputGrad), Values::Host(dy), &dyq)?;
                 (dgrad.amax, Some((dyq.amax, stats)))
             }
             (_, copy @ (WeightCopy::Plain(_) | WeightCopy::Stored), SavedInput::Plain(x)) => {

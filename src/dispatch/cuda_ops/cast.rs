@@ -1,12 +1,13 @@
 //! Staged arms of the FP8 casts, the GEMM, the delayed-scaling update and the
 //! FP8 statistics (launchers in `backend::cuda::{quantize, gemm}`).
 
+use super::resident::staged_for;
 use super::{Lease, Staged, staged};
 use crate::amp::Fp8Recipe;
 use crate::backend::cuda::DeviceBuffer;
 use crate::backend::cuda::gemm::{Fp8Mirror, UploadedScales, gemm_host, resident_mirror};
 use crate::backend::cuda::gemm_f32::gemm_f32_host;
-use crate::dispatch::{Cast, CudaKernels, fp8_cast};
+use crate::dispatch::{Cast, CudaKernels, Values, fp8_cast};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{GemmParams, GemmReport, Operand, Output};
@@ -189,15 +190,15 @@ pub(crate) fn quantize(
     k: &CudaKernels,
     recipe: &Fp8Recipe,
     role: TensorRole,
-    src: &[f32],
+    src: Values<'_>,
     rows: usize,
     cols: usize,
     delayed_scale: f32,
 ) -> Result<Cast> {
-    let s = staged(k)?;
+    let s = staged_for(k, "quantize", [src.ordinal()])?;
     let shape = (rows, cols);
-    // One upload of the source serves the amax and both copies.
-    let x = s.up(src)?;
+    // One upload of a host source (none of a device one) serves the amax and both copies.
+    let x = s.input("quantize", src)?;
     match recipe {
         Fp8Recipe::Delayed(r) => per_tensor(&s, &x, shape, r.format.for_role(role), delayed_scale),
         Fp8Recipe::Current(r) => {
@@ -308,13 +309,13 @@ impl Compact {
     }
 }
 
-/// The statistics of a cast. Staged, the source and the codes are host slices already, so
-/// they are counted by the reference code on the host (uploading them only to count would
-/// move more bytes than the count reads); device-counted statistics come with
-/// device-resident tensors (`docs/cuda-backend.md`).
-pub(crate) fn cast_stats(k: &CudaKernels, name: String, src: &[f32], cast: &Cast) -> Result<Fp8TensorStats> {
-    staged(k)?;
-    Ok(fp8_cast::cast_stats(name, src, cast))
+/// The statistics of a cast, counted by the reference code on the host: the codes are host
+/// copies already, and a host source is read in place (uploading it only to count would move
+/// more bytes than the count reads). A device source is downloaded to count: statistics
+/// counted on the device are a later step (`docs/cuda-backend.md`, Device-resident tensors).
+pub(crate) fn cast_stats(k: &CudaKernels, name: String, src: Values<'_>, cast: &Cast) -> Result<Fp8TensorStats> {
+    staged_for(k, "cast_stats", [src.ordinal()])?;
+    Ok(fp8_cast::cast_stats(name, &src.to_host()?, cast))
 }
 
 /// The statistics of a high-precision tensor as if cast per tensor: counted on the host, as
@@ -322,13 +323,13 @@ pub(crate) fn cast_stats(k: &CudaKernels, name: String, src: &[f32], cast: &Cast
 pub(crate) fn uncast_stats(
     k: &CudaKernels,
     name: String,
-    values: &[f32],
+    values: Values<'_>,
     format: Fp8Format,
     amax: f32,
     scale: f32,
 ) -> Result<Fp8TensorStats> {
-    staged(k)?;
-    Ok(fp8_cast::uncast_stats(name, values, format, amax, scale))
+    staged_for(k, "uncast_stats", [values.ordinal()])?;
+    Ok(fp8_cast::uncast_stats(name, &values.to_host()?, format, amax, scale))
 }
 
 #[cfg(test)]

@@ -22,11 +22,11 @@ use crate::tensor::device_values::{Values, ValuesMut};
 /// `[rows, cols]` f32 values converted on the device to `T`, transposed when asked.
 fn convert_to<T: DeviceElement + Pooled>(
     s: &Staged,
-    src: &[f32],
+    src: Values<'_>,
     (rows, cols): (usize, usize),
     transpose: bool,
 ) -> Result<Vec<T>> {
-    let x = s.up(src)?;
+    let x = s.input("convert", src)?;
     let mut y = s.scratch::<T>(src.len())?;
     s.device().convert(&x, rows, cols, transpose, &mut y)?;
     s.down_vec(&y)
@@ -35,11 +35,11 @@ fn convert_to<T: DeviceElement + Pooled>(
 fn convert_plain(
     k: &CudaKernels,
     dtype: Dtype,
-    src: &[f32],
+    src: Values<'_>,
     shape: (usize, usize),
     transpose: bool,
 ) -> Result<PlainMat> {
-    let s = staged(k)?;
+    let s = staged_for(k, "convert", [src.ordinal()])?;
     Ok(match dtype {
         Dtype::F32 => PlainMat::F32(convert_to::<f32>(&s, src, shape, transpose)?),
         Dtype::Bf16 => PlainMat::Bf16(convert_to::<bf16>(&s, src, shape, transpose)?),
@@ -47,14 +47,14 @@ fn convert_plain(
     })
 }
 
-pub(crate) fn convert(k: &CudaKernels, dtype: Dtype, src: &[f32]) -> Result<PlainMat> {
+pub(crate) fn convert(k: &CudaKernels, dtype: Dtype, src: Values<'_>) -> Result<PlainMat> {
     convert_plain(k, dtype, src, (1, src.len()), false)
 }
 
 pub(crate) fn convert_transposed(
     k: &CudaKernels,
     dtype: Dtype,
-    src: &[f32],
+    src: Values<'_>,
     rows: usize,
     cols: usize,
 ) -> Result<PlainMat> {
