@@ -70,7 +70,7 @@ pub(crate) fn contract(op: &str) -> Contract<'static> {
         | "residual_add" | "round" | "copy_columns" | "embedding_forward" | "unscale_and_check" | "rope_forward"
         | "rope_backward" => Contract::Exact,
         // K and the operands are the call's: the shadow runner sets them ([`Contract::for_gemm`]).
-        "gemm" => Contract::Gemm { k: 0, call: None },
+        "gemm" | "gemm_into" => Contract::Gemm { k: 0, call: None },
         // Correctly rounded `sqrt` and division, no fused multiply-add: only the ulp of a reordering.
         "adamw" => Contract::Close { rtol: 1e-6, atol: 0.0 },
         "column_sum"

@@ -92,7 +92,7 @@ macro_rules! kernels {
                     $( let contract = contract.for_gemm($call); )?
                     // An op's own contract from its call (attention: its dtype) replaces the name's.
                     $( let contract = { let _ = contract; $own }; )?
-                    $( let mut $arg = Saved::<$ty>::new($arg)?; )*
+                    $( let mut $arg = Saved::<$ty>::new($arg, contract)?; )*
                     let primary = self.primary.kernels().$name($(Twin::primary(&mut $arg.live)),*)?;
                     let cpu = CpuKernels.$name($(Twin::twin(&$arg.live, &mut $arg.saved)),*)?;
                     $(
@@ -133,6 +133,10 @@ kernels! {
         -> Cast = fp8_cast::cast;
     /// `D = A B^T` scaled (`docs/numerics.md`, GEMM), any operand precision.
     fn gemm(a: &Operand, b: &Operand, out: Output, params: &GemmParams) -> GemmReport = crate::gemm::cpu::gemm,
+        gemm_call = contract::GemmCall { a, b, params };
+    /// [`Kernels::gemm`] into f32 values wherever they live (an activation's GEMM whose result
+    /// stays on the device of the call).
+    fn gemm_into(a: &Operand, b: &Operand, out: ValuesMut<'_>, params: &GemmParams) -> GemmReport = cpu_gemm_into,
         gemm_call = contract::GemmCall { a, b, params };
     /// f32 values to a plain compute dtype.
     fn convert(dtype: Dtype, src: Values<'_>) -> PlainMat = plain::convert;
@@ -247,6 +251,10 @@ fn cpu_residual_add(x: &[f32], f: &[f32], dtype: Dtype, out: &mut [f32]) -> Resu
     crate::ops::elementwise::residual_add_into(x, f, dtype, out)
 }
 
+fn cpu_gemm_into(a: &Operand, b: &Operand, out: &mut [f32], params: &GemmParams) -> Result<GemmReport> {
+    crate::gemm::cpu::gemm(a, b, Output::F32(out), params)
+}
+
 fn cpu_round(values: &mut [f32], dtype: Dtype) -> Result<()> {
     dtype.round_slice(values);
     Ok(())
@@ -275,8 +283,8 @@ struct Saved<T: Twin> {
 }
 
 impl<T: Twin> Saved<T> {
-    fn new(live: T) -> Result<Self> {
-        let saved = live.save()?;
+    fn new(live: T, contract: contract::Contract) -> Result<Self> {
+        let saved = live.save(contract)?;
         Ok(Saved { live, saved })
     }
 }

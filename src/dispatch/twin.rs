@@ -22,8 +22,9 @@ pub(crate) trait Twin {
     type Arg<'s>
     where
         Self: 's;
-    /// Fails only where saving downloads device values.
-    fn save(&self) -> Result<Self::Saved>;
+    /// Fails only where saving downloads device values. `contract`: the op's (an output whose
+    /// contract is a GEMM's also keeps its values before the call, what `beta` multiplies).
+    fn save(&self, contract: Contract) -> Result<Self::Saved>;
     /// The argument for the primary op (a reborrow).
     fn primary(&mut self) -> Self::Arg<'_>;
     /// The argument for the CPU twin: the same input, or the saved copy of in-place state.
@@ -46,7 +47,7 @@ macro_rules! twin_by_value {
         impl Twin for $ty {
             type Saved = ();
             type Arg<'s> = $ty;
-            fn save(&self) -> Result<()> {
+            fn save(&self, _: Contract) -> Result<()> {
                 Ok(())
             }
             fn primary(&mut self) -> $ty {
@@ -82,7 +83,7 @@ impl<'a, T: ?Sized> Twin for &'a T {
         = &'a T
     where
         Self: 's;
-    fn save(&self) -> Result<()> {
+    fn save(&self, _: Contract) -> Result<()> {
         Ok(())
     }
     fn primary(&mut self) -> &'a T {
@@ -100,7 +101,7 @@ impl Twin for &mut [f32] {
         = &'s mut [f32]
     where
         Self: 's;
-    fn save(&self) -> Result<Vec<f32>> {
+    fn save(&self, _: Contract) -> Result<Vec<f32>> {
         Ok(self.to_vec())
     }
     fn primary(&mut self) -> &mut [f32] {
@@ -132,7 +133,7 @@ impl<'a> Twin for Values<'a> {
         = Values<'s>
     where
         Self: 's;
-    fn save(&self) -> Result<Option<Vec<f32>>> {
+    fn save(&self, _: Contract) -> Result<Option<Vec<f32>>> {
         match self {
             Values::Host(_) => Ok(None),
             Values::Device(d) => d.to_vec().map(Some),
@@ -152,22 +153,35 @@ impl<'a> Twin for Values<'a> {
 /// Output or in-place values: the twin starts from a host copy of what the primary starts
 /// from, and the primary's result is read back (downloaded from a device) to compare.
 impl<'a> Twin for ValuesMut<'a> {
-    type Saved = Vec<f32>;
+    type Saved = SavedValues;
     type Arg<'s>
         = ValuesMut<'s>
     where
         Self: 's;
-    fn save(&self) -> Result<Vec<f32>> {
-        self.as_values().to_host().map(|v| v.into_owned())
+    fn save(&self, contract: Contract) -> Result<SavedValues> {
+        let twin = self.as_values().to_host()?.into_owned();
+        let before = matches!(contract, Contract::Gemm { .. }).then(|| twin.clone());
+        Ok(SavedValues { twin, before })
     }
     fn primary(&mut self) -> ValuesMut<'_> {
         self.reborrow()
     }
-    fn twin<'s>(&'s self, saved: &'s mut Vec<f32>) -> ValuesMut<'s> {
-        ValuesMut::Host(saved)
+    fn twin<'s>(&'s self, saved: &'s mut SavedValues) -> ValuesMut<'s> {
+        ValuesMut::Host(&mut saved.twin)
     }
-    fn check(&self, saved: &Vec<f32>, contract: Contract) -> Result<Option<Breach>> {
-        Ok(first_breach_f32(contract, &self.as_values().to_host()?, saved))
+    fn check(&self, saved: &SavedValues, contract: Contract) -> Result<Option<Breach>> {
+        let primary = self.as_values().to_host()?;
+        Ok(match contract {
+            Contract::Gemm { .. } => gemm_breach(
+                contract,
+                GemmDtype::F32,
+                1.0,
+                primary.iter().map(|&v| v as f64).collect(),
+                saved.twin.iter().map(|&v| v as f64).collect(),
+                saved.before.as_deref(),
+            ),
+            _ => first_breach_f32(contract, &primary, &saved.twin),
+        })
     }
     #[cfg(test)]
     fn nudge(&mut self, index: usize, ulps: i32) -> bool {
@@ -178,6 +192,13 @@ impl<'a> Twin for ValuesMut<'a> {
     }
 }
 
+/// What the twin of a [`ValuesMut`] starts from: a host copy of the primary's starting values
+/// (the twin writes its result there), and for a GEMM's output those values again (`beta`).
+pub(crate) struct SavedValues {
+    pub(crate) twin: Vec<f32>,
+    before: Option<Vec<f32>>,
+}
+
 /// The delayed-scaling state: the twin updates a copy of the bank.
 impl Twin for &mut SlotBank {
     type Saved = SlotBank;
@@ -185,7 +206,7 @@ impl Twin for &mut SlotBank {
         = &'s mut SlotBank
     where
         Self: 's;
-    fn save(&self) -> Result<SlotBank> {
+    fn save(&self, _: Contract) -> Result<SlotBank> {
         Ok((**self).clone())
     }
     fn primary(&mut self) -> &mut SlotBank {
@@ -218,7 +239,7 @@ impl Twin for Output<'_> {
         = Output<'s>
     where
         Self: 's;
-    fn save(&self) -> Result<OwnedOutput> {
+    fn save(&self, _: Contract) -> Result<OwnedOutput> {
         Ok(match self {
             Output::F32(d) => OwnedOutput::F32(d.to_vec(), d.to_vec()),
             Output::Bf16(d) => OwnedOutput::Bf16(d.to_vec()),
@@ -299,23 +320,36 @@ impl OutputBreach for Output<'_> {
             // The twin's buffer is a copy of the primary's: the variants always match.
             _ => return Some(Breach::exact(0, f64::NAN, f64::NAN)),
         };
-        match contract {
-            Contract::Gemm { call: Some(call), .. } => gemm_check::first_breach(
-                &call,
-                &GemmResult {
-                    dtype,
-                    scale,
-                    primary: &primary,
-                    cpu: &cpu,
-                    before,
-                },
-            ),
-            _ => first_breach(
-                gemm_tolerance(dtype, gemm_k(contract)),
-                primary.into_iter(),
-                cpu.into_iter(),
-            ),
-        }
+        gemm_breach(contract, dtype, scale, primary, cpu, before)
+    }
+}
+
+/// The first breach of a GEMM's output against its twin's: the per-element bound of the call's
+/// operands where the contract names them, else the output format's tolerance.
+fn gemm_breach(
+    contract: Contract,
+    dtype: GemmDtype,
+    scale: f32,
+    primary: Vec<f64>,
+    cpu: Vec<f64>,
+    before: Option<&[f32]>,
+) -> Option<Breach> {
+    match contract {
+        Contract::Gemm { call: Some(call), .. } => gemm_check::first_breach(
+            &call,
+            &GemmResult {
+                dtype,
+                scale,
+                primary: &primary,
+                cpu: &cpu,
+                before,
+            },
+        ),
+        _ => first_breach(
+            gemm_tolerance(dtype, gemm_k(contract)),
+            primary.into_iter(),
+            cpu.into_iter(),
+        ),
     }
 }
 

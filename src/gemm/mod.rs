@@ -14,4 +14,5 @@
 pub mod cpu;
 mod operand;
 
+pub(crate) use operand::plan_f32;
 pub use operand::{FP8_K_MULTIPLE, GemmParams, GemmPlan, GemmReport, Mat, Operand, Output, ScalePair, plan};

@@ -300,6 +300,27 @@ fn args(detail: String) -> Error {
 
 /// Checks that `a`, `b`, `out` and `params` make a GEMM every backend can run, and returns its plan.
 pub fn plan(a: &Operand, b: &Operand, out: &Output, params: &GemmParams) -> Result<GemmPlan> {
+    let plan = plan_output(a, b, out.len(), out.dtype(), params)?;
+    if let Output::Fp8 { scale, .. } = out {
+        crate::convert::check_scale(*scale)?;
+    }
+    Ok(plan)
+}
+
+/// [`plan`] for an f32 output of `out_len` values held anywhere (a device output has no
+/// [`Output`]).
+pub(crate) fn plan_f32(a: &Operand, b: &Operand, out_len: usize, params: &GemmParams) -> Result<GemmPlan> {
+    plan_output(a, b, out_len, "f32", params)
+}
+
+/// The checks of [`plan`] on the output's length and dtype name (`"f32"` accumulates).
+fn plan_output(
+    a: &Operand,
+    b: &Operand,
+    out_len: usize,
+    out_dtype: &'static str,
+    params: &GemmParams,
+) -> Result<GemmPlan> {
     a.check_len("GEMM operand A")?;
     b.check_len("GEMM operand B")?;
     let (m, k) = a.shape();
@@ -348,13 +369,13 @@ pub fn plan(a: &Operand, b: &Operand, out: &Output, params: &GemmParams) -> Resu
     let expected = m
         .checked_mul(n)
         .ok_or_else(|| args(format!("{m} x {n} outputs overflow usize")))?;
-    if out.len() != expected {
+    if out_len != expected {
         return Err(Error::ShapeMismatch {
             what: "GEMM output",
             rows: m,
             cols: n,
             expected,
-            got: out.len(),
+            got: out_len,
         });
     }
     if let Some(bias) = params.bias
@@ -362,15 +383,11 @@ pub fn plan(a: &Operand, b: &Operand, out: &Output, params: &GemmParams) -> Resu
     {
         return Err(args(format!("bias has {} elements, N is {n}", bias.len())));
     }
-    if params.beta != 0.0 && !matches!(out, Output::F32(_)) {
+    if params.beta != 0.0 && out_dtype != "f32" {
         return Err(args(format!(
-            "beta = {} needs an f32 output to accumulate into, not {}",
-            params.beta,
-            out.dtype()
+            "beta = {} needs an f32 output to accumulate into, not {out_dtype}",
+            params.beta
         )));
-    }
-    if let Output::Fp8 { scale, .. } = out {
-        crate::convert::check_scale(*scale)?;
     }
     Ok(GemmPlan { m, n, k, scales })
 }

@@ -430,7 +430,7 @@ impl LinearGemms {
                 };
                 let a = Operand::Fp8(xq.tensor.format(), xq.tensor.rowwise());
                 let b = Operand::Fp8(w.tensor.format(), w.tensor.rowwise());
-                let report = kernels.gemm(&a, &b, Output::F32(&mut y), &params)?;
+                let report = kernels.gemm_into(&a, &b, ValuesMut::Host(&mut y), &params)?;
                 let stats = match replay {
                     true => None,
                     false => Some(kernels.cast_stats(self.stat_name(TensorRole::Input), Values::Host(x), &xq)?),
@@ -456,7 +456,7 @@ impl LinearGemms {
                     bias,
                     ..GemmParams::default()
                 };
-                let report = kernels.gemm(&xm.operand(rows, inp)?, &w, Output::F32(&mut y), &params)?;
+                let report = kernels.gemm_into(&xm.operand(rows, inp)?, &w, ValuesMut::Host(&mut y), &params)?;
                 (SavedInput::Plain(xm), report, None)
             }
             _ => return Err(internal(&self.layer, "the weight copy does not follow the precision")),
@@ -518,10 +518,10 @@ impl LinearGemms {
                 let scale = self.slot_scale(TensorRole::OutputGrad);
                 let dyq = kernels.quantize(recipe, TensorRole::OutputGrad, Values::Host(dy), rows, out, scale)?;
                 let dy_format = dyq.tensor.format();
-                let dgrad = kernels.gemm(
+                let dgrad = kernels.gemm_into(
                     &Operand::Fp8(dy_format, dyq.tensor.rowwise()),
                     &Operand::Fp8(w.tensor.format(), fp8_cast::columnwise(&w.tensor)),
-                    Output::F32(&mut dx),
+                    ValuesMut::Host(&mut dx),
                     &GemmParams::default(),
                 )?;
                 if let Some(dw) = weight_grad {
@@ -544,7 +544,7 @@ impl LinearGemms {
                     WeightCopy::Plain(w) => w.operand_transposed(inp, out)?,
                     _ => stored_operand(stored, (inp, out, true), &self.layer)?,
                 };
-                let dgrad = kernels.gemm(&dyo, &wt, Output::F32(&mut dx), &GemmParams::default())?;
+                let dgrad = kernels.gemm_into(&dyo, &wt, ValuesMut::Host(&mut dx), &GemmParams::default())?;
                 if let Some(dw) = weight_grad {
                     // dW = dY^T X: A is dY^T `[out, tokens]`, B is X^T `[in, tokens]`, both read
                     // from their `[tokens, ...]` storage.

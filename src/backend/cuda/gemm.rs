@@ -132,6 +132,40 @@ pub fn gemm_host_with(
     params: &GemmParams,
 ) -> Result<GemmReport> {
     plan(a, b, &out, params)?;
+    gemm_to(device, kernel, a, b, Destination::Host(out), params)
+}
+
+/// [`gemm_host`] into an f32 buffer of the device, written in place (`beta` reads what it
+/// holds): the output of an op whose result stays on the device. Operands as [`gemm_host`].
+pub(crate) fn gemm_into_device(
+    device: &CudaDevice,
+    a: &Operand,
+    b: &Operand,
+    out: &mut DeviceBuffer<f32>,
+    params: &GemmParams,
+) -> Result<GemmReport> {
+    crate::gemm::plan_f32(a, b, out.len(), params)?;
+    gemm_to(device, None, a, b, Destination::Device(out), params)
+}
+
+/// Where [`gemm_to`] writes.
+enum Destination<'a> {
+    /// The caller's host memory: a device buffer, then a download.
+    Host(Output<'a>),
+    /// An f32 buffer of the device.
+    Device(&'a mut DeviceBuffer<f32>),
+}
+
+/// The GEMM of checked arguments (the caller ran [`plan`]): operands uploaded (or their
+/// mirrors read), the result written to `dest`.
+fn gemm_to(
+    device: &CudaDevice,
+    kernel: Option<GemmKernel>,
+    a: &Operand,
+    b: &Operand,
+    dest: Destination,
+    params: &GemmParams,
+) -> Result<GemmReport> {
     let a_dev = HostUpload::new(device, a)?;
     let b_dev = HostUpload::new(device, b)?;
     let bias = params
@@ -139,7 +173,6 @@ pub fn gemm_host_with(
         .map(|b| device.upload(b, MemoryCategory::Workspace))
         .transpose()?;
     let mut amax = device.alloc_zeros::<f32>(1, MemoryCategory::Workspace)?;
-    let n_out = out.len();
     let a_op = a_dev.operand();
     let b_op = b_dev.operand();
     let mut launch = |device_out: DeviceOutput| {
@@ -157,6 +190,16 @@ pub fn gemm_host_with(
             },
         )
     };
+    let out = match dest {
+        Destination::Device(d) => {
+            launch(DeviceOutput::F32(d))?;
+            return Ok(GemmReport {
+                amax: device.download(&amax)?[0],
+            });
+        }
+        Destination::Host(out) => out,
+    };
+    let n_out = out.len();
     match out {
         Output::F32(host) => {
             let mut d = if params.beta != 0.0 {

@@ -7,7 +7,7 @@ use fp8_engine::op_times::{OpTime, Phase, Transfer, TransferTimes};
 
 /// The family of a backend op, in the order the table prints them.
 const FAMILIES: [(&str, &[&str]); 11] = [
-    ("GEMMs", &["gemm"]),
+    ("GEMMs", &["gemm", "gemm_into"]),
     ("FP8 casts (quantize)", &["quantize"]),
     (
         "FP8 statistics, scaling",

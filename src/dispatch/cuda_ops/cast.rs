@@ -5,9 +5,9 @@ use super::resident::staged_for;
 use super::{Lease, Staged, staged};
 use crate::amp::Fp8Recipe;
 use crate::backend::cuda::DeviceBuffer;
-use crate::backend::cuda::gemm::{Fp8Mirror, UploadedScales, gemm_host, resident_mirror};
+use crate::backend::cuda::gemm::{Fp8Mirror, UploadedScales, gemm_host, gemm_into_device, resident_mirror};
 use crate::backend::cuda::gemm_f32::gemm_f32_host;
-use crate::dispatch::{Cast, CudaKernels, Values, fp8_cast};
+use crate::dispatch::{Cast, CudaKernels, Values, ValuesMut, fp8_cast};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{GemmParams, GemmReport, Operand, Output};
@@ -242,6 +242,44 @@ pub(crate) fn gemm(k: &CudaKernels, a: &Operand, b: &Operand, out: Output, param
     }
     let s = staged(k)?;
     gemm_host(s.device(), a, b, out, params)
+}
+
+/// [`gemm`] into f32 values wherever they live: host values take [`gemm`]'s staged path; a
+/// device output is written in place (f32 operands: the cuBLASLt reference path's result,
+/// whose epilogue runs on the host, goes up into it). The report's amax comes back to the
+/// host (one 4-byte read per GEMM, until the slot banks live on the device).
+pub(crate) fn gemm_into(
+    k: &CudaKernels,
+    a: &Operand,
+    b: &Operand,
+    out: ValuesMut<'_>,
+    params: &GemmParams,
+) -> Result<GemmReport> {
+    const OP: &str = "gemm_into";
+    crate::gemm::plan_f32(a, b, out.len(), params)?;
+    let s = staged_for(k, OP, [out.ordinal()])?;
+    let device_out = match out {
+        ValuesMut::Host(host) => return gemm(k, a, b, Output::F32(host), params),
+        device => device,
+    };
+    let mut d = s.in_place(OP, device_out)?;
+    let report = match (a, b) {
+        (Operand::F32(fa), Operand::F32(fb)) => {
+            let mut host = match params.beta != 0.0 {
+                true => s.down_vec(&d)?,
+                false => vec![0.0; d.len()],
+            };
+            let report =
+                s.with_cublaslt(|lt| gemm_f32_host(s.device(), lt, (fa, fb), Output::F32(&mut host), params))?;
+            if !host.is_empty() {
+                s.device().write(&host, &mut d)?;
+            }
+            report
+        }
+        _ => gemm_into_device(s.device(), a, b, &mut d, params)?,
+    };
+    d.finish(&s)?;
+    Ok(report)
 }
 
 /// The delayed-scaling update of `slots` in one launch: the chosen slots' histories and

@@ -18,7 +18,7 @@ pub(super) mod switches;
 mod train;
 
 pub(super) use arena::arena_store;
-pub(super) use cast::{cast_stats, delayed_update, gemm, quantize, resident, uncast_stats};
+pub(super) use cast::{cast_stats, delayed_update, gemm, gemm_into, quantize, resident, uncast_stats};
 pub(super) use layer::{
     attention_backward, attention_cached, attention_forward, column_sum, convert, convert_transposed, copy_columns,
     gelu_backward, gelu_forward, layernorm_backward, layernorm_forward, residual_add, rmsnorm_backward,
