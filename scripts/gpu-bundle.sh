@@ -76,9 +76,12 @@ case $part in
     *) echo "usage: run.sh [kernels|benches|layers|train|profile|all]" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")"
-# The library's unit tests travel gzipped (the bundle's size limit), unpacked outside the bundle.
-lib_tests=$(mktemp -d)/lib_tests
+# The library's unit tests travel gzipped (the bundle's size limit), unpacked beside it for
+# the run (not /tmp, which may be mounted noexec) and removed at the end (so the bundle can
+# be carried again).
+lib_tests=$PWD/.lib_tests
 gunzip -c lib_tests.gz > "$lib_tests" && chmod +x "$lib_tests"
+trap 'rm -f "$lib_tests"' EXIT
 OUT=${OUT:-$PWD/results}
 logs=$OUT/logs$suffix
 mkdir -p "$logs"

@@ -177,6 +177,31 @@ fn a_tensor_on_a_device_reports_it_and_comes_back_whole() {
 }
 
 #[test]
+fn a_layer_that_takes_host_tensors_refuses_a_device_one_with_an_error() {
+    use crate::nn::Linear;
+    let mut linear = Linear::new("fc", 4, 3, false, &"bf16".parse().unwrap(), 7).unwrap();
+    let x = Tensor::on_device(stand_in(0, ramp(8, 0.0)), 2, 4).unwrap();
+    let err = linear.forward(&x).unwrap_err();
+    assert_eq!(
+        err,
+        Error::DeviceMismatch {
+            op: "linear forward",
+            expected: "cpu".into(),
+            got: "cuda:0".into()
+        }
+    );
+    // Empty outputs and uploads hold nothing, so they stay on the host (a GPU allocates no
+    // zero-byte buffer).
+    let empty = Tensor::on_device(stand_in(0, Vec::new()), 0, 4).unwrap();
+    let out = Backend::on(DeviceKind::Cuda(99)).output_like(&empty, 0, 4).unwrap();
+    assert_eq!((out.device(), out.shape()), (DeviceKind::Cpu, (0, 4)));
+    let moved = Backend::on(DeviceKind::Cuda(99))
+        .to_device(&Tensor::zeros(0, 4))
+        .unwrap();
+    assert_eq!(moved.device(), DeviceKind::Cpu);
+}
+
+#[test]
 #[should_panic(expected = "live on cuda:2")]
 fn host_slices_of_device_values_are_a_bug_that_names_the_gpu() {
     let t = Tensor::on_device(stand_in(2, ramp(6, 0.5)), 2, 3).unwrap();

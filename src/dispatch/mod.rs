@@ -390,6 +390,8 @@ impl Backend {
         match (self.device(), tensor.device()) {
             (DeviceKind::Cpu, _) => tensor.to_host(),
             (DeviceKind::Cuda(want), DeviceKind::Cuda(have)) if want == have => Ok(tensor.clone()),
+            // An empty tensor has nothing to move (and a GPU allocates none of zero bytes).
+            _ if tensor.is_empty() => Tensor::new(Vec::new(), rows, cols),
             (DeviceKind::Cuda(ordinal), _) => {
                 let host = tensor.to_host()?;
                 Tensor::on_device(cuda_ops::upload(&CudaKernels { ordinal }, host.data())?, rows, cols)
@@ -409,6 +411,8 @@ impl Backend {
             got: 0,
         })?;
         match input.device() {
+            // No values to keep anywhere (and a GPU allocates none of zero bytes): on the host.
+            _ if len == 0 => Tensor::new(Vec::new(), rows, cols),
             DeviceKind::Cpu => Tensor::new(crate::tensor::scratch::overwritten(len), rows, cols),
             DeviceKind::Cuda(ordinal) => {
                 Tensor::on_device(cuda_ops::new_values(&CudaKernels { ordinal }, len)?, rows, cols)
@@ -425,15 +429,16 @@ impl Backend {
         }
     }
 
-    /// Checks that `tensor`, an input of `op`, lives on this backend's device, or in host
-    /// memory: the staged CUDA arms (`cuda_ops`) take host tensors and upload them.
+    /// Checks that `tensor`, an input of `op` of a layer that takes host tensors only (its
+    /// ops' CUDA arms stage them), is in host memory: a GPU tensor there is `DeviceMismatch`,
+    /// not a panic at its first host read (`Linear` until its GEMM outputs stay on the device).
     pub(crate) fn expect_on(&self, op: &'static str, tensor: &Tensor) -> Result<()> {
-        if tensor.device() == self.device() || tensor.device() == DeviceKind::Cpu {
+        if tensor.device() == DeviceKind::Cpu {
             return Ok(());
         }
         Err(Error::DeviceMismatch {
             op,
-            expected: self.device().to_string(),
+            expected: DeviceKind::Cpu.to_string(),
             got: tensor.device().to_string(),
         })
     }

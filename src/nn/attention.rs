@@ -250,6 +250,8 @@ impl MultiheadAttention {
     /// The inverse of [`Self::split_qkv`]: `[dq | dk | dv]` per row.
     fn join_qkv(&self, parts: [&Tensor; 3]) -> Result<Tensor> {
         let (rows, h) = (parts[0].rows(), self.hidden);
+        // Unspecified contents, each copy writing a third of every row: all written after the
+        // three copies (nothing reads it before).
         let mut joined = self.backend.output_like(parts[0], rows, 3 * h)?;
         for (part, t) in parts.into_iter().enumerate() {
             let copy = ColumnCopy {

@@ -187,7 +187,7 @@ impl NormCore {
                     false => beta.grad_mut(),
                 }),
             )?,
-            _ => self.backend.kernels().rmsnorm_backward(
+            (None, None) => self.backend.kernels().rmsnorm_backward(
                 dy.values(),
                 saved.x.values(),
                 Values::Host(gamma),
@@ -197,6 +197,13 @@ impl NormCore {
                 dx.values_mut(),
                 ValuesMut::Host(dgamma),
             )?,
+            // The forward saves a mean exactly when the norm has a beta (LayerNorm).
+            _ => {
+                return Err(crate::error::Error::LayerShape {
+                    layer: self.name.clone(),
+                    detail: "the saved forward state does not match the norm's kind".into(),
+                });
+            }
         }
         self.backend.kernels().round(dx.values_mut(), self.dtype)?;
         saved.x.recycle();

@@ -23,6 +23,9 @@ pub(crate) trait DeviceArray: Debug + Send + Sync {
     fn read(&self, out: &mut [f32]) -> Result<()>;
     /// A new array on the same GPU holding the same values (copy on write of shared values).
     fn duplicate(&self) -> Result<Box<dyn DeviceArray>>;
+    /// A new array on the same GPU of the same length, contents unspecified (a shared output
+    /// about to be overwritten).
+    fn blank(&self) -> Result<Box<dyn DeviceArray>>;
     /// The backend's own type, to reach its buffer.
     fn as_any(&self) -> &dyn Any;
     /// The backend's own type, to write its buffer.
@@ -63,11 +66,16 @@ impl CudaStorage {
         &*self.array
     }
 
-    /// The backend's array to write: this storage's own, copied on the device first if a clone
-    /// shares it (the clone keeps the old values).
-    pub(crate) fn unique_mut(&mut self) -> Result<&mut dyn DeviceArray> {
+    /// The backend's array to write: this storage's own, or, if a clone shares it (the clone
+    /// keeps the old values), a copy made on the device (`keep`) or a new array whose contents
+    /// are unspecified (an output about to be overwritten).
+    pub(crate) fn unique_mut(&mut self, keep: bool) -> Result<&mut dyn DeviceArray> {
         if Arc::get_mut(&mut self.array).is_none() {
-            self.array = self.array.duplicate()?.into();
+            let fresh = match keep {
+                true => self.array.duplicate()?,
+                false => self.array.blank()?,
+            };
+            self.array = fresh.into();
         }
         Ok(Arc::get_mut(&mut self.array).expect("a fresh or unshared array has one owner"))
     }
@@ -230,6 +238,12 @@ impl DeviceArray for HostArray {
             values: self.values.clone(),
         }))
     }
+    fn blank(&self) -> Result<Box<dyn DeviceArray>> {
+        Ok(Box::new(HostArray {
+            ordinal: self.ordinal,
+            values: vec![f32::NAN; self.values.len()],
+        }))
+    }
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -247,7 +261,7 @@ mod tests {
     }
 
     fn written(storage: &mut CudaStorage, v: f32) {
-        let array = storage.unique_mut().unwrap();
+        let array = storage.unique_mut(true).unwrap();
         let host = array.as_any_mut().downcast_mut::<HostArray>().unwrap();
         host.values.iter_mut().for_each(|x| *x = v);
     }
@@ -270,6 +284,19 @@ mod tests {
         written(&mut a, 4.0);
         assert_eq!(Arc::as_ptr(&a.array) as *const () as usize, before);
         assert_eq!(a.ordinal(), 2);
+        // An output about to be overwritten is not copied: a new array, the clone untouched.
+        let c = a.clone();
+        let fresh = a.unique_mut(false).unwrap();
+        assert!(
+            fresh
+                .as_any()
+                .downcast_ref::<HostArray>()
+                .unwrap()
+                .values
+                .iter()
+                .all(|v| v.is_nan())
+        );
+        assert_eq!(c.to_vec().unwrap(), vec![4.0; 3]);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! `fp8 bench layer --breakdown`: the recorded op times of the timed steps grouped into op
-//! families, forward and backward, per step; what no op accounts for (allocation, the dtype
-//! rounding of layer outputs, bookkeeping) is the "outside ops" row. On the staged CUDA backend a
+//! families, forward and backward, per step; what no op accounts for (allocation,
+//! bookkeeping, the host work of the layers between their ops) is the "outside ops" row. On the staged CUDA backend a
 //! second table splits the ops' time into copies, waits for the GPU, allocations and the rest.
 
 use fp8_engine::op_times::{OpTime, Phase, Transfer, TransferTimes};

@@ -1,8 +1,9 @@
-//! Staged arms of the layer ops: dtype conversion, norms, activations, attention
-//! (training and cached), rotary embedding, residual add, column sum (launchers
-//! in `backend::cuda::{convert, norm, activation, attention, attention_cached,
-//! rope}`). Each: upload inputs (and in-place state), launch, download outputs;
-//! the launcher checks every length against the shape.
+//! CUDA arms of the layer ops: dtype conversion, norms, activations, attention
+//! (training and cached), rotary embedding, residual add, rounding, column copies, column sum
+//! (launchers in `backend::cuda::{convert, norm, activation, attention, attention_cached,
+//! rope}`). Each reads device values in place and stages host ones (upload inputs and
+//! in-place state, launch, download host outputs: `resident`); the launcher checks every
+//! length against the shape.
 
 use half::{bf16, f16};
 
@@ -434,6 +435,8 @@ pub(crate) fn round(k: &CudaKernels, values: ValuesMut<'_>, dtype: Dtype) -> Res
     // The GPU first, as every op of this backend: a missing one is an error here too.
     let s = staged_for(k, OP, [values.ordinal()])?;
     match values {
+        // f32 values are their own rounding: nothing to launch or copy.
+        _ if dtype == Dtype::F32 => Ok(()),
         ValuesMut::Host(host) => {
             dtype.round_slice(host);
             Ok(())

@@ -1,14 +1,15 @@
-//! The CUDA arms of the op trait, STAGED through host memory: each op uploads its
-//! host-slice inputs into device buffers leased from a per-device pool, runs the
-//! existing launcher(s) of `backend::cuda` on the device's one stream, and
-//! downloads its outputs and in-place state (`docs/cuda-backend.md`). The op
-//! signatures stay the host-slice ones of [`super::Kernels`], so the layers,
-//! the model and the trainer run unchanged on either backend; device-resident
-//! tensors (`tensor::Storage::Cuda`) are the next step and remove the copies.
+//! The CUDA arms of the op trait. An op's value arguments are [`Values`](crate::dispatch::Values)
+//! or [`ValuesMut`](crate::dispatch::ValuesMut): values already on the op's GPU are read and
+//! written in place (`resident`); host values are STAGED: uploaded into device buffers leased
+//! from a per-device pool, and host outputs downloaded after the launcher(s) of
+//! `backend::cuda` ran on the device's one stream (`docs/cuda-backend.md`). Ops whose
+//! arguments are still host slices stage them all. The layers pass host tensors today, so
+//! every run stages; device-resident tensors remove the copies step by step
+//! (`docs/cuda-backend.md`, Device-resident tensors).
 //!
 //! Every op has a kernel: GEMMs of MXFP8 operands run on the E8M0 variant of the
 //! portable GEMM (`cuda/gemm_mma_mxfp8.cu`), f32 operands take the cuBLASLt
-//! reference path (`backend::cuda::gemm_f32`). None of this has run on a GPU yet.
+//! reference path (`backend::cuda::gemm_f32`).
 
 mod arena;
 mod cast;

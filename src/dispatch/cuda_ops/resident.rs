@@ -37,6 +37,17 @@ impl DeviceArray for CudaValues {
     fn read(&self, out: &mut [f32]) -> Result<()> {
         self.staged.down(&self.buffer, out)
     }
+    fn blank(&self) -> Result<Box<dyn DeviceArray>> {
+        let buffer = self
+            .staged
+            .device()
+            .alloc_zeros::<f32>(self.buffer.len(), MemoryCategory::Activations)?;
+        Ok(Box::new(CudaValues {
+            staged: self.staged.clone(),
+            ordinal: self.ordinal,
+            buffer,
+        }))
+    }
     fn duplicate(&self) -> Result<Box<dyn DeviceArray>> {
         let mut copy = self
             .staged
@@ -68,7 +79,7 @@ pub(crate) fn upload(k: &CudaKernels, host: &[f32]) -> Result<CudaStorage> {
     let s = staged(k)?;
     let mut storage = s.new_values(k.ordinal, host.len())?;
     if !host.is_empty() {
-        let buffer = s.own_mut("upload", &mut storage)?;
+        let buffer = s.own_mut("upload", &mut storage, false)?;
         s.device().write(host, buffer)?;
     }
     Ok(storage)
@@ -114,6 +125,7 @@ impl Deref for Input<'_> {
 
 /// An op's output on its device: a leased buffer downloaded into the caller's host memory by
 /// [`Output::finish`], or the tensor's own buffer, written in place.
+#[must_use = "a staged output reaches the caller's host memory only through `finish`"]
 pub(crate) enum Output<'a> {
     Staged { lease: Lease<'a, f32>, host: &'a mut [f32] },
     Resident(&'a mut DeviceBuffer<f32>),
@@ -166,7 +178,7 @@ impl Staged {
                 lease: self.scratch(host.len())?,
                 host,
             }),
-            ValuesMut::Device(storage) => self.own_mut(op, storage).map(Output::Resident),
+            ValuesMut::Device(storage) => self.own_mut(op, storage, false).map(Output::Resident),
         }
     }
 
@@ -177,7 +189,7 @@ impl Staged {
                 lease: self.up(host)?,
                 host,
             }),
-            ValuesMut::Device(storage) => self.own_mut(op, storage).map(Output::Resident),
+            ValuesMut::Device(storage) => self.own_mut(op, storage, true).map(Output::Resident),
         }
     }
 
@@ -205,11 +217,18 @@ impl Staged {
         }
     }
 
-    fn own_mut<'a>(&self, op: &'static str, storage: &'a mut CudaStorage) -> Result<&'a mut DeviceBuffer<f32>> {
+    /// The buffer of an array this device made, to write: a shared one is first copied (`keep`:
+    /// in-place state) or replaced by a new one (an output, whose old values nobody reads).
+    fn own_mut<'a>(
+        &self,
+        op: &'static str,
+        storage: &'a mut CudaStorage,
+        keep: bool,
+    ) -> Result<&'a mut DeviceBuffer<f32>> {
         let ordinal = storage.ordinal();
         // Checked before the copy on write, so a foreign array is never duplicated.
         self.own(op, storage.array())?;
-        let array = storage.unique_mut()?;
+        let array = storage.unique_mut(keep)?;
         match array.as_any_mut().downcast_mut::<CudaValues>() {
             Some(values) => Ok(&mut values.buffer),
             None => Err(mismatch(op, ordinal, "values of another backend".to_string())),
