@@ -388,6 +388,64 @@ fn device_arms_match_host_arms() {
     same("rope_forward", &roped, &shared);
     same("rope_forward leaves the clone it shared with", &x, &xd);
 
+    // GEMMs into device outputs: FP8 (the device cast of a device input as A), bf16 and the
+    // f32 reference path, each with beta = 1 accumulating into what the output holds.
+    use crate::gemm::{GemmParams, Mat, Operand};
+    let (m, n, kk) = (rows, 64, cols);
+    let w = ramp(n * kk, 9.0);
+    let recipe: crate::amp::Fp8Recipe = match "fp8-delayed".parse::<crate::amp::Precision>().unwrap() {
+        crate::amp::Precision::Fp8(recipe) => recipe,
+        other => panic!("fp8-delayed parsed as {other:?}"),
+    };
+    let role = crate::scaling::TensorRole::Input;
+    let (xq, xqd) = (
+        k.quantize(&recipe, role, Values::Host(&x), m, kk, 2.0).unwrap(),
+        k.quantize(&recipe, role, xd.values(), m, kk, 2.0).unwrap(),
+    );
+    assert_eq!(
+        xq.tensor, xqd.tensor,
+        "the cast of a device input is the cast of its host copy"
+    );
+    let wq = k
+        .quantize(
+            &recipe,
+            crate::scaling::TensorRole::Weight,
+            Values::Host(&w),
+            n,
+            kk,
+            1.0,
+        )
+        .unwrap();
+    let start = ramp(m * n, 10.0);
+    let accumulate = GemmParams {
+        beta: 1.0,
+        ..GemmParams::default()
+    };
+    let fp8 = (
+        Operand::Fp8(xq.tensor.format(), xq.tensor.rowwise()),
+        Operand::Fp8(wq.tensor.format(), wq.tensor.rowwise()),
+    );
+    let (xb, wb) = (
+        x.iter().map(|&v| half::bf16::from_f32(v)).collect::<Vec<_>>(),
+        w.iter().map(|&v| half::bf16::from_f32(v)).collect::<Vec<_>>(),
+    );
+    let bf = (
+        Operand::Bf16(Mat::new(&xb, m, kk).unwrap()),
+        Operand::Bf16(Mat::new(&wb, n, kk).unwrap()),
+    );
+    let f = (
+        Operand::F32(Mat::new(&x, m, kk).unwrap()),
+        Operand::F32(Mat::new(&w, n, kk).unwrap()),
+    );
+    for (what, (a, b)) in [("fp8", &fp8), ("bf16", &bf), ("f32", &f)] {
+        let mut host = start.clone();
+        let want = k.gemm_into(a, b, ValuesMut::Host(&mut host), &accumulate).unwrap();
+        let mut on_gpu = up(&start, m, n);
+        let got = k.gemm_into(a, b, on_gpu.values_mut(), &accumulate).unwrap();
+        same(&format!("gemm_into {what}"), &host, &on_gpu);
+        assert_eq!(want.amax.to_bits(), got.amax.to_bits(), "gemm_into {what}: amax");
+    }
+
     // Attention forward and backward (bf16 probabilities), every tensor on the device.
     let attn = AttentionShape {
         batch: 2,
@@ -464,8 +522,8 @@ fn device_arms_match_host_arms() {
     same("attention_backward dk", &dk, &dkd);
     same("attention_backward dv", &dv, &dvd);
     println!(
-        "device_arms_match_host_arms: gelu, layernorm, residual, column sums, round, copy_columns, rope, attention: \
-         same bits"
+        "device_arms_match_host_arms: gelu, layernorm, residual, column sums, round, copy_columns, fp8/bf16/f32 \
+         gemm_into, rope, attention: same bits"
     );
 }
 
