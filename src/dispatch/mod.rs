@@ -5,12 +5,14 @@
 //! implementation for a device. `nn`, `model` and `train` call ops only
 //! through here.
 //!
-//! The CUDA backend's arms (`cuda_ops`) are staged through host memory: each op
-//! uploads its host-slice inputs, runs its kernel(s) and downloads its outputs
+//! The CUDA backend's arms (`cuda_ops`) read values already on their GPU in place
+//! ([`Values`]/[`ValuesMut`] arguments) and stage host values through host memory:
+//! upload the inputs, run the kernel(s), download the host outputs
 //! (`docs/cuda-backend.md`). Ops without a kernel return `Error::Unsupported`
-//! naming the op, never a panic and never a silent host fallback. The signatures
-//! take host slices today; when device buffers land (`tensor::Storage::Cuda`),
-//! the ops that move activations take tensors and the copies go away.
+//! naming the op, never a panic and never a silent host fallback. The activation
+//! ops take `Values`; the rest (embedding, loss, optimizer, slot banks) still take
+//! host slices, and the layers pass host tensors until `Linear` keeps its outputs on
+//! the device (`docs/cuda-backend.md`, Device-resident tensors).
 //!
 //! Shadow mode ([`Backend::checked_against_cpu`], `shadow.rs`) runs every op
 //! on its backend and on the CPU twin, and compares them by the op's contract
