@@ -18,6 +18,28 @@
 //! on its backend and on the CPU twin, and compares them by the op's contract
 //! (`contract.rs`, `docs/numerics.md`).
 
+/// Calls `$m!` with every op argument type passed by value (scalars, shapes, names): the one
+/// list the shadow runner (`twin.rs`) and the CPU arm (`on_host.rs`) pass through as they are.
+macro_rules! by_value_args {
+    ($m:ident) => {
+        $m!(
+            usize,
+            u32,
+            f32,
+            bool,
+            String,
+            crate::format::Fp8Format,
+            crate::tensor::Dtype,
+            crate::scaling::TensorRole,
+            crate::ops::NormShape,
+            crate::ops::AttentionShape,
+            crate::ops::CachedAttentionShape,
+            crate::ops::RopeShape,
+            crate::ops::elementwise::ColumnCopy
+        );
+    };
+}
+
 pub(crate) mod arena_store;
 mod contract;
 mod cuda_ops;

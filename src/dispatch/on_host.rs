@@ -58,18 +58,4 @@ macro_rules! on_host_by_value {
     )*};
 }
 
-on_host_by_value!(
-    usize,
-    u32,
-    f32,
-    bool,
-    String,
-    crate::format::Fp8Format,
-    crate::tensor::Dtype,
-    crate::scaling::TensorRole,
-    crate::ops::NormShape,
-    crate::ops::AttentionShape,
-    crate::ops::CachedAttentionShape,
-    crate::ops::RopeShape,
-    crate::ops::elementwise::ColumnCopy
-);
+by_value_args!(on_host_by_value);

@@ -60,21 +60,7 @@ macro_rules! twin_by_value {
     )*};
 }
 
-twin_by_value!(
-    usize,
-    u32,
-    f32,
-    bool,
-    String,
-    Fp8Format,
-    crate::tensor::Dtype,
-    crate::scaling::TensorRole,
-    crate::ops::NormShape,
-    crate::ops::AttentionShape,
-    crate::ops::CachedAttentionShape,
-    crate::ops::RopeShape,
-    crate::ops::elementwise::ColumnCopy
-);
+by_value_args!(twin_by_value);
 
 /// Shared inputs: both ops read the same memory.
 impl<'a, T: ?Sized> Twin for &'a T {
