@@ -51,6 +51,43 @@ fn the_cpu_backend_names_the_op_of_a_device_value_and_writes_nothing() {
 }
 
 #[test]
+fn a_gemm_into_device_values_checks_its_arguments_and_placement_first() {
+    use crate::gemm::{GemmParams, Mat, Operand};
+    let (a, b) = (ramp(2 * 16, 0.0), ramp(3 * 16, 1.0));
+    let (a, b) = (
+        Operand::F32(Mat::new(&a, 2, 16).unwrap()),
+        Operand::F32(Mat::new(&b, 3, 16).unwrap()),
+    );
+    // The CPU arm refuses a device output, naming the op.
+    let mut on_0 = stand_in(0, vec![0.0; 6]);
+    let err = CpuKernels
+        .gemm_into(&a, &b, ValuesMut::Device(&mut on_0), &GemmParams::default())
+        .unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { op: "gemm_into", .. }), "{err}");
+    // The CUDA arm checks the shape like the CPU GEMM, then where the output lives, then opens
+    // its GPU.
+    let cuda = Backend::on(DeviceKind::Cuda(99));
+    let mut short = stand_in(99, vec![0.0; 5]);
+    let err = cuda
+        .kernels()
+        .gemm_into(&a, &b, ValuesMut::Device(&mut short), &GemmParams::default())
+        .unwrap_err();
+    assert!(matches!(err, Error::ShapeMismatch { .. }), "{err}");
+    let err = cuda
+        .kernels()
+        .gemm_into(&a, &b, ValuesMut::Device(&mut on_0), &GemmParams::default())
+        .unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { op: "gemm_into", .. }), "{err}");
+    let mut on_99 = stand_in(99, vec![7.0; 6]);
+    let err = cuda
+        .kernels()
+        .gemm_into(&a, &b, ValuesMut::Device(&mut on_99), &GemmParams::default())
+        .unwrap_err();
+    assert!(matches!(err, Error::NoGpu { .. } | Error::KernelsMissing), "{err}");
+    assert_eq!(on_99.to_vec().unwrap(), vec![7.0; 6], "nothing written");
+}
+
+#[test]
 fn a_cuda_op_checks_where_its_values_live_before_opening_its_gpu() {
     let on_3 = stand_in(3, ramp(8, 0.0));
     let mut y = vec![7.0f32; 8];
@@ -421,8 +458,9 @@ fn device_arms_match_host_arms() {
         beta: 1.0,
         ..GemmParams::default()
     };
+    // A is the device cast of the device input: its codes and their device copy (mirror).
     let fp8 = (
-        Operand::Fp8(xq.tensor.format(), xq.tensor.rowwise()),
+        Operand::Fp8(xqd.tensor.format(), xqd.tensor.rowwise()),
         Operand::Fp8(wq.tensor.format(), wq.tensor.rowwise()),
     );
     let (xb, wb) = (

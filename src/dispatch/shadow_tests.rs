@@ -245,6 +245,48 @@ fn a_perturbed_gemm_is_held_to_the_tolerance_of_its_own_k() {
     }
 }
 
+/// `gemm_into` (an f32 output held anywhere) is held to the same per-K bound as `gemm`, and
+/// its twin starts from the output's values before the call (what `beta` multiplies).
+#[test]
+fn a_perturbed_gemm_into_is_held_like_gemm_and_accumulates_from_the_same_start() {
+    for (k, passes) in [(4096usize, true), (16, false)] {
+        let values = |rows: usize| -> Vec<f32> { (0..rows * k).map(|i| 1.0 + (i % 7) as f32 / 8.0).collect() };
+        let (a, b) = (values(2), values(3));
+        let (a, b) = (Mat::new(&a, 2, k).unwrap(), Mat::new(&b, 3, k).unwrap());
+        perturb_cpu_primaries(Some(Perturbed {
+            op: "gemm_into",
+            index: 4,
+            ulps: 1000,
+        }));
+        let shadow = Backend::default().checked_against_cpu(true, "probe");
+        perturb_cpu_primaries(None);
+        // beta = 1 over a start of distinct values: a twin that started from anything else
+        // would differ at every element.
+        let start: Vec<f32> = (0..6).map(|i| 100.0 * i as f32).collect();
+        let mut d = start.clone();
+        let accumulate = GemmParams {
+            beta: 1.0,
+            ..GemmParams::default()
+        };
+        let result =
+            shadow
+                .kernels()
+                .gemm_into(&Operand::F32(a), &Operand::F32(b), ValuesMut::Host(&mut d), &accumulate);
+        match (passes, result) {
+            (true, Ok(_)) => assert!(d.iter().zip(&start).all(|(x, s)| x > s), "accumulated: {d:?}"),
+            (
+                false,
+                Err(Error::TwinMismatch {
+                    op: "gemm_into",
+                    index: 4,
+                    ..
+                }),
+            ) => {}
+            (_, other) => panic!("K = {k}: {other:?}"),
+        }
+    }
+}
+
 /// Operands `1 x k` from values exact in E4M3, with `scales`.
 fn e4m3(values: &[f32], scales: crate::tensor::Scales) -> crate::tensor::QuantizedMatrix {
     let table = crate::format::Fp8Format::E4M3.decode_table();

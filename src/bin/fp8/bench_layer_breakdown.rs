@@ -14,8 +14,8 @@ const FAMILIES: [(&str, &[&str]); 11] = [
         &["cast_stats", "uncast_stats", "delayed_update"],
     ),
     (
-        "dtype conversions, transposes, roundings",
-        &["convert", "convert_transposed", "round"],
+        "dtype conversions, transposes, roundings, column copies",
+        &["convert", "convert_transposed", "round", "copy_columns"],
     ),
     (
         "norms",
@@ -30,7 +30,16 @@ const FAMILIES: [(&str, &[&str]); 11] = [
         "activations",
         &["gelu_forward", "gelu_backward", "swiglu_forward", "swiglu_backward"],
     ),
-    ("attention core", &["attention_forward", "attention_backward"]),
+    (
+        "attention core, rotary embedding",
+        &[
+            "attention_forward",
+            "attention_backward",
+            "attention_cached",
+            "rope_forward",
+            "rope_backward",
+        ],
+    ),
     ("residual adds", &["residual_add"]),
     ("bias gradients", &["column_sum"]),
     ("optimizer", &["adamw", "sum_squares", "unscale_and_check"]),

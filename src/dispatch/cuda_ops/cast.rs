@@ -262,7 +262,11 @@ pub(crate) fn gemm_into(
         ValuesMut::Host(host) => return gemm(k, a, b, Output::F32(host), params),
         device => device,
     };
-    let mut d = s.in_place(OP, device_out)?;
+    // With beta = 0 nothing reads the old values: a shared output is replaced, not copied.
+    let mut d = match params.beta != 0.0 {
+        true => s.in_place(OP, device_out)?,
+        false => s.output(OP, device_out)?,
+    };
     let report = match (a, b) {
         (Operand::F32(fa), Operand::F32(fb)) => {
             let mut host = match params.beta != 0.0 {
