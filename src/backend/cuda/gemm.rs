@@ -190,19 +190,29 @@ fn gemm_to(
             },
         )
     };
-    let out = match dest {
+    match dest {
         Destination::Device(d) => {
             launch(DeviceOutput::F32(d))?;
-            return Ok(GemmReport {
-                amax: device.download(&amax)?[0],
-            });
         }
-        Destination::Host(out) => out,
-    };
+        Destination::Host(out) => into_host(device, out, params.beta, &mut launch)?,
+    }
+    Ok(GemmReport {
+        amax: device.download(&amax)?[0],
+    })
+}
+
+/// Runs `launch` into a device buffer for `out` (holding `out`'s values when `beta` reads
+/// them) and downloads the result into `out`.
+fn into_host(
+    device: &CudaDevice,
+    out: Output,
+    beta: f32,
+    launch: &mut impl FnMut(DeviceOutput) -> Result<LaunchPlan>,
+) -> Result<()> {
     let n_out = out.len();
     match out {
         Output::F32(host) => {
-            let mut d = if params.beta != 0.0 {
+            let mut d = if beta != 0.0 {
                 device.upload(host, MemoryCategory::Activations)?
             } else {
                 device.alloc_zeros(n_out, MemoryCategory::Activations)?
@@ -231,9 +241,7 @@ fn gemm_to(
             device.read_at(&d, 0, codes)?;
         }
     }
-    Ok(GemmReport {
-        amax: device.download(&amax)?[0],
-    })
+    Ok(())
 }
 
 /// `rows x k` row-major values with each row zero-padded to a multiple of `multiple`, and

@@ -256,12 +256,13 @@ pub(crate) fn gemm_into(
     params: &GemmParams,
 ) -> Result<GemmReport> {
     const OP: &str = "gemm_into";
-    crate::gemm::plan_f32(a, b, out.len(), params)?;
-    let s = staged_for(k, OP, [out.ordinal()])?;
     let device_out = match out {
+        // `gemm` checks the arguments itself.
         ValuesMut::Host(host) => return gemm(k, a, b, Output::F32(host), params),
         device => device,
     };
+    crate::gemm::plan_f32(a, b, device_out.len(), params)?;
+    let s = staged_for(k, OP, [device_out.ordinal()])?;
     // With beta = 0 nothing reads the old values: a shared output is replaced, not copied.
     let mut d = match params.beta != 0.0 {
         true => s.in_place(OP, device_out)?,
@@ -282,7 +283,7 @@ pub(crate) fn gemm_into(
         }
         _ => gemm_into_device(s.device(), a, b, &mut d, params)?,
     };
-    d.finish(&s)?;
+    // A device output is written in place: nothing to bring back.
     Ok(report)
 }
 

@@ -38,27 +38,12 @@ impl DeviceArray for CudaValues {
         self.staged.down(&self.buffer, out)
     }
     fn blank(&self) -> Result<Box<dyn DeviceArray>> {
-        let buffer = self
-            .staged
-            .device()
-            .alloc_zeros::<f32>(self.buffer.len(), MemoryCategory::Activations)?;
-        Ok(Box::new(CudaValues {
-            staged: self.staged.clone(),
-            ordinal: self.ordinal,
-            buffer,
-        }))
+        Ok(Box::new(self.staged.array(self.ordinal, self.buffer.len())?))
     }
     fn duplicate(&self) -> Result<Box<dyn DeviceArray>> {
-        let mut copy = self
-            .staged
-            .device()
-            .alloc_zeros::<f32>(self.buffer.len(), MemoryCategory::Activations)?;
-        self.staged.device().copy(&self.buffer, &mut copy)?;
-        Ok(Box::new(CudaValues {
-            staged: self.staged.clone(),
-            ordinal: self.ordinal,
-            buffer: copy,
-        }))
+        let mut copy = self.staged.array(self.ordinal, self.buffer.len())?;
+        self.staged.device().copy(&self.buffer, &mut copy.buffer)?;
+        Ok(Box::new(copy))
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -196,12 +181,16 @@ impl Staged {
     /// `len` values made on this device for a tensor (booked as activations); the kernel that
     /// takes it as an output writes every value.
     pub(crate) fn new_values(self: &Arc<Self>, ordinal: usize, len: usize) -> Result<CudaStorage> {
-        let buffer = self.device().alloc_zeros::<f32>(len, MemoryCategory::Activations)?;
-        Ok(CudaStorage::new(Box::new(CudaValues {
+        Ok(CudaStorage::new(Box::new(self.array(ordinal, len)?)))
+    }
+
+    /// A new array of `len` values on this device (zeros), booked as activations.
+    fn array(self: &Arc<Self>, ordinal: usize, len: usize) -> Result<CudaValues> {
+        Ok(CudaValues {
             staged: self.clone(),
             ordinal,
-            buffer,
-        })))
+            buffer: self.device().alloc_zeros::<f32>(len, MemoryCategory::Activations)?,
+        })
     }
 
     /// The buffer of an array this device made, or `DeviceMismatch` naming `op`.
