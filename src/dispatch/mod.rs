@@ -408,7 +408,6 @@ impl Backend {
 
     /// `tensor`'s values on this backend's device: the same tensor on the CPU (a GPU one
     /// downloaded), uploaded to a CUDA backend's GPU (a tensor already there shared, not copied).
-    #[cfg_attr(not(test), allow(dead_code))] // the model's boundary uploads with it once every layer takes device values
     pub(crate) fn to_device(&self, tensor: &Tensor) -> Result<Tensor> {
         let (rows, cols) = tensor.shape();
         match (self.device(), tensor.device()) {
@@ -427,6 +426,11 @@ impl Backend {
     /// input, a new array on its GPU for a device one (the op writes every value; the
     /// contents before are unspecified).
     pub(crate) fn output_like(&self, input: &Tensor, rows: usize, cols: usize) -> Result<Tensor> {
+        self.output_at(input.device(), rows, cols)
+    }
+
+    /// [`Self::output_like`] for an input that lives on `device`.
+    pub(crate) fn output_at(&self, device: DeviceKind, rows: usize, cols: usize) -> Result<Tensor> {
         let len = rows.checked_mul(cols).ok_or(Error::ShapeMismatch {
             what: "op output",
             rows,
@@ -434,7 +438,7 @@ impl Backend {
             expected: usize::MAX,
             got: 0,
         })?;
-        match input.device() {
+        match device {
             // No values to keep anywhere (and a GPU allocates none of zero bytes): on the host.
             _ if len == 0 => Tensor::new(Vec::new(), rows, cols),
             DeviceKind::Cpu => Tensor::new(crate::tensor::scratch::overwritten(len), rows, cols),
@@ -453,17 +457,19 @@ impl Backend {
         }
     }
 
-    /// Checks that `tensor`, an input of `op` of a layer that takes host tensors only (its
-    /// ops' CUDA arms stage them), is in host memory: a GPU tensor there is `DeviceMismatch`,
-    /// not a panic at its first host read (`Linear` until its GEMM outputs stay on the device).
+    /// Checks that `tensor`, an input of `op`, lives where this backend's ops can read it: in
+    /// host memory (the CUDA arms stage it) or on this backend's own GPU. A tensor on another
+    /// GPU, or any GPU tensor given to the CPU backend, is `DeviceMismatch`, not a panic at its
+    /// first host read.
     pub(crate) fn expect_on(&self, op: &'static str, tensor: &Tensor) -> Result<()> {
-        if tensor.device() == DeviceKind::Cpu {
+        let here = tensor.device();
+        if here == DeviceKind::Cpu || here == self.device() {
             return Ok(());
         }
         Err(Error::DeviceMismatch {
             op,
-            expected: DeviceKind::Cpu.to_string(),
-            got: tensor.device().to_string(),
+            expected: self.device().to_string(),
+            got: here.to_string(),
         })
     }
 }

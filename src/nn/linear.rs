@@ -12,6 +12,15 @@ use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
 use crate::tensor::DeviceKind;
 use crate::tensor::Tensor;
+use std::borrow::Cow;
+
+/// `t` in host memory: itself, or a download of a GPU tensor.
+fn on_host(t: &Tensor) -> Result<Cow<'_, Tensor>> {
+    match t.device() {
+        DeviceKind::Cpu => Ok(Cow::Borrowed(t)),
+        DeviceKind::Cuda(_) => Ok(Cow::Owned(t.to_host()?)),
+    }
+}
 
 /// A fully connected layer: weight `[out, in]` (f32 master), optional bias `[out]`.
 ///
@@ -147,27 +156,51 @@ impl Linear {
         self.forward_pass(x, false)
     }
 
-    /// The forward; `replay` recomputes it in backward without touching the FP8 state.
+    /// The forward; `replay` recomputes it in backward without touching the FP8 state. The
+    /// output lives where `x` does (host memory, or the backend's GPU).
     pub(crate) fn forward_pass(&mut self, x: &Tensor, replay: bool) -> Result<Tensor> {
         x.expect(&self.name, "input", None, self.in_features)?;
         self.gemms.expect_on("linear forward", x)?;
+        if self.frozen_fp8.is_some() || !self.adapters.is_empty() {
+            return self.forward_on_host(x, replay);
+        }
+        let bias = self.bias.as_ref().map(|b| b.value());
+        self.gemms.forward(x.values(), x.rows(), &self.weight, bias, replay)
+    }
+
+    /// The forward of a frozen FP8 weight or of adapters, whose GEMMs take host values: a device
+    /// input comes down and the output goes back up to it.
+    fn forward_on_host(&mut self, x: &Tensor, replay: bool) -> Result<Tensor> {
+        let host = on_host(x)?;
         let bias = self.bias.as_ref().map(|b| b.value());
         let dtype = self.gemms.precision().compute_dtype();
+        let (data, rows) = (host.data(), host.rows());
         let mut y = match &self.frozen_fp8 {
             Some(w) => w.forward(
                 self.gemms.backend().kernels(),
                 self.gemms.precision(),
-                x.data(),
-                x.rows(),
+                data,
+                rows,
                 bias,
                 dtype,
             )?,
-            None => self.gemms.forward(x.data(), x.rows(), &self.weight, bias, replay)?,
+            None => self
+                .gemms
+                .forward(host.values(), rows, &self.weight, bias, replay)?
+                .into_data(),
         };
         for adapter in &mut self.adapters {
-            adapter.forward_add(x.data(), x.rows(), &mut y, self.out_features, replay)?;
+            adapter.forward_add(data, rows, &mut y, self.out_features, replay)?;
         }
-        Tensor::new(y, x.rows(), self.out_features)
+        self.back_to(x, Tensor::new(y, rows, self.out_features)?)
+    }
+
+    /// `t`, made in host memory, moved to where `like` lives.
+    fn back_to(&self, like: &Tensor, t: Tensor) -> Result<Tensor> {
+        match like.device() {
+            DeviceKind::Cpu => Ok(t),
+            DeviceKind::Cuda(_) => self.gemms.backend().to_device(&t),
+        }
     }
 
     /// [`Self::forward_pass`] on an input the caller no longer needs: under fp32 the saved
@@ -180,36 +213,46 @@ impl Linear {
         x.expect(&self.name, "input", None, self.in_features)?;
         self.gemms.expect_on("linear forward", &x)?;
         let bias = self.bias.as_ref().map(|b| b.value());
-        let rows = x.rows();
-        let y = self
-            .gemms
-            .forward_owned(x.into_data(), rows, &self.weight, bias, replay)?;
-        Tensor::new(y, rows, self.out_features)
+        self.gemms.forward_owned(x, &self.weight, bias, replay)
     }
 
-    /// dX for `dy` `[tokens, out]`; accumulates dW and db into the parameters' grads.
+    /// dX for `dy` `[tokens, out]`, where `dy` lives; accumulates dW and db into the
+    /// parameters' grads.
     pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
         dy.expect(&self.name, "output gradient", None, self.out_features)?;
         self.gemms.expect_on("linear backward", dy)?;
+        if self.frozen_fp8.is_some() || !self.adapters.is_empty() {
+            return self.backward_on_host(dy);
+        }
+        let bias_grad = self.bias.as_mut().and_then(|b| b.trainable_grad());
+        let (stored, weight_grad) = self.weight.half_and_trainable_grad();
+        self.gemms.backward(dy.values(), stored, weight_grad, bias_grad)
+    }
+
+    /// The backward of a frozen FP8 weight or of adapters, on host values (as the forward).
+    fn backward_on_host(&mut self, dy: &Tensor) -> Result<Tensor> {
+        let host = on_host(dy)?;
         let bias_grad = self.bias.as_mut().and_then(|b| b.trainable_grad());
         let mut dx = match &self.frozen_fp8 {
             Some(w) => {
                 let kernels = self.gemms.backend().kernels();
                 if let Some(db) = bias_grad {
-                    kernels.column_sum(dy.values(), self.out_features, ValuesMut::Host(db))?;
+                    kernels.column_sum(host.values(), self.out_features, ValuesMut::Host(db))?;
                 }
                 let dtype = self.gemms.precision().compute_dtype();
-                w.backward(kernels, self.gemms.precision(), dy.data(), dtype)?
+                w.backward(kernels, self.gemms.precision(), host.data(), dtype)?
             }
             None => {
                 let (stored, weight_grad) = self.weight.half_and_trainable_grad();
-                self.gemms.backward(dy.data(), stored, weight_grad, bias_grad)?
+                self.gemms
+                    .backward(host.values(), stored, weight_grad, bias_grad)?
+                    .into_data()
             }
         };
         for adapter in &mut self.adapters {
-            adapter.backward_add(dy.data(), self.out_features, &mut dx)?;
+            adapter.backward_add(host.data(), self.out_features, &mut dx)?;
         }
-        Tensor::new(dx, dy.rows(), self.in_features)
+        self.back_to(dy, Tensor::new(dx, dy.rows(), self.in_features)?)
     }
 
     /// Adds a LoRA adapter on its rows of the output (the ranges of a layer's adapters must not

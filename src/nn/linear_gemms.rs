@@ -26,7 +26,7 @@ use crate::scaling::Fp8TensorStats;
 use crate::scaling::{DelayedSlot, SlotBank, TensorRole, current_scale};
 use crate::tensor::QuantizedMatrix;
 use crate::tensor::scratch;
-use crate::tensor::{Dtype, HalfValues};
+use crate::tensor::{DeviceKind, Dtype, HalfValues, Tensor};
 
 /// The weight's compute copies, made at one parameter version.
 enum WeightCopy {
@@ -87,18 +87,18 @@ fn stored_operand<'a>(
     }
 }
 
-/// A forward's input: borrowed from the caller, or handed over (then kept without a copy
-/// where the saved operand is the input itself).
+/// A forward's input, wherever it lives: borrowed from the caller, or handed over (then kept
+/// without a copy where the saved operand is the input itself).
 enum Input<'a> {
-    Borrowed(&'a [f32]),
-    Owned(Vec<f32>),
+    Borrowed(Values<'a>),
+    Owned(Tensor),
 }
 
 impl Input<'_> {
-    fn values(&self) -> &[f32] {
+    fn values(&self) -> Values<'_> {
         match self {
-            Input::Borrowed(x) => x,
-            Input::Owned(x) => x,
+            Input::Borrowed(x) => *x,
+            Input::Owned(x) => x.values(),
         }
     }
 }
@@ -244,7 +244,7 @@ impl LinearGemms {
 
     /// Stats of a GEMM output kept in high precision: as if cast per tensor with the slot's scale
     /// (delayed) or the just-in-time scale of its amax (other recipes).
-    fn output_stats(&mut self, role: TensorRole, values: &[f32], amax: f32) -> Result<()> {
+    fn output_stats(&mut self, role: TensorRole, values: Values, amax: f32) -> Result<()> {
         let Precision::Fp8(recipe) = &self.precision else {
             return Ok(());
         };
@@ -253,10 +253,10 @@ impl LinearGemms {
             Fp8Recipe::Delayed(_) => self.slot_scale(role),
             _ => current_scale(amax, format.max_finite(), false, 0.0),
         };
-        let stats =
-            self.backend
-                .kernels()
-                .uncast_stats(self.stat_name(role), Values::Host(values), format, amax, scale)?;
+        let stats = self
+            .backend
+            .kernels()
+            .uncast_stats(self.stat_name(role), values, format, amax, scale)?;
         self.stats[role_index(role)] = Some(stats);
         Ok(())
     }
@@ -371,28 +371,30 @@ impl LinearGemms {
         Ok(())
     }
 
-    /// `Y = X W^T (+ bias)`, rounded to the compute dtype. `replay`: a recompute in backward, which
-    /// casts with the scales of the original forward and records nothing.
+    /// `Y = X W^T (+ bias)` for `x` `[rows, in]`, rounded to the compute dtype, where `x` lives
+    /// (host memory, or the backend's GPU). `replay`: a recompute in backward, which casts with
+    /// the scales of the original forward and records nothing.
     pub(crate) fn forward(
         &mut self,
-        x: &[f32],
+        x: Values,
         rows: usize,
         weight: &Parameter,
         bias: Option<&[f32]>,
         replay: bool,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<Tensor> {
         self.forward_input(Input::Borrowed(x), rows, weight, bias, replay)
     }
 
-    /// [`Self::forward`] taking `x`: an f32 input is kept for wgrad as it is (no copy).
+    /// [`Self::forward`] taking `x`: an f32 input in host memory is kept for wgrad as it is
+    /// (no copy).
     pub(crate) fn forward_owned(
         &mut self,
-        x: Vec<f32>,
-        rows: usize,
+        x: Tensor,
         weight: &Parameter,
         bias: Option<&[f32]>,
         replay: bool,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<Tensor> {
+        let rows = x.rows();
         self.forward_input(Input::Owned(x), rows, weight, bias, replay)
     }
 
@@ -403,13 +405,17 @@ impl LinearGemms {
         weight: &Parameter,
         bias: Option<&[f32]>,
         replay: bool,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<Tensor> {
         let x = input.values();
         self.check_tokens(rows)?;
         self.refresh_weight(weight, replay)?;
         let (inp, out) = (self.in_features, self.out_features);
-        // Every GEMM below writes all of `y` (beta = 0): a recycled buffer needs no zeroing.
-        let mut y = scratch::overwritten(rows * out);
+        if x.len() != rows * inp {
+            return Err(internal(&self.layer, "the input is not [rows, in]"));
+        }
+        // The output where the input lives. Every GEMM below writes all of `y` (beta = 0): a
+        // recycled buffer or a new device array needs no zeroing.
+        let mut y = self.backend.output_at(x.device(), rows, out)?;
         let Some((_, copy)) = &self.weight else {
             return Err(internal(&self.layer, "no weight copy after refresh"));
         };
@@ -422,7 +428,7 @@ impl LinearGemms {
         };
         let (saved, report, input_cast) = match (&self.precision, copy) {
             (Precision::Fp8(recipe), WeightCopy::Fp8(w)) => {
-                let xq = kernels.quantize(recipe, TensorRole::Input, Values::Host(x), rows, inp, input_scale)?;
+                let xq = kernels.quantize(recipe, TensorRole::Input, x, rows, inp, input_scale)?;
                 let params = GemmParams {
                     bias,
                     split_accumulator: false, // forward: fast accumulation allowed (`docs/numerics.md`, GEMM)
@@ -430,10 +436,10 @@ impl LinearGemms {
                 };
                 let a = Operand::Fp8(xq.tensor.format(), xq.tensor.rowwise());
                 let b = Operand::Fp8(w.tensor.format(), w.tensor.rowwise());
-                let report = kernels.gemm_into(&a, &b, ValuesMut::Host(&mut y), &params)?;
+                let report = kernels.gemm_into(&a, &b, y.values_mut(), &params)?;
                 let stats = match replay {
                     true => None,
-                    false => Some(kernels.cast_stats(self.stat_name(TensorRole::Input), Values::Host(x), &xq)?),
+                    false => Some(kernels.cast_stats(self.stat_name(TensorRole::Input), x, &xq)?),
                 };
                 let amax = xq.amax;
                 let (format, _, columnwise) = xq.tensor.into_parts();
@@ -448,15 +454,19 @@ impl LinearGemms {
                 };
                 // One conversion: the forward's operand, then wgrad's (an owned f32 input is
                 // kept as it is; a borrowed one is copied).
+                // (A device input's conversion comes back to the host: plain operands are
+                // host matrices until they get device copies, `docs/cuda-backend.md`.)
                 let xm = match input {
-                    Input::Owned(values) if self.dtype() == Dtype::F32 => PlainMat::F32(values),
-                    _ => kernels.convert(self.dtype(), Values::Host(x))?,
+                    Input::Owned(t) if self.dtype() == Dtype::F32 && t.device() == DeviceKind::Cpu => {
+                        PlainMat::F32(t.into_data())
+                    }
+                    _ => kernels.convert(self.dtype(), x)?,
                 };
                 let params = GemmParams {
                     bias,
                     ..GemmParams::default()
                 };
-                let report = kernels.gemm_into(&xm.operand(rows, inp)?, &w, ValuesMut::Host(&mut y), &params)?;
+                let report = kernels.gemm_into(&xm.operand(rows, inp)?, &w, y.values_mut(), &params)?;
                 (SavedInput::Plain(xm), report, None)
             }
             _ => return Err(internal(&self.layer, "the weight copy does not follow the precision")),
@@ -468,10 +478,10 @@ impl LinearGemms {
         }
         if !replay {
             self.record(TensorRole::Output, report.amax);
-            self.output_stats(TensorRole::Output, &y, report.amax)?;
+            self.output_stats(TensorRole::Output, y.values(), report.amax)?;
             self.update(&TensorRole::FORWARD)?;
         }
-        self.dtype().round_slice(&mut y);
+        kernels.round(y.values_mut(), self.dtype())?;
         self.saved = Some((rows, saved));
         Ok(y)
     }
@@ -481,11 +491,11 @@ impl LinearGemms {
     /// weight's values when it is frozen in 16 bits (it has no compute copy).
     pub(crate) fn backward(
         &mut self,
-        dy: &[f32],
+        dy: Values,
         stored: Option<&HalfValues>,
         weight_grad: Option<&mut [f32]>,
         bias_grad: Option<&mut [f32]>,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<Tensor> {
         let (inp, out) = (self.in_features, self.out_features);
         let Some((rows, saved)) = self.saved.take() else {
             return Err(no_forward(&self.layer));
@@ -502,13 +512,13 @@ impl LinearGemms {
         let backend = self.backend.clone();
         let kernels = backend.kernels();
         if let Some(db) = bias_grad {
-            kernels.column_sum(Values::Host(dy), out, ValuesMut::Host(db))?;
+            kernels.column_sum(dy, out, ValuesMut::Host(db))?;
         }
         let Some((_, copy)) = &self.weight else {
             return Err(internal(&self.layer, "no weight copy in backward"));
         };
-        // Both dgrad GEMMs write all of `dx` (beta = 0).
-        let mut dx = scratch::overwritten(rows * inp);
+        // Where `dy` lives; both dgrad GEMMs write all of `dx` (beta = 0).
+        let mut dx = backend.output_at(dy.device(), rows, inp)?;
         let accumulate = GemmParams {
             beta: 1.0,
             ..GemmParams::default()
@@ -516,12 +526,12 @@ impl LinearGemms {
         let (dgrad_amax, output_grad_cast) = match (&self.precision, copy, &saved) {
             (Precision::Fp8(recipe), WeightCopy::Fp8(w), SavedInput::Fp8(x_format, xt)) => {
                 let scale = self.slot_scale(TensorRole::OutputGrad);
-                let dyq = kernels.quantize(recipe, TensorRole::OutputGrad, Values::Host(dy), rows, out, scale)?;
+                let dyq = kernels.quantize(recipe, TensorRole::OutputGrad, dy, rows, out, scale)?;
                 let dy_format = dyq.tensor.format();
                 let dgrad = kernels.gemm_into(
                     &Operand::Fp8(dy_format, dyq.tensor.rowwise()),
                     &Operand::Fp8(w.tensor.format(), fp8_cast::columnwise(&w.tensor)),
-                    ValuesMut::Host(&mut dx),
+                    dx.values_mut(),
                     &GemmParams::default(),
                 )?;
                 if let Some(dw) = weight_grad {
@@ -532,25 +542,27 @@ impl LinearGemms {
                         &accumulate,
                     )?;
                 }
-                let stats = kernels.cast_stats(self.stat_name(TensorRole::OutputGrad), Values::Host(dy), &dyq)?;
+                let stats = kernels.cast_stats(self.stat_name(TensorRole::OutputGrad), dy, &dyq)?;
                 (dgrad.amax, Some((dyq.amax, stats)))
             }
             (_, copy @ (WeightCopy::Plain(_) | WeightCopy::Stored), SavedInput::Plain(x)) => {
                 let dtype = self.dtype();
+                // Plain operands are host matrices: a device `dy` comes back once for both GEMMs.
+                let dy = dy.to_host()?;
                 let mut dym = None;
-                let dyo = plain_operand(kernels, dtype, dy, rows, out, &mut dym)?;
+                let dyo = plain_operand(kernels, dtype, &dy, rows, out, &mut dym)?;
                 // dX = dY W: B is W^T, `[in, out]`, read from W `[out, in]`.
                 let wt = match copy {
                     WeightCopy::Plain(w) => w.operand_transposed(inp, out)?,
                     _ => stored_operand(stored, (inp, out, true), &self.layer)?,
                 };
-                let dgrad = kernels.gemm_into(&dyo, &wt, ValuesMut::Host(&mut dx), &GemmParams::default())?;
+                let dgrad = kernels.gemm_into(&dyo, &wt, dx.values_mut(), &GemmParams::default())?;
                 if let Some(dw) = weight_grad {
                     // dW = dY^T X: A is dY^T `[out, tokens]`, B is X^T `[in, tokens]`, both read
                     // from their `[tokens, ...]` storage.
                     let dyt = match &dym {
                         Some(dym) => dym.operand_transposed(out, rows)?,
-                        None => Operand::F32(Mat::transposed(dy, out, rows)?),
+                        None => Operand::F32(Mat::transposed(&dy, out, rows)?),
                     };
                     kernels.gemm(&dyt, &x.operand_transposed(inp, rows)?, Output::F32(dw), &accumulate)?;
                 }
@@ -571,9 +583,9 @@ impl LinearGemms {
             self.stats[3] = Some(stats);
         }
         self.record(TensorRole::InputGrad, dgrad_amax);
-        self.output_stats(TensorRole::InputGrad, &dx, dgrad_amax)?;
+        self.output_stats(TensorRole::InputGrad, dx.values(), dgrad_amax)?;
         self.update(&TensorRole::BACKWARD)?;
-        self.dtype().round_slice(&mut dx);
+        kernels.round(dx.values_mut(), self.dtype())?;
         Ok(dx)
     }
 

@@ -14,6 +14,7 @@ use super::init::{SplitMix64, child_seed};
 use super::linear_gemms::LinearGemms;
 use super::param::Parameter;
 use crate::amp::Precision;
+use crate::dispatch::Values;
 use crate::error::{Error, Result};
 use crate::scaling::{DelayedSlot, Fp8TensorStats};
 use crate::tensor::Dtype;
@@ -206,8 +207,11 @@ impl LoraAdapter {
             self.mask = None;
             x
         };
-        let h = self.gemm_a.forward(input, rows, &self.a, None, replay)?;
-        let u = self.gemm_b.forward(&h, rows, &self.b, None, replay)?;
+        let h = self.gemm_a.forward(Values::Host(input), rows, &self.a, None, replay)?;
+        let u = self
+            .gemm_b
+            .forward(h.values(), rows, &self.b, None, replay)?
+            .into_data();
         let scale = self.settings.scale_f64() as f32;
         for (y_row, u_row) in y.chunks_exact_mut(y_cols).zip(u.chunks_exact(self.out)) {
             for (yv, uv) in y_row[self.offset..self.offset + self.out].iter_mut().zip(u_row) {
@@ -226,8 +230,13 @@ impl LoraAdapter {
             .flat_map(|row| row[self.offset..self.offset + self.out].iter().map(|g| scale * g))
             .collect();
         self.dtype.round_slice(&mut du);
-        let dh = self.gemm_b.backward(&du, None, Some(self.b.grad_mut()), None)?;
-        let dxd = self.gemm_a.backward(&dh, None, Some(self.a.grad_mut()), None)?;
+        let dh = self
+            .gemm_b
+            .backward(Values::Host(&du), None, Some(self.b.grad_mut()), None)?;
+        let dxd = self
+            .gemm_a
+            .backward(dh.values(), None, Some(self.a.grad_mut()), None)?
+            .into_data();
         if dxd.len() != dx.len() {
             return Err(Error::LengthMismatch {
                 what: "LoRA input gradient",

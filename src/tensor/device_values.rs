@@ -124,6 +124,11 @@ impl<'a> Values<'a> {
         }
     }
 
+    /// The device they live on.
+    pub(crate) fn device(&self) -> super::DeviceKind {
+        self.ordinal().map_or(super::DeviceKind::Cpu, super::DeviceKind::Cuda)
+    }
+
     /// The host values, or `Unsupported` naming `op` for device values (an op of the CPU
     /// backend: modules move to a device whole, so a device value there is a bug).
     pub(crate) fn host(self, op: &'static str) -> Result<&'a [f32]> {
