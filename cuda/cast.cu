@@ -101,6 +101,42 @@ template <typename T> __device__ void cast_transpose_amax(const Fp8CastParams& p
         *reinterpret_cast<float*>(p.scale_inv_out) = __fdiv_rn(1.0f, scale);
 }
 
+// FP8 statistics of an f32 tensor (twin: dispatch::fp8_cast::cast_stats for a per-tensor
+// cast's codes, uncast_stats without codes): each thread counts its grid-stride share in
+// 32-bit counters (the launcher keeps len below 2^32), each warp sums them with shuffles and
+// one lane adds them to counts[4]. Integer counts: the same totals in any order.
+extern "C" __global__ void __launch_bounds__(THREADS) fp8_count_stats(const Fp8StatsParams p) {
+    const float* src = reinterpret_cast<const float*>(p.src);
+    const uint8_t* codes = reinterpret_cast<const uint8_t*>(p.codes);
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    uint32_t c[4] = {0u, 0u, 0u, 0u}; // saturated, underflow, nonzero, nonfinite
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < p.len; i += stride) {
+        const float x = src[i];
+        const bool finite = fabsf(x) < INFINITY; // false for NaN too
+        const bool live = finite && x != 0.0f;
+        bool flushed, saturates;
+        if (codes != nullptr) {
+            // E4M3 and E5M2 codes decode to zero exactly when their magnitude bits are 0.
+            flushed = (codes[i] & 0x7Fu) == 0u;
+            saturates = fabsf(x) > p.limit;
+        } else {
+            const float scaled = fabsf(__fmul_rn(x, p.scale));
+            flushed = scaled <= p.half_min;
+            saturates = scaled > p.max;
+        }
+        c[0] += (finite && saturates) ? 1u : 0u;
+        c[1] += (live && flushed) ? 1u : 0u;
+        c[2] += live ? 1u : 0u;
+        c[3] += finite ? 0u : 1u;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        uint32_t v = c[k];
+        for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+        if ((threadIdx.x & 31) == 0 && v != 0u) atomicAdd(reinterpret_cast<unsigned int*>(p.counts) + k, v);
+    }
+}
+
 // max|x| of a flat tensor, max-ed into *amax.
 template <typename T> __device__ void amax_only(const Fp8AmaxParams& p) {
     const T* src = reinterpret_cast<const T*>(p.src);

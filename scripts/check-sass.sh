@@ -3,7 +3,7 @@
 # fatbin must contain QGMMA (FP8 wgmma) in every kernel, each of which must get
 # exactly 168 registers (what its setmaxnreg split assumes), and no kernel of
 # any file may spill. Every layer-op kernel (convert, norm, activation,
-# embedding, loss, optim, attention, attention_cached, rope) must exist in the SASS of all seven
+# embedding, loss, optim, attention, attention_cached, rope, and the statistics count of cast) must exist in the SASS of all seven
 # targets without local memory; their register counts are printed per target. So must the
 # three MXFP8 GEMM kernels, with QMMA (the FP8 mma) on sm_89 and sm_120.
 # Installs cuobjdump + nvdisasm 13.x from PyPI into .cache/cuobjdump (once).
@@ -84,9 +84,10 @@ declare -A layer_ops=(
     [attention]="fp8_attention_forward fp8_attention_backward_dq fp8_attention_backward_dkdv"
     [attention_cached]="fp8_attention_cached"
     [rope]="fp8_rope"
+    [cast]="fp8_count_stats"
 )
 op_kernels=0
-for module in convert norm activation embedding loss optim attention attention_cached rope; do
+for module in convert norm activation embedding loss optim attention attention_cached rope cast; do
     file="$out/$module.fatbin"
     [[ -f "$file" ]] || { echo "check-sass: $file missing" >&2; fail=1; continue; }
     declare -A regs_of=()

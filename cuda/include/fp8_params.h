@@ -85,6 +85,21 @@ typedef struct Fp8AmaxParams {
     uint64_t amax;
 } Fp8AmaxParams;
 
+/* FP8 statistics counted on the device: counts[0..4] += [saturated, underflow, nonzero,
+   nonfinite] of an f32 tensor. With codes (a per-tensor cast): saturated when |x| > limit,
+   flushed when the code's magnitude bits are 0; without (a value kept in high precision):
+   the scaled magnitude |x * scale| decides, > max or <= half_min. */
+typedef struct Fp8StatsParams {
+    uint64_t src;    /* f32 [len] */
+    uint64_t codes;  /* u8 [len] or 0 */
+    uint64_t counts; /* u32 [4], added to */
+    uint64_t len;
+    float limit;     /* with codes: max_finite * scale_inv */
+    float scale;     /* without codes */
+    float max;       /* without codes: max_finite */
+    float half_min;  /* without codes: half the smallest subnormal */
+} Fp8StatsParams;
+
 /* Fp8GemmScales: how the GEMM applies its inputs' scale_inv (spec 5). */
 #define FP8_GEMM_SCALES_NONE 0u                 /* plain bf16/f16 inputs */
 #define FP8_GEMM_SCALES_PER_TENSOR 1u           /* one f32 each at a_scale_inv, b_scale_inv */

@@ -621,3 +621,155 @@ fn norm_layers_keep_device_inputs_on_the_device() {
     check!(RMSNorm);
     println!("norm_layers_keep_device_inputs_on_the_device: LayerNorm, RMSNorm: same bits");
 }
+
+/// Values that exercise every count of the FP8 statistics under a scale of 2: saturating
+/// (|x| * 2 > 448), flushed (non-zero, below E4M3's smallest subnormal), zeros, non-finite,
+/// and ordinary values.
+fn stats_probe(n: usize) -> Vec<f32> {
+    let specials = [
+        1000.0,
+        -3000.0,
+        1e-6,
+        0.0,
+        -1e-7,
+        f32::INFINITY,
+        f32::NAN,
+        0.5,
+        -0.0,
+        300.0,
+    ];
+    (0..n)
+        .map(|i| match i % 7 {
+            0 => specials[(i / 7) % specials.len()],
+            _ => (i as f32 * 0.37).sin() * 2.0,
+        })
+        .collect()
+}
+
+/// On GPU 0: the FP8 statistics of a device tensor, counted on the device (a per-tensor cast's
+/// counts made beside the cast, a high-precision value's counts by `fp8_count_stats`), are the
+/// counts the host makes of the same values.
+#[test]
+fn statistics_counted_on_the_device_match_the_host_counts() {
+    use crate::format::Fp8Format;
+    use crate::scaling::TensorRole;
+    if let Err(err) = crate::backend::cuda::CudaDevice::open(0) {
+        println!("statistics_counted_on_the_device_match_the_host_counts: skipped: {err}");
+        return;
+    }
+    let gpu = Backend::on(DeviceKind::Cuda(0));
+    let k = CudaKernels { ordinal: 0 };
+    // Ragged: 16-element vector chunks and grid strides leave a tail.
+    let (rows, cols) = (48, 336);
+    let x = stats_probe(rows * cols);
+    let xd = gpu.to_device(&Tensor::new(x.clone(), rows, cols).unwrap()).unwrap();
+    for precision in ["fp8-delayed", "fp8-current", "fp8-block", "mxfp8"] {
+        let recipe = match precision.parse::<crate::amp::Precision>().unwrap() {
+            crate::amp::Precision::Fp8(recipe) => recipe,
+            other => panic!("{precision} parsed as {other:?}"),
+        };
+        for role in [TensorRole::Input, TensorRole::OutputGrad] {
+            let host = k.quantize(&recipe, role, Values::Host(&x), rows, cols, 2.0).unwrap();
+            let device = k.quantize(&recipe, role, xd.values(), rows, cols, 2.0).unwrap();
+            assert_eq!(host.tensor, device.tensor, "{precision} {role:?}: the same codes");
+            let on_host = k.cast_stats("x".into(), Values::Host(&x), &host).unwrap();
+            let on_device = k.cast_stats("x".into(), xd.values(), &device).unwrap();
+            assert_eq!(on_host, on_device, "{precision} {role:?}: cast statistics");
+            // (Block scales follow each block's amax: only the fixed delayed scale is sure to
+            // saturate some of the probe.)
+            let saturates = precision != "fp8-delayed" || on_host.saturated > 0.0;
+            assert!(
+                saturates && on_host.underflow > 0.0 && on_host.nonfinite > 0,
+                "{precision} {role:?}: the probe exercises every count: {on_host:?}"
+            );
+        }
+    }
+    for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+        for scale in [2.0, 1e-3] {
+            let on_host = k
+                .uncast_stats("y".into(), Values::Host(&x), format, 7.0, scale)
+                .unwrap();
+            let on_device = k.uncast_stats("y".into(), xd.values(), format, 7.0, scale).unwrap();
+            assert_eq!(on_host, on_device, "{format:?} scale {scale}: uncast statistics");
+        }
+    }
+    println!(
+        "statistics_counted_on_the_device_match_the_host_counts: cast (4 recipes x 2 roles) and uncast (2 formats \
+         x 2 scales) statistics: same counts"
+    );
+}
+
+/// On GPU 0: a `Linear` fed device tensors keeps its output and input gradient on the device
+/// and gives the bits, parameter gradients, delayed-scaling slots and FP8 statistics of the same
+/// layer fed host tensors (whose ops stage them), over two forward and backward passes, under
+/// every precision.
+#[test]
+fn linear_layers_keep_device_inputs_on_the_device() {
+    use crate::amp::Precision;
+    use crate::nn::{Linear, Module};
+    if let Err(err) = crate::backend::cuda::CudaDevice::open(0) {
+        println!("linear_layers_keep_device_inputs_on_the_device: skipped: {err}");
+        return;
+    }
+    let gpu = Backend::on(DeviceKind::Cuda(0));
+    let (rows, inp, out) = (64, 192, 96);
+    let bits = |t: &Tensor| {
+        t.to_host()
+            .unwrap()
+            .data()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>()
+    };
+    let state = |layer: &mut Linear| {
+        let mut grads = Vec::new();
+        layer.visit_parameters(&mut |p| grads.push(p.grad().to_vec()));
+        let mut slots = Vec::new();
+        layer.visit_fp8_slots(&mut |name, slot| slots.push((name.to_string(), slot.scale, slot.history.clone())));
+        let mut stats = Vec::new();
+        layer.collect_fp8_stats(&mut stats);
+        (grads, format!("{slots:?}"), stats)
+    };
+    for name in ["fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8"] {
+        let precision: Precision = name.parse().unwrap();
+        let mut staged = Linear::new("fc", inp, out, true, &precision, 11).unwrap();
+        let mut resident = Linear::new("fc", inp, out, true, &precision, 11).unwrap();
+        staged.to_device(DeviceKind::Cuda(0)).unwrap();
+        resident.to_device(DeviceKind::Cuda(0)).unwrap();
+        for pass in 0..2 {
+            // Finite (a NaN would poison every later value), with flushed tiny values.
+            let values = stats_probe(rows * inp)
+                .iter()
+                .map(|&v| {
+                    if v.is_finite() {
+                        v.clamp(-4.0, 4.0) * (pass + 1) as f32
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let x = Tensor::new(values, rows, inp).unwrap();
+            let dy = Tensor::new(ramp(rows * out, pass as f32 + 0.7), rows, out).unwrap();
+            let (xd, dyd) = (gpu.to_device(&x).unwrap(), gpu.to_device(&dy).unwrap());
+            let (y, yd) = (staged.forward(&x).unwrap(), resident.forward(&xd).unwrap());
+            assert_eq!(
+                yd.device(),
+                DeviceKind::Cuda(0),
+                "{name}: the output stays where the input is"
+            );
+            assert_eq!(bits(&y), bits(&yd), "{name} pass {pass}: forward");
+            let (dx, dxd) = (staged.backward(&dy).unwrap(), resident.backward(&dyd).unwrap());
+            assert_eq!(dxd.device(), DeviceKind::Cuda(0), "{name}: the input gradient too");
+            assert_eq!(bits(&dx), bits(&dxd), "{name} pass {pass}: backward");
+            assert_eq!(
+                state(&mut staged),
+                state(&mut resident),
+                "{name} pass {pass}: gradients, slots, statistics"
+            );
+        }
+    }
+    println!(
+        "linear_layers_keep_device_inputs_on_the_device: fp32, bf16, fp8-delayed/current/block, mxfp8: same bits, \
+         gradients, slots and statistics"
+    );
+}

@@ -280,13 +280,11 @@ fn scale_block_width(scales: &Scales, cols: usize) -> usize {
 /// format's max finite value, flushed when it is non-zero but its code decodes to zero.
 /// Counted over row bands in parallel (integer counts: the same result in any order).
 pub(crate) fn cast_stats(name: String, src: &[f32], cast: &Cast) -> Fp8TensorStats {
+    if let Some(stats) = counted_stats(&name, src.len(), cast) {
+        return stats;
+    }
     let q = cast.tensor.rowwise();
     let format = cast.tensor.format();
-    if let Some(counts) = cast.counts
-        && src.len() == q.data().len()
-    {
-        return stats_from_counts(name, format, cast.amax, cast.scale, src.len(), counts);
-    }
     let (cols, max) = (q.cols().max(1), format.max_finite());
     let total = src.len();
     let len = total.min(q.data().len());
@@ -312,6 +310,21 @@ pub(crate) fn cast_stats(name: String, src: &[f32], cast: &Cast) -> Fp8TensorSta
         })
         .reduce(Counts::default, Counts::sum);
     counts.finish(name, format, cast.amax, cast.scale, total)
+}
+
+/// The statistics of a cast of a `len`-element source from the counts made during the cast,
+/// if it made them (and they are of a source that long).
+pub(crate) fn counted_stats(name: &str, len: usize, cast: &Cast) -> Option<Fp8TensorStats> {
+    let counts = cast.counts.filter(|_| len == cast.tensor.rowwise().data().len())?;
+    let format = cast.tensor.format();
+    Some(stats_from_counts(
+        name.to_string(),
+        format,
+        cast.amax,
+        cast.scale,
+        len,
+        counts,
+    ))
 }
 
 /// `[saturated, underflow, nonzero, nonfinite]` of a per-tensor cast of `src` into `codes` with

@@ -176,6 +176,31 @@ const _: () = {
 };
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
+pub struct Fp8StatsParams {
+    pub src: u64,
+    pub codes: u64,
+    pub counts: u64,
+    pub len: u64,
+    pub limit: f32,
+    pub scale: f32,
+    pub max: f32,
+    pub half_min: f32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Fp8StatsParams"][::core::mem::size_of::<Fp8StatsParams>() - 48usize];
+    ["Alignment of Fp8StatsParams"][::core::mem::align_of::<Fp8StatsParams>() - 8usize];
+    ["Offset of field: Fp8StatsParams::src"][::core::mem::offset_of!(Fp8StatsParams, src) - 0usize];
+    ["Offset of field: Fp8StatsParams::codes"][::core::mem::offset_of!(Fp8StatsParams, codes) - 8usize];
+    ["Offset of field: Fp8StatsParams::counts"][::core::mem::offset_of!(Fp8StatsParams, counts) - 16usize];
+    ["Offset of field: Fp8StatsParams::len"][::core::mem::offset_of!(Fp8StatsParams, len) - 24usize];
+    ["Offset of field: Fp8StatsParams::limit"][::core::mem::offset_of!(Fp8StatsParams, limit) - 32usize];
+    ["Offset of field: Fp8StatsParams::scale"][::core::mem::offset_of!(Fp8StatsParams, scale) - 36usize];
+    ["Offset of field: Fp8StatsParams::max"][::core::mem::offset_of!(Fp8StatsParams, max) - 40usize];
+    ["Offset of field: Fp8StatsParams::half_min"][::core::mem::offset_of!(Fp8StatsParams, half_min) - 44usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
 pub struct Fp8GemmParams {
     pub a: u64,
     pub b: u64,

@@ -21,6 +21,46 @@ pub enum DequantScales<'a> {
     Mxfp8(&'a DeviceBuffer<u8>),
 }
 
+/// What [`CudaDevice::count_stats`] judges each element against.
+#[derive(Clone, Copy, Debug)]
+pub enum StatsVerdict<'a> {
+    /// A per-tensor cast: its codes, saturated above `limit` (`max_finite * scale_inv`, the
+    /// stored `scale_inv`, as the CPU statistics).
+    Cast { codes: &'a DeviceBuffer<u8>, limit: f32 },
+    /// A value kept in high precision, judged as if cast to `format` with `scale`.
+    Uncast { format: Fp8Format, scale: f32 },
+}
+
+/// The thresholds of `Fp8StatsParams` for a verdict.
+#[derive(Debug, PartialEq)]
+struct StatsFields {
+    limit: f32,
+    scale: f32,
+    max: f32,
+    half_min: f32,
+}
+
+impl StatsFields {
+    fn of(verdict: StatsVerdict<'_>) -> Self {
+        match verdict {
+            StatsVerdict::Cast { limit, .. } => StatsFields {
+                limit,
+                scale: 1.0,
+                max: 0.0,
+                half_min: 0.0,
+            },
+            // `uncast_stats`'s thresholds: the largest finite value and half the smallest
+            // subnormal (code 1), below which a value rounds to zero.
+            StatsVerdict::Uncast { format, scale } => StatsFields {
+                limit: 0.0,
+                scale,
+                max: format.max_finite(),
+                half_min: format.decode(1) * 0.5,
+            },
+        }
+    }
+}
+
 const CAST: &str = "cast";
 const BLOCK: &str = "block";
 
@@ -125,6 +165,48 @@ impl CudaDevice {
             let blocks = grid_stride_blocks(self, (n as u64).div_ceil(16), THREADS as u64);
             launch(self, CAST, &format!("fp8_cast_amax_{}", T::SUFFIX), blocks, params)
         }
+    }
+
+    /// `counts[0..4] += [saturated, underflow, nonzero, nonfinite]` of `src` judged by `verdict`:
+    /// the FP8 statistics counted where the values live. Twin of `dispatch::fp8_cast::cast_stats`
+    /// (a per-tensor cast) and `uncast_stats`: the same integer counts.
+    pub fn count_stats(
+        &self,
+        src: &DeviceBuffer<f32>,
+        verdict: StatsVerdict<'_>,
+        counts: &mut DeviceBuffer<u32>,
+    ) -> Result<()> {
+        const K: &str = "count_stats";
+        let fields = StatsFields::of(verdict);
+        if let StatsVerdict::Cast { codes, .. } = verdict {
+            check(K, "codes", codes.len(), src.len())?;
+        }
+        check(K, "counts", counts.len(), 4)?;
+        // 32-bit counters per thread and in `counts`.
+        if u32::try_from(src.len()).is_err() {
+            return Err(Error::KernelArgs {
+                kernel: K,
+                detail: format!("{} elements: 32-bit counts take fewer than 2^32", src.len()),
+            });
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        let params = Fp8StatsParams {
+            src: src.address(self),
+            codes: match verdict {
+                StatsVerdict::Cast { codes, .. } => codes.address(self),
+                StatsVerdict::Uncast { .. } => 0,
+            },
+            counts: counts.address_mut(self),
+            len: src.len() as u64,
+            limit: fields.limit,
+            scale: fields.scale,
+            max: fields.max,
+            half_min: fields.half_min,
+        };
+        let blocks = grid_stride_blocks(self, src.len() as u64, THREADS as u64);
+        launch(self, CAST, "fp8_count_stats", blocks, params)
     }
 
     /// `amax[0] = fmaxf(amax[0], max|src|)`; zero `amax` first for the amax of `src` alone. Twin of CPU `amax`.
@@ -378,5 +460,31 @@ impl CudaDevice {
         };
         let blocks = tile_blocks(K, (slots as u64).div_ceil(THREADS as u64 / 32))?;
         launch(self, "delayed", "fp8_delayed_update", blocks, params)
+    }
+}
+
+#[cfg(test)]
+mod stats_tests {
+    use super::*;
+
+    #[test]
+    fn uncast_thresholds_are_the_formats_largest_value_and_half_its_smallest_subnormal() {
+        // E4M3: max 448, smallest subnormal 2^-9; E5M2: max 57344, smallest subnormal 2^-16.
+        for (format, max, half_min) in [
+            (Fp8Format::E4M3, 448.0, 2f32.powi(-10)),
+            (Fp8Format::E5M2, 57344.0, 2f32.powi(-17)),
+        ] {
+            let fields = StatsFields::of(StatsVerdict::Uncast { format, scale: 3.0 });
+            assert_eq!(
+                fields,
+                StatsFields {
+                    limit: 0.0,
+                    scale: 3.0,
+                    max,
+                    half_min
+                },
+                "{format:?}"
+            );
+        }
     }
 }

@@ -4,9 +4,9 @@
 use super::resident::staged_for;
 use super::{Lease, Staged, staged};
 use crate::amp::Fp8Recipe;
-use crate::backend::cuda::DeviceBuffer;
 use crate::backend::cuda::gemm::{Fp8Mirror, UploadedScales, gemm_host, gemm_into_device, resident_mirror};
 use crate::backend::cuda::gemm_f32::gemm_f32_host;
+use crate::backend::cuda::{DeviceBuffer, StatsVerdict};
 use crate::dispatch::{Cast, CudaKernels, Values, ValuesMut, fp8_cast};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
@@ -17,12 +17,15 @@ use crate::scaling::{BlockDims, DelayedScaling, Fp8TensorStats, RecipeFormat, Sl
 use crate::tensor::{DeviceMirror, QuantizedMatrix, QuantizedTensor, ScaleKind, Scales};
 
 /// Both copies of a per-tensor cast with `scale` of `x` (the source on the device), and its amax.
+/// `count`: the cast's statistics are counted on the device too (a source that lives there,
+/// which [`cast_stats`] would otherwise download to count).
 fn per_tensor(
     s: &Staged,
     x: &DeviceBuffer<f32>,
     (rows, cols): (usize, usize),
     format: Fp8Format,
     scale: f32,
+    count: bool,
 ) -> Result<Cast> {
     // The launchers check the source's length against the shape.
     let n = x.len();
@@ -45,6 +48,18 @@ fn per_tensor(
         0 => 1.0 / scale,
         _ => s.down_vec(&scale_inv)?[0],
     };
+    // The limit of `fp8_cast::cast_stats` for a per-tensor copy: max * the stored scale_inv.
+    let counts = match count {
+        true => Some(device_counts(
+            s,
+            x,
+            StatsVerdict::Cast {
+                codes: &codes,
+                limit: format.max_finite() * inv,
+            },
+        )?),
+        false => None,
+    };
     let rowwise = QuantizedMatrix::new(s.down_vec(&codes)?, rows, cols, Scales::PerTensor(inv))?;
     let columnwise = QuantizedMatrix::new(s.down_vec(&codes_t)?, cols, rows, Scales::PerTensor(inv))?;
     let amax = s.down_vec(&amax)?[0];
@@ -65,8 +80,17 @@ fn per_tensor(
         tensor: QuantizedTensor::new(format, rowwise, Some(columnwise))?,
         amax,
         scale,
-        counts: None,
+        counts,
     })
+}
+
+/// `[saturated, underflow, nonzero, nonfinite]` of `x` counted on the device (4 counts come
+/// back instead of the values).
+fn device_counts(s: &Staged, x: &DeviceBuffer<f32>, verdict: StatsVerdict<'_>) -> Result<[u64; 4]> {
+    let mut counts = s.zeros::<u32>(4)?;
+    s.device().count_stats(x, verdict, &mut counts)?;
+    let c = s.down_vec(&counts)?;
+    Ok([c[0], c[1], c[2], c[3]].map(u64::from))
 }
 
 /// Free device memory kept for staging when casts keep mirrors: an eighth of the GPU.
@@ -197,16 +221,19 @@ pub(crate) fn quantize(
 ) -> Result<Cast> {
     let s = staged_for(k, "quantize", [src.ordinal()])?;
     let shape = (rows, cols);
+    // A device source's statistics are counted where it lives (a host one is read in place by
+    // `cast_stats`: uploading it only to count would move more bytes than the count reads).
+    let count = src.ordinal().is_some();
     // One upload of a host source (none of a device one) serves the amax and both copies.
     let x = s.input("quantize", src)?;
     match recipe {
-        Fp8Recipe::Delayed(r) => per_tensor(&s, &x, shape, r.format.for_role(role), delayed_scale),
+        Fp8Recipe::Delayed(r) => per_tensor(&s, &x, shape, r.format.for_role(role), delayed_scale, count),
         Fp8Recipe::Current(r) => {
             // Staged: the amax comes back to the host for the recipe's scale (the twin's rule).
             let rule = ScaleRule::current(r, role);
             rule.validate()?;
             let scale = rule.scale(device_amax(&s, &x)?);
-            per_tensor(&s, &x, shape, rule.format, scale)
+            per_tensor(&s, &x, shape, rule.format, scale, count)
         }
         Fp8Recipe::Block(r) => {
             let rule = ScaleRule::block(r, role);
@@ -352,17 +379,21 @@ impl Compact {
     }
 }
 
-/// The statistics of a cast, counted by the reference code on the host: the codes are host
-/// copies already, and a host source is read in place (uploading it only to count would move
-/// more bytes than the count reads). A device source is downloaded to count: statistics
-/// counted on the device are a later step (`docs/cuda-backend.md`, Device-resident tensors).
+/// The statistics of a cast. Counted during a device source's per-tensor cast (`Cast::counts`,
+/// [`per_tensor`]): nothing to read. Otherwise counted by the reference code on the host: the
+/// codes are host copies already and a host source is read in place; a device source of a
+/// block or MXFP8 cast is downloaded to count (`docs/cuda-backend.md`, Device-resident tensors).
 pub(crate) fn cast_stats(k: &CudaKernels, name: String, src: Values<'_>, cast: &Cast) -> Result<Fp8TensorStats> {
     staged_for(k, "cast_stats", [src.ordinal()])?;
+    if let Some(stats) = fp8_cast::counted_stats(&name, src.len(), cast) {
+        return Ok(stats);
+    }
     Ok(fp8_cast::cast_stats(name, &src.to_host()?, cast))
 }
 
-/// The statistics of a high-precision tensor as if cast per tensor: counted on the host, as
-/// [`cast_stats`].
+/// The statistics of a high-precision tensor as if cast per tensor: counted where the values
+/// live (a device tensor on the device, 4 counts coming back; host values by the reference
+/// code, as [`cast_stats`]).
 pub(crate) fn uncast_stats(
     k: &CudaKernels,
     name: String,
@@ -371,8 +402,23 @@ pub(crate) fn uncast_stats(
     amax: f32,
     scale: f32,
 ) -> Result<Fp8TensorStats> {
-    staged_for(k, "uncast_stats", [values.ordinal()])?;
-    Ok(fp8_cast::uncast_stats(name, &values.to_host()?, format, amax, scale))
+    const OP: &str = "uncast_stats";
+    let s = staged_for(k, OP, [values.ordinal()])?;
+    match values {
+        Values::Host(host) => Ok(fp8_cast::uncast_stats(name, host, format, amax, scale)),
+        Values::Device(_) => {
+            let x = s.input(OP, values)?;
+            let counts = device_counts(&s, &x, StatsVerdict::Uncast { format, scale })?;
+            Ok(fp8_cast::stats_from_counts(
+                name,
+                format,
+                amax,
+                scale,
+                values.len(),
+                counts,
+            ))
+        }
+    }
 }
 
 #[cfg(test)]
