@@ -214,8 +214,8 @@ fn a_tensor_on_a_device_reports_it_and_comes_back_whole() {
 }
 
 #[test]
-fn a_layer_that_takes_host_tensors_refuses_a_device_one_with_an_error() {
-    use crate::nn::Linear;
+fn a_layer_refuses_a_tensor_on_a_device_its_ops_do_not_run_on() {
+    use crate::nn::{Linear, Module};
     let mut linear = Linear::new("fc", 4, 3, false, &"bf16".parse().unwrap(), 7).unwrap();
     let x = Tensor::on_device(stand_in(0, ramp(8, 0.0)), 2, 4).unwrap();
     let err = linear.forward(&x).unwrap_err();
@@ -227,6 +227,32 @@ fn a_layer_that_takes_host_tensors_refuses_a_device_one_with_an_error() {
             got: "cuda:0".into()
         }
     );
+    // On a GPU's backend: host tensors (staged) and that GPU's tensors pass the check, another
+    // GPU's tensor is refused before any op runs (no GPU is opened here).
+    linear.to_device(DeviceKind::Cuda(3)).unwrap();
+    let err = linear
+        .backward(&Tensor::on_device(stand_in(0, ramp(6, 0.0)), 2, 3).unwrap())
+        .unwrap_err();
+    assert_eq!(
+        err,
+        Error::DeviceMismatch {
+            op: "linear backward",
+            expected: "cuda:3".into(),
+            got: "cuda:0".into()
+        }
+    );
+    let gpu = Backend::on(DeviceKind::Cuda(3));
+    assert_eq!(gpu.expect_on("op", &Tensor::zeros(2, 4)), Ok(()));
+    assert_eq!(
+        gpu.expect_on("op", &Tensor::on_device(stand_in(3, ramp(8, 0.0)), 2, 4).unwrap()),
+        Ok(())
+    );
+    // Layers upload their inputs at their boundary only on a GPU's backend with the opt-in
+    // switch (`FP8_CUDA_RESIDENT=1`); the CPU backend never does.
+    assert_eq!(Backend::default().resident_input(&Tensor::zeros(2, 4)).unwrap(), None);
+    if std::env::var_os("FP8_CUDA_RESIDENT").is_none() {
+        assert_eq!(gpu.resident_input(&Tensor::zeros(2, 4)).unwrap(), None);
+    }
     // Empty outputs and uploads hold nothing, so they stay on the host (a GPU allocates no
     // zero-byte buffer).
     let empty = Tensor::on_device(stand_in(0, Vec::new()), 0, 4).unwrap();
@@ -771,5 +797,86 @@ fn linear_layers_keep_device_inputs_on_the_device() {
     println!(
         "linear_layers_keep_device_inputs_on_the_device: fp32, bf16, fp8-delayed/current/block, mxfp8: same bits, \
          gradients, slots and statistics"
+    );
+}
+
+/// On GPU 0: a `TransformerLayer` fed a device tensor (what `FP8_CUDA_RESIDENT=1` uploads at its
+/// boundary) runs every op on device tensors and gives the bits, parameter gradients, slots and
+/// statistics of the same layer fed host tensors (staged ops), over two passes, with and without
+/// recompute, under bf16 and FP8 (delayed and block), with GELU + LayerNorm and SwiGLU + RMSNorm.
+#[test]
+fn transformer_layers_keep_device_inputs_on_the_device() {
+    use crate::amp::Precision;
+    use crate::nn::{Activation, Module, NormKind, TransformerConfig, TransformerLayer};
+    if let Err(err) = crate::backend::cuda::CudaDevice::open(0) {
+        println!("transformer_layers_keep_device_inputs_on_the_device: skipped: {err}");
+        return;
+    }
+    let gpu = Backend::on(DeviceKind::Cuda(0));
+    let (batch, seq, hidden) = (2, 32, 128);
+    let bits = |t: &Tensor| {
+        t.to_host()
+            .unwrap()
+            .data()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>()
+    };
+    let state = |layer: &mut TransformerLayer| {
+        let mut grads = Vec::new();
+        layer.visit_parameters(&mut |p| grads.push((p.name().to_string(), p.grad().to_vec())));
+        let mut slots = Vec::new();
+        layer.visit_fp8_slots(&mut |name, slot| slots.push((name.to_string(), slot.scale, slot.history.clone())));
+        let mut stats = Vec::new();
+        layer.collect_fp8_stats(&mut stats);
+        (grads, format!("{slots:?}"), stats)
+    };
+    let shapes = [
+        (Activation::Gelu, NormKind::LayerNorm, false),
+        (Activation::SwiGlu, NormKind::RmsNorm, true),
+    ];
+    for name in ["bf16", "fp8-delayed", "fp8-block"] {
+        let precision: Precision = name.parse().unwrap();
+        for (activation, norm, recompute) in shapes {
+            let config = TransformerConfig {
+                hidden,
+                heads: 4,
+                ffn_hidden: 256,
+                activation,
+                norm,
+                recompute,
+                ..TransformerConfig::default()
+            };
+            let case = format!("{name} {activation:?} {norm:?} recompute {recompute}");
+            let mut staged = TransformerLayer::new("layer", &config, &precision, 5).unwrap();
+            let mut resident = TransformerLayer::new("layer", &config, &precision, 5).unwrap();
+            staged.to_device(DeviceKind::Cuda(0)).unwrap();
+            resident.to_device(DeviceKind::Cuda(0)).unwrap();
+            for pass in 0..2 {
+                let x = Tensor::new(ramp(batch * seq * hidden, pass as f32), batch * seq, hidden).unwrap();
+                let dy = Tensor::new(ramp(batch * seq * hidden, pass as f32 + 2.5), batch * seq, hidden).unwrap();
+                let (xd, dyd) = (gpu.to_device(&x).unwrap(), gpu.to_device(&dy).unwrap());
+                let y = staged.forward(&x, batch, seq).unwrap();
+                let yd = resident.forward(&xd, batch, seq).unwrap();
+                assert_eq!(
+                    yd.device(),
+                    DeviceKind::Cuda(0),
+                    "{case}: the output stays on the device"
+                );
+                assert_eq!(bits(&y), bits(&yd), "{case} pass {pass}: forward");
+                let (dx, dxd) = (staged.backward(&dy).unwrap(), resident.backward(&dyd).unwrap());
+                assert_eq!(dxd.device(), DeviceKind::Cuda(0), "{case}: the input gradient too");
+                assert_eq!(bits(&dx), bits(&dxd), "{case} pass {pass}: backward");
+                assert_eq!(
+                    state(&mut staged),
+                    state(&mut resident),
+                    "{case} pass {pass}: gradients, slots, statistics"
+                );
+            }
+        }
+    }
+    println!(
+        "transformer_layers_keep_device_inputs_on_the_device: bf16, fp8-delayed, fp8-block x (GELU + LayerNorm, \
+         SwiGLU + RMSNorm with recompute): same bits, gradients, slots and statistics"
     );
 }

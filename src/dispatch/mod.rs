@@ -422,6 +422,17 @@ impl Backend {
         }
     }
 
+    /// `x` uploaded for a layer that keeps its activations on this backend's GPU between its
+    /// ops (`FP8_CUDA_RESIDENT=1`, off until a GPU run validates it): `None` on the CPU, with
+    /// the switch off, or for a tensor that is not in host memory (already on the device).
+    pub(crate) fn resident_input(&self, x: &Tensor) -> Result<Option<Tensor>> {
+        let on_gpu = matches!(self.device(), DeviceKind::Cuda(_));
+        if !on_gpu || x.device() != DeviceKind::Cpu || !cuda_ops::switches::resident_enabled() {
+            return Ok(None);
+        }
+        self.to_device(x).map(Some)
+    }
+
     /// A `[rows, cols]` tensor for an op's output, where `input` lives: host memory for a host
     /// input, a new array on its GPU for a device one (the op writes every value; the
     /// contents before are unspecified).

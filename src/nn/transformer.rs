@@ -120,13 +120,21 @@ impl TransformerLayer {
     }
 
     /// `x` `[batch * seq, hidden]` -> `[batch * seq, hidden]`.
+    /// The output lives where `x` does. On a GPU with `FP8_CUDA_RESIDENT=1`, a host `x` goes up
+    /// once, every op between reads and writes device tensors, and the output comes back down
+    /// (a device `x` stays there either way).
     pub fn forward(&mut self, x: &Tensor, batch: usize, seq: usize) -> Result<Tensor> {
-        let y = self.run(x, batch, seq, false)?;
+        let uploaded = self.backend.resident_input(x)?;
+        let x_run = uploaded.as_ref().unwrap_or(x);
+        let y = self.run(x_run, batch, seq, false)?;
         if self.replay.enabled() {
             self.clear_saved();
-            self.replay.keep(x, batch, seq);
+            self.replay.keep(x_run, batch, seq);
         }
-        Ok(y)
+        match uploaded {
+            Some(_) => y.into_host(),
+            None => Ok(y),
+        }
     }
 
     fn run(&mut self, x: &Tensor, batch: usize, seq: usize, replay: bool) -> Result<Tensor> {
@@ -155,20 +163,26 @@ impl TransformerLayer {
         self.replay.clear();
     }
 
-    /// dX; accumulates every parameter gradient.
+    /// dX, where `dy` lives (uploaded and brought back as in [`Self::forward`]); accumulates
+    /// every parameter gradient.
     pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
         if let Some(kept) = self.replay.take(&self.name)? {
             self.run(&kept.x, kept.batch, kept.seq, true)?;
         }
         dy.expect(&self.name, "output gradient", None, self.config.hidden)?;
+        let uploaded = self.backend.resident_input(dy)?;
+        let dy = uploaded.as_ref().unwrap_or(dy);
         let dm = self.mlp.backward(dy)?;
         let dh = self.residual(dy, &dm)?;
         dm.recycle();
         let da = self.attn.backward(&dh)?;
-        let dx = self.residual(&dh, &da);
+        let dx = self.residual(&dh, &da)?;
         dh.recycle();
         da.recycle();
-        dx
+        match uploaded {
+            Some(_) => dx.into_host(),
+            None => Ok(dx),
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! Off switches read from the environment (`FP8_CUDA_ARENAS`, `FP8_CUDA_MIRRORS`,
 //! `FP8_CUDA_PINNED`), so a GPU session can pin a failure or a slowdown on one shortcut of the
 //! staged path without a rebuild. Unset or `1`: on; `0`: off; anything else is reported once
-//! and leaves the switch on.
+//! and leaves the switch on. Opt-in switches (`FP8_CUDA_RESIDENT`) are the reverse: off unless
+//! set to `1`, for paths that have not yet run on a GPU.
 
 /// Whether switch `var` is on (read on every call: callers keep the answer in a `OnceLock`).
 pub(crate) fn on(var: &str) -> bool {
@@ -10,6 +11,19 @@ pub(crate) fn on(var: &str) -> bool {
         eprintln!("fp8-engine: warning: {var}={bad} is not 0 or 1; leaving it on");
         true
     })
+}
+
+/// Whether opt-in switch `var` is on: `1` turns on a path not yet validated on a GPU; unset or
+/// `0`: off; anything else is reported once and leaves it off.
+pub(crate) fn opted_in(var: &str) -> bool {
+    let value = std::env::var(var).ok();
+    match value.as_deref().map(str::trim) {
+        None => false,
+        Some(set) => parse(Some(set)).unwrap_or_else(|bad| {
+            eprintln!("fp8-engine: warning: {var}={bad} is not 0 or 1; leaving it off");
+            false
+        }),
+    }
 }
 
 /// `None`, `1`: on; `0`: off; anything else is returned as the error.
