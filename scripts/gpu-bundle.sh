@@ -187,7 +187,7 @@ part_kernels() {
 step info 45 ./fp8 info --load-all
 step gpu_kernels 60 ./gpu_kernels
 step gpu_ops 90 ./gpu_ops
-step device_values 30 "$lib_tests" dispatch::device_values_tests:: --test-threads=1 --nocapture
+step device_values 40 "$lib_tests" dispatch::device_values_tests:: --test-threads=1 --nocapture
 step gpu_gemm 75 ./gpu_gemm
 local before=$status
 step hopper_probes 90 ./hopper_host hopper_probes --test-threads=1 --nocapture
@@ -262,6 +262,11 @@ step gpu_nccl 60 ./gpu_nccl
 part_layers_bench() {
 gpu_step step_out bench_layer 240 bench-layer.txt ./fp8 bench layer --device cuda \
     --hidden 4096 --heads 32 --ffn 16384 --seq 2048 --batch 2 --runs 3 --precision bf16,fp8-delayed --breakdown
+# The same layer with its activations on the GPU between ops (one upload of the input and one
+# download of the output per pass; not yet run on a GPU, so opt-in).
+gpu_step step_out bench_layer_resident 120 bench-layer-resident.txt env FP8_CUDA_RESIDENT=1 ./fp8 bench layer \
+    --device cuda --hidden 4096 --heads 32 --ffn 16384 --seq 2048 --batch 2 --runs 3 --precision bf16,fp8-delayed \
+    --breakdown
 }
 # end of part
 # part: train

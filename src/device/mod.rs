@@ -107,6 +107,13 @@ impl Device {
         }
     }
 
+    /// Whether layers on this device keep their activations on it between ops: a GPU with
+    /// `FP8_CUDA_RESIDENT=1` (opt-in until validated on a GPU); otherwise every CUDA op stages
+    /// host tensors. Always false on the CPU.
+    pub fn resident_layers(&self) -> bool {
+        matches!(self, Device::Cuda(_)) && crate::dispatch::resident_layers_enabled()
+    }
+
     /// A short description: "cpu" or "cuda:0 (NVIDIA H100 ..., sm_90)".
     pub fn describe(&self) -> String {
         match self {

@@ -427,7 +427,7 @@ impl Backend {
     /// the switch off, or for a tensor that is not in host memory (already on the device).
     pub(crate) fn resident_input(&self, x: &Tensor) -> Result<Option<Tensor>> {
         let on_gpu = matches!(self.device(), DeviceKind::Cuda(_));
-        if !on_gpu || x.device() != DeviceKind::Cpu || !cuda_ops::switches::resident_enabled() {
+        if !on_gpu || x.device() != DeviceKind::Cpu || !resident_layers_enabled() {
             return Ok(None);
         }
         self.to_device(x).map(Some)
@@ -483,6 +483,11 @@ impl Backend {
             got: here.to_string(),
         })
     }
+}
+
+/// Whether `FP8_CUDA_RESIDENT=1` asks layers on a GPU to keep their activations there.
+pub(crate) fn resident_layers_enabled() -> bool {
+    cuda_ops::switches::resident_enabled()
 }
 
 #[cfg(test)]

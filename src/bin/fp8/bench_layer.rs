@@ -158,7 +158,7 @@ pub fn run(args: &LayerArgs, json: bool) -> Result<(), CliError> {
             })
             .collect();
         let doc = serde_json::json!({
-            "device": device.describe(), "staged": on_gpu, "layer": {"hidden": args.hidden, "heads": args.heads, "ffn": args.ffn,
+            "device": device.describe(), "staged": on_gpu && !device.resident_layers(), "resident": device.resident_layers(), "layer": {"hidden": args.hidden, "heads": args.heads, "ffn": args.ffn,
             "seq": args.seq, "batch": args.batch}, "runs": args.runs, "results": items,
         });
         println!("{doc}");
@@ -174,7 +174,12 @@ pub fn run(args: &LayerArgs, json: bool) -> Result<(), CliError> {
             args.batch,
             args.runs
         );
-        if on_gpu {
+        if on_gpu && device.resident_layers() {
+            println!(
+                "(FP8_CUDA_RESIDENT=1: activations stay on the GPU between ops; the times include one upload of \
+                 the input and one download of the output per pass, and the staging of weights and statistics)"
+            );
+        } else if on_gpu {
             println!("(staged CUDA ops: the times include every host<->device copy of every op)");
         }
         let (unit, per) = if on_gpu { ("TFLOP/s", 1e12) } else { ("GFLOP/s", 1e9) };
