@@ -89,6 +89,7 @@ impl Owned {
                 rows: mat.rows,
                 cols: mat.cols,
                 transposed: mat.transposed,
+                mirror: None,
             }),
             Owned::Fp8(q) => Operand::Fp8(Fp8Format::E4M3, q),
         }

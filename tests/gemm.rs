@@ -609,6 +609,7 @@ fn unsupported_inputs_are_typed_errors() {
         rows: 4,
         cols: 32,
         transposed: false,
+        mirror: None,
     };
     assert!(matches!(
         gemm::cpu::gemm(&Operand::F32(liar), &Operand::F32(pa), Output::F32(&mut d), &p),

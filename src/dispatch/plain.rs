@@ -1,21 +1,27 @@
 //! A matrix in a plain compute dtype (f32, bf16, fp16): the GEMM operand of the
 //! non-FP8 precisions, made by the dtype conversion op.
 
+use std::sync::Arc;
+
 use half::{bf16, f16};
 
 use crate::error::Result;
 use crate::gemm::cpu::transpose_tiles;
 use crate::gemm::{Mat, Operand};
-use crate::tensor::Dtype;
 use crate::tensor::scratch;
+use crate::tensor::{DeviceMirror, Dtype};
 
-/// A plain matrix in a compute dtype.
+/// A plain matrix in a compute dtype. A 16-bit one made on a GPU may keep its device copy
+/// there (`Mirror`), which that GPU's GEMMs read instead of uploading the host values.
 #[derive(Clone, Debug)]
 pub(crate) enum PlainMat {
     F32(Vec<f32>),
-    Bf16(Vec<bf16>),
-    F16(Vec<f16>),
+    Bf16(Vec<bf16>, Mirror),
+    F16(Vec<f16>, Mirror),
 }
+
+/// The device copy of a 16-bit [`PlainMat`]'s values, as stored, if a GPU kept one.
+pub(crate) type Mirror = Option<Arc<DeviceMirror>>;
 
 impl PlainMat {
     /// `src` converted to `dtype` (round to nearest even).
@@ -25,9 +31,9 @@ impl PlainMat {
             Dtype::Bf16 => {
                 let mut values = vec![bf16::ZERO; src.len()];
                 crate::tensor::bf16_from_f32_slice(src, &mut values);
-                PlainMat::Bf16(values)
+                PlainMat::Bf16(values, None)
             }
-            Dtype::F16 => PlainMat::F16(src.iter().map(|&x| f16::from_f32(x)).collect()),
+            Dtype::F16 => PlainMat::F16(src.iter().map(|&x| f16::from_f32(x)).collect(), None),
         }
     }
 
@@ -36,16 +42,16 @@ impl PlainMat {
     pub(crate) fn transposed(dtype: Dtype, src: &[f32], rows: usize, cols: usize) -> Self {
         match dtype {
             Dtype::F32 => PlainMat::F32(transpose_map(src, rows, cols, |x| x)),
-            Dtype::Bf16 => PlainMat::Bf16(transpose_map(src, rows, cols, crate::tensor::bf16_of)),
-            Dtype::F16 => PlainMat::F16(transpose_map(src, rows, cols, f16::from_f32)),
+            Dtype::Bf16 => PlainMat::Bf16(transpose_map(src, rows, cols, crate::tensor::bf16_of), None),
+            Dtype::F16 => PlainMat::F16(transpose_map(src, rows, cols, f16::from_f32), None),
         }
     }
 
     pub(crate) fn operand(&self, rows: usize, cols: usize) -> Result<Operand<'_>> {
         Ok(match self {
             PlainMat::F32(d) => Operand::F32(Mat::new(d, rows, cols)?),
-            PlainMat::Bf16(d) => Operand::Bf16(Mat::new(d, rows, cols)?),
-            PlainMat::F16(d) => Operand::F16(Mat::new(d, rows, cols)?),
+            PlainMat::Bf16(d, m) => Operand::Bf16(Mat::new(d, rows, cols)?.with_mirror(m.as_ref())),
+            PlainMat::F16(d, m) => Operand::F16(Mat::new(d, rows, cols)?.with_mirror(m.as_ref())),
         })
     }
 
@@ -53,8 +59,8 @@ impl PlainMat {
     pub(crate) fn operand_transposed(&self, rows: usize, cols: usize) -> Result<Operand<'_>> {
         Ok(match self {
             PlainMat::F32(d) => Operand::F32(Mat::transposed(d, rows, cols)?),
-            PlainMat::Bf16(d) => Operand::Bf16(Mat::transposed(d, rows, cols)?),
-            PlainMat::F16(d) => Operand::F16(Mat::transposed(d, rows, cols)?),
+            PlainMat::Bf16(d, m) => Operand::Bf16(Mat::transposed(d, rows, cols)?.with_mirror(m.as_ref())),
+            PlainMat::F16(d, m) => Operand::F16(Mat::transposed(d, rows, cols)?.with_mirror(m.as_ref())),
         })
     }
 
@@ -62,16 +68,16 @@ impl PlainMat {
     pub(crate) fn widened(&self) -> Vec<f64> {
         match self {
             PlainMat::F32(d) => d.iter().map(|&v| v as f64).collect(),
-            PlainMat::Bf16(d) => d.iter().map(|v| v.to_f64()).collect(),
-            PlainMat::F16(d) => d.iter().map(|v| v.to_f64()).collect(),
+            PlainMat::Bf16(d, _) => d.iter().map(|v| v.to_f64()).collect(),
+            PlainMat::F16(d, _) => d.iter().map(|v| v.to_f64()).collect(),
         }
     }
 
     pub(crate) fn bytes(&self) -> usize {
         match self {
             PlainMat::F32(d) => 4 * d.len(),
-            PlainMat::Bf16(d) => 2 * d.len(),
-            PlainMat::F16(d) => 2 * d.len(),
+            PlainMat::Bf16(d, _) => 2 * d.len(),
+            PlainMat::F16(d, _) => 2 * d.len(),
         }
     }
 }
@@ -134,12 +140,12 @@ mod tests {
             let src: Vec<f32> = (0..rows * cols).map(|i| (i as f32 * 0.37).sin() * 1e3).collect();
             let want = naive(&src, rows, cols);
             assert_eq!(transpose(&src, rows, cols), want, "{rows}x{cols}");
-            let PlainMat::Bf16(b) = PlainMat::transposed(Dtype::Bf16, &src, rows, cols) else {
+            let PlainMat::Bf16(b, _) = PlainMat::transposed(Dtype::Bf16, &src, rows, cols) else {
                 panic!("bf16 transpose is not bf16");
             };
             let want_bf16: Vec<bf16> = want.iter().map(|&x| bf16::from_f32(x)).collect();
             assert_eq!(b, want_bf16, "bf16 {rows}x{cols}");
-            let PlainMat::F16(h) = PlainMat::transposed(Dtype::F16, &src, rows, cols) else {
+            let PlainMat::F16(h, _) = PlainMat::transposed(Dtype::F16, &src, rows, cols) else {
                 panic!("f16 transpose is not f16");
             };
             let want_f16: Vec<f16> = want.iter().map(|&x| f16::from_f32(x)).collect();

@@ -1,12 +1,13 @@
 //! The GEMM's operands, output, parameters, and the checks every backend shares.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use half::{bf16, f16};
 
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
-use crate::tensor::{HalfValues, QuantizedMatrix, ScaleKind};
+use crate::tensor::{DeviceMirror, HalfValues, QuantizedMatrix, ScaleKind};
 
 /// A borrowed `rows x cols` matrix of plain values: row-major, or read in place from its
 /// stored transpose.
@@ -22,6 +23,9 @@ pub struct Mat<'a, T> {
     /// `data` holds the `cols x rows` transpose (K-minor): the GEMM reads it with swapped
     /// strides instead of a transposed copy (the backward reads `X`, `dY` and `W` this way).
     pub transposed: bool,
+    /// The same values (as stored, `transposed` or not) already on a GPU: a device conversion
+    /// kept them there, so a GEMM on that GPU reads them instead of uploading `data`.
+    pub mirror: Option<&'a Arc<DeviceMirror>>,
 }
 
 impl<'a, T> Mat<'a, T> {
@@ -51,7 +55,13 @@ impl<'a, T> Mat<'a, T> {
             rows,
             cols,
             transposed,
+            mirror: None,
         })
+    }
+
+    /// The same matrix with a device copy of its stored values (see [`Mat::mirror`]).
+    pub(crate) fn with_mirror(self, mirror: Option<&'a Arc<DeviceMirror>>) -> Self {
+        Mat { mirror, ..self }
     }
 
     /// `(row stride, K stride)` of element `(r, k)` at `r * row + k * k_stride` in `data`.

@@ -18,7 +18,7 @@
 use super::no_forward;
 use super::param::Parameter;
 use crate::amp::{Fp8Recipe, Precision};
-use crate::dispatch::{Backend, Cast, Kernels, PlainMat, Values, ValuesMut, fp8_cast};
+use crate::dispatch::{Backend, Cast, PlainMat, Values, ValuesMut, fp8_cast};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{FP8_K_MULTIPLE, GemmParams, Mat, Operand, Output};
@@ -56,21 +56,29 @@ enum SavedInput {
     Plain(PlainMat),
 }
 
-/// `src` (`[rows, cols]`) as a GEMM operand in a plain `dtype`: f32 is read in place (the
-/// conversion would only copy it), other dtypes are converted by the backend into `slot`.
-fn plain_operand<'a>(
-    kernels: &dyn Kernels,
-    dtype: Dtype,
-    src: &'a [f32],
-    rows: usize,
-    cols: usize,
-    slot: &'a mut Option<PlainMat>,
-) -> Result<Operand<'a>> {
-    if dtype == Dtype::F32 {
-        return Ok(Operand::F32(Mat::new(src, rows, cols)?));
+/// The output gradient as a plain GEMM operand: converted to a 16-bit dtype, or f32 values in
+/// host memory (borrowed from a host `dy`).
+enum PlainOrHost<'a> {
+    Plain(PlainMat),
+    Host(std::borrow::Cow<'a, [f32]>),
+}
+
+impl PlainOrHost<'_> {
+    /// `[rows, cols]`, read as stored.
+    fn operand(&self, rows: usize, cols: usize) -> Result<Operand<'_>> {
+        match self {
+            PlainOrHost::Plain(m) => m.operand(rows, cols),
+            PlainOrHost::Host(v) => Ok(Operand::F32(Mat::new(v, rows, cols)?)),
+        }
     }
-    slot.insert(kernels.convert(dtype, Values::Host(src))?)
-        .operand(rows, cols)
+
+    /// The `rows x cols` transpose of the stored `cols x rows` values, read in place.
+    fn operand_transposed(&self, rows: usize, cols: usize) -> Result<Operand<'_>> {
+        match self {
+            PlainOrHost::Plain(m) => m.operand_transposed(rows, cols),
+            PlainOrHost::Host(v) => Ok(Operand::F32(Mat::transposed(v, rows, cols)?)),
+        }
+    }
 }
 
 /// The operand of a frozen weight held in 16 bits of the compute dtype (`WeightCopy::Stored`),
@@ -293,10 +301,10 @@ impl LinearGemms {
         let n = self.in_features * self.out_features;
         let matches = matches!(
             (&copy, self.weight_slice_cast()),
-            (PlainMat::Bf16(v), Some(WeightSliceCast::Plain(Dtype::Bf16))) if v.len() == n
+            (PlainMat::Bf16(v, _), Some(WeightSliceCast::Plain(Dtype::Bf16))) if v.len() == n
         ) || matches!(
             (&copy, self.weight_slice_cast()),
-            (PlainMat::F16(v), Some(WeightSliceCast::Plain(Dtype::F16))) if v.len() == n
+            (PlainMat::F16(v, _), Some(WeightSliceCast::Plain(Dtype::F16))) if v.len() == n
         );
         if !matches {
             return Err(internal(&self.layer, "an installed weight copy does not fit the layer"));
@@ -546,24 +554,24 @@ impl LinearGemms {
                 (dgrad.amax, Some((dyq.amax, stats)))
             }
             (_, copy @ (WeightCopy::Plain(_) | WeightCopy::Stored), SavedInput::Plain(x)) => {
-                let dtype = self.dtype();
-                // Plain operands are host matrices: a device `dy` comes back once for both GEMMs.
-                let dy = dy.to_host()?;
-                let mut dym = None;
-                let dyo = plain_operand(kernels, dtype, &dy, rows, out, &mut dym)?;
+                // f32 operands are host matrices (the f32 GEMM's reference path): a device `dy`
+                // comes back once for both GEMMs, a host one is read in place. 16-bit ones are
+                // converted where `dy` lives (a device conversion keeps its result there).
+                let dym = match self.dtype() {
+                    Dtype::F32 => PlainOrHost::Host(dy.to_host()?),
+                    dtype => PlainOrHost::Plain(kernels.convert(dtype, dy)?),
+                };
                 // dX = dY W: B is W^T, `[in, out]`, read from W `[out, in]`.
                 let wt = match copy {
                     WeightCopy::Plain(w) => w.operand_transposed(inp, out)?,
                     _ => stored_operand(stored, (inp, out, true), &self.layer)?,
                 };
-                let dgrad = kernels.gemm_into(&dyo, &wt, dx.values_mut(), &GemmParams::default())?;
+                let dgrad =
+                    kernels.gemm_into(&dym.operand(rows, out)?, &wt, dx.values_mut(), &GemmParams::default())?;
                 if let Some(dw) = weight_grad {
                     // dW = dY^T X: A is dY^T `[out, tokens]`, B is X^T `[in, tokens]`, both read
                     // from their `[tokens, ...]` storage.
-                    let dyt = match &dym {
-                        Some(dym) => dym.operand_transposed(out, rows)?,
-                        None => Operand::F32(Mat::transposed(&dy, out, rows)?),
-                    };
+                    let dyt = dym.operand_transposed(out, rows)?;
                     kernels.gemm(&dyt, &x.operand_transposed(inp, rows)?, Output::F32(dw), &accumulate)?;
                 }
                 (dgrad.amax, None)

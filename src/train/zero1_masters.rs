@@ -363,8 +363,8 @@ fn unpack2(word: f32) -> [u16; 2] {
 
 fn plain_of_bits(dtype: Dtype, bits: Vec<u16>) -> PlainMat {
     match dtype {
-        Dtype::F16 => PlainMat::F16(bits.into_iter().map(f16::from_bits).collect()),
-        _ => PlainMat::Bf16(bits.into_iter().map(bf16::from_bits).collect()),
+        Dtype::F16 => PlainMat::F16(bits.into_iter().map(f16::from_bits).collect(), None),
+        _ => PlainMat::Bf16(bits.into_iter().map(bf16::from_bits).collect(), None),
     }
 }
 

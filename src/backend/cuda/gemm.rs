@@ -316,6 +316,69 @@ pub enum HostUpload {
     Bf16(DeviceBuffer<bf16>, usize, usize),
     /// fp16 values, rows, K.
     F16(DeviceBuffer<f16>, usize, usize),
+    /// 16-bit values already on the device, K-major as stored: the mirror a device conversion
+    /// left with the host operand ([`half_mirror`]), read in place.
+    MirroredHalf {
+        /// A `DeviceBuffer<bf16>` or `DeviceBuffer<f16>` mirror (checked when made).
+        mirror: Arc<DeviceMirror>,
+        /// Rows (M or N).
+        rows: usize,
+        /// K.
+        cols: usize,
+    },
+}
+
+/// A 16-bit matrix's values kept on `device` as its mirror (the payload is the buffer itself).
+pub(crate) fn half_mirror<T: DeviceRepr + Send + Sync + 'static>(
+    device: &CudaDevice,
+    values: DeviceBuffer<T>,
+) -> DeviceMirror {
+    DeviceMirror {
+        ordinal: device.info().ordinal,
+        payload: Box::new(values),
+    }
+}
+
+/// The mirror of `m`'s stored values on `device`, if a conversion there left one of its size.
+fn half_mirror_on<'a, T: DeviceRepr + 'static>(
+    device: &CudaDevice,
+    m: &Mat<'a, T>,
+) -> Option<(&'a Arc<DeviceMirror>, &'a DeviceBuffer<T>)> {
+    let mirror = m.mirror.filter(|x| x.ordinal == device.info().ordinal)?;
+    let values = mirror.payload.downcast_ref::<DeviceBuffer<T>>()?;
+    (values.len() == m.data.len()).then_some((mirror, values))
+}
+
+/// How a 16-bit operand with a device mirror reaches the GEMM without an upload: as stored when
+/// it is K-major with an aligned K, transposed on the device when it is stored transposed;
+/// `None` (upload the host values) when K needs padding or the mirror is elsewhere.
+enum FromMirror<T> {
+    InPlace(Arc<DeviceMirror>),
+    KMajor(DeviceBuffer<T>),
+}
+
+fn from_mirror<T: DeviceRepr + ValidAsZeroBits + 'static>(
+    device: &CudaDevice,
+    m: &Mat<'_, T>,
+    category: MemoryCategory,
+) -> Result<Option<FromMirror<T>>> {
+    let Some((mirror, stored)) = half_mirror_on(device, m) else {
+        return Ok(None);
+    };
+    if !m.cols.is_multiple_of(HALF_K_MULTIPLE) {
+        return Ok(None);
+    }
+    let bytes = std::mem::size_of_val(m.data);
+    if !m.transposed || m.rows <= 1 || m.cols <= 1 {
+        // K-major as stored (a 1-row or 1-column transpose is the same sequence of values).
+        super::transfer_times::saved_upload(bytes, false);
+        return Ok(Some(FromMirror::InPlace(mirror.clone())));
+    }
+    // Stored `[K, rows]` row-major; the GEMM reads `[rows, K]`.
+    super::transfer_times::saved_upload(bytes, false);
+    let mut k_major = device.alloc_zeros::<T>(m.data.len(), category)?;
+    device.transpose_16(stored, m.cols, m.rows, &mut k_major)?;
+    Ok(Some(FromMirror::KMajor(k_major)))
 }
 
 /// The device copy of one FP8 copy (codes and scales, the layout of its `QuantizedMatrix`) that a
@@ -375,14 +438,30 @@ impl HostUpload {
             },
             // The CUDA GEMM reads K-major operands: a transposed one is copied K-major first,
             // its rows zero-padded to the kernels' K multiple (zeros add nothing to any sum).
-            Operand::Bf16(m) => {
-                let (data, k) = upload_half(device, m, category)?;
-                HostUpload::Bf16(data, m.rows, k)
-            }
-            Operand::F16(m) => {
-                let (data, k) = upload_half(device, m, category)?;
-                HostUpload::F16(data, m.rows, k)
-            }
+            Operand::Bf16(m) => match from_mirror(device, m, category)? {
+                Some(FromMirror::InPlace(mirror)) => HostUpload::MirroredHalf {
+                    mirror,
+                    rows: m.rows,
+                    cols: m.cols,
+                },
+                Some(FromMirror::KMajor(data)) => HostUpload::Bf16(data, m.rows, m.cols),
+                None => {
+                    let (data, k) = upload_half(device, m, category)?;
+                    HostUpload::Bf16(data, m.rows, k)
+                }
+            },
+            Operand::F16(m) => match from_mirror(device, m, category)? {
+                Some(FromMirror::InPlace(mirror)) => HostUpload::MirroredHalf {
+                    mirror,
+                    rows: m.rows,
+                    cols: m.cols,
+                },
+                Some(FromMirror::KMajor(data)) => HostUpload::F16(data, m.rows, m.cols),
+                None => {
+                    let (data, k) = upload_half(device, m, category)?;
+                    HostUpload::F16(data, m.rows, k)
+                }
+            },
             Operand::F32(m) => {
                 return Err(Error::KernelArgs {
                     kernel: "gemm_mma",
@@ -436,6 +515,20 @@ impl HostUpload {
                 rows: *rows,
                 cols: *cols,
             },
+            HostUpload::MirroredHalf { mirror, rows, cols } => {
+                let (rows, cols) = (*rows, *cols);
+                match mirror.payload.downcast_ref::<DeviceBuffer<bf16>>() {
+                    Some(data) => DeviceOperand::Bf16 { data, rows, cols },
+                    None => DeviceOperand::F16 {
+                        data: mirror
+                            .payload
+                            .downcast_ref::<DeviceBuffer<f16>>()
+                            .expect("checked to be a 16-bit mirror when the upload was made"),
+                        rows,
+                        cols,
+                    },
+                }
+            }
         }
     }
 }

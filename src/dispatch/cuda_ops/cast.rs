@@ -100,7 +100,7 @@ const MIRROR_RESERVE_FRACTION: u64 = 8;
 /// [`MIRROR_RESERVE_FRACTION`] of the GPU is free, so mirrors (as long-lived as the host casts:
 /// weight caches, inputs saved for backward) never take the memory later staged ops need. A
 /// cast that does not keep them costs its GEMMs an upload, as before.
-fn room_for_mirrors(s: &Staged) -> bool {
+pub(super) fn room_for_mirrors(s: &Staged) -> bool {
     super::switches::mirrors_enabled()
         && s.device()
             .memory_info()

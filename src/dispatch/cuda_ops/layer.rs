@@ -9,9 +9,13 @@ use half::{bf16, f16};
 
 use super::resident::staged_for;
 use super::{Pooled, Staged, staged};
+use std::sync::Arc;
+
 use crate::backend::cuda::DeviceElement;
+use crate::backend::cuda::gemm::half_mirror;
 use crate::backend::cuda::norm::NormParamsRef;
 use crate::backend::cuda::rope::{RopeDirection, host_rows};
+use crate::dispatch::plain::Mirror;
 use crate::dispatch::{
     AttentionShape, CachedAttentionShape, ColumnCopy, CudaKernels, NormShape, PlainMat, RopeShape, RopeTable,
 };
@@ -20,17 +24,24 @@ use crate::ops::attention_cached::nothing_to_do;
 use crate::tensor::Dtype;
 use crate::tensor::device_values::{Values, ValuesMut};
 
-/// `[rows, cols]` f32 values converted on the device to `T`, transposed when asked.
-fn convert_to<T: DeviceElement + Pooled>(
+/// `[rows, cols]` f32 values converted on the device to `T`, transposed when asked; with
+/// `keep`, the device result stays as the matrix's mirror for the GEMMs that read it.
+fn convert_to<T: DeviceElement + Pooled + Send + Sync + 'static>(
     s: &Staged,
     src: Values<'_>,
     (rows, cols): (usize, usize),
     transpose: bool,
-) -> Result<Vec<T>> {
+    keep: bool,
+) -> Result<(Vec<T>, Mirror)> {
     let x = s.input("convert", src)?;
     let mut y = s.scratch::<T>(src.len())?;
     s.device().convert(&x, rows, cols, transpose, &mut y)?;
-    s.down_vec(&y)
+    let host = s.down_vec(&y)?;
+    let mirror = match keep && !host.is_empty() {
+        true => Some(Arc::new(half_mirror(s.device(), y.into_buffer()))),
+        false => None,
+    };
+    Ok((host, mirror))
 }
 
 fn convert_plain(
@@ -41,10 +52,21 @@ fn convert_plain(
     transpose: bool,
 ) -> Result<PlainMat> {
     let s = staged_for(k, "convert", [src.ordinal()])?;
+    // A 16-bit result keeps its device copy for the GEMMs where layers keep their activations
+    // on the device (a device source, or `FP8_CUDA_RESIDENT=1` for the weights' copies); the
+    // staged path of host layers uploads its operands as before.
+    let resident = src.ordinal().is_some() || super::switches::resident_enabled();
+    let keep = resident && super::cast::room_for_mirrors(&s);
     Ok(match dtype {
-        Dtype::F32 => PlainMat::F32(convert_to::<f32>(&s, src, shape, transpose)?),
-        Dtype::Bf16 => PlainMat::Bf16(convert_to::<bf16>(&s, src, shape, transpose)?),
-        Dtype::F16 => PlainMat::F16(convert_to::<f16>(&s, src, shape, transpose)?),
+        Dtype::F32 => PlainMat::F32(convert_to::<f32>(&s, src, shape, transpose, false)?.0),
+        Dtype::Bf16 => {
+            let (values, mirror) = convert_to::<bf16>(&s, src, shape, transpose, keep)?;
+            PlainMat::Bf16(values, mirror)
+        }
+        Dtype::F16 => {
+            let (values, mirror) = convert_to::<f16>(&s, src, shape, transpose, keep)?;
+            PlainMat::F16(values, mirror)
+        }
     })
 }
 
