@@ -255,6 +255,26 @@ gpu_step step_out profile_cast 60 profile-cast.txt "$ncu" --clock-control none \
 part_layers_checks() {
 step gpu_mxfp8 45 ./gpu_mxfp8
 step gpu_layers 200 ./gpu_layers
+# `fp8 train` with the layers' activations on the GPU between ops (FP8_CUDA_RESIDENT=1, not yet
+# run on a GPU) against the staged default: the same kernels on the same values, so every
+# step's loss, gradient norm and FP8 statistics must be the same; tokens/s of both.
+gpu_step step_out train_resident 90 train-resident.txt bash -c '
+fail=0
+for run in staged resident; do
+    dir=$(mktemp -d); eval "dir_$run=$dir"
+    env $([[ $run == resident ]] && echo FP8_CUDA_RESIDENT=1) ./fp8 train --device cuda --steps 100 \
+        --compare fp32,bf16,fp8-delayed --quiet --out "$dir" > "$dir/log" 2>&1 || { echo "$run: failed"; tail -n 3 "$dir/log"; exit 1; }
+    echo "$run: $(tr -d " \n" < "$dir/summary.json" | grep -o "\"[a-z0-9-]*\":{[^}]*tokens_per_s\":[0-9.]*" | sed "s/\":{.*tokens_per_s\":/ /; s/\"//g" | tr "\n" " ")tokens/s"
+done
+for p in fp32 bf16 fp8-delayed; do
+    strip() { sed -E "s/\"tokens_per_s\":[0-9.eE+-]+,?//g" "$1/$p/metrics.jsonl"; }
+    if diff <(strip "$dir_staged") <(strip "$dir_resident") > /dev/null; then
+        echo "$p: every step the same (loss, gradient norm, FP8 statistics)"
+    else
+        echo "$p: the resident run differs:"; diff <(strip "$dir_staged") <(strip "$dir_resident") | head -c 800; echo; fail=1
+    fi
+done
+exit $fail'
 step gpu_nccl 60 ./gpu_nccl
 }
 # The issue's layer FP8 vs bf16 (staged: copies included), with the time per op family and,

@@ -200,12 +200,15 @@ impl DecoderModel {
     }
 
     /// Runs the layers, final norm and head; returns (final-norm output, f32 logits).
+    /// With `FP8_CUDA_RESIDENT=1` on a GPU the embedding output goes up once and the layers and
+    /// the final norm run on device tensors; the normed output comes back for the head.
     fn logits(&mut self, ids: &[u32], batch: usize, seq: usize) -> Result<(Tensor, Vec<f32>)> {
-        let mut x = self.embed(ids, seq)?;
+        let embedded = self.embed(ids, seq)?;
+        let mut x = self.backend.resident_input(&embedded)?.unwrap_or(embedded);
         for layer in &mut self.layers {
             x = layer.forward(&x, batch, seq)?;
         }
-        let normed = self.final_norm.forward(&x)?;
+        let normed = self.final_norm.forward(&x)?.into_host()?;
         let kernels = self.backend.kernels();
         let logits = head::logits(kernels, self.head.as_mut(), &normed, &self.tokens, self.dtype)?;
         Ok((normed, logits))
@@ -266,12 +269,15 @@ impl DecoderModel {
         if let Some(head) = &mut self.head {
             ready(head)?;
         }
+        // Up once with `FP8_CUDA_RESIDENT=1` (as the forward), down once for the embeddings.
+        let dnormed = self.backend.resident_input(&dnormed)?.unwrap_or(dnormed);
         let mut dx = self.final_norm.backward(&dnormed)?;
         ready(self.final_norm.module())?;
         for layer in self.layers.iter_mut().rev() {
             dx = layer.backward(&dx)?;
             ready(layer)?;
         }
+        let dx = dx.into_host()?;
         self.backend
             .kernels()
             .embedding_backward(&saved.ids, dx.data(), h, self.tokens.grad_mut())?;
