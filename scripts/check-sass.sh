@@ -83,11 +83,12 @@ declare -A layer_ops=(
     [optim]="fp8_adamw fp8_sum_squares fp8_sum_squares_total fp8_unscale_check"
     [attention]="fp8_attention_forward fp8_attention_backward_dq fp8_attention_backward_dkdv"
     [attention_cached]="fp8_attention_cached"
+    [attention_mma]="fp8_attention_mma_forward_bf16_d64 fp8_attention_mma_forward_bf16_d128 fp8_attention_mma_forward_f16_d64 fp8_attention_mma_forward_f16_d128 fp8_attention_mma_backward_dq_bf16_d64 fp8_attention_mma_backward_dq_bf16_d128 fp8_attention_mma_backward_dq_f16_d64 fp8_attention_mma_backward_dq_f16_d128 fp8_attention_mma_backward_dkdv_bf16_d64 fp8_attention_mma_backward_dkdv_bf16_d128 fp8_attention_mma_backward_dkdv_f16_d64 fp8_attention_mma_backward_dkdv_f16_d128"
     [rope]="fp8_rope"
     [cast]="fp8_count_stats"
 )
 op_kernels=0
-for module in convert norm activation embedding loss optim attention attention_cached rope cast; do
+for module in convert norm activation embedding loss optim attention attention_cached attention_mma rope cast; do
     file="$out/$module.fatbin"
     [[ -f "$file" ]] || { echo "check-sass: $file missing" >&2; fail=1; continue; }
     declare -A regs_of=()

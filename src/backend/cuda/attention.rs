@@ -3,8 +3,13 @@
 //! and for dq, one per key row for dk/dv; scores of a row in shared memory).
 //! Twins: `ops::attention_forward/backward`, with the probabilities rounded to
 //! the compute dtype at the same point (`docs/numerics.md`, Attention); within
-//! the reduction bound for f32, the dtype's tolerance for bf16/fp16.
+//! the reduction bound for f32, the dtype's tolerance for bf16/fp16. With
+//! `FP8_CUDA_ATTENTION_MMA=1` the tensor-core kernels of `cuda/attention_mma.cu`
+//! run instead where they apply (bf16/fp16, head_dim a multiple of 16 up to 128,
+//! sm_80+, a passed self-check: [`super::attention_mma::route`]); the simple
+//! kernels stay the fallback.
 
+use super::attention_mma;
 use super::buffer::DeviceBuffer;
 use super::context::CudaDevice;
 use super::launch::launch_grid;
@@ -74,7 +79,12 @@ fn lengths(kernel: &'static str, shape: &AttentionShape) -> Result<(usize, usize
     ))
 }
 
-fn base_params(kernel: &'static str, shape: &AttentionShape, scale: f32, dtype: Dtype) -> Result<Fp8AttentionParams> {
+pub(crate) fn base_params(
+    kernel: &'static str,
+    shape: &AttentionShape,
+    scale: f32,
+    dtype: Dtype,
+) -> Result<Fp8AttentionParams> {
     Ok(Fp8AttentionParams {
         batch: to_u32(kernel, "batch", shape.batch)?,
         seq: to_u32(kernel, "seq", shape.seq)?,
@@ -110,21 +120,16 @@ impl CudaDevice {
         if nothing_to_do(&shape)? {
             return Ok(());
         }
-        let launch = plan(K, &shape, 1)?;
         let mut p = base_params(K, &shape, softmax_scale, dtype)?;
         p.q = q.address(self);
         p.k = k.address(self);
         p.v = v.address(self);
         p.out = out.address_mut(self);
         p.lse = lse.address_mut(self);
-        launch_grid(
-            self,
-            MODULE,
-            "fp8_attention_forward",
-            launch.grid,
-            launch.shared_bytes,
-            p,
-        )
+        if let Some(variant) = attention_mma::route(self, &shape, dtype, &p) {
+            return attention_mma::forward(self, &shape, variant, p);
+        }
+        simple_forward(self, K, &shape, p)
     }
 
     /// Causal attention backward from the forward's `out` and `lse`: overwrites `dq`, `dk`, `dv`
@@ -163,8 +168,6 @@ impl CudaDevice {
         if nothing_to_do(&shape)? {
             return Ok(());
         }
-        let dq_launch = plan(K, &shape, 1)?;
-        let dkdv_launch = plan(K, &shape, 2)?;
         let mut delta = self.alloc_zeros::<f32>(stats, MemoryCategory::Workspace)?;
         let mut p = base_params(K, &shape, softmax_scale, dtype)?;
         p.q = q.address(self);
@@ -177,24 +180,59 @@ impl CudaDevice {
         p.dq = dq.address_mut(self);
         p.dk = dk.address_mut(self);
         p.dv = dv.address_mut(self);
-        // Stream order: dq writes delta before dk/dv reads it.
-        launch_grid(
-            self,
-            MODULE,
-            "fp8_attention_backward_dq",
-            dq_launch.grid,
-            dq_launch.shared_bytes,
-            p,
-        )?;
-        launch_grid(
-            self,
-            MODULE,
-            "fp8_attention_backward_dkdv",
-            dkdv_launch.grid,
-            dkdv_launch.shared_bytes,
-            p,
-        )
+        if let Some(variant) = attention_mma::route(self, &shape, dtype, &p) {
+            return attention_mma::backward(self, &shape, variant, p);
+        }
+        simple_backward(self, K, &shape, p)
     }
+}
+
+/// The simple forward kernel on parameters the caller checked and filled
+/// (q, k, v, out, lse); also the reference of the tensor-core path's self-check.
+pub(crate) fn simple_forward(
+    device: &CudaDevice,
+    kernel: &'static str,
+    shape: &AttentionShape,
+    p: Fp8AttentionParams,
+) -> Result<()> {
+    let launch = plan(kernel, shape, 1)?;
+    launch_grid(
+        device,
+        MODULE,
+        "fp8_attention_forward",
+        launch.grid,
+        launch.shared_bytes,
+        p,
+    )
+}
+
+/// The simple backward kernels on parameters the caller checked and filled
+/// (every tensor, delta a workspace of lse's length); also the self-check's reference.
+pub(crate) fn simple_backward(
+    device: &CudaDevice,
+    kernel: &'static str,
+    shape: &AttentionShape,
+    p: Fp8AttentionParams,
+) -> Result<()> {
+    let dq_launch = plan(kernel, shape, 1)?;
+    let dkdv_launch = plan(kernel, shape, 2)?;
+    // Stream order: dq writes delta before dk/dv reads it.
+    launch_grid(
+        device,
+        MODULE,
+        "fp8_attention_backward_dq",
+        dq_launch.grid,
+        dq_launch.shared_bytes,
+        p,
+    )?;
+    launch_grid(
+        device,
+        MODULE,
+        "fp8_attention_backward_dkdv",
+        dkdv_launch.grid,
+        dkdv_launch.shared_bytes,
+        p,
+    )
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ pub mod activation;
 pub mod arena;
 pub mod attention;
 pub mod attention_cached;
+pub mod attention_mma;
 mod buffer;
 mod context;
 pub mod convert;
