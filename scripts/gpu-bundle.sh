@@ -12,7 +12,9 @@
 # on both devices (fp32 included, resume across devices) and the tiny Llama
 # model with generation (summary-train.txt); `run.sh benches` the GEMM cases the
 # llm suite leaves out; `run.sh profile` ncu's counters of the Hopper GEMM and the
-# cast + transpose (not yet run on a GPU). Each part's step limits add up to under 15 minutes.
+# cast + transpose (not yet run on a GPU); `run.sh fresh` what no GPU has run yet (device-resident
+# layers, tensor-core attention), most important first, for a short lease. Each part's step
+# limits add up to under 15 minutes.
 # `run.sh all` runs every part's steps (about 3 minutes on an H200), and
 # BUDGET_S=N cuts each step's limit to what is left of N seconds. Copy the folder
 # to a GPU machine (driver 580+, no toolkit needed) and run
@@ -72,8 +74,9 @@ case $part in
     layers) suffix="-layers" ;;
     train) suffix="-train" ;;
     profile) suffix="-profile" ;;
+    fresh) suffix="-fresh" ;;
     all) suffix="-all" ;;
-    *) echo "usage: run.sh [kernels|benches|layers|train|profile|all]" >&2; exit 2 ;;
+    *) echo "usage: run.sh [kernels|benches|layers|train|profile|fresh|all]" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")"
 # The library's unit tests travel gzipped (the bundle's size limit), unpacked beside it for
@@ -255,6 +258,32 @@ gpu_step step_out profile_cast 60 profile-cast.txt "$ncu" --clock-control none \
 part_layers_checks() {
 step gpu_mxfp8 45 ./gpu_mxfp8
 step gpu_layers 200 ./gpu_layers
+step gpu_nccl 60 ./gpu_nccl
+}
+# The issue's layer FP8 vs bf16 (staged: copies included), with the time per op family and,
+# inside the ops, the copies, waits for the GPU, allocations and host work (--breakdown).
+part_layers_bench() {
+gpu_step step_out bench_layer 240 bench-layer.txt ./fp8 bench layer --device cuda \
+    --hidden 4096 --heads 32 --ffn 16384 --seq 2048 --batch 2 --runs 3 --precision bf16,fp8-delayed --breakdown
+}
+# end of part
+# part: fresh
+# What no GPU has run yet, most important first, for a short lease (`run.sh fresh`; `run.sh
+# all` runs these after the other parts): the device-resident layers and statistics
+# (device_values, also in the first part), the tensor-core attention kernels (GPU tests, under
+# memcheck, and gpu_ops through them), `fp8 train` resident against staged, and the issue's
+# layer staged, resident, and resident with the tensor-core attention.
+part_fresh_rest() {
+step attention_mma 60 "$lib_tests" backend::cuda::attention_mma::tests::gpu_ --test-threads=1 --nocapture
+local sanitizer
+sanitizer=$(command -v compute-sanitizer || true)
+if [[ -z $sanitizer ]]; then
+    say "SKIP memcheck_attention_mma: compute-sanitizer not on PATH"
+else
+    gpu_step step memcheck_attention_mma 90 "$sanitizer" --tool memcheck --print-limit 5 --error-exitcode 1 \
+        "$lib_tests" backend::cuda::attention_mma::tests::gpu_self_check --test-threads=1
+fi
+gpu_step step gpu_ops_mma 90 env FP8_CUDA_ATTENTION_MMA=1 ./gpu_ops
 # `fp8 train` with the layers' activations on the GPU between ops (FP8_CUDA_RESIDENT=1, not yet
 # run on a GPU) against the staged default: the same kernels on the same values, so every
 # step's loss, gradient norm and FP8 statistics must be the same; tokens/s of both.
@@ -275,18 +304,19 @@ for p in fp32 bf16 fp8-delayed; do
     fi
 done
 exit $fail'
-step gpu_nccl 60 ./gpu_nccl
-}
-# The issue's layer FP8 vs bf16 (staged: copies included), with the time per op family and,
-# inside the ops, the copies, waits for the GPU, allocations and host work (--breakdown).
-part_layers_bench() {
-gpu_step step_out bench_layer 240 bench-layer.txt ./fp8 bench layer --device cuda \
-    --hidden 4096 --heads 32 --ffn 16384 --seq 2048 --batch 2 --runs 3 --precision bf16,fp8-delayed --breakdown
-# The same layer with its activations on the GPU between ops (one upload of the input and one
-# download of the output per pass; not yet run on a GPU, so opt-in).
 gpu_step step_out bench_layer_resident 120 bench-layer-resident.txt env FP8_CUDA_RESIDENT=1 ./fp8 bench layer \
     --device cuda --hidden 4096 --heads 32 --ffn 16384 --seq 2048 --batch 2 --runs 3 --precision bf16,fp8-delayed \
     --breakdown
+# The same with the tensor-core attention (issue 15's 1.3x target: FP8 over bf16 for this layer).
+gpu_step step_out bench_layer_resident_mma 120 bench-layer-resident-mma.txt env FP8_CUDA_RESIDENT=1 \
+    FP8_CUDA_ATTENTION_MMA=1 ./fp8 bench layer --device cuda --hidden 4096 --heads 32 --ffn 16384 --seq 2048 \
+    --batch 2 --runs 3 --precision bf16,fp8-delayed --breakdown
+}
+part_fresh() {
+step device_values 40 "$lib_tests" dispatch::device_values_tests:: --test-threads=1 --nocapture
+part_fresh_rest
+gpu_step step_out bench_layer 240 bench-layer.txt ./fp8 bench layer --device cuda \
+    --hidden 4096 --heads 32 --ffn 16384 --seq 2048 --batch 2 --runs 1 --precision bf16,fp8-delayed --breakdown
 }
 # end of part
 # part: train
@@ -327,8 +357,9 @@ case $part in
     benches) part_benches ;;
     layers) part_layers_checks; part_layers_bench ;;
     train) part_train ;;
+    fresh) part_fresh ;;
     profile) part_profile ;;
-    all) part_kernels; part_benches; part_layers_checks; part_train; part_layers_bench; part_profile ;; # the long layer bench before the optional profiles
+    all) part_kernels; part_benches; part_layers_checks; part_train; part_layers_bench; part_fresh_rest; part_profile ;; # the long layer bench before the optional profiles
 esac
 
 say "result: $([[ $status == 0 ]] && echo "no failures" || echo FAILURES)"
@@ -340,7 +371,7 @@ size=$(du -sm "$out" | cut -f1)
 echo "gpu-bundle: $out ($size MiB): $(ls "$out" | tr '\n' ' ')"
 if (( size >= 64 )); then echo "gpu-bundle: over the 64 MiB limit" >&2; exit 1; fi
 # The plan: in each part, every step's limit (timeout -k adds 10 s at most per step) under 15 minutes.
-for part in kernels benches profile layers train; do
+for part in kernels benches profile layers train fresh; do
     limits=$(sed -n "/^# part: $part\$/,/^# end of part\$/p" "$out/run.sh" \
         | grep -oE "^ *((gpu|hopper)_step )?step(_out)? [a-z_0-9]+ [0-9]+" | awk '{s += $NF} END {print s + 0}')
     echo "gpu-bundle: $part step limits add up to $limits s (15 min = 900 s)"
