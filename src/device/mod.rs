@@ -111,7 +111,7 @@ impl Device {
     /// `FP8_CUDA_RESIDENT=1` (opt-in until validated on a GPU); otherwise every CUDA op stages
     /// host tensors. Always false on the CPU.
     pub fn resident_layers(&self) -> bool {
-        matches!(self, Device::Cuda(_)) && crate::dispatch::resident_layers_enabled()
+        matches!(self, Device::Cuda(_)) && crate::backend::cuda::env_switch::resident_layers()
     }
 
     /// A short description: "cpu" or "cuda:0 (NVIDIA H100 ..., sm_90)".

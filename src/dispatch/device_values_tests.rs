@@ -880,3 +880,88 @@ fn transformer_layers_keep_device_inputs_on_the_device() {
          SwiGLU + RMSNorm with recompute): same bits, gradients, slots and statistics"
     );
 }
+
+/// Shadow mode checks the counts a cast made (a GPU cast of a device source counts there, and
+/// `cast_stats` then reads the counts instead of the source): a cast whose values agree but
+/// whose counts differ from the CPU cast's is a breach at the index after the values.
+#[test]
+fn shadow_mode_checks_the_counts_a_cast_made() {
+    use super::twin::Outcome;
+    let recipe = match "fp8-delayed".parse::<crate::amp::Precision>().unwrap() {
+        crate::amp::Precision::Fp8(recipe) => recipe,
+        other => panic!("fp8-delayed parsed as {other:?}"),
+    };
+    let x = stats_probe(16 * 32);
+    let cpu = CpuKernels
+        .quantize(
+            &recipe,
+            crate::scaling::TensorRole::Input,
+            Values::Host(&x),
+            16,
+            32,
+            2.0,
+        )
+        .unwrap();
+    let counts = cpu.counts.expect("a CPU per-tensor cast counts");
+    let same = super::Cast {
+        tensor: cpu.tensor.clone(),
+        counts: Some(counts),
+        ..cpu
+    };
+    let cpu = CpuKernels
+        .quantize(
+            &recipe,
+            crate::scaling::TensorRole::Input,
+            Values::Host(&x),
+            16,
+            32,
+            2.0,
+        )
+        .unwrap();
+    let contract = super::contract::contract("quantize");
+    assert_eq!(same.breach(&cpu, contract), None);
+    let mut wrong = counts;
+    wrong[1] += 1;
+    let miscounted = super::Cast {
+        counts: Some(wrong),
+        ..same
+    };
+    let breach = miscounted.breach(&cpu, contract).expect("a miscount is a breach");
+    // Both copies' codes (16 x 32 each, per-tensor scales) and amax, scale come first.
+    assert_eq!(breach.index, 2 * (16 * 32 + 1) + 2 + 1);
+    assert_eq!((breach.primary, breach.cpu), ((counts[1] + 1) as f64, counts[1] as f64));
+    // A cast that made no counts (the GPU's cast of a host source) has nothing to compare.
+    let uncounted = super::Cast {
+        counts: None,
+        ..miscounted
+    };
+    assert_eq!(uncounted.breach(&cpu, contract), None);
+}
+
+/// The grouped attention runs its head repeat on host values: a GPU tensor is `DeviceMismatch`
+/// naming the op, not a panic.
+#[test]
+fn grouped_attention_refuses_device_tensors_with_an_error() {
+    use crate::nn::{GqaConfig, GroupedQueryAttention, NormConfig};
+    let config = GqaConfig {
+        hidden: 32,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 8,
+        qkv_bias: false,
+        norm: NormConfig::default(),
+        recompute: false,
+    };
+    let mut attn = GroupedQueryAttention::new("attn", &config, &"bf16".parse().unwrap(), 3).unwrap();
+    let table = RopeTable::new(&[1.0, 0.5, 0.25, 0.125], 8);
+    let x = Tensor::on_device(stand_in(0, ramp(4 * 32, 0.0)), 4, 32).unwrap();
+    let err = attn.forward(&x, 1, 4, &table).unwrap_err();
+    assert_eq!(
+        err,
+        Error::DeviceMismatch {
+            op: "grouped attention forward",
+            expected: "cpu".into(),
+            got: "cuda:0".into()
+        }
+    );
+}

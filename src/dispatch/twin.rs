@@ -438,7 +438,20 @@ impl Outcome for Cast {
         if self.tensor.format() != cpu.tensor.format() || self.tensor.shape() != cpu.tensor.shape() {
             return Some(Breach::exact(0, f64::NAN, f64::NAN));
         }
-        first_breach(contract, cast_values(self).into_iter(), cast_values(cpu).into_iter())
+        let (primary, twin) = (cast_values(self), cast_values(cpu));
+        let counted_from = primary.len();
+        if let Some(breach) = first_breach(contract, primary.into_iter(), twin.into_iter()) {
+            return Some(breach);
+        }
+        // The statistics counted during the cast (a GPU cast of a device source counts there;
+        // the CPU's per-tensor casts always count): `cast_stats` reads them instead of the
+        // source, so they are checked here, after the values, exactly.
+        match (self.counts, cpu.counts) {
+            (Some(mine), Some(theirs)) => (0..4)
+                .find(|&k| mine[k] != theirs[k])
+                .map(|k| Breach::exact(counted_from + k, mine[k] as f64, theirs[k] as f64)),
+            _ => None,
+        }
     }
     #[cfg(test)]
     fn nudge(&mut self, index: usize, ulps: i32) -> bool {

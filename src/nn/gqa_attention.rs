@@ -21,6 +21,20 @@ use crate::error::{Error, Result};
 use crate::scaling::{DelayedSlot, Fp8TensorStats};
 use crate::tensor::{DeviceKind, Dtype, Tensor};
 
+/// The head repeat and sum and the Q/K rotation run on host values (not yet on device
+/// tensors, `docs/cuda-backend.md`): a GPU tensor is `DeviceMismatch`, not a panic at its first
+/// host read.
+fn on_host(op: &'static str, x: &Tensor) -> Result<()> {
+    match x.device() {
+        DeviceKind::Cpu => Ok(()),
+        got => Err(Error::DeviceMismatch {
+            op,
+            expected: DeviceKind::Cpu.to_string(),
+            got: got.to_string(),
+        }),
+    }
+}
+
 /// Shape and options of a [`GroupedQueryAttention`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GqaConfig {
@@ -196,6 +210,7 @@ impl GroupedQueryAttention {
         rope: &RopeTable,
         replay: bool,
     ) -> Result<Tensor> {
+        on_host("grouped attention forward", x)?;
         let c = self.config;
         let tokens = batch.saturating_mul(seq);
         self.check_rows(x, tokens)?;
@@ -237,6 +252,7 @@ impl GroupedQueryAttention {
 
     /// dX; accumulates the parameter gradients.
     pub fn backward(&mut self, dy: &Tensor, rope: &RopeTable) -> Result<Tensor> {
+        on_host("grouped attention backward", dy)?;
         if let Some(kept) = self.replay.take(&self.name)? {
             self.run(&kept.x, kept.batch, kept.seq, rope, true)?;
         }
@@ -284,6 +300,7 @@ impl GroupedQueryAttention {
     /// of `x` past `new` are zero padding, which FP8 GEMMs need); appends their keys and values to
     /// `cache`. The output has as many rows as `x`. Keeps nothing for backward.
     pub fn forward_cached(&mut self, x: &Tensor, new: usize, cache: &mut KvCache, rope: &RopeTable) -> Result<Tensor> {
+        on_host("grouped attention forward_cached", x)?;
         let c = self.config;
         let rows = x.rows();
         if new > rows {

@@ -3,7 +3,7 @@
 //! Twin: `ops::attention_cached`, held to the reduction contract (the order
 //! of the softmax total and CUDA's `expf` differ; `docs/numerics.md`).
 
-use super::attention::STATIC_SHARED;
+use super::attention_simple::STATIC_SHARED;
 use super::buffer::DeviceBuffer;
 use super::context::CudaDevice;
 use super::launch::launch_grid;

@@ -26,6 +26,13 @@ pub(crate) fn opted_in(var: &str) -> bool {
     }
 }
 
+/// Whether layers on a GPU keep their activations there between ops (`FP8_CUDA_RESIDENT=1`,
+/// read once; `docs/cuda-backend.md`, Device-resident tensors).
+pub(crate) fn resident_layers() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| opted_in("FP8_CUDA_RESIDENT"))
+}
+
 /// `None`, `1`: on; `0`: off; anything else is returned as the error.
 fn parse(value: Option<&str>) -> Result<bool, String> {
     match value.map(str::trim) {

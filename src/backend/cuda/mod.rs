@@ -11,6 +11,7 @@ pub mod arena;
 pub mod attention;
 pub mod attention_cached;
 pub mod attention_mma;
+mod attention_simple;
 mod buffer;
 mod context;
 pub mod convert;

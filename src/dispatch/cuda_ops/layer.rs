@@ -56,15 +56,16 @@ fn convert_plain(
     // on the device (a device source, or `FP8_CUDA_RESIDENT=1` for the weights' copies); the
     // staged path of host layers uploads its operands as before.
     let resident = src.ordinal().is_some() || super::switches::resident_enabled();
-    let keep = resident && super::cast::room_for_mirrors(&s);
+    // (Asked only for 16-bit results: f32 keeps no mirror, and the check queries the driver.)
+    let keep = || resident && super::cast::room_for_mirrors(&s);
     Ok(match dtype {
         Dtype::F32 => PlainMat::F32(convert_to::<f32>(&s, src, shape, transpose, false)?.0),
         Dtype::Bf16 => {
-            let (values, mirror) = convert_to::<bf16>(&s, src, shape, transpose, keep)?;
+            let (values, mirror) = convert_to::<bf16>(&s, src, shape, transpose, keep())?;
             PlainMat::Bf16(values, mirror)
         }
         Dtype::F16 => {
-            let (values, mirror) = convert_to::<f16>(&s, src, shape, transpose, keep)?;
+            let (values, mirror) = convert_to::<f16>(&s, src, shape, transpose, keep())?;
             PlainMat::F16(values, mirror)
         }
     })

@@ -23,6 +23,5 @@ pub(crate) fn mirrors_enabled() -> bool {
 /// Whether a `TransformerLayer` uploads a host input once and keeps its activations on the GPU
 /// between its ops (`FP8_CUDA_RESIDENT=1`; `docs/cuda-backend.md`, Device-resident tensors).
 pub(crate) fn resident_enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| env_switch::opted_in("FP8_CUDA_RESIDENT"))
+    env_switch::resident_layers()
 }
