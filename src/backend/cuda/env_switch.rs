@@ -17,12 +17,17 @@ pub(crate) fn on(var: &str) -> bool {
 /// `0`: off; anything else is reported once and leaves it off.
 pub(crate) fn opted_in(var: &str) -> bool {
     let value = std::env::var(var).ok();
-    match value.as_deref().map(str::trim) {
-        None => false,
-        Some(set) => parse(Some(set)).unwrap_or_else(|bad| {
-            eprintln!("fp8-engine: warning: {var}={bad} is not 0 or 1; leaving it off");
-            false
-        }),
+    parse_opt_in(value.as_deref()).unwrap_or_else(|bad| {
+        eprintln!("fp8-engine: warning: {var}={bad} is not 0 or 1; leaving it off");
+        false
+    })
+}
+
+/// `None`, `0`: off; `1`: on; anything else is returned as the error.
+fn parse_opt_in(value: Option<&str>) -> Result<bool, String> {
+    match value {
+        None => Ok(false),
+        set => parse(set),
     }
 }
 
@@ -44,7 +49,15 @@ fn parse(value: Option<&str>) -> Result<bool, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse;
+    use super::{parse, parse_opt_in};
+
+    #[test]
+    fn opt_in_switches_are_off_unless_set_to_one_and_other_values_are_reported() {
+        assert_eq!(parse_opt_in(None), Ok(false));
+        assert_eq!(parse_opt_in(Some("0")), Ok(false));
+        assert_eq!(parse_opt_in(Some(" 1 ")), Ok(true));
+        assert_eq!(parse_opt_in(Some("yes")), Err("yes".to_string()));
+    }
 
     #[test]
     fn switches_are_on_unless_set_to_zero_and_other_values_are_reported() {
