@@ -49,8 +49,9 @@ for l in sys.stdin:
 cp "$bin" "$out/lib_tests"
 cp target/release/fp8 "$out/fp8"
 strip --strip-debug "$out"/* 2>/dev/null || true
-# Gzipped (14 -> 6 MiB) to keep the bundle under the 64 MiB a device call carries; run.sh unpacks it.
-gzip -9 "$out/lib_tests"
+# Gzipped (lib_tests 14 -> 6 MiB, fp8 16 -> about 7) to keep the bundle under the 64 MiB a device
+# call carries; run.sh unpacks them.
+gzip -9 "$out/lib_tests" "$out/fp8"
 # The text the larger model of the train part reads (characters; any text of ~10 KB will do).
 cp README.md "$out/text.txt"
 git rev-parse HEAD > "$out/COMMIT" 2>/dev/null || echo unknown > "$out/COMMIT"
@@ -79,12 +80,13 @@ case $part in
     *) echo "usage: run.sh [kernels|benches|layers|train|profile|fresh|all]" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")"
-# The library's unit tests travel gzipped (the bundle's size limit), unpacked beside it for
-# the run (not /tmp, which may be mounted noexec) and removed at the end (so the bundle can
-# be carried again).
+# The library's unit tests and the fp8 tool travel gzipped (the bundle's size limit),
+# unpacked beside it for the run (not /tmp, which may be mounted noexec) and removed at the end
+# (so the bundle can be carried again).
 lib_tests=$PWD/.lib_tests
 gunzip -c lib_tests.gz > "$lib_tests" && chmod +x "$lib_tests"
-trap 'rm -f "$lib_tests"' EXIT
+gunzip -c fp8.gz > fp8 && chmod +x fp8
+trap 'rm -f "$lib_tests" fp8' EXIT
 OUT=${OUT:-$PWD/results}
 logs=$OUT/logs$suffix
 mkdir -p "$logs"
