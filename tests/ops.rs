@@ -464,12 +464,7 @@ fn attn_data(seed: u64, s: AttentionShape) -> AttnData {
 }
 
 fn shape(batch: usize, seq: usize, heads: usize, head_dim: usize) -> AttentionShape {
-    AttentionShape {
-        batch,
-        seq,
-        heads,
-        head_dim,
-    }
+    AttentionShape::new(batch, seq, heads, head_dim)
 }
 
 fn run_attention(a: &AttnData, s: AttentionShape, scale: f32, dtype: Dtype) -> (Vec<f32>, Vec<f32>) {

@@ -20,6 +20,70 @@ fn ramp(n: usize, seed: f32) -> Vec<f32> {
     (0..n).map(|i| (i as f32 * 0.37 + seed).sin() * 2.0).collect()
 }
 
+/// On GPU 0: one forward and backward of `staged` fed host tensors (its ops stage them) and of
+/// `resident` fed their uploads: the resident outputs stay on the GPU with the staged bits, and
+/// both modules end with the same gradients, slots and statistics.
+fn same_pass<M: crate::nn::Module>(
+    case: &str,
+    (staged, resident): (&mut M, &mut M),
+    (x, dy): (&Tensor, &Tensor),
+    forward: impl Fn(&mut M, &Tensor) -> crate::error::Result<Tensor>,
+    backward: impl Fn(&mut M, &Tensor) -> crate::error::Result<Tensor>,
+) {
+    let gpu = Backend::on(DeviceKind::Cuda(0));
+    let (xd, dyd) = (gpu.to_device(x).unwrap(), gpu.to_device(dy).unwrap());
+    let (y, yd) = (forward(staged, x).unwrap(), forward(resident, &xd).unwrap());
+    assert_eq!(
+        yd.device(),
+        DeviceKind::Cuda(0),
+        "{case}: the output stays on the device"
+    );
+    assert_eq!(bits(&y), bits(&yd), "{case}: forward");
+    let (dx, dxd) = (backward(staged, dy).unwrap(), backward(resident, &dyd).unwrap());
+    assert_eq!(dxd.device(), DeviceKind::Cuda(0), "{case}: the input gradient too");
+    assert_eq!(bits(&dx), bits(&dxd), "{case}: backward");
+    assert_eq!(state(staged), state(resident), "{case}: gradients, slots, statistics");
+}
+
+/// Whether GPU 0 cannot be opened, printing `<test>: skipped: <why>` then.
+fn skipped_without_a_gpu(test: &str) -> bool {
+    match crate::backend::cuda::CudaDevice::open(0) {
+        Ok(_) => false,
+        Err(err) => {
+            println!("{test}: skipped: {err}");
+            true
+        }
+    }
+}
+
+/// The FP8 recipe of precision `name` (`fp8-delayed`, `mxfp8`, ...).
+fn fp8_recipe(name: &str) -> crate::amp::Fp8Recipe {
+    match name.parse::<crate::amp::Precision>().unwrap() {
+        crate::amp::Precision::Fp8(recipe) => recipe,
+        other => panic!("{name} parsed as {other:?}"),
+    }
+}
+
+/// A tensor's values as bits, downloaded from wherever they live.
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_host().unwrap().data().iter().map(|v| v.to_bits()).collect()
+}
+
+/// What a module's backward leaves behind: each parameter's name and gradient, its
+/// delayed-scaling slots (scale and history, printed) and its FP8 statistics.
+type ModuleState = (Vec<(String, Vec<f32>)>, String, Vec<crate::scaling::Fp8TensorStats>);
+
+/// The [`ModuleState`] of `module`.
+fn state(module: &mut dyn crate::nn::Module) -> ModuleState {
+    let mut grads = Vec::new();
+    module.visit_parameters(&mut |p| grads.push((p.name().to_string(), p.grad().to_vec())));
+    let mut slots = Vec::new();
+    module.visit_fp8_slots(&mut |name, slot| slots.push((name.to_string(), slot.scale, slot.history.clone())));
+    let mut stats = Vec::new();
+    module.collect_fp8_stats(&mut stats);
+    (grads, format!("{slots:?}"), stats)
+}
+
 #[test]
 fn the_cpu_backend_names_the_op_of_a_device_value_and_writes_nothing() {
     let x = stand_in(0, ramp(8, 0.0));
@@ -277,8 +341,7 @@ fn host_slices_of_device_values_are_a_bug_that_names_the_gpu() {
 /// their values, and a shared device tensor is copied before an in-place op writes it.
 #[test]
 fn device_arms_match_host_arms() {
-    if let Err(err) = crate::backend::cuda::CudaDevice::open(0) {
-        println!("device_arms_match_host_arms: skipped: {err}");
+    if skipped_without_a_gpu("device_arms_match_host_arms") {
         return;
     }
     let gpu = Backend::on(DeviceKind::Cuda(0));
@@ -456,10 +519,7 @@ fn device_arms_match_host_arms() {
     use crate::gemm::{GemmParams, Mat, Operand};
     let (m, n, kk) = (rows, 64, cols);
     let w = ramp(n * kk, 9.0);
-    let recipe: crate::amp::Fp8Recipe = match "fp8-delayed".parse::<crate::amp::Precision>().unwrap() {
-        crate::amp::Precision::Fp8(recipe) => recipe,
-        other => panic!("fp8-delayed parsed as {other:?}"),
-    };
+    let recipe = fp8_recipe("fp8-delayed");
     let role = crate::scaling::TensorRole::Input;
     let (xq, xqd) = (
         k.quantize(&recipe, role, Values::Host(&x), m, kk, 2.0).unwrap(),
@@ -598,8 +658,7 @@ fn device_arms_match_host_arms() {
 fn norm_layers_keep_device_inputs_on_the_device() {
     use crate::amp::Precision;
     use crate::nn::{LayerNorm, Module, NormConfig, RMSNorm};
-    if let Err(err) = crate::backend::cuda::CudaDevice::open(0) {
-        println!("norm_layers_keep_device_inputs_on_the_device: skipped: {err}");
+    if skipped_without_a_gpu("norm_layers_keep_device_inputs_on_the_device") {
         return;
     }
     let gpu = Backend::on(DeviceKind::Cuda(0));
@@ -608,14 +667,6 @@ fn norm_layers_keep_device_inputs_on_the_device() {
     let x = Tensor::new(ramp(rows * hidden, 0.3), rows, hidden).unwrap();
     let dy = Tensor::new(ramp(rows * hidden, 1.3), rows, hidden).unwrap();
     let (xd, dyd) = (gpu.to_device(&x).unwrap(), gpu.to_device(&dy).unwrap());
-    let bits = |t: &Tensor| {
-        t.to_host()
-            .unwrap()
-            .data()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect::<Vec<_>>()
-    };
     macro_rules! check {
         ($layer:ty) => {{
             let mut staged = <$layer>::new("norm", hidden, NormConfig::default(), &precision).unwrap();
@@ -679,8 +730,7 @@ fn stats_probe(n: usize) -> Vec<f32> {
 fn statistics_counted_on_the_device_match_the_host_counts() {
     use crate::format::Fp8Format;
     use crate::scaling::TensorRole;
-    if let Err(err) = crate::backend::cuda::CudaDevice::open(0) {
-        println!("statistics_counted_on_the_device_match_the_host_counts: skipped: {err}");
+    if skipped_without_a_gpu("statistics_counted_on_the_device_match_the_host_counts") {
         return;
     }
     let gpu = Backend::on(DeviceKind::Cuda(0));
@@ -690,10 +740,7 @@ fn statistics_counted_on_the_device_match_the_host_counts() {
     let x = stats_probe(rows * cols);
     let xd = gpu.to_device(&Tensor::new(x.clone(), rows, cols).unwrap()).unwrap();
     for precision in ["fp8-delayed", "fp8-current", "fp8-block", "mxfp8"] {
-        let recipe = match precision.parse::<crate::amp::Precision>().unwrap() {
-            crate::amp::Precision::Fp8(recipe) => recipe,
-            other => panic!("{precision} parsed as {other:?}"),
-        };
+        let recipe = fp8_recipe(precision);
         for role in [TensorRole::Input, TensorRole::OutputGrad] {
             let host = k.quantize(&recipe, role, Values::Host(&x), rows, cols, 2.0).unwrap();
             let device = k.quantize(&recipe, role, xd.values(), rows, cols, 2.0).unwrap();
@@ -733,29 +780,10 @@ fn statistics_counted_on_the_device_match_the_host_counts() {
 fn linear_layers_keep_device_inputs_on_the_device() {
     use crate::amp::Precision;
     use crate::nn::{Linear, Module};
-    if let Err(err) = crate::backend::cuda::CudaDevice::open(0) {
-        println!("linear_layers_keep_device_inputs_on_the_device: skipped: {err}");
+    if skipped_without_a_gpu("linear_layers_keep_device_inputs_on_the_device") {
         return;
     }
-    let gpu = Backend::on(DeviceKind::Cuda(0));
     let (rows, inp, out) = (64, 192, 96);
-    let bits = |t: &Tensor| {
-        t.to_host()
-            .unwrap()
-            .data()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect::<Vec<_>>()
-    };
-    let state = |layer: &mut Linear| {
-        let mut grads = Vec::new();
-        layer.visit_parameters(&mut |p| grads.push(p.grad().to_vec()));
-        let mut slots = Vec::new();
-        layer.visit_fp8_slots(&mut |name, slot| slots.push((name.to_string(), slot.scale, slot.history.clone())));
-        let mut stats = Vec::new();
-        layer.collect_fp8_stats(&mut stats);
-        (grads, format!("{slots:?}"), stats)
-    };
     for name in ["fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8"] {
         let precision: Precision = name.parse().unwrap();
         let mut staged = Linear::new("fc", inp, out, true, &precision, 11).unwrap();
@@ -776,21 +804,13 @@ fn linear_layers_keep_device_inputs_on_the_device() {
                 .collect();
             let x = Tensor::new(values, rows, inp).unwrap();
             let dy = Tensor::new(ramp(rows * out, pass as f32 + 0.7), rows, out).unwrap();
-            let (xd, dyd) = (gpu.to_device(&x).unwrap(), gpu.to_device(&dy).unwrap());
-            let (y, yd) = (staged.forward(&x).unwrap(), resident.forward(&xd).unwrap());
-            assert_eq!(
-                yd.device(),
-                DeviceKind::Cuda(0),
-                "{name}: the output stays where the input is"
-            );
-            assert_eq!(bits(&y), bits(&yd), "{name} pass {pass}: forward");
-            let (dx, dxd) = (staged.backward(&dy).unwrap(), resident.backward(&dyd).unwrap());
-            assert_eq!(dxd.device(), DeviceKind::Cuda(0), "{name}: the input gradient too");
-            assert_eq!(bits(&dx), bits(&dxd), "{name} pass {pass}: backward");
-            assert_eq!(
-                state(&mut staged),
-                state(&mut resident),
-                "{name} pass {pass}: gradients, slots, statistics"
+            let layers = (&mut staged, &mut resident);
+            same_pass(
+                &format!("{name} pass {pass}"),
+                layers,
+                (&x, &dy),
+                |l, x| l.forward(x),
+                |l, dy| l.backward(dy),
             );
         }
     }
@@ -808,29 +828,10 @@ fn linear_layers_keep_device_inputs_on_the_device() {
 fn transformer_layers_keep_device_inputs_on_the_device() {
     use crate::amp::Precision;
     use crate::nn::{Activation, Module, NormKind, TransformerConfig, TransformerLayer};
-    if let Err(err) = crate::backend::cuda::CudaDevice::open(0) {
-        println!("transformer_layers_keep_device_inputs_on_the_device: skipped: {err}");
+    if skipped_without_a_gpu("transformer_layers_keep_device_inputs_on_the_device") {
         return;
     }
-    let gpu = Backend::on(DeviceKind::Cuda(0));
     let (batch, seq, hidden) = (2, 32, 128);
-    let bits = |t: &Tensor| {
-        t.to_host()
-            .unwrap()
-            .data()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect::<Vec<_>>()
-    };
-    let state = |layer: &mut TransformerLayer| {
-        let mut grads = Vec::new();
-        layer.visit_parameters(&mut |p| grads.push((p.name().to_string(), p.grad().to_vec())));
-        let mut slots = Vec::new();
-        layer.visit_fp8_slots(&mut |name, slot| slots.push((name.to_string(), slot.scale, slot.history.clone())));
-        let mut stats = Vec::new();
-        layer.collect_fp8_stats(&mut stats);
-        (grads, format!("{slots:?}"), stats)
-    };
     let shapes = [
         (Activation::Gelu, NormKind::LayerNorm, false),
         (Activation::SwiGlu, NormKind::RmsNorm, true),
@@ -855,23 +856,11 @@ fn transformer_layers_keep_device_inputs_on_the_device() {
             for pass in 0..2 {
                 let x = Tensor::new(ramp(batch * seq * hidden, pass as f32), batch * seq, hidden).unwrap();
                 let dy = Tensor::new(ramp(batch * seq * hidden, pass as f32 + 2.5), batch * seq, hidden).unwrap();
-                let (xd, dyd) = (gpu.to_device(&x).unwrap(), gpu.to_device(&dy).unwrap());
-                let y = staged.forward(&x, batch, seq).unwrap();
-                let yd = resident.forward(&xd, batch, seq).unwrap();
-                assert_eq!(
-                    yd.device(),
-                    DeviceKind::Cuda(0),
-                    "{case}: the output stays on the device"
-                );
-                assert_eq!(bits(&y), bits(&yd), "{case} pass {pass}: forward");
-                let (dx, dxd) = (staged.backward(&dy).unwrap(), resident.backward(&dyd).unwrap());
-                assert_eq!(dxd.device(), DeviceKind::Cuda(0), "{case}: the input gradient too");
-                assert_eq!(bits(&dx), bits(&dxd), "{case} pass {pass}: backward");
-                assert_eq!(
-                    state(&mut staged),
-                    state(&mut resident),
-                    "{case} pass {pass}: gradients, slots, statistics"
-                );
+                let layers = (&mut staged, &mut resident);
+                let forward = |l: &mut TransformerLayer, x: &Tensor| l.forward(x, batch, seq);
+                same_pass(&format!("{case} pass {pass}"), layers, (&x, &dy), forward, |l, dy| {
+                    l.backward(dy)
+                });
             }
         }
     }
@@ -887,10 +876,7 @@ fn transformer_layers_keep_device_inputs_on_the_device() {
 #[test]
 fn shadow_mode_checks_the_counts_a_cast_made() {
     use super::twin::Outcome;
-    let recipe = match "fp8-delayed".parse::<crate::amp::Precision>().unwrap() {
-        crate::amp::Precision::Fp8(recipe) => recipe,
-        other => panic!("fp8-delayed parsed as {other:?}"),
-    };
+    let recipe = fp8_recipe("fp8-delayed");
     let x = stats_probe(16 * 32);
     let cpu = CpuKernels
         .quantize(

@@ -54,6 +54,16 @@ pub struct AttentionShape {
 }
 
 impl AttentionShape {
+    /// `batch` sequences of `seq` tokens, `heads` heads of `head_dim` features.
+    pub const fn new(batch: usize, seq: usize, heads: usize, head_dim: usize) -> Self {
+        AttentionShape {
+            batch,
+            seq,
+            heads,
+            head_dim,
+        }
+    }
+
     /// Checked `(tokens, hidden)` = `(batch * seq, heads * head_dim)`.
     fn dims(&self) -> Result<(usize, usize)> {
         let tokens = elements("attention tokens (batch x seq)", self.batch, self.seq)?;

@@ -10,12 +10,7 @@ fn values(n: usize, seed: f32, scale: f32) -> Vec<f32> {
 
 /// The shape, its element count and Q, K, V, dO of one case.
 fn inputs(batch: usize, seq: usize, heads: usize, head_dim: usize) -> (AttentionShape, usize, [Vec<f32>; 4]) {
-    let shape = AttentionShape {
-        batch,
-        seq,
-        heads,
-        head_dim,
-    };
+    let shape = AttentionShape::new(batch, seq, heads, head_dim);
     let n = batch * seq * heads * head_dim;
     let qkvd = [
         values(n, 0.37, 1.5),

@@ -126,13 +126,8 @@ impl CudaDevice {
 mod tests {
     use super::*;
 
-    fn shape(batch: usize, seq: usize, heads: usize, head_dim: usize) -> AttentionShape {
-        AttentionShape {
-            batch,
-            seq,
-            heads,
-            head_dim,
-        }
+    const fn shape(batch: usize, seq: usize, heads: usize, head_dim: usize) -> AttentionShape {
+        AttentionShape::new(batch, seq, heads, head_dim)
     }
 
     #[test]

@@ -18,12 +18,12 @@ use std::sync::{Mutex, OnceLock};
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::attention_simple::{base_params, simple_backward, simple_forward};
+use super::attention_simple::{base_params, check_grid, simple_backward, simple_forward};
 use super::buffer::DeviceBuffer;
 use super::context::CudaDevice;
 use super::env_switch;
 use super::error::CudaResultExt;
-use super::op_args::{GRID_YZ_LIMIT, SHARED_LIMIT, dtype_code};
+use super::op_args::{SHARED_LIMIT, dtype_code};
 use super::params::Fp8AttentionParams;
 use crate::error::{Error, Result};
 use crate::memory::MemoryCategory;
@@ -139,15 +139,7 @@ pub struct MmaLaunch {
 /// Sizes the launch of `pass` for a non-empty `shape`.
 pub fn plan(pass: Pass, v: Variant, shape: &AttentionShape) -> Result<MmaLaunch> {
     let kernel = kernel_name(pass, v);
-    if shape.heads > GRID_YZ_LIMIT || shape.batch > GRID_YZ_LIMIT {
-        return Err(Error::KernelArgs {
-            kernel,
-            detail: format!(
-                "{} heads x {} sequences exceed the grid's {GRID_YZ_LIMIT} per dimension",
-                shape.heads, shape.batch
-            ),
-        });
-    }
+    check_grid(kernel, shape)?;
     if shape.seq == 0 || shape.heads == 0 || shape.batch == 0 {
         return Err(Error::KernelArgs {
             kernel,
@@ -399,12 +391,7 @@ pub struct SelfCheckProblem {
 impl SelfCheckProblem {
     /// The problem at `head_dim` in `dtype`, seeded by `seed`.
     pub fn new(batch: usize, seq: usize, heads: usize, head_dim: usize, dtype: Dtype, seed: u64) -> Self {
-        let shape = AttentionShape {
-            batch,
-            seq,
-            heads,
-            head_dim,
-        };
+        let shape = AttentionShape::new(batch, seq, heads, head_dim);
         let n = batch * seq * heads * head_dim;
         let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         let mut values = |amplitude: f32| -> Vec<f32> {
@@ -542,13 +529,8 @@ mod tests {
     use super::*;
     use std::cell::Cell;
 
-    fn shape(batch: usize, seq: usize, heads: usize, head_dim: usize) -> AttentionShape {
-        AttentionShape {
-            batch,
-            seq,
-            heads,
-            head_dim,
-        }
+    const fn shape(batch: usize, seq: usize, heads: usize, head_dim: usize) -> AttentionShape {
+        AttentionShape::new(batch, seq, heads, head_dim)
     }
 
     fn outputs(fast: f32) -> Vec<CheckedOutput> {

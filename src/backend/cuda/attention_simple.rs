@@ -25,6 +25,21 @@ pub(crate) struct AttentionLaunch {
 /// reduction's 8 floats), rounded up; the 48 KiB limit counts both.
 pub(crate) const STATIC_SHARED: usize = 256;
 
+/// Checks that `shape`'s heads and sequences fit the grid's y and z dimensions (every attention
+/// kernel's grid is `(tiles or rows, heads, batch)`).
+pub(crate) fn check_grid(kernel: &'static str, shape: &AttentionShape) -> Result<()> {
+    if shape.heads > GRID_YZ_LIMIT || shape.batch > GRID_YZ_LIMIT {
+        return Err(Error::KernelArgs {
+            kernel,
+            detail: format!(
+                "{} heads x {} sequences exceed the grid's {GRID_YZ_LIMIT} per dimension",
+                shape.heads, shape.batch
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Checks the shape's limits and sizes the launch of a kernel that keeps
 /// `rows_in_shared` f32 rows of `seq` values in shared memory (1 forward and
 /// dq, 2 for dk/dv).
@@ -40,15 +55,7 @@ pub(crate) fn plan(kernel: &'static str, shape: &AttentionShape, rows_in_shared:
             ),
         });
     }
-    if shape.heads > GRID_YZ_LIMIT || shape.batch > GRID_YZ_LIMIT {
-        return Err(Error::KernelArgs {
-            kernel,
-            detail: format!(
-                "{} heads x {} sequences exceed the grid's {GRID_YZ_LIMIT} per dimension",
-                shape.heads, shape.batch
-            ),
-        });
-    }
+    check_grid(kernel, shape)?;
     Ok(AttentionLaunch {
         grid: (
             to_u32(kernel, "seq", shape.seq)?,
@@ -128,13 +135,8 @@ pub(crate) fn simple_backward(
 mod tests {
     use super::*;
 
-    fn shape(batch: usize, seq: usize, heads: usize, head_dim: usize) -> AttentionShape {
-        AttentionShape {
-            batch,
-            seq,
-            heads,
-            head_dim,
-        }
+    const fn shape(batch: usize, seq: usize, heads: usize, head_dim: usize) -> AttentionShape {
+        AttentionShape::new(batch, seq, heads, head_dim)
     }
 
     #[test]

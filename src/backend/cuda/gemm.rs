@@ -284,6 +284,28 @@ fn upload_half<T: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync>(
     Ok((device.upload(&values, category)?, k))
 }
 
+/// A 16-bit operand's device copy: its mirror read in place or transposed on the device, else
+/// its host values uploaded (K-major, padded); `copy` makes the variant of a new buffer.
+fn half_upload<T: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + 'static>(
+    device: &CudaDevice,
+    m: &Mat<'_, T>,
+    category: MemoryCategory,
+    copy: fn(DeviceBuffer<T>, usize, usize) -> HostUpload,
+) -> Result<HostUpload> {
+    Ok(match from_mirror(device, m, category)? {
+        Some(FromMirror::InPlace(mirror)) => HostUpload::MirroredHalf {
+            mirror,
+            rows: m.rows,
+            cols: m.cols,
+        },
+        Some(FromMirror::KMajor(data)) => copy(data, m.rows, m.cols),
+        None => {
+            let (data, k) = upload_half(device, m, category)?;
+            copy(data, m.rows, k)
+        }
+    })
+}
+
 /// A host operand's device copy (FP8 codes with their scales, or 16-bit values).
 #[derive(Debug)]
 pub enum HostUpload {
@@ -438,30 +460,8 @@ impl HostUpload {
             },
             // The CUDA GEMM reads K-major operands: a transposed one is copied K-major first,
             // its rows zero-padded to the kernels' K multiple (zeros add nothing to any sum).
-            Operand::Bf16(m) => match from_mirror(device, m, category)? {
-                Some(FromMirror::InPlace(mirror)) => HostUpload::MirroredHalf {
-                    mirror,
-                    rows: m.rows,
-                    cols: m.cols,
-                },
-                Some(FromMirror::KMajor(data)) => HostUpload::Bf16(data, m.rows, m.cols),
-                None => {
-                    let (data, k) = upload_half(device, m, category)?;
-                    HostUpload::Bf16(data, m.rows, k)
-                }
-            },
-            Operand::F16(m) => match from_mirror(device, m, category)? {
-                Some(FromMirror::InPlace(mirror)) => HostUpload::MirroredHalf {
-                    mirror,
-                    rows: m.rows,
-                    cols: m.cols,
-                },
-                Some(FromMirror::KMajor(data)) => HostUpload::F16(data, m.rows, m.cols),
-                None => {
-                    let (data, k) = upload_half(device, m, category)?;
-                    HostUpload::F16(data, m.rows, k)
-                }
-            },
+            Operand::Bf16(m) => half_upload(device, m, category, HostUpload::Bf16)?,
+            Operand::F16(m) => half_upload(device, m, category, HostUpload::F16)?,
             Operand::F32(m) => {
                 return Err(Error::KernelArgs {
                     kernel: "gemm_mma",
