@@ -53,14 +53,8 @@ const GELU: Contract<'static> = Contract::Close { rtol: 1e-5, atol: 1e-6 };
 /// land one dtype step apart (the first GPU run: bf16 outputs of 0.07 one bf16 step apart,
 /// 250x past the per-element reduction bound). f32: the reduction's rtol; 16-bit: the dtype's.
 pub(crate) fn attention(dtype: Dtype) -> Contract<'static> {
-    match dtype {
-        Dtype::F32 => Contract::Normwise { rtol: 1e-5, atol: 1e-6 },
-        Dtype::Bf16 => Contract::Normwise {
-            rtol: 1.6e-2,
-            atol: 1e-5,
-        },
-        Dtype::F16 => Contract::Normwise { rtol: 1e-3, atol: 1e-5 },
-    }
+    let (rtol, atol) = crate::ops::attention::contract_tolerances(dtype);
+    Contract::Normwise { rtol, atol }
 }
 
 /// The contract of `op` (a `Kernels` method name), as `docs/numerics.md` tabulates it.

@@ -11,8 +11,9 @@
 //! (`docs/cuda-backend.md`). Ops without a kernel return `Error::Unsupported`
 //! naming the op, never a panic and never a silent host fallback. The activation
 //! ops take `Values`; the rest (embedding, loss, optimizer, slot banks) still take
-//! host slices, and the layers pass host tensors until `Linear` keeps its outputs on
-//! the device (`docs/cuda-backend.md`, Device-resident tensors).
+//! host slices. The layers keep a tensor where it lives, and pass device tensors
+//! between their ops once `FP8_CUDA_RESIDENT=1` uploads their input
+//! (`docs/cuda-backend.md`, Device-resident tensors).
 //!
 //! Shadow mode ([`Backend::checked_against_cpu`], `shadow.rs`) runs every op
 //! on its backend and on the CPU twin, and compares them by the op's contract
@@ -427,7 +428,7 @@ impl Backend {
     /// the switch off, or for a tensor that is not in host memory (already on the device).
     pub(crate) fn resident_input(&self, x: &Tensor) -> Result<Option<Tensor>> {
         let on_gpu = matches!(self.device(), DeviceKind::Cuda(_));
-        if !on_gpu || x.device() != DeviceKind::Cpu || !resident_layers_enabled() {
+        if !on_gpu || x.device() != DeviceKind::Cpu || !crate::backend::cuda::env_switch::resident_layers() {
             return Ok(None);
         }
         self.to_device(x).map(Some)
@@ -483,11 +484,6 @@ impl Backend {
             got: here.to_string(),
         })
     }
-}
-
-/// Whether `FP8_CUDA_RESIDENT=1` asks layers on a GPU to keep their activations there.
-pub(crate) fn resident_layers_enabled() -> bool {
-    cuda_ops::switches::resident_enabled()
 }
 
 #[cfg(test)]

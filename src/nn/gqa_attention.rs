@@ -21,20 +21,6 @@ use crate::error::{Error, Result};
 use crate::scaling::{DelayedSlot, Fp8TensorStats};
 use crate::tensor::{DeviceKind, Dtype, Tensor};
 
-/// The head repeat and sum and the Q/K rotation run on host values (not yet on device
-/// tensors, `docs/cuda-backend.md`): a GPU tensor is `DeviceMismatch`, not a panic at its first
-/// host read.
-fn on_host(op: &'static str, x: &Tensor) -> Result<()> {
-    match x.device() {
-        DeviceKind::Cpu => Ok(()),
-        got => Err(Error::DeviceMismatch {
-            op,
-            expected: DeviceKind::Cpu.to_string(),
-            got: got.to_string(),
-        }),
-    }
-}
-
 /// Shape and options of a [`GroupedQueryAttention`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GqaConfig {
@@ -210,7 +196,9 @@ impl GroupedQueryAttention {
         rope: &RopeTable,
         replay: bool,
     ) -> Result<Tensor> {
-        on_host("grouped attention forward", x)?;
+        // The head repeat and sum and the Q/K rotation run on host values (not yet on device
+        // tensors): a GPU tensor is `DeviceMismatch` here, not a panic at its first host read.
+        x.values().host("grouped attention forward")?;
         let c = self.config;
         let tokens = batch.saturating_mul(seq);
         self.check_rows(x, tokens)?;
@@ -252,7 +240,7 @@ impl GroupedQueryAttention {
 
     /// dX; accumulates the parameter gradients.
     pub fn backward(&mut self, dy: &Tensor, rope: &RopeTable) -> Result<Tensor> {
-        on_host("grouped attention backward", dy)?;
+        dy.values().host("grouped attention backward")?; // host values only, as the forward
         if let Some(kept) = self.replay.take(&self.name)? {
             self.run(&kept.x, kept.batch, kept.seq, rope, true)?;
         }
@@ -300,7 +288,7 @@ impl GroupedQueryAttention {
     /// of `x` past `new` are zero padding, which FP8 GEMMs need); appends their keys and values to
     /// `cache`. The output has as many rows as `x`. Keeps nothing for backward.
     pub fn forward_cached(&mut self, x: &Tensor, new: usize, cache: &mut KvCache, rope: &RopeTable) -> Result<Tensor> {
-        on_host("grouped attention forward_cached", x)?;
+        x.values().host("grouped attention forward_cached")?; // host values only, as the forward
         let c = self.config;
         let rows = x.rows();
         if new > rows {

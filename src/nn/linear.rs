@@ -6,21 +6,12 @@ use super::linear_gemms::{LinearGemms, WeightSliceCast};
 use super::lora::LoraAdapter;
 use super::param::{Module, Parameter};
 use crate::amp::Precision;
-use crate::dispatch::{Backend, ValuesMut};
+use crate::dispatch::{Backend, Values, ValuesMut};
 use crate::error::Result;
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
 use crate::tensor::DeviceKind;
 use crate::tensor::Tensor;
-use std::borrow::Cow;
-
-/// `t` in host memory: itself, or a download of a GPU tensor.
-fn on_host(t: &Tensor) -> Result<Cow<'_, Tensor>> {
-    match t.device() {
-        DeviceKind::Cpu => Ok(Cow::Borrowed(t)),
-        DeviceKind::Cuda(_) => Ok(Cow::Owned(t.to_host()?)),
-    }
-}
 
 /// A fully connected layer: weight `[out, in]` (f32 master), optional bias `[out]`.
 ///
@@ -171,26 +162,26 @@ impl Linear {
     /// The forward of a frozen FP8 weight or of adapters, whose GEMMs take host values: a device
     /// input comes down and the output goes back up to it.
     fn forward_on_host(&mut self, x: &Tensor, replay: bool) -> Result<Tensor> {
-        let host = on_host(x)?;
+        let data = x.values().to_host()?;
+        let rows = x.rows();
         let bias = self.bias.as_ref().map(|b| b.value());
         let dtype = self.gemms.precision().compute_dtype();
-        let (data, rows) = (host.data(), host.rows());
         let mut y = match &self.frozen_fp8 {
             Some(w) => w.forward(
                 self.gemms.backend().kernels(),
                 self.gemms.precision(),
-                data,
+                &data,
                 rows,
                 bias,
                 dtype,
             )?,
             None => self
                 .gemms
-                .forward(host.values(), rows, &self.weight, bias, replay)?
+                .forward(Values::Host(&data), rows, &self.weight, bias, replay)?
                 .into_data(),
         };
         for adapter in &mut self.adapters {
-            adapter.forward_add(data, rows, &mut y, self.out_features, replay)?;
+            adapter.forward_add(&data, rows, &mut y, self.out_features, replay)?;
         }
         self.back_to(x, Tensor::new(y, rows, self.out_features)?)
     }
@@ -231,26 +222,26 @@ impl Linear {
 
     /// The backward of a frozen FP8 weight or of adapters, on host values (as the forward).
     fn backward_on_host(&mut self, dy: &Tensor) -> Result<Tensor> {
-        let host = on_host(dy)?;
+        let data = dy.values().to_host()?;
         let bias_grad = self.bias.as_mut().and_then(|b| b.trainable_grad());
         let mut dx = match &self.frozen_fp8 {
             Some(w) => {
                 let kernels = self.gemms.backend().kernels();
                 if let Some(db) = bias_grad {
-                    kernels.column_sum(host.values(), self.out_features, ValuesMut::Host(db))?;
+                    kernels.column_sum(Values::Host(&data), self.out_features, ValuesMut::Host(db))?;
                 }
                 let dtype = self.gemms.precision().compute_dtype();
-                w.backward(kernels, self.gemms.precision(), host.data(), dtype)?
+                w.backward(kernels, self.gemms.precision(), &data, dtype)?
             }
             None => {
                 let (stored, weight_grad) = self.weight.half_and_trainable_grad();
                 self.gemms
-                    .backward(host.values(), stored, weight_grad, bias_grad)?
+                    .backward(Values::Host(&data), stored, weight_grad, bias_grad)?
                     .into_data()
             }
         };
         for adapter in &mut self.adapters {
-            adapter.backward_add(host.data(), self.out_features, &mut dx)?;
+            adapter.backward_add(&data, self.out_features, &mut dx)?;
         }
         self.back_to(dy, Tensor::new(dx, dy.rows(), self.in_features)?)
     }

@@ -40,6 +40,18 @@ use crate::tensor::Dtype;
 /// Query rows per block: a multiple of the GPU kernels' 64-row tiles.
 pub const Q_BLOCK: usize = 64;
 
+/// `(rtol, atol)` of the attention ops' normwise contract between backends in compute dtype
+/// `dtype` (`docs/numerics.md`, Op contracts): f32 the reduction's, 16-bit the dtype's. The one
+/// source of these numbers for the shadow checks (`dispatch::contract`) and the tensor-core
+/// kernels' self-check (`backend::cuda::attention_mma`).
+pub(crate) fn contract_tolerances(dtype: Dtype) -> (f64, f64) {
+    match dtype {
+        Dtype::F32 => (1e-5, 1e-6),
+        Dtype::Bf16 => (1.6e-2, 1e-5),
+        Dtype::F16 => (1e-3, 1e-5),
+    }
+}
+
 /// Sizes of the attention core's inputs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttentionShape {

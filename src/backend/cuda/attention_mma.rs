@@ -162,18 +162,16 @@ pub fn plan(pass: Pass, v: Variant, shape: &AttentionShape) -> Result<MmaLaunch>
     })
 }
 
-/// The contract's `(rtol, atol)` of a compute dtype (`docs/numerics.md`, Op contracts).
 /// `(rtol, atol)` of the lse comparison: f32 sums in another order (an online max and sum
 /// over key tiles against the simple kernel's whole-row max, then sum), with room for
 /// `expf`'s last-bit differences.
 pub const LSE_TOLERANCES: (f32, f32) = (1e-5, 1e-4);
 
+/// The attention contract's `(rtol, atol)` of a compute dtype (`docs/numerics.md`, Op
+/// contracts), in the f32 the comparison runs in.
 pub fn tolerances(dtype: Dtype) -> (f32, f32) {
-    match dtype {
-        Dtype::F32 => (1e-5, 1e-6),
-        Dtype::Bf16 => (1.6e-2, 1e-5),
-        Dtype::F16 => (1e-3, 1e-5),
-    }
+    let (rtol, atol) = crate::ops::attention::contract_tolerances(dtype);
+    (rtol as f32, atol as f32)
 }
 
 /// The worst element of a normwise comparison.

@@ -273,15 +273,31 @@ fn upload_half<T: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync>(
     m: &Mat<'_, T>,
     category: MemoryCategory,
 ) -> Result<(DeviceBuffer<T>, usize)> {
-    if m.transposed && m.rows > 1 && m.cols > 1 && m.cols.is_multiple_of(HALF_K_MULTIPLE) {
-        // Stored `[K, rows]` row-major; the GEMM reads `[rows, K]`.
+    if transposes_on_device(m) {
         let stored = device.upload(m.data, category)?;
-        let mut k_major = device.alloc_zeros::<T>(m.data.len(), category)?;
-        device.transpose_16(&stored, m.cols, m.rows, &mut k_major)?;
-        return Ok((k_major, m.cols));
+        return Ok((k_major_on_device(device, &stored, m, category)?, m.cols));
     }
     let (values, k) = pad_k(m.k_major(), m.rows, m.cols, HALF_K_MULTIPLE);
     Ok((device.upload(&values, category)?, k))
+}
+
+/// Whether a transposed 16-bit operand is made K-major on the device (`transpose_16`): a real
+/// transpose (more than one row and column) whose K needs no padding.
+fn transposes_on_device<T>(m: &Mat<'_, T>) -> bool {
+    m.transposed && m.rows > 1 && m.cols > 1 && m.cols.is_multiple_of(HALF_K_MULTIPLE)
+}
+
+/// `stored`, `m`'s values as stored on the device (`[K, rows]` row-major), transposed there into
+/// the `[rows, K]` the GEMM reads.
+fn k_major_on_device<T: DeviceRepr + ValidAsZeroBits>(
+    device: &CudaDevice,
+    stored: &DeviceBuffer<T>,
+    m: &Mat<'_, T>,
+    category: MemoryCategory,
+) -> Result<DeviceBuffer<T>> {
+    let mut k_major = device.alloc_zeros::<T>(m.data.len(), category)?;
+    device.transpose_16(stored, m.cols, m.rows, &mut k_major)?;
+    Ok(k_major)
 }
 
 /// A 16-bit operand's device copy: its mirror read in place or transposed on the device, else
@@ -390,17 +406,12 @@ fn from_mirror<T: DeviceRepr + ValidAsZeroBits + 'static>(
     if !m.cols.is_multiple_of(HALF_K_MULTIPLE) {
         return Ok(None);
     }
-    let bytes = std::mem::size_of_val(m.data);
-    if !m.transposed || m.rows <= 1 || m.cols <= 1 {
+    super::transfer_times::saved_upload(std::mem::size_of_val(m.data), false);
+    Ok(Some(match transposes_on_device(m) {
+        true => FromMirror::KMajor(k_major_on_device(device, stored, m, category)?),
         // K-major as stored (a 1-row or 1-column transpose is the same sequence of values).
-        super::transfer_times::saved_upload(bytes, false);
-        return Ok(Some(FromMirror::InPlace(mirror.clone())));
-    }
-    // Stored `[K, rows]` row-major; the GEMM reads `[rows, K]`.
-    super::transfer_times::saved_upload(bytes, false);
-    let mut k_major = device.alloc_zeros::<T>(m.data.len(), category)?;
-    device.transpose_16(stored, m.cols, m.rows, &mut k_major)?;
-    Ok(Some(FromMirror::KMajor(k_major)))
+        false => FromMirror::InPlace(mirror.clone()),
+    }))
 }
 
 /// The device copy of one FP8 copy (codes and scales, the layout of its `QuantizedMatrix`) that a

@@ -55,7 +55,7 @@ fn convert_plain(
     // A 16-bit result keeps its device copy for the GEMMs where layers keep their activations
     // on the device (a device source, or `FP8_CUDA_RESIDENT=1` for the weights' copies); the
     // staged path of host layers uploads its operands as before.
-    let resident = src.ordinal().is_some() || super::switches::resident_enabled();
+    let resident = src.ordinal().is_some() || crate::backend::cuda::env_switch::resident_layers();
     // (Asked only for 16-bit results: f32 keeps no mirror, and the check queries the driver.)
     let keep = || resident && super::cast::room_for_mirrors(&s);
     Ok(match dtype {

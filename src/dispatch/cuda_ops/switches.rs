@@ -1,8 +1,7 @@
 //! Off switches for the newer shortcuts of the staged CUDA path (`backend::cuda::env_switch`):
 //! `FP8_CUDA_ARENAS=0` keeps AdamW on the staged per-parameter ops, `FP8_CUDA_MIRRORS=0` makes
 //! casts keep no device mirrors (every GEMM uploads its operands). Unset or `1`: on.
-//! `FP8_CUDA_RESIDENT=1` opts in to device-resident layers (off by default until a GPU run has
-//! validated them).
+//! (The opt-in `FP8_CUDA_RESIDENT` is read by `backend::cuda::env_switch::resident_layers`.)
 
 use std::sync::OnceLock;
 
@@ -18,10 +17,4 @@ pub(crate) fn arenas_enabled() -> bool {
 pub(crate) fn mirrors_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| env_switch::on("FP8_CUDA_MIRRORS"))
-}
-
-/// Whether a `TransformerLayer` uploads a host input once and keeps its activations on the GPU
-/// between its ops (`FP8_CUDA_RESIDENT=1`; `docs/cuda-backend.md`, Device-resident tensors).
-pub(crate) fn resident_enabled() -> bool {
-    env_switch::resident_layers()
 }
