@@ -11,6 +11,7 @@ use crate::backend::cuda::arena::ArenaLayout;
 use crate::error::{Error, Result};
 use crate::memory::MemoryCategory;
 use crate::ops::AdamWStep;
+use crate::tensor::device_values::CudaStorage;
 
 /// One of the four arenas.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +38,9 @@ pub(crate) trait ArenaStore: Send + Sync {
     fn layout(&self) -> &ArenaLayout;
     /// Overwrites `arena[offset..offset + host.len()]` with `host`.
     fn write(&mut self, arena: Arena, offset: usize, host: &[f32]) -> Result<()>;
+    /// Overwrites `arena[offset..offset + values.len()]` with values on the store's own GPU (a
+    /// copy there; values on another device are `DeviceMismatch`).
+    fn write_device(&mut self, arena: Arena, offset: usize, values: &CudaStorage) -> Result<()>;
     /// Copies `arena[offset..offset + host.len()]` into `host`.
     fn read(&self, arena: Arena, offset: usize, host: &mut [f32]) -> Result<()>;
     /// One AdamW step of every parameter: `step` for the decayed ones, `step` with decay 1 for
@@ -87,6 +91,11 @@ impl ArenaStore for HostArenas {
         let range = self.range(offset, host.len(), "arena write past the arena")?;
         self.arenas[arena.index()][range].copy_from_slice(host);
         Ok(())
+    }
+
+    fn write_device(&mut self, arena: Arena, offset: usize, values: &CudaStorage) -> Result<()> {
+        // The twin reads a stand-in GPU's values as a download would.
+        self.write(arena, offset, &values.to_vec()?)
     }
 
     fn read(&self, arena: Arena, offset: usize, host: &mut [f32]) -> Result<()> {

@@ -75,6 +75,7 @@ use crate::backend::cuda::arena::ArenaLayout;
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{GemmParams, GemmReport, Operand, Output};
+use crate::memory::MemoryCategory;
 use crate::scaling::{DelayedScaling, Fp8TensorStats, SlotBank, TensorRole};
 pub(crate) use crate::tensor::device_values::{Values, ValuesMut};
 use crate::tensor::{DeviceKind, DeviceMirror, Dtype, QuantizedMatrix, Tensor};
@@ -410,6 +411,12 @@ impl Backend {
     /// `tensor`'s values on this backend's device: the same tensor on the CPU (a GPU one
     /// downloaded), uploaded to a CUDA backend's GPU (a tensor already there shared, not copied).
     pub(crate) fn to_device(&self, tensor: &Tensor) -> Result<Tensor> {
+        self.to_device_as(tensor, MemoryCategory::Activations)
+    }
+
+    /// [`Self::to_device`] booking an upload in the device's ledger under `category` (a
+    /// parameter's gradient kept on the device is `Gradients`).
+    pub(crate) fn to_device_as(&self, tensor: &Tensor, category: MemoryCategory) -> Result<Tensor> {
         let (rows, cols) = tensor.shape();
         match (self.device(), tensor.device()) {
             (DeviceKind::Cpu, _) => tensor.to_host(),
@@ -418,7 +425,11 @@ impl Backend {
             _ if tensor.is_empty() => Tensor::new(Vec::new(), rows, cols),
             (DeviceKind::Cuda(ordinal), _) => {
                 let host = tensor.to_host()?;
-                Tensor::on_device(cuda_ops::upload(&CudaKernels { ordinal }, host.data())?, rows, cols)
+                Tensor::on_device(
+                    cuda_ops::upload(&CudaKernels { ordinal }, host.data(), category)?,
+                    rows,
+                    cols,
+                )
             }
         }
     }

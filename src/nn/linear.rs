@@ -215,9 +215,24 @@ impl Linear {
         if self.frozen_fp8.is_some() || !self.adapters.is_empty() {
             return self.backward_on_host(dy);
         }
-        let bias_grad = self.bias.as_mut().and_then(|b| b.trainable_grad());
+        self.grads_where(dy.device())?;
+        let bias_grad = self.bias.as_mut().and_then(|b| b.trainable_grad_values());
         let (stored, weight_grad) = self.weight.half_and_trainable_grad();
         self.gemms.backward(dy.values(), stored, weight_grad, bias_grad)
+    }
+
+    /// Moves the trainable gradients to where `dy` lives. A layer on device tensors keeps
+    /// them there: the wgrad GEMMs accumulate in place and the optimizer's arenas copy them on
+    /// the device, instead of each dW going down and up every backward (`docs/cuda-backend.md`).
+    fn grads_where(&mut self, device: DeviceKind) -> Result<()> {
+        let backend = self.gemms.backend().clone();
+        for p in std::iter::once(&mut self.weight).chain(self.bias.as_mut()) {
+            match device {
+                DeviceKind::Cpu => p.grad_to_host()?,
+                _ => p.keep_grad_on(&backend)?,
+            }
+        }
+        Ok(())
     }
 
     /// The backward of a frozen FP8 weight or of adapters, on host values (as the forward).
@@ -234,6 +249,7 @@ impl Linear {
                 w.backward(kernels, self.gemms.precision(), &data, dtype)?
             }
             None => {
+                let bias_grad = bias_grad.map(ValuesMut::Host);
                 let (stored, weight_grad) = self.weight.half_and_trainable_grad();
                 self.gemms
                     .backward(Values::Host(&data), stored, weight_grad, bias_grad)?

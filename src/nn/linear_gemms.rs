@@ -21,7 +21,7 @@ use crate::amp::{Fp8Recipe, Precision};
 use crate::dispatch::{Backend, Cast, PlainMat, Values, ValuesMut, fp8_cast};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
-use crate::gemm::{FP8_K_MULTIPLE, GemmParams, Mat, Operand, Output};
+use crate::gemm::{FP8_K_MULTIPLE, GemmParams, Mat, Operand};
 use crate::scaling::Fp8TensorStats;
 use crate::scaling::{DelayedSlot, SlotBank, TensorRole, current_scale};
 use crate::tensor::QuantizedMatrix;
@@ -495,14 +495,15 @@ impl LinearGemms {
     }
 
     /// dX (rounded to the compute dtype); accumulates `dW` into `weight_grad` and `db` into
-    /// `bias_grad` (a frozen weight passes `None` and skips the wgrad GEMM). `stored`: the
-    /// weight's values when it is frozen in 16 bits (it has no compute copy).
+    /// `bias_grad`, wherever they live (a frozen weight passes `None` and skips the wgrad
+    /// GEMM). `stored`: the weight's values when it is frozen in 16 bits (it has no compute
+    /// copy).
     pub(crate) fn backward(
         &mut self,
         dy: Values,
         stored: Option<&HalfValues>,
-        weight_grad: Option<&mut [f32]>,
-        bias_grad: Option<&mut [f32]>,
+        weight_grad: Option<ValuesMut>,
+        bias_grad: Option<ValuesMut>,
     ) -> Result<Tensor> {
         let (inp, out) = (self.in_features, self.out_features);
         let Some((rows, saved)) = self.saved.take() else {
@@ -520,7 +521,7 @@ impl LinearGemms {
         let backend = self.backend.clone();
         let kernels = backend.kernels();
         if let Some(db) = bias_grad {
-            kernels.column_sum(dy, out, ValuesMut::Host(db))?;
+            kernels.column_sum(dy, out, db)?;
         }
         let Some((_, copy)) = &self.weight else {
             return Err(internal(&self.layer, "no weight copy in backward"));
@@ -543,10 +544,10 @@ impl LinearGemms {
                     &GemmParams::default(),
                 )?;
                 if let Some(dw) = weight_grad {
-                    kernels.gemm(
+                    kernels.gemm_into(
                         &Operand::Fp8(dy_format, fp8_cast::columnwise(&dyq.tensor)),
                         &Operand::Fp8(*x_format, xt),
-                        Output::F32(dw),
+                        dw,
                         &accumulate,
                     )?;
                 }
@@ -572,7 +573,7 @@ impl LinearGemms {
                     // dW = dY^T X: A is dY^T `[out, tokens]`, B is X^T `[in, tokens]`, both read
                     // from their `[tokens, ...]` storage.
                     let dyt = dym.operand_transposed(out, rows)?;
-                    kernels.gemm(&dyt, &x.operand_transposed(inp, rows)?, Output::F32(dw), &accumulate)?;
+                    kernels.gemm_into(&dyt, &x.operand_transposed(inp, rows)?, dw, &accumulate)?;
                 }
                 (dgrad.amax, None)
             }

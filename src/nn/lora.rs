@@ -232,10 +232,10 @@ impl LoraAdapter {
         self.dtype.round_slice(&mut du);
         let dh = self
             .gemm_b
-            .backward(Values::Host(&du), None, Some(self.b.grad_mut()), None)?;
+            .backward(Values::Host(&du), None, self.b.trainable_grad_values(), None)?;
         let dxd = self
             .gemm_a
-            .backward(dh.values(), None, Some(self.a.grad_mut()), None)?
+            .backward(dh.values(), None, self.a.trainable_grad_values(), None)?
             .into_data();
         if dxd.len() != dx.len() {
             return Err(Error::LengthMismatch {

@@ -4,10 +4,14 @@
 //! and reused across micro-batches.
 
 use std::borrow::Cow;
+use std::sync::OnceLock;
 
+use crate::dispatch::Backend;
 use crate::error::{Error, Result};
+use crate::memory::MemoryCategory;
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
+use crate::tensor::device_values::{Values, ValuesMut};
 use crate::tensor::{DeviceKind, Dtype, HalfValues, Tensor};
 
 /// One trainable tensor.
@@ -17,8 +21,13 @@ pub struct Parameter {
     shape: Vec<usize>,
     /// f32 master values, row-major, as a matrix (see [`matrix_dims`]) on the parameter's device.
     value: Tensor,
-    /// f32 gradient, accumulated across micro-batches until `zero_grad`.
+    /// f32 gradient, accumulated across micro-batches until `zero_grad`: in host memory, or
+    /// on the GPU of a layer that keeps its activations there ([`Parameter::keep_grad_on`]),
+    /// where the wgrad GEMMs accumulate into it and the optimizer's arenas copy it in place.
     grad: Tensor,
+    /// The host copy of a device gradient that [`Parameter::grad`] made (dropped whenever the
+    /// gradient may change).
+    grad_read: HostCopy,
     version: u64,
     /// Frozen (LoRA's base weights): no gradient buffer, no optimizer state.
     frozen: bool,
@@ -54,6 +63,7 @@ impl Parameter {
         let (rows, cols) = matrix_dims(shape);
         Ok(Parameter {
             grad: Tensor::zeros(rows, cols),
+            grad_read: HostCopy::default(),
             value: Tensor::new(value, rows, cols)?,
             name,
             shape: shape.to_vec(),
@@ -72,6 +82,7 @@ impl Parameter {
             shape: shape.to_vec(),
             value: Tensor::zeros(0, 0),
             grad: Tensor::zeros(0, 0),
+            grad_read: HostCopy::default(),
             version: 0,
             frozen: false,
             half: None,
@@ -141,10 +152,70 @@ impl Parameter {
         self.half.as_ref().map_or(4 * self.value.len(), HalfValues::bytes)
     }
 
-    /// The 16-bit values (if held so) and the gradient to accumulate into (if trainable) at once.
-    pub(crate) fn half_and_trainable_grad(&mut self) -> (Option<&HalfValues>, Option<&mut [f32]>) {
-        let grad = (!self.frozen).then(|| self.grad.data_mut());
+    /// The 16-bit values (if held so) and the gradient to accumulate into (if trainable),
+    /// wherever it lives, at once.
+    pub(crate) fn half_and_trainable_grad(&mut self) -> (Option<&HalfValues>, Option<ValuesMut<'_>>) {
+        self.grad_read.forget();
+        let grad = (!self.frozen).then(|| self.grad.values_mut());
         (self.half.as_ref(), grad)
+    }
+
+    /// The gradient to accumulate into wherever it lives, or `None` for a frozen parameter.
+    pub(crate) fn trainable_grad_values(&mut self) -> Option<ValuesMut<'_>> {
+        self.half_and_trainable_grad().1
+    }
+
+    /// The gradient as an op argument, wherever it lives (the optimizer's arenas copy a
+    /// device gradient on the device).
+    pub(crate) fn grad_values(&self) -> Values<'_> {
+        self.grad.values()
+    }
+
+    /// The device the gradient lives on.
+    pub fn grad_device(&self) -> DeviceKind {
+        self.grad.device()
+    }
+
+    /// Keeps a trainable gradient on `backend`'s GPU from now on (uploaded once, booked as
+    /// gradients; [`Parameter::zero_grad`] clears it there). Nothing on the CPU, for a frozen
+    /// parameter, or for a gradient already there.
+    pub(crate) fn keep_grad_on(&mut self, backend: &Backend) -> Result<()> {
+        let device = backend.device();
+        if self.frozen || device == DeviceKind::Cpu || self.grad.device() == device || self.grad.is_empty() {
+            return Ok(());
+        }
+        self.grad = backend.to_device_as(&self.grad, MemoryCategory::Gradients)?;
+        self.grad_read.forget();
+        Ok(())
+    }
+
+    /// Brings a device gradient to host memory (a download; nothing for a host one).
+    pub fn grad_to_host(&mut self) -> Result<()> {
+        if self.grad.device() != DeviceKind::Cpu {
+            self.grad = self.grad.to_host()?;
+            self.grad_read.forget();
+        }
+        Ok(())
+    }
+
+    /// Moves the gradient onto a stand-in GPU `ordinal` (host memory playing a device array,
+    /// `tensor::device_values::HostArray`), for tests of the code around device gradients.
+    #[cfg(test)]
+    pub(crate) fn grad_on_stand_in_gpu(&mut self, ordinal: usize) {
+        use crate::tensor::device_values::{CudaStorage, HostArray};
+        let (rows, cols) = self.grad.shape();
+        let values = self.grad.to_host().unwrap().into_data();
+        let storage = CudaStorage::new(Box::new(HostArray { ordinal, values }));
+        self.grad = Tensor::on_device(storage, rows, cols).unwrap();
+        self.grad_read.forget();
+    }
+
+    /// [`Self::grad_to_host`] for accessors that hand out host slices: a failed download
+    /// means the GPU is gone, and they have no error to return.
+    fn grad_home(&mut self) {
+        if let Err(e) = self.grad_to_host() {
+            panic!("the gradient of '{}' could not come back from its GPU: {e}", self.name);
+        }
     }
 
     /// Name, e.g. `layers.0.attn.qkv.weight`.
@@ -170,18 +241,40 @@ impl Parameter {
         self.value.data_mut()
     }
 
-    /// The f32 gradient, accumulated across micro-batches until [`Parameter::zero_grad`].
+    /// The f32 gradient, accumulated across micro-batches until [`Parameter::zero_grad`]. A
+    /// gradient kept on a GPU is downloaded at the first read after it changed.
+    ///
+    /// # Panics
+    /// If that download fails (the GPU is gone); [`Parameter::grad_to_host`] returns the error.
     pub fn grad(&self) -> &[f32] {
-        self.grad.data()
+        if self.grad.device() == DeviceKind::Cpu {
+            return self.grad.data();
+        }
+        self.grad_read.0.get_or_init(|| match self.grad.to_host() {
+            Ok(t) => t.into_data(),
+            Err(e) => panic!("the gradient of '{}' could not come back from its GPU: {e}", self.name),
+        })
     }
 
-    /// The gradient, to accumulate into or rescale in place.
+    /// Number of gradient values (0 for a frozen parameter), wherever they live.
+    pub fn grad_len(&self) -> usize {
+        self.grad.len()
+    }
+
+    /// The gradient, to accumulate into or rescale in place, in host memory (a device gradient
+    /// comes back first and stays until a layer takes it up again).
+    ///
+    /// # Panics
+    /// As [`Parameter::grad`].
     pub fn grad_mut(&mut self) -> &mut [f32] {
+        self.grad_home();
         self.grad.data_mut()
     }
 
-    /// The master values and the gradient at once (an optimizer reads one and writes the other).
+    /// The master values and the gradient at once (an optimizer reads one and writes the other),
+    /// in host memory as [`Parameter::grad_mut`].
     pub fn value_and_grad_mut(&mut self) -> (&mut [f32], &mut [f32]) {
+        self.grad_home();
         (self.value.data_mut(), self.grad.data_mut())
     }
 
@@ -273,6 +366,7 @@ impl Parameter {
     pub fn freeze(&mut self) {
         self.frozen = true;
         self.grad = Tensor::zeros(0, 0);
+        self.grad_read.forget();
     }
 
     /// Whether [`Parameter::freeze`] was called.
@@ -280,14 +374,52 @@ impl Parameter {
         self.frozen
     }
 
-    /// The gradient to accumulate into, or `None` for a frozen parameter.
+    /// The gradient to accumulate into, in host memory as [`Parameter::grad_mut`], or `None`
+    /// for a frozen parameter.
     pub fn trainable_grad(&mut self) -> Option<&mut [f32]> {
-        (!self.frozen).then(|| self.grad.data_mut())
+        if self.frozen {
+            return None;
+        }
+        Some(self.grad_mut())
     }
 
-    /// Clears the gradient before the first micro-batch of a step.
+    /// Clears the gradient before the first micro-batch of a step, where it lives. A device
+    /// gradient that cannot be cleared there becomes host zeros (the next backward takes them
+    /// up again): the same gradient either way.
     pub fn zero_grad(&mut self) {
-        self.grad.data_mut().fill(0.0);
+        self.grad_read.forget();
+        match self.grad.values_mut() {
+            ValuesMut::Host(values) => values.fill(0.0),
+            ValuesMut::Device(storage) => {
+                if storage.zero().is_err() {
+                    let (rows, cols) = self.grad.shape();
+                    self.grad = Tensor::zeros(rows, cols);
+                }
+            }
+        }
+    }
+}
+
+/// The host copy of a device gradient, made at the first read. It is a cache: clones start
+/// without one, and it takes no part in comparisons.
+#[derive(Debug, Default)]
+struct HostCopy(OnceLock<Vec<f32>>);
+
+impl HostCopy {
+    fn forget(&mut self) {
+        self.0.take();
+    }
+}
+
+impl Clone for HostCopy {
+    fn clone(&self) -> Self {
+        HostCopy::default()
+    }
+}
+
+impl PartialEq for HostCopy {
+    fn eq(&self, _: &Self) -> bool {
+        true
     }
 }
 
@@ -356,4 +488,59 @@ pub trait Module {
 
     /// Appends the FP8 statistics of the last forward and backward, one entry per FP8 tensor slot.
     fn collect_fp8_stats(&self, _out: &mut Vec<Fp8TensorStats>) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::device_values::HostArray;
+
+    fn param() -> Parameter {
+        let mut p = Parameter::new("w", &[2, 3], vec![0.5; 6]).unwrap();
+        p.grad_mut().copy_from_slice(&[1.0, -2.0, 3.0, -4.0, 5.0, -6.0]);
+        p
+    }
+
+    /// Writes `v` into every value of a device gradient, as a kernel would.
+    fn written_on_device(p: &mut Parameter, v: f32) {
+        let Some(ValuesMut::Device(storage)) = p.trainable_grad_values() else {
+            panic!("the gradient is not on the device")
+        };
+        let array = storage.unique_mut(true).unwrap();
+        array.as_any_mut().downcast_mut::<HostArray>().unwrap().values.fill(v);
+    }
+
+    #[test]
+    fn a_device_gradient_reads_as_the_host_one_and_is_cleared_where_it_lives() {
+        let mut p = param();
+        let host = p.grad().to_vec();
+        p.grad_on_stand_in_gpu(3);
+        assert_eq!(p.grad_device(), DeviceKind::Cuda(3));
+        assert_eq!((p.grad(), p.grad_len()), (host.as_slice(), 6));
+        // A write on the device is seen by the next read (the host copy is dropped).
+        written_on_device(&mut p, 7.0);
+        assert_eq!(p.grad(), &[7.0; 6]);
+        // Cleared on the device: it stays there, and a clone keeps its own values.
+        let kept = p.clone();
+        p.zero_grad();
+        assert_eq!(p.grad_device(), DeviceKind::Cuda(3));
+        assert_eq!(p.grad(), &[0.0; 6]);
+        assert_eq!(kept.grad(), &[7.0; 6]);
+        // Host accessors bring it home, with its values.
+        written_on_device(&mut p, -1.5);
+        p.grad_mut()[0] = 2.0;
+        assert_eq!(p.grad_device(), DeviceKind::Cpu);
+        assert_eq!(p.grad(), &[2.0, -1.5, -1.5, -1.5, -1.5, -1.5]);
+    }
+
+    #[test]
+    fn gradients_stay_home_on_the_cpu_and_for_frozen_parameters() {
+        let mut p = param();
+        p.keep_grad_on(&Backend::default()).unwrap();
+        assert_eq!(p.grad_device(), DeviceKind::Cpu);
+        p.freeze();
+        assert!(p.trainable_grad_values().is_none());
+        p.keep_grad_on(&Backend::on(DeviceKind::Cuda(0))).unwrap();
+        assert_eq!((p.grad_device(), p.grad_len()), (DeviceKind::Cpu, 0));
+    }
 }

@@ -26,6 +26,8 @@ pub(crate) trait DeviceArray: Debug + Send + Sync {
     /// A new array on the same GPU of the same length, contents unspecified (a shared output
     /// about to be overwritten).
     fn blank(&self) -> Result<Box<dyn DeviceArray>>;
+    /// Sets every value to zero, in place (a gradient cleared between steps).
+    fn zero(&mut self) -> Result<()>;
     /// The backend's own type, to reach its buffer.
     fn as_any(&self) -> &dyn Any;
     /// The backend's own type, to write its buffer.
@@ -78,6 +80,12 @@ impl CudaStorage {
             self.array = fresh.into();
         }
         Ok(Arc::get_mut(&mut self.array).expect("a fresh or unshared array has one owner"))
+    }
+
+    /// Sets every value to zero: in place, or in a new array if a clone shares this one (the
+    /// clone keeps its values).
+    pub(crate) fn zero(&mut self) -> Result<()> {
+        self.unique_mut(false)?.zero()
     }
 
     /// The values, downloaded.
@@ -248,6 +256,10 @@ impl DeviceArray for HostArray {
             ordinal: self.ordinal,
             values: vec![f32::NAN; self.values.len()],
         }))
+    }
+    fn zero(&mut self) -> Result<()> {
+        self.values.fill(0.0);
+        Ok(())
     }
     fn as_any(&self) -> &dyn Any {
         self

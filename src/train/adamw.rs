@@ -403,7 +403,7 @@ impl AdamW {
     /// same parameters (names, shapes, order).
     fn check_or_init_moments(&mut self, module: &mut dyn Module) -> Result<()> {
         let mut live = Vec::new();
-        module.visit_parameters(&mut |p| live.push((p.name().to_string(), p.shape().to_vec(), p.grad().len())));
+        module.visit_parameters(&mut |p| live.push((p.name().to_string(), p.shape().to_vec(), p.grad_len())));
         if let Some((name, _, len)) = live
             .iter()
             .find(|(_, shape, len)| shape.iter().product::<usize>() != *len)

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::memory::MemoryCategory;
 use crate::nn::Module;
 use crate::ops::AdamWStep;
+use crate::tensor::device_values::{CudaStorage, Values};
 
 use super::adamw_state::Moments;
 
@@ -143,9 +144,16 @@ impl ArenaAdamW {
         let mut entries = gather.entries().into_iter();
         module.visit_parameters(&mut |p| {
             let Some(e) = entries.next() else { return };
-            let host = if arena == Arena::Values { p.value() } else { p.grad() };
+            let values = match arena {
+                Arena::Values => Values::Host(p.value()),
+                _ => p.grad_values(),
+            };
             if result.is_ok() {
-                result = gather.put(e, host);
+                result = match values {
+                    Values::Host(host) => gather.put(e, host),
+                    // A gradient kept on the GPU is copied there, not through the host.
+                    Values::Device(device) => gather.put_device(e, device),
+                };
             }
         });
         result?;
@@ -187,7 +195,7 @@ impl ArenaAdamW {
     fn check_lengths(&self, module: &mut dyn Module) -> Result<()> {
         let entries = self.store.layout().entries();
         let mut live = Vec::new();
-        module.visit_parameters(&mut |p| live.push((p.name().to_string(), p.value().len(), p.grad().len())));
+        module.visit_parameters(&mut |p| live.push((p.name().to_string(), p.value().len(), p.grad_len())));
         if live.len() != entries.len() {
             return Err(Error::InvalidTensor {
                 name: "adamw".to_string(),
@@ -273,6 +281,23 @@ impl<'a> Gather<'a> {
             at += take;
             data = &data[take..];
         }
+        Ok(())
+    }
+
+    /// [`Self::put`] of values on the store's GPU: the host values gathered so far go first,
+    /// then one copy on the device; the next host window starts after this span, so its zero
+    /// padding never covers it.
+    fn put_device(&mut self, span: Span, values: &CudaStorage) -> Result<()> {
+        self.flush()?;
+        if values.len() != span.len {
+            return Err(Error::LengthMismatch {
+                what: "device gradient into its arena span",
+                src: values.len(),
+                dst: span.len,
+            });
+        }
+        self.arenas.store.write_device(self.arena, span.offset, values)?;
+        self.start = span.offset + span.len;
         Ok(())
     }
 
@@ -621,6 +646,43 @@ mod tests {
         plain_opt.step(&mut plain, 1e-2).unwrap();
         arena_opt.step(&mut arena, 1e-2).unwrap();
         assert_eq!(bits(&arena), bits(&plain));
+    }
+
+    #[test]
+    fn gradients_kept_on_the_device_are_gathered_as_the_host_ones() {
+        // Device and host gradients side by side, in pieces that straddle both and the padding.
+        for piece in [1, 5, 64, PIECE] {
+            let (mut host, mut device) = (module(6.5), module(6.5));
+            let start = {
+                let (mut opt, mut m) = (AdamW::new(config(true)).unwrap(), host.clone());
+                set_grads(&mut m, 0);
+                opt.step(&mut m, 1e-2).unwrap();
+                opt.state().unwrap().into_owned().moments
+            };
+            let open = || {
+                let store = |layout| Ok(Box::new(HostArenas::new(layout)) as Box<dyn ArenaStore>);
+                ArenaAdamW::open_in_pieces(store, &start, true, piece).unwrap()
+            };
+            let (mut a, mut b) = (open(), open());
+            set_grads(&mut host, 1);
+            set_grads(&mut device, 1);
+            for i in [0, 2] {
+                device.params[i].grad_on_stand_in_gpu(0);
+            }
+            a.upload_grads(&mut host).unwrap();
+            b.upload_grads(&mut device).unwrap();
+            let whole = |arenas: &ArenaAdamW| {
+                let mut all = vec![f32::NAN; arenas.store.layout().len()];
+                arenas.store.read(Arena::Grads, 0, &mut all).unwrap();
+                all.iter().map(|g| g.to_bits()).collect::<Vec<u32>>()
+            };
+            assert_eq!(whole(&b), whole(&a), "piece {piece}: the padding stays zero");
+            let step = crate::train::adamw::step_scalars(&config(true), 1e-2, 2);
+            a.step(&mut host, &step, true).unwrap();
+            b.step(&mut device, &step, true).unwrap();
+            assert_eq!(bits(&device), bits(&host), "piece {piece}");
+            assert_eq!(device.params[0].grad_device(), crate::tensor::DeviceKind::Cuda(0));
+        }
     }
 
     #[test]

@@ -33,8 +33,8 @@ impl BucketPlan {
         let mut offset = 0;
         model.visit_parameters(&mut |p| {
             names.push(p.name().to_string());
-            spans.push(offset..offset + p.grad().len());
-            offset += p.grad().len();
+            spans.push(offset..offset + p.grad_len());
+            offset += p.grad_len();
         });
         let lens: Vec<usize> = spans.iter().map(|s| s.len()).collect();
         let buckets = bucket_ranges(&lens, (bucket_bytes / 4).max(1));
@@ -109,11 +109,11 @@ impl GradLauncher<'_> {
                 error = Some(format!("backward reported '{}' past the last parameter", p.name()));
                 return;
             }
-            if p.name() != plan.names[index] || p.grad().len() != plan.spans[index].len() {
+            if p.name() != plan.names[index] || p.grad_len() != plan.spans[index].len() {
                 error = Some(format!(
                     "backward reported '{}' ({} values) where '{}' ({} values) was next",
                     p.name(),
-                    p.grad().len(),
+                    p.grad_len(),
                     plan.names[index],
                     plan.spans[index].len()
                 ));
@@ -128,8 +128,8 @@ impl GradLauncher<'_> {
                     self.buffers[b] = vec![0.0; bucket.len()];
                 }
                 let at = plan.spans[index].start - bucket.start;
-                self.buffers[b][at..at + p.grad().len()].copy_from_slice(p.grad());
-                self.filled[b] += p.grad().len();
+                self.buffers[b][at..at + p.grad_len()].copy_from_slice(p.grad());
+                self.filled[b] += p.grad_len();
             }
             index += 1;
         });
@@ -248,7 +248,7 @@ where
         model.visit_parameters(&mut |p| {
             if let Some(b) = plan.bucket_of[index] {
                 let at = plan.spans[index].start - plan.buckets[b].start;
-                let n = p.grad().len();
+                let n = p.grad_len();
                 p.grad_mut().copy_from_slice(&reduced[b].1[at..at + n]);
             }
             index += 1;

@@ -37,7 +37,7 @@ pub fn all_reduce_gradients<M: Module + ?Sized>(
     let mut lens = Vec::new();
     let mut flat = Vec::new();
     model.visit_parameters(&mut |p| {
-        lens.push(p.grad().len());
+        lens.push(p.grad_len());
         flat.extend_from_slice(p.grad());
     });
     let buckets = bucket_ranges(&lens, (bucket_bytes / 4).max(1));

@@ -233,6 +233,19 @@ impl CudaDevice {
         timed(Transfer::WaitForGpu, 0, || self.stream().synchronize()).call("cuStreamSynchronize")
     }
 
+    /// Device-to-device copy of all of `src` into `dst[offset..offset + src.len()]` (a range
+    /// past `dst` is an error, nothing copied): a gradient into the optimizer's arena.
+    pub fn copy_at<T: DeviceRepr>(
+        &self,
+        src: &DeviceBuffer<T>,
+        dst: &mut DeviceBuffer<T>,
+        offset: usize,
+    ) -> Result<()> {
+        check_range("device copy past the buffer", offset, src.len(), dst.len())?;
+        let mut view = dst.slice.slice_mut(offset..offset + src.len());
+        self.stream().memcpy_dtod(&src.slice, &mut view).call("cuMemcpyDtoD")
+    }
+
     /// Device-to-device copy of `src` into `dst` (same length); the baseline of the bandwidth bench.
     pub fn copy<T: DeviceRepr>(&self, src: &DeviceBuffer<T>, dst: &mut DeviceBuffer<T>) -> Result<()> {
         self.stream()

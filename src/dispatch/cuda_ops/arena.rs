@@ -14,6 +14,7 @@ use crate::dispatch::arena_store::{Arena, ArenaStore};
 use crate::error::Result;
 use crate::memory::MemoryCategory;
 use crate::ops::AdamWStep;
+use crate::tensor::device_values::CudaStorage;
 
 /// The arenas of one optimizer on one GPU (the device the staged ops use).
 pub(crate) struct CudaArenas {
@@ -60,6 +61,15 @@ impl ArenaStore for CudaArenas {
         }
         let staged = self.staged.clone();
         staged.device().write_at(host, self.buffer_mut(arena), offset)
+    }
+
+    fn write_device(&mut self, arena: Arena, offset: usize, values: &CudaStorage) -> Result<()> {
+        if values.len() == 0 {
+            return Ok(());
+        }
+        let staged = self.staged.clone();
+        let src = staged.own("optimizer arenas", values.array())?;
+        staged.device().copy_at(src, self.buffer_mut(arena), offset)
     }
 
     fn read(&self, arena: Arena, offset: usize, host: &mut [f32]) -> Result<()> {

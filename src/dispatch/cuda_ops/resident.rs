@@ -14,10 +14,12 @@ use crate::error::{Error, Result};
 use crate::memory::MemoryCategory;
 use crate::tensor::device_values::{CudaStorage, DeviceArray, Values, ValuesMut};
 
-/// f32 values a CUDA op wrote and left on its GPU, booked as activations in its ledger.
+/// f32 values a CUDA op wrote and left on its GPU, booked in its ledger under `category`
+/// (activations, or gradients for a parameter's gradient kept there).
 pub(crate) struct CudaValues {
     staged: Arc<Staged>,
     ordinal: usize,
+    category: MemoryCategory,
     buffer: DeviceBuffer<f32>,
 }
 
@@ -38,12 +40,19 @@ impl DeviceArray for CudaValues {
         self.staged.down(&self.buffer, out)
     }
     fn blank(&self) -> Result<Box<dyn DeviceArray>> {
-        Ok(Box::new(self.staged.array(self.ordinal, self.buffer.len())?))
+        Ok(Box::new(self.staged.array(
+            self.ordinal,
+            self.buffer.len(),
+            self.category,
+        )?))
     }
     fn duplicate(&self) -> Result<Box<dyn DeviceArray>> {
-        let mut copy = self.staged.array(self.ordinal, self.buffer.len())?;
+        let mut copy = self.staged.array(self.ordinal, self.buffer.len(), self.category)?;
         self.staged.device().copy(&self.buffer, &mut copy.buffer)?;
         Ok(Box::new(copy))
+    }
+    fn zero(&mut self) -> Result<()> {
+        self.staged.device().zero(&mut self.buffer)
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -58,11 +67,10 @@ pub(crate) fn new_values(k: &CudaKernels, len: usize) -> Result<CudaStorage> {
     staged(k)?.new_values(k.ordinal, len)
 }
 
-/// `host` uploaded to the GPU of `k`, as a tensor's values there.
-#[cfg_attr(not(test), allow(dead_code))] // with `Backend::to_device`
-pub(crate) fn upload(k: &CudaKernels, host: &[f32]) -> Result<CudaStorage> {
+/// `host` uploaded to the GPU of `k`, as a tensor's values there, booked under `category`.
+pub(crate) fn upload(k: &CudaKernels, host: &[f32], category: MemoryCategory) -> Result<CudaStorage> {
     let s = staged(k)?;
-    let mut storage = s.new_values(k.ordinal, host.len())?;
+    let mut storage = CudaStorage::new(Box::new(s.array(k.ordinal, host.len(), category)?));
     if !host.is_empty() {
         let buffer = s.own_mut("upload", &mut storage, false)?;
         s.device().write(host, buffer)?;
@@ -181,20 +189,25 @@ impl Staged {
     /// `len` values made on this device for a tensor (booked as activations); the kernel that
     /// takes it as an output writes every value.
     pub(crate) fn new_values(self: &Arc<Self>, ordinal: usize, len: usize) -> Result<CudaStorage> {
-        Ok(CudaStorage::new(Box::new(self.array(ordinal, len)?)))
+        Ok(CudaStorage::new(Box::new(self.array(
+            ordinal,
+            len,
+            MemoryCategory::Activations,
+        )?)))
     }
 
-    /// A new array of `len` values on this device (zeros), booked as activations.
-    fn array(self: &Arc<Self>, ordinal: usize, len: usize) -> Result<CudaValues> {
+    /// A new array of `len` values on this device (zeros), booked under `category`.
+    fn array(self: &Arc<Self>, ordinal: usize, len: usize, category: MemoryCategory) -> Result<CudaValues> {
         Ok(CudaValues {
             staged: self.clone(),
             ordinal,
-            buffer: self.device().alloc_zeros::<f32>(len, MemoryCategory::Activations)?,
+            category,
+            buffer: self.device().alloc_zeros::<f32>(len, category)?,
         })
     }
 
     /// The buffer of an array this device made, or `DeviceMismatch` naming `op`.
-    fn own<'a>(&self, op: &'static str, array: &'a dyn DeviceArray) -> Result<&'a DeviceBuffer<f32>> {
+    pub(super) fn own<'a>(&self, op: &'static str, array: &'a dyn DeviceArray) -> Result<&'a DeviceBuffer<f32>> {
         let ordinal = array.ordinal();
         match array.as_any().downcast_ref::<CudaValues>() {
             Some(values) if std::ptr::eq(Arc::as_ptr(&values.staged), self) => Ok(&values.buffer),
