@@ -827,6 +827,56 @@ fn linear_layers_keep_device_inputs_on_the_device() {
     );
 }
 
+/// On GPU 0: three micro-batches of a step accumulated into gradients kept on the device (each
+/// micro-batch's gradient from zero, the earlier sum added on the device) give the bits of the
+/// same layer fed host tensors, whose gradients are summed on the host.
+#[test]
+fn micro_batches_accumulate_gradients_on_the_device() {
+    use crate::amp::Precision;
+    use crate::nn::{Linear, Module};
+    use crate::train::accumulate::{Share, accumulate_share};
+    if skipped_without_a_gpu("micro_batches_accumulate_gradients_on_the_device") {
+        return;
+    }
+    let (rows, inp, out) = (48, 128, 64);
+    let gpu = Backend::on(DeviceKind::Cuda(0));
+    for name in ["bf16", "fp8-delayed"] {
+        let precision: Precision = name.parse().unwrap();
+        let mut layers = Vec::new();
+        for resident in [false, true] {
+            let mut layer = Linear::new("fc", inp, out, true, &precision, 3).unwrap();
+            layer.to_device(DeviceKind::Cuda(0)).unwrap();
+            let share = Share {
+                first: 0,
+                count: 3,
+                total: 3,
+            };
+            accumulate_share(&mut layer, share, 1.0, |l, micro| {
+                let k = micro.index as f32;
+                let x = Tensor::new(ramp(rows * inp, k + 0.3), rows, inp)?;
+                let dy = Tensor::new(ramp(rows * out, k + 1.1), rows, out)?;
+                let (x, dy) = match resident {
+                    true => (gpu.to_device(&x)?, gpu.to_device(&dy)?),
+                    false => (x, dy),
+                };
+                l.forward(&x)?;
+                l.backward(&dy)?;
+                Ok(1.0)
+            })
+            .unwrap();
+            layer.visit_parameters(&mut |p| {
+                let want = if resident { DeviceKind::Cuda(0) } else { DeviceKind::Cpu };
+                assert_eq!(p.grad_device(), want, "{name}: {}", p.name());
+            });
+            layers.push(state(&mut layer).0);
+        }
+        assert_eq!(layers[1], layers[0], "{name}: accumulated gradients");
+    }
+    println!(
+        "micro_batches_accumulate_gradients_on_the_device: bf16, fp8-delayed: same gradient bits over 3 micro-batches"
+    );
+}
+
 /// On GPU 0: a `TransformerLayer` fed a device tensor (what `FP8_CUDA_RESIDENT=1` uploads at its
 /// boundary) runs every op on device tensors and gives the bits, parameter gradients, slots and
 /// statistics of the same layer fed host tensors (staged ops), over two passes, with and without

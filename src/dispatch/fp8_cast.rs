@@ -315,7 +315,7 @@ pub(crate) fn cast_stats(name: String, src: &[f32], cast: &Cast) -> Fp8TensorSta
 /// The statistics of a cast of a `len`-element source from the counts made during the cast,
 /// if it made them (and they are of a source that long).
 pub(crate) fn counted_stats(name: &str, len: usize, cast: &Cast) -> Option<Fp8TensorStats> {
-    let counts = cast.counts.filter(|_| len == cast.tensor.rowwise().data().len())?;
+    let counts = cast.counts.filter(|_| len == cast.tensor.rowwise().len())?;
     let format = cast.tensor.format();
     Some(stats_from_counts(
         name.to_string(),

@@ -256,6 +256,42 @@ impl Parameter {
         })
     }
 
+    /// The gradient as a tensor, wherever it lives.
+    pub(crate) fn grad_tensor(&self) -> &Tensor {
+        &self.grad
+    }
+
+    /// Adds `sum` (earlier micro-batches' gradients, of the same length) into the gradient: on
+    /// its GPU when both live there (an f32 add, the same bits as on the host), else in host
+    /// memory.
+    pub(crate) fn add_to_grad(&mut self, sum: &Tensor) -> Result<()> {
+        if sum.len() != self.grad.len() {
+            return Err(Error::LengthMismatch {
+                what: "gradient sum",
+                src: sum.len(),
+                dst: self.grad.len(),
+            });
+        }
+        let device = self.grad.device();
+        if device != DeviceKind::Cpu && sum.device() == device {
+            // The gradient's array is shared with `before` while the add writes: the output is
+            // a new array of the same kind (booked as gradients), and `before` goes after.
+            let before = self.grad.clone();
+            self.grad_read.forget();
+            let kernels = Backend::on(device);
+            let kernels = kernels.kernels();
+            return kernels.residual_add(before.values(), sum.values(), Dtype::F32, self.grad.values_mut());
+        }
+        let sum = sum.to_host()?;
+        self.grad_to_host()?;
+        self.grad
+            .data_mut()
+            .iter_mut()
+            .zip(sum.data())
+            .for_each(|(g, s)| *g += *s);
+        Ok(())
+    }
+
     /// Number of gradient values (0 for a frozen parameter), wherever they live.
     pub fn grad_len(&self) -> usize {
         self.grad.len()
@@ -531,6 +567,23 @@ mod tests {
         p.grad_mut()[0] = 2.0;
         assert_eq!(p.grad_device(), DeviceKind::Cpu);
         assert_eq!(p.grad(), &[2.0, -1.5, -1.5, -1.5, -1.5, -1.5]);
+    }
+
+    #[test]
+    fn a_sum_on_another_device_is_added_in_host_memory() {
+        let mut p = param();
+        p.grad_on_stand_in_gpu(1);
+        let sum = Tensor::new(vec![0.5; 6], 2, 3).unwrap();
+        p.add_to_grad(&sum).unwrap();
+        assert_eq!(p.grad_device(), DeviceKind::Cpu);
+        assert_eq!(p.grad(), &[1.5, -1.5, 3.5, -3.5, 5.5, -5.5]);
+        let short = Tensor::new(vec![0.5; 5], 1, 5).unwrap();
+        assert!(p.add_to_grad(&short).is_err());
+        assert_eq!(
+            p.grad(),
+            &[1.5, -1.5, 3.5, -3.5, 5.5, -5.5],
+            "a wrong length changes nothing"
+        );
     }
 
     #[test]

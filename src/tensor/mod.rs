@@ -129,6 +129,16 @@ impl QuantizedMatrix {
         })
     }
 
+    /// Number of codes, `rows * cols`.
+    pub fn len(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    /// Whether the matrix holds no codes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// This matrix with `mirror`, a device copy of exactly its codes and scales.
     pub(crate) fn with_mirror(mut self, mirror: DeviceMirror) -> Self {
         self.mirror = Some(Arc::new(mirror));

@@ -18,7 +18,8 @@
 //! first micro-batch and reused by the others.
 
 use crate::error::{Error, Result};
-use crate::nn::Module;
+use crate::nn::{Module, Parameter};
+use crate::tensor::Tensor;
 
 /// What the closure needs to know about the micro-batch it runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -98,9 +99,10 @@ where
 /// (visiting order). A step that hands gradients on before its backward returns (the overlapped
 /// all-reduce) folds each parameter's sum in as soon as the parameter is final; the rest are
 /// folded when the micro-batch's closure returns.
+/// A sum is kept where its gradient lived (a gradient on a GPU stays there).
 #[derive(Debug, Default)]
 pub struct EarlierSums {
-    sums: Vec<Vec<f32>>,
+    sums: Vec<Tensor>,
     folded: Vec<bool>,
 }
 
@@ -108,10 +110,33 @@ impl EarlierSums {
     /// Adds the earlier micro-batches' sum into parameter `index`'s gradient, once (`g + sum`:
     /// f32 addition commutes, so this is the contract's `sum + g` bit for bit). Does nothing
     /// in a step's first micro-batch, or for a parameter already folded.
+    ///
+    /// # Panics
+    /// If the sum lives on a GPU and cannot come back ([`Self::fold_into`] returns the error).
     pub fn fold(&mut self, index: usize, grad: &mut [f32]) {
-        if let (Some(sum), Some(folded @ false)) = (self.sums.get(index), self.folded.get_mut(index)) {
-            grad.iter_mut().zip(sum).for_each(|(g, s)| *g += *s);
-            *folded = true;
+        if let Some(sum) = self.take(index) {
+            let sum = sum.to_host().unwrap_or_else(|e| panic!("an earlier gradient sum: {e}"));
+            grad.iter_mut().zip(sum.data()).for_each(|(g, s)| *g += *s);
+        }
+    }
+
+    /// [`Self::fold`] into `p`'s gradient where it lives: on its GPU when the sum is there too
+    /// (an f32 add on the device, the same bits), else in host memory.
+    pub(crate) fn fold_into(&mut self, index: usize, p: &mut Parameter) -> Result<()> {
+        match self.take(index) {
+            Some(sum) => p.add_to_grad(sum),
+            None => Ok(()),
+        }
+    }
+
+    /// Parameter `index`'s sum if it is not folded yet (marked folded).
+    fn take(&mut self, index: usize) -> Option<&Tensor> {
+        match (self.sums.get(index), self.folded.get_mut(index)) {
+            (Some(sum), Some(folded @ false)) => {
+                *folded = true;
+                Some(sum)
+            }
+            _ => None,
         }
     }
 }
@@ -149,7 +174,8 @@ where
             // The sum so far leaves the gradients, which start this micro-batch at zero.
             earlier.sums.clear();
             model.visit_parameters(&mut |p| {
-                earlier.sums.push(p.grad().to_vec());
+                // A clone shares a device gradient's array; clearing it then makes a new one.
+                earlier.sums.push(p.grad_tensor().clone());
                 p.zero_grad();
             });
             earlier.folded = vec![false; earlier.sums.len()];
@@ -160,11 +186,14 @@ where
             backward_seed,
         };
         micro.push(forward_backward(model, batch, &mut earlier)?);
-        let mut param = 0;
+        let (mut param, mut folded) = (0, Ok(()));
         model.visit_parameters(&mut |p| {
-            earlier.fold(param, p.grad_mut());
+            if folded.is_ok() {
+                folded = earlier.fold_into(param, p);
+            }
             param += 1;
         });
+        folded?;
     }
     let mean = mean_loss(&micro);
     Ok(AccumulatedLoss { mean, micro })

@@ -579,7 +579,7 @@ pub(crate) fn resident_mirror(
 fn mirror_on(device: &CudaDevice, q: &QuantizedMatrix) -> Option<Arc<DeviceMirror>> {
     let m = q.mirror().filter(|m| m.ordinal == device.info().ordinal)?;
     let codes = fp8_mirror(m)?.codes.len();
-    (codes == q.data().len()).then(|| m.clone())
+    (codes == q.len()).then(|| m.clone())
 }
 
 fn fp8_mirror(m: &DeviceMirror) -> Option<&Fp8Mirror> {
