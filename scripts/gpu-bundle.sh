@@ -293,7 +293,7 @@ gpu_step step_out train_resident 90 train-resident.txt bash -c '
 fail=0
 for run in staged resident; do
     dir=$(mktemp -d); eval "dir_$run=$dir"
-    env $([[ $run == resident ]] && echo FP8_CUDA_RESIDENT=1) ./fp8 train --device cuda --steps 100 \
+    env $([[ $run == resident ]] && echo FP8_CUDA_RESIDENT=1) ./fp8 train --device cuda --steps 60 --micro-batches 2 \
         --compare fp32,bf16,fp8-delayed --quiet --out "$dir" > "$dir/log" 2>&1 || { echo "$run: failed"; tail -n 3 "$dir/log"; exit 1; }
     echo "$run: $(tr -d " \n" < "$dir/summary.json" | grep -o "\"[a-z0-9-]*\":{[^}]*tokens_per_s\":[0-9.]*" | sed "s/\":{.*tokens_per_s\":/ /; s/\"//g" | tr "\n" " ")tokens/s"
 done
