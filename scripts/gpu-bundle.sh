@@ -316,6 +316,10 @@ gpu_step step_out bench_layer_resident_mma 120 bench-layer-resident-mma.txt env 
 }
 part_fresh() {
 step device_values 40 "$lib_tests" dispatch::device_values_tests:: --test-threads=1 --nocapture
+# The same under FP8_CUDA_RESIDENT=1: casts' codes and 16-bit conversions stay on the device
+# only (read back if a host reader needs them), weights' copies too.
+step device_values_resident 40 env FP8_CUDA_RESIDENT=1 "$lib_tests" dispatch::device_values_tests:: \
+    --test-threads=1 --nocapture
 part_fresh_rest
 gpu_step step_out bench_layer 240 bench-layer.txt ./fp8 bench layer --device cuda \
     --hidden 4096 --heads 32 --ffn 16384 --seq 2048 --batch 2 --runs 1 --precision bf16,fp8-delayed --breakdown

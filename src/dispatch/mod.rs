@@ -59,7 +59,7 @@ mod twin;
 pub(crate) use crate::ops::elementwise::ColumnCopy;
 pub(crate) use crate::ops::{AdamWStep, AttentionShape, CachedAttentionShape, NormShape, RopeShape, RopeTable};
 pub(crate) use fp8_cast::Cast;
-pub(crate) use plain::PlainMat;
+pub(crate) use plain::{Halves, PlainMat};
 #[cfg(test)]
 pub(crate) use shadow::{Perturbed, perturb_cpu_primaries};
 

@@ -1,13 +1,13 @@
 //! A matrix in a plain compute dtype (f32, bf16, fp16): the GEMM operand of the
 //! non-FP8 precisions, made by the dtype conversion op.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use half::{bf16, f16};
 
 use crate::error::Result;
 use crate::gemm::cpu::transpose_tiles;
-use crate::gemm::{Mat, Operand};
+use crate::gemm::{HalfBits, Mat, Operand, halves_from_bytes};
 use crate::tensor::scratch;
 use crate::tensor::{DeviceMirror, Dtype};
 
@@ -16,12 +16,86 @@ use crate::tensor::{DeviceMirror, Dtype};
 #[derive(Clone, Debug)]
 pub(crate) enum PlainMat {
     F32(Vec<f32>),
-    Bf16(Vec<bf16>, Mirror),
-    F16(Vec<f16>, Mirror),
+    Bf16(Halves<bf16>, Mirror),
+    F16(Halves<f16>, Mirror),
 }
 
 /// The device copy of a 16-bit [`PlainMat`]'s values, as stored, if a GPU kept one.
 pub(crate) type Mirror = Option<Arc<DeviceMirror>>;
+
+/// A 16-bit matrix's values in host memory, or (a conversion on a GPU where the layers keep
+/// their activations there) only in its mirror until a host reader needs them: read back then,
+/// once. A GEMM on the mirror's GPU reads the mirror ([`PlainMat::operand_on`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Halves<T> {
+    len: usize,
+    host: OnceLock<Vec<T>>,
+}
+
+impl<T: HalfBits> Halves<T> {
+    /// Values in host memory.
+    pub(crate) fn host(values: Vec<T>) -> Self {
+        Halves {
+            len: values.len(),
+            host: OnceLock::from(values),
+        }
+    }
+
+    /// `len` values held only in the matrix's mirror (which must read back).
+    pub(crate) fn on_device(len: usize) -> Self {
+        Halves {
+            len,
+            host: OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the values are in host memory now.
+    pub(crate) fn on_host(&self) -> bool {
+        self.host.get().is_some()
+    }
+
+    /// The values, read back from `mirror` the first time if they are held there only.
+    ///
+    /// # Panics
+    /// If that read fails (the GPU is gone) or the mirror is missing: the accessor hands out a
+    /// slice.
+    pub(crate) fn values(&self, mirror: &Mirror) -> &[T] {
+        self.host.get_or_init(|| {
+            let read = mirror.as_ref().map(|m| m.read_bytes());
+            match read {
+                Some(Ok(bytes)) if bytes.len() == 2 * self.len => halves_from_bytes(&bytes),
+                Some(Ok(bytes)) => panic!("{} bytes came back for {} 16-bit values", bytes.len(), self.len),
+                Some(Err(e)) => panic!("16-bit values could not come back from their GPU: {e}"),
+                None => panic!("16-bit values held on a device without their mirror"),
+            }
+        })
+    }
+}
+
+/// The operand of `h` `[rows, cols]` (`transposed`: read from its stored transpose): the
+/// mirror alone when `device_only` is asked and the host has no copy, else the host values.
+fn half_operand<'a, T: HalfBits>(
+    h: &'a Halves<T>,
+    m: &'a Mirror,
+    (rows, cols, transposed): (usize, usize, bool),
+    device_only: bool,
+) -> Result<Mat<'a, T>> {
+    if let (true, false, Some(mirror)) = (device_only, h.on_host(), m)
+        && h.len == rows.saturating_mul(cols)
+    {
+        return Ok(Mat::on_device(rows, cols, transposed, mirror));
+    }
+    let values = h.values(m);
+    let mat = match transposed {
+        true => Mat::transposed(values, rows, cols)?,
+        false => Mat::new(values, rows, cols)?,
+    };
+    Ok(mat.with_mirror(m.as_ref()))
+}
 
 impl PlainMat {
     /// `src` converted to `dtype` (round to nearest even).
@@ -31,9 +105,9 @@ impl PlainMat {
             Dtype::Bf16 => {
                 let mut values = vec![bf16::ZERO; src.len()];
                 crate::tensor::bf16_from_f32_slice(src, &mut values);
-                PlainMat::Bf16(values, None)
+                PlainMat::Bf16(Halves::host(values), None)
             }
-            Dtype::F16 => PlainMat::F16(src.iter().map(|&x| f16::from_f32(x)).collect(), None),
+            Dtype::F16 => PlainMat::F16(Halves::host(src.iter().map(|&x| f16::from_f32(x)).collect()), None),
         }
     }
 
@@ -42,25 +116,43 @@ impl PlainMat {
     pub(crate) fn transposed(dtype: Dtype, src: &[f32], rows: usize, cols: usize) -> Self {
         match dtype {
             Dtype::F32 => PlainMat::F32(transpose_map(src, rows, cols, |x| x)),
-            Dtype::Bf16 => PlainMat::Bf16(transpose_map(src, rows, cols, crate::tensor::bf16_of), None),
-            Dtype::F16 => PlainMat::F16(transpose_map(src, rows, cols, f16::from_f32), None),
+            Dtype::Bf16 => PlainMat::Bf16(
+                Halves::host(transpose_map(src, rows, cols, crate::tensor::bf16_of)),
+                None,
+            ),
+            Dtype::F16 => PlainMat::F16(Halves::host(transpose_map(src, rows, cols, f16::from_f32)), None),
         }
     }
 
+    /// `[rows, cols]` as a GEMM operand, read in place (host values: 16-bit ones held on a
+    /// device are read back first).
     pub(crate) fn operand(&self, rows: usize, cols: usize) -> Result<Operand<'_>> {
-        Ok(match self {
-            PlainMat::F32(d) => Operand::F32(Mat::new(d, rows, cols)?),
-            PlainMat::Bf16(d, m) => Operand::Bf16(Mat::new(d, rows, cols)?.with_mirror(m.as_ref())),
-            PlainMat::F16(d, m) => Operand::F16(Mat::new(d, rows, cols)?.with_mirror(m.as_ref())),
-        })
+        self.operand_as((rows, cols, false), false)
     }
 
     /// The `rows x cols` transpose of this `cols x rows` matrix as a GEMM operand, read in place.
     pub(crate) fn operand_transposed(&self, rows: usize, cols: usize) -> Result<Operand<'_>> {
+        self.operand_as((rows, cols, true), false)
+    }
+
+    /// [`Self::operand`] (`transposed`: [`Self::operand_transposed`]) for the GEMM of `backend`:
+    /// a plain CUDA backend reads 16-bit values held on its GPU there, with no read-back; every
+    /// other reader (the CPU, shadow mode's twins) gets host values.
+    pub(crate) fn operand_on(
+        &self,
+        backend: &super::Backend,
+        (rows, cols, transposed): (usize, usize, bool),
+    ) -> Result<Operand<'_>> {
+        self.operand_as((rows, cols, transposed), matches!(backend, super::Backend::Cuda(_)))
+    }
+
+    fn operand_as(&self, (rows, cols, transposed): (usize, usize, bool), device_only: bool) -> Result<Operand<'_>> {
+        let shape = (rows, cols, transposed);
         Ok(match self {
-            PlainMat::F32(d) => Operand::F32(Mat::transposed(d, rows, cols)?),
-            PlainMat::Bf16(d, m) => Operand::Bf16(Mat::transposed(d, rows, cols)?.with_mirror(m.as_ref())),
-            PlainMat::F16(d, m) => Operand::F16(Mat::transposed(d, rows, cols)?.with_mirror(m.as_ref())),
+            PlainMat::F32(d) if transposed => Operand::F32(Mat::transposed(d, rows, cols)?),
+            PlainMat::F32(d) => Operand::F32(Mat::new(d, rows, cols)?),
+            PlainMat::Bf16(h, m) => Operand::Bf16(half_operand(h, m, shape, device_only)?),
+            PlainMat::F16(h, m) => Operand::F16(half_operand(h, m, shape, device_only)?),
         })
     }
 
@@ -68,16 +160,16 @@ impl PlainMat {
     pub(crate) fn widened(&self) -> Vec<f64> {
         match self {
             PlainMat::F32(d) => d.iter().map(|&v| v as f64).collect(),
-            PlainMat::Bf16(d, _) => d.iter().map(|v| v.to_f64()).collect(),
-            PlainMat::F16(d, _) => d.iter().map(|v| v.to_f64()).collect(),
+            PlainMat::Bf16(h, m) => h.values(m).iter().map(|v| v.to_f64()).collect(),
+            PlainMat::F16(h, m) => h.values(m).iter().map(|v| v.to_f64()).collect(),
         }
     }
 
     pub(crate) fn bytes(&self) -> usize {
         match self {
             PlainMat::F32(d) => 4 * d.len(),
-            PlainMat::Bf16(d, _) => 2 * d.len(),
-            PlainMat::F16(d, _) => 2 * d.len(),
+            PlainMat::Bf16(h, _) => 2 * h.len(),
+            PlainMat::F16(h, _) => 2 * h.len(),
         }
     }
 }
@@ -121,6 +213,60 @@ fn transpose_map<T: Copy + Default + Send>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gemm::{GemmParams, Output};
+
+    /// A stand-in GPU copy of 16-bit values: the payload is their bytes, read back as they are.
+    fn stand_in(bytes: Vec<u8>) -> Mirror {
+        Some(Arc::new(DeviceMirror {
+            ordinal: 1,
+            payload: Box::new(bytes),
+            read_back: Some(|m| Ok(m.payload.downcast_ref::<Vec<u8>>().expect("bytes").clone())),
+        }))
+    }
+
+    #[test]
+    fn sixteen_bit_values_held_on_a_device_reach_a_gpu_gemm_as_the_mirror_and_others_as_values() {
+        let (rows, cols) = (3, 4);
+        let values: Vec<bf16> = (0..rows * cols)
+            .map(|i| bf16::from_f32(i as f32 * 0.25 - 1.0))
+            .collect();
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+        let held = PlainMat::Bf16(Halves::on_device(rows * cols), stand_in(bytes));
+        let host = PlainMat::Bf16(Halves::host(values.clone()), None);
+        assert_eq!(held.bytes(), host.bytes());
+        // A GPU GEMM gets the mirror alone: nothing is read back.
+        let Operand::Bf16(m) = held.operand_as((rows, cols, false), true).unwrap() else {
+            panic!("not bf16")
+        };
+        assert!(m.device_only() && m.data.is_empty() && m.mirror.is_some());
+        let PlainMat::Bf16(h, _) = &held else { unreachable!() };
+        assert!(!h.on_host());
+        // The CPU GEMM reads it back: the same bits as the host operand, either orientation.
+        let b = PlainMat::Bf16(Halves::host(values.iter().rev().copied().collect()), None);
+        for transposed in [false, true] {
+            let shape = if transposed {
+                (cols, rows, true)
+            } else {
+                (rows, cols, false)
+            };
+            let b_op = b.operand_as(shape, false).unwrap();
+            let (mut want, mut got) = (vec![0.0f32; shape.0 * shape.0], vec![0.0f32; shape.0 * shape.0]);
+            let p = GemmParams::default();
+            let from_host = host.operand_as(shape, false).unwrap();
+            crate::gemm::cpu::gemm(&from_host, &b_op, Output::F32(&mut want), &p).unwrap();
+            let from_device = held.operand_as(shape, true).unwrap();
+            crate::gemm::cpu::gemm(&from_device, &b_op, Output::F32(&mut got), &p).unwrap();
+            assert_eq!(got, want, "transposed {transposed}");
+        }
+        assert!(!h.on_host(), "the CPU GEMM's read-back is its own");
+        // A host reader reads it back once; then GPU GEMMs get the host values and the mirror.
+        assert_eq!(held.widened(), host.widened());
+        assert!(h.on_host());
+        let Operand::Bf16(m) = held.operand_as((rows, cols, false), true).unwrap() else {
+            panic!("not bf16")
+        };
+        assert!(!m.device_only() && m.data == &values[..] && m.mirror.is_some());
+    }
 
     /// The element-by-element definition the tiled transpose must match.
     fn naive(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
@@ -140,16 +286,16 @@ mod tests {
             let src: Vec<f32> = (0..rows * cols).map(|i| (i as f32 * 0.37).sin() * 1e3).collect();
             let want = naive(&src, rows, cols);
             assert_eq!(transpose(&src, rows, cols), want, "{rows}x{cols}");
-            let PlainMat::Bf16(b, _) = PlainMat::transposed(Dtype::Bf16, &src, rows, cols) else {
+            let PlainMat::Bf16(b, m) = PlainMat::transposed(Dtype::Bf16, &src, rows, cols) else {
                 panic!("bf16 transpose is not bf16");
             };
             let want_bf16: Vec<bf16> = want.iter().map(|&x| bf16::from_f32(x)).collect();
-            assert_eq!(b, want_bf16, "bf16 {rows}x{cols}");
-            let PlainMat::F16(h, _) = PlainMat::transposed(Dtype::F16, &src, rows, cols) else {
+            assert_eq!(b.values(&m), want_bf16, "bf16 {rows}x{cols}");
+            let PlainMat::F16(h, m) = PlainMat::transposed(Dtype::F16, &src, rows, cols) else {
                 panic!("f16 transpose is not f16");
             };
             let want_f16: Vec<f16> = want.iter().map(|&x| f16::from_f32(x)).collect();
-            assert_eq!(h, want_f16, "f16 {rows}x{cols}");
+            assert_eq!(h.values(&m), want_f16, "f16 {rows}x{cols}");
         }
     }
 }

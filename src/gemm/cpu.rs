@@ -112,8 +112,29 @@ impl Route {
     }
 }
 
-/// [`gemm`] on the given route.
+/// [`gemm`] on the given route; 16-bit operands held only on a device are read back first.
 fn gemm_routed(a: &Operand, b: &Operand, out: Output, params: &GemmParams, route: Route) -> Result<GemmReport> {
+    on_host(a, |a| on_host(b, |b| gemm_on_host(a, b, out, params, route)))
+}
+
+/// Calls `f` with `op`, read back into host memory if it is a 16-bit matrix held only on a
+/// device ([`Mat::on_device`]), as it is otherwise.
+fn on_host<R>(op: &Operand, f: impl FnOnce(&Operand) -> Result<R>) -> Result<R> {
+    match op {
+        Operand::Bf16(m) if m.device_only() => {
+            let values = crate::gemm::read_back(m)?;
+            f(&Operand::Bf16(Mat { data: &values, ..*m }))
+        }
+        Operand::F16(m) if m.device_only() => {
+            let values = crate::gemm::read_back(m)?;
+            f(&Operand::F16(Mat { data: &values, ..*m }))
+        }
+        _ => f(op),
+    }
+}
+
+/// [`gemm_routed`] of host operands.
+fn gemm_on_host(a: &Operand, b: &Operand, out: Output, params: &GemmParams, route: Route) -> Result<GemmReport> {
     let plan = plan(a, b, &out, params)?;
     let steps = Steps::of(&plan, params);
     let epilogue = Epilogue {

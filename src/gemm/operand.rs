@@ -59,6 +59,24 @@ impl<'a, T> Mat<'a, T> {
         })
     }
 
+    /// A matrix held only in `mirror` on a GPU (its stored values, as stored): `data` is empty,
+    /// a GEMM on that GPU reads the mirror, and any other reader reads it back first
+    /// ([`Mat::read_back`]). For plain matrices whose host copy nothing has read.
+    pub(crate) fn on_device(rows: usize, cols: usize, transposed: bool, mirror: &'a Arc<DeviceMirror>) -> Self {
+        Mat {
+            data: &[],
+            rows,
+            cols,
+            transposed,
+            mirror: Some(mirror),
+        }
+    }
+
+    /// Whether the values are only in the mirror ([`Mat::on_device`]).
+    pub(crate) fn device_only(&self) -> bool {
+        self.data.is_empty() && self.mirror.is_some() && self.rows * self.cols > 0
+    }
+
     /// The same matrix with a device copy of its stored values (see [`Mat::mirror`]).
     pub(crate) fn with_mirror(self, mirror: Option<&'a Arc<DeviceMirror>>) -> Self {
         Mat { mirror, ..self }
@@ -70,6 +88,57 @@ impl<'a, T> Mat<'a, T> {
             false => (self.cols, 1),
             true => (1, self.rows),
         }
+    }
+}
+
+/// A 16-bit element as its bits, to read a device copy back from its bytes.
+pub(crate) trait HalfBits: Copy {
+    fn from_bits(bits: u16) -> Self;
+    fn to_bits(self) -> u16;
+}
+
+impl HalfBits for bf16 {
+    fn from_bits(bits: u16) -> Self {
+        bf16::from_bits(bits)
+    }
+    fn to_bits(self) -> u16 {
+        bf16::to_bits(self)
+    }
+}
+
+impl HalfBits for f16 {
+    fn from_bits(bits: u16) -> Self {
+        f16::from_bits(bits)
+    }
+    fn to_bits(self) -> u16 {
+        f16::to_bits(self)
+    }
+}
+
+/// 16-bit values from their little-endian bytes.
+pub(crate) fn halves_from_bytes<T: HalfBits>(bytes: &[u8]) -> Vec<T> {
+    bytes
+        .chunks_exact(2)
+        .map(|b| T::from_bits(u16::from_le_bytes([b[0], b[1]])))
+        .collect()
+}
+
+/// The stored values of `m`, a 16-bit matrix held on a device ([`Mat::on_device`]), read back
+/// from its mirror.
+pub(crate) fn read_back<T: HalfBits>(m: &Mat<'_, T>) -> Result<Vec<T>> {
+    let Some(mirror) = m.mirror else {
+        return Ok(m.data.to_vec());
+    };
+    let values = halves_from_bytes(&mirror.read_bytes()?);
+    match values.len() == m.rows * m.cols {
+        true => Ok(values),
+        false => Err(Error::ShapeMismatch {
+            what: "values read back from a device",
+            rows: m.rows,
+            cols: m.cols,
+            expected: m.rows * m.cols,
+            got: values.len(),
+        }),
     }
 }
 
@@ -138,6 +207,9 @@ impl Operand<'_> {
     fn check_len(&self, what: &'static str) -> Result<()> {
         let (rows, cols, got) = match self {
             Operand::Fp8(..) => return Ok(()), // QuantizedMatrix::new checked it
+            // Held on a device: its values are read there, or read back first.
+            Operand::Bf16(m) if m.device_only() => return Ok(()),
+            Operand::F16(m) if m.device_only() => return Ok(()),
             Operand::F32(m) => (m.rows, m.cols, m.data.len()),
             Operand::Bf16(m) => (m.rows, m.cols, m.data.len()),
             Operand::F16(m) => (m.rows, m.cols, m.data.len()),

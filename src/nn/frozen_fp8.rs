@@ -383,6 +383,7 @@ mod tests {
         let copy = DeviceMirror {
             ordinal: 0,
             payload: Box::new(()),
+            read_back: None,
         };
         w.segments[1].set_mirror(Some(std::sync::Arc::new(copy)));
         assert_eq!(w.device_bytes(), 256 * 256 + 4 * 2 * 2, "codes plus 2x2 block scales");

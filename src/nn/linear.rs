@@ -10,8 +10,8 @@ use crate::dispatch::{Backend, Values, ValuesMut};
 use crate::error::Result;
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
-use crate::tensor::DeviceKind;
 use crate::tensor::Tensor;
+use crate::tensor::{DeviceKind, Dtype};
 
 /// A fully connected layer: weight `[out, in]` (f32 master), optional bias `[out]`.
 ///
@@ -224,12 +224,15 @@ impl Linear {
     /// Moves the trainable gradients to where `dy` lives. A layer on device tensors keeps
     /// them there: the wgrad GEMMs accumulate in place and the optimizer's arenas copy them on
     /// the device, instead of each dW going down and up every backward (`docs/cuda-backend.md`).
+    /// Not under fp32, whose GEMM (the cuBLASLt reference) finishes on the host: a device
+    /// gradient would only add its download and upload.
     fn grads_where(&mut self, device: DeviceKind) -> Result<()> {
         let backend = self.gemms.backend().clone();
+        let on_device = device != DeviceKind::Cpu && self.gemms.precision().compute_dtype() != Dtype::F32;
         for p in std::iter::once(&mut self.weight).chain(self.bias.as_mut()) {
-            match device {
-                DeviceKind::Cpu => p.grad_to_host()?,
-                _ => p.keep_grad_on(&backend)?,
+            match on_device {
+                false => p.grad_to_host()?,
+                true => p.keep_grad_on(&backend)?,
             }
         }
         Ok(())

@@ -64,19 +64,13 @@ enum PlainOrHost<'a> {
 }
 
 impl PlainOrHost<'_> {
-    /// `[rows, cols]`, read as stored.
-    fn operand(&self, rows: usize, cols: usize) -> Result<Operand<'_>> {
+    /// `[rows, cols]` (`transposed`: the transpose of the stored `cols x rows` values, read in
+    /// place) for the GEMM of `backend` ([`PlainMat::operand_on`]).
+    fn operand_on(&self, backend: &Backend, (rows, cols, transposed): (usize, usize, bool)) -> Result<Operand<'_>> {
         match self {
-            PlainOrHost::Plain(m) => m.operand(rows, cols),
+            PlainOrHost::Plain(m) => m.operand_on(backend, (rows, cols, transposed)),
+            PlainOrHost::Host(v) if transposed => Ok(Operand::F32(Mat::transposed(v, rows, cols)?)),
             PlainOrHost::Host(v) => Ok(Operand::F32(Mat::new(v, rows, cols)?)),
-        }
-    }
-
-    /// The `rows x cols` transpose of the stored `cols x rows` values, read in place.
-    fn operand_transposed(&self, rows: usize, cols: usize) -> Result<Operand<'_>> {
-        match self {
-            PlainOrHost::Plain(m) => m.operand_transposed(rows, cols),
-            PlainOrHost::Host(v) => Ok(Operand::F32(Mat::transposed(v, rows, cols)?)),
         }
     }
 }
@@ -457,7 +451,7 @@ impl LinearGemms {
             }
             (_, copy @ (WeightCopy::Plain(_) | WeightCopy::Stored)) => {
                 let w = match copy {
-                    WeightCopy::Plain(w) => w.operand(out, inp)?,
+                    WeightCopy::Plain(w) => w.operand_on(&self.backend, (out, inp, false))?,
                     _ => stored_operand(weight.half_values(), (out, inp, false), &self.layer)?,
                 };
                 // One conversion: the forward's operand, then wgrad's (an owned f32 input is
@@ -474,7 +468,8 @@ impl LinearGemms {
                     bias,
                     ..GemmParams::default()
                 };
-                let report = kernels.gemm_into(&xm.operand(rows, inp)?, &w, y.values_mut(), &params)?;
+                let xo = xm.operand_on(&self.backend, (rows, inp, false))?;
+                let report = kernels.gemm_into(&xo, &w, y.values_mut(), &params)?;
                 (SavedInput::Plain(xm), report, None)
             }
             _ => return Err(internal(&self.layer, "the weight copy does not follow the precision")),
@@ -564,16 +559,17 @@ impl LinearGemms {
                 };
                 // dX = dY W: B is W^T, `[in, out]`, read from W `[out, in]`.
                 let wt = match copy {
-                    WeightCopy::Plain(w) => w.operand_transposed(inp, out)?,
+                    WeightCopy::Plain(w) => w.operand_on(&backend, (inp, out, true))?,
                     _ => stored_operand(stored, (inp, out, true), &self.layer)?,
                 };
-                let dgrad =
-                    kernels.gemm_into(&dym.operand(rows, out)?, &wt, dx.values_mut(), &GemmParams::default())?;
+                let dym_op = dym.operand_on(&backend, (rows, out, false))?;
+                let dgrad = kernels.gemm_into(&dym_op, &wt, dx.values_mut(), &GemmParams::default())?;
                 if let Some(dw) = weight_grad {
                     // dW = dY^T X: A is dY^T `[out, tokens]`, B is X^T `[in, tokens]`, both read
                     // from their `[tokens, ...]` storage.
-                    let dyt = dym.operand_transposed(out, rows)?;
-                    kernels.gemm_into(&dyt, &x.operand_transposed(inp, rows)?, dw, &accumulate)?;
+                    let dyt = dym.operand_on(&backend, (out, rows, true))?;
+                    let xt = x.operand_on(&backend, (inp, rows, true))?;
+                    kernels.gemm_into(&dyt, &xt, dw, &accumulate)?;
                 }
                 (dgrad.amax, None)
             }

@@ -15,7 +15,7 @@ use crate::tensor::device_values::{Values, ValuesMut};
 use crate::tensor::{DeviceKind, Dtype, HalfValues, Tensor};
 
 /// One trainable tensor.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct Parameter {
     name: String,
     shape: Vec<usize>,
@@ -37,6 +37,31 @@ pub struct Parameter {
     /// ZeRO-1 sharded masters: `value` holds only these values of the whole tensor (the other
     /// ranks hold the rest); `None`: it holds all of them.
     held: Option<std::ops::Range<usize>>,
+}
+
+impl PartialEq for Parameter {
+    /// Names, shapes, values, versions and states; gradients by their values wherever they
+    /// live (a device gradient read back).
+    fn eq(&self, other: &Self) -> bool {
+        (
+            &self.name,
+            &self.shape,
+            &self.value,
+            self.version,
+            self.frozen,
+            &self.half,
+            &self.held,
+        ) == (
+            &other.name,
+            &other.shape,
+            &other.value,
+            other.version,
+            other.frozen,
+            &other.half,
+            &other.held,
+        ) && self.grad.shape() == other.grad.shape()
+            && self.grad() == other.grad()
+    }
 }
 
 /// The `[rows, cols]` a parameter of `shape` is stored as: a vector is one row, a matrix itself,
@@ -176,24 +201,39 @@ impl Parameter {
         self.grad.device()
     }
 
-    /// Keeps a trainable gradient on `backend`'s GPU from now on (uploaded once, booked as
-    /// gradients; [`Parameter::zero_grad`] clears it there). Nothing on the CPU, for a frozen
-    /// parameter, or for a gradient already there.
+    /// Keeps a trainable gradient on `backend`'s GPU from now on (uploaded once;
+    /// [`Parameter::zero_grad`] clears it there). Nothing on the CPU, for a frozen parameter, or
+    /// for a gradient already there. A GPU without room for it leaves it in host memory (the
+    /// staged GEMMs accumulate there, as before): the run goes on.
+    ///
+    /// The device copy is booked as workspace: the memory summary's gradients are the training
+    /// session's model of them (one copy, two while micro-batches accumulate), which real
+    /// allocations must not move.
     pub(crate) fn keep_grad_on(&mut self, backend: &Backend) -> Result<()> {
         let device = backend.device();
         if self.frozen || device == DeviceKind::Cpu || self.grad.device() == device || self.grad.is_empty() {
             return Ok(());
         }
-        self.grad = backend.to_device_as(&self.grad, MemoryCategory::Gradients)?;
-        self.grad_read.forget();
-        Ok(())
+        match backend.to_device_as(&self.grad, MemoryCategory::Workspace) {
+            Ok(grad) => {
+                self.grad = grad;
+                self.grad_read.forget();
+                Ok(())
+            }
+            Err(e) if out_of_memory(&e) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
-    /// Brings a device gradient to host memory (a download; nothing for a host one).
+    /// Brings a device gradient to host memory (a download, or the copy [`Parameter::grad`]
+    /// already read; nothing for a host one).
     pub fn grad_to_host(&mut self) -> Result<()> {
         if self.grad.device() != DeviceKind::Cpu {
-            self.grad = self.grad.to_host()?;
-            self.grad_read.forget();
+            let (rows, cols) = self.grad.shape();
+            self.grad = match self.grad_read.0.take() {
+                Some(read) => Tensor::new(read, rows, cols)?,
+                None => self.grad.to_host()?,
+            };
         }
         Ok(())
     }
@@ -275,12 +315,16 @@ impl Parameter {
         let device = self.grad.device();
         if device != DeviceKind::Cpu && sum.device() == device {
             // The gradient's array is shared with `before` while the add writes: the output is
-            // a new array of the same kind (booked as gradients), and `before` goes after.
+            // a new array booked as the gradient's was, and `before` goes after.
             let before = self.grad.clone();
             self.grad_read.forget();
             let kernels = Backend::on(device);
             let kernels = kernels.kernels();
-            return kernels.residual_add(before.values(), sum.values(), Dtype::F32, self.grad.values_mut());
+            match kernels.residual_add(before.values(), sum.values(), Dtype::F32, self.grad.values_mut()) {
+                // No room for the sum's new array: the gradient (unchanged) is added on the host.
+                Err(e) if out_of_memory(&e) => self.grad = before,
+                done => return done,
+            }
         }
         let sum = sum.to_host()?;
         self.grad_to_host()?;
@@ -436,10 +480,22 @@ impl Parameter {
     }
 }
 
+/// Whether `e` says a GPU had no room for an allocation.
+fn out_of_memory(e: &Error) -> bool {
+    matches!(e, Error::Cuda { name, .. } if name == "CUDA_ERROR_OUT_OF_MEMORY")
+        || matches!(e, Error::NotEnoughMemory { .. })
+}
+
 /// The host copy of a device gradient, made at the first read. It is a cache: clones start
 /// without one, and it takes no part in comparisons.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct HostCopy(OnceLock<Vec<f32>>);
+
+impl std::fmt::Debug for HostCopy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostCopy(read: {})", self.0.get().is_some())
+    }
+}
 
 impl HostCopy {
     fn forget(&mut self) {
@@ -450,12 +506,6 @@ impl HostCopy {
 impl Clone for HostCopy {
     fn clone(&self) -> Self {
         HostCopy::default()
-    }
-}
-
-impl PartialEq for HostCopy {
-    fn eq(&self, _: &Self) -> bool {
-        true
     }
 }
 

@@ -27,26 +27,25 @@ pub use half_values::HalfValues;
 pub use scales::{MXFP8_BLOCK, ScaleKind, Scales};
 
 use std::any::Any;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::convert::HighPrecision;
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 
 /// Where FP8 codes live.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 enum CodeStorage {
     /// Host memory: `rows * cols` codes, row-major.
     Cpu(Vec<u8>),
-    /// GPU memory: uninhabited (device copies of codes are mirrors, [`DeviceMirror`]), so every
-    /// match on it is complete without a host fallback.
-    #[allow(dead_code)] // uninhabited: nothing can construct it
-    Cuda(DeviceCodes),
+    /// Only in the matrix's [`DeviceMirror`] (a device cast whose host copy nothing has read
+    /// yet): read back at the first host read, then kept.
+    Cuda(OnceLock<Vec<u8>>),
 }
 
-/// FP8 codes held only on a device: none yet.
-#[derive(Clone, Debug, PartialEq)]
-enum DeviceCodes {}
+/// Reads a mirror's stored values back into host memory as bytes (little-endian elements):
+/// the backend that made it knows how.
+pub(crate) type ReadBack = fn(&DeviceMirror) -> Result<Vec<u8>>;
 
 /// A device copy of a quantized matrix's codes and scales, kept by the device op that wrote them
 /// (the staged CUDA casts), so a GEMM on the same GPU reads it instead of uploading the host copy.
@@ -58,6 +57,22 @@ pub struct DeviceMirror {
     pub(crate) ordinal: usize,
     /// What that GPU's backend stored.
     pub(crate) payload: Box<dyn Any + Send + Sync>,
+    /// How to read the stored values back (`None`: the mirror is only ever read on the device,
+    /// its owner keeps a host copy).
+    pub(crate) read_back: Option<ReadBack>,
+}
+
+impl DeviceMirror {
+    /// The stored values as bytes, read back from the GPU.
+    pub(crate) fn read_bytes(&self) -> Result<Vec<u8>> {
+        match self.read_back {
+            Some(read) => read(self),
+            None => Err(Error::Unsupported {
+                op: "reading a device mirror back",
+                device: format!("cuda:{}", self.ordinal),
+            }),
+        }
+    }
 }
 
 impl std::fmt::Debug for DeviceMirror {
@@ -87,7 +102,7 @@ pub struct QuantizedMatrix {
 impl PartialEq for QuantizedMatrix {
     /// Codes, shape and scales; a device mirror of them is a cache and is not compared.
     fn eq(&self, other: &Self) -> bool {
-        (&self.data, self.rows, self.cols, &self.scales) == (&other.data, other.rows, other.cols, &other.scales)
+        (self.data(), self.rows, self.cols, &self.scales) == (other.data(), other.rows, other.cols, &other.scales)
     }
 }
 
@@ -129,7 +144,39 @@ impl QuantizedMatrix {
         })
     }
 
-    /// Number of codes, `rows * cols`.
+    /// A matrix whose codes live only in `mirror` (with the scales), a device cast's copy that
+    /// only its GEMMs may ever read: no download unless something on the host reads the codes
+    /// ([`Self::data`]). `scales` are the host copy of the mirror's; `mirror` must read back.
+    pub(crate) fn held_on_device(rows: usize, cols: usize, scales: Scales, mirror: DeviceMirror) -> Result<Self> {
+        let (scale_rows, scale_cols) = scales.kind().scale_shape(rows, cols);
+        if rows.checked_mul(cols).is_none() || scales.len() != scale_rows * scale_cols || mirror.read_back.is_none() {
+            return Err(Error::ShapeMismatch {
+                what: "scales of device codes",
+                rows: scale_rows,
+                cols: scale_cols,
+                expected: scale_rows * scale_cols,
+                got: scales.len(),
+            });
+        }
+        Ok(QuantizedMatrix {
+            data: CodeStorage::Cuda(OnceLock::new()),
+            rows,
+            cols,
+            scales,
+            mirror: Some(Arc::new(mirror)),
+        })
+    }
+
+    /// Whether the codes are in host memory (a matrix held on a device reads them back at the
+    /// first [`Self::data`]).
+    pub fn codes_on_host(&self) -> bool {
+        match &self.data {
+            CodeStorage::Cpu(_) => true,
+            CodeStorage::Cuda(host) => host.get().is_some(),
+        }
+    }
+
+    /// Number of codes, `rows * cols` (wherever they live).
     pub fn len(&self) -> usize {
         self.rows * self.cols
     }
@@ -153,12 +200,16 @@ impl QuantizedMatrix {
     /// Sets (`Some`) or drops (`None`) the device copy of exactly these codes and scales; its
     /// device memory is freed with the last matrix that shares it.
     pub(crate) fn set_mirror(&mut self, mirror: Option<Arc<DeviceMirror>>) {
+        // Codes held only in the old mirror come home first.
+        if let CodeStorage::Cuda(_) = self.data {
+            self.data = CodeStorage::Cpu(self.data().to_vec());
+        }
         self.mirror = mirror;
     }
 
     /// Bytes held: one per code plus the scales (4 per f32 scale, 1 per E8M0 exponent).
     pub fn bytes(&self) -> usize {
-        self.data().len()
+        self.len()
             + match &self.scales {
                 Scales::PerTensor(_) => 4,
                 Scales::Block1x128(s) | Scales::Block128x128(s) => 4 * s.len(),
@@ -166,11 +217,26 @@ impl QuantizedMatrix {
             }
     }
 
-    /// The FP8 codes, row-major.
+    /// The FP8 codes, row-major. Codes held on a GPU are read back the first time.
+    ///
+    /// # Panics
+    /// If that read fails (the GPU is gone): the accessor hands out a slice.
     pub fn data(&self) -> &[u8] {
         match &self.data {
             CodeStorage::Cpu(codes) => codes,
-            CodeStorage::Cuda(never) => match *never {},
+            CodeStorage::Cuda(host) => host.get_or_init(|| {
+                let mirror = self.mirror.as_ref().expect("codes held on a device have their mirror");
+                match mirror.read_bytes() {
+                    Ok(codes) if codes.len() == self.len() => codes,
+                    Ok(codes) => panic!(
+                        "{} FP8 codes came back for a {}x{} matrix",
+                        codes.len(),
+                        self.rows,
+                        self.cols
+                    ),
+                    Err(e) => panic!("FP8 codes could not come back from their GPU: {e}"),
+                }
+            }),
         }
     }
 
@@ -191,15 +257,18 @@ impl QuantizedMatrix {
 
     /// Takes the codes and scales apart.
     pub fn into_parts(self) -> (Vec<u8>, Scales) {
+        if let CodeStorage::Cuda(_) = self.data {
+            self.data();
+        }
         match self.data {
             CodeStorage::Cpu(codes) => (codes, self.scales),
-            CodeStorage::Cuda(never) => match never {},
+            CodeStorage::Cuda(host) => (host.into_inner().expect("read back just above"), self.scales),
         }
     }
 
     /// Decodes every element: `f32(q) * scale_inv` of its block, rounded to `T`.
     pub fn dequantize<T: HighPrecision>(&self, format: Fp8Format) -> Result<Vec<T>> {
-        let mut out = vec![T::from_f32(0.0); self.data().len()];
+        let mut out = vec![T::from_f32(0.0); self.len()];
         dequantize::dequantize_matrix(self, format, &mut out)?;
         Ok(out)
     }
@@ -224,8 +293,8 @@ impl QuantizedTensor {
                     what: "column-wise copy (must be the transpose)",
                     rows: rowwise.cols,
                     cols: rowwise.rows,
-                    expected: rowwise.data().len(),
-                    got: col.data().len(),
+                    expected: rowwise.len(),
+                    got: col.len(),
                 });
             }
             if col.scales.kind() != rowwise.scales.kind() {
@@ -311,11 +380,76 @@ pub(crate) fn rows_per_task(cols: usize) -> usize {
 mod tests {
     use super::*;
 
+    /// A stand-in GPU copy: the payload is the stored bytes, read back as they are.
+    fn stand_in(bytes: Vec<u8>) -> DeviceMirror {
+        DeviceMirror {
+            ordinal: 2,
+            payload: Box::new(bytes),
+            read_back: Some(|m| Ok(m.payload.downcast_ref::<Vec<u8>>().expect("bytes").clone())),
+        }
+    }
+
+    #[test]
+    fn codes_held_on_a_device_are_read_back_at_the_first_host_read() {
+        let codes = vec![1, 2, 3, 4, 5, 6];
+        let host = QuantizedMatrix::new(codes.clone(), 2, 3, Scales::PerTensor(0.5)).unwrap();
+        let held = QuantizedMatrix::held_on_device(2, 3, Scales::PerTensor(0.5), stand_in(codes.clone())).unwrap();
+        // Shape, size and the mirror need no codes.
+        assert!(!held.codes_on_host());
+        assert_eq!(
+            (held.len(), held.bytes(), held.mirror().map(|m| m.ordinal)),
+            (6, 10, Some(2))
+        );
+        let clone = held.clone();
+        assert_eq!(held.data(), &codes[..]);
+        assert!(
+            held.codes_on_host() && !clone.codes_on_host(),
+            "read once, kept; a clone reads its own"
+        );
+        assert_eq!(clone, host, "equal to the host matrix of the same codes");
+        assert_eq!(
+            clone.dequantize::<f32>(Fp8Format::E4M3).unwrap(),
+            host.dequantize::<f32>(Fp8Format::E4M3).unwrap()
+        );
+        // Dropping the mirror brings the codes home first.
+        let mut dropped = held.clone();
+        dropped.set_mirror(None);
+        assert!(dropped.mirror().is_none() && dropped.codes_on_host());
+        assert_eq!(dropped.data(), &codes[..]);
+        let (parts, scales) = QuantizedMatrix::held_on_device(2, 3, Scales::PerTensor(0.5), stand_in(codes.clone()))
+            .unwrap()
+            .into_parts();
+        assert_eq!((parts, scales), (codes, Scales::PerTensor(0.5)));
+    }
+
+    #[test]
+    fn device_codes_need_their_scales_and_a_way_back() {
+        let wrong = QuantizedMatrix::held_on_device(2, 256, Scales::Block1x128(vec![1.0; 3]), stand_in(vec![0; 512]));
+        assert!(wrong.is_err(), "two rows of two 1x128 blocks need 4 scales");
+        let no_way_back = DeviceMirror {
+            read_back: None,
+            ..stand_in(vec![0; 6])
+        };
+        assert!(QuantizedMatrix::held_on_device(2, 3, Scales::PerTensor(1.0), no_way_back).is_err());
+        assert!(stand_in(vec![9]).read_bytes().is_ok());
+        let err = DeviceMirror {
+            read_back: None,
+            ..stand_in(vec![9])
+        }
+        .read_bytes()
+        .unwrap_err();
+        assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    }
+
     #[test]
     fn a_device_mirror_travels_with_its_matrix_and_never_changes_equality() {
         let plain = QuantizedMatrix::new(vec![1, 2, 3, 4, 5, 6], 2, 3, Scales::PerTensor(0.5)).unwrap();
         let payload: Box<dyn Any + Send + Sync> = Box::new(7u32);
-        let mirrored = plain.clone().with_mirror(DeviceMirror { ordinal: 3, payload });
+        let mirrored = plain.clone().with_mirror(DeviceMirror {
+            ordinal: 3,
+            payload,
+            read_back: None,
+        });
         assert!(plain.mirror().is_none());
         assert_eq!(mirrored, plain, "a mirror is a cache of the same codes");
         assert_eq!(format!("{:?}", mirrored.mirror().unwrap()), "DeviceMirror(cuda:3)");

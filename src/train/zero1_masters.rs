@@ -24,7 +24,7 @@ use std::ops::Range;
 
 use half::{bf16, f16};
 
-use crate::dispatch::{Cast, PlainMat, fp8_cast};
+use crate::dispatch::{Cast, Halves, PlainMat, fp8_cast};
 use crate::dist::collective::Collective;
 use crate::dist::shard::{overlap, shard_range};
 use crate::error::{Error, Result};
@@ -363,8 +363,8 @@ fn unpack2(word: f32) -> [u16; 2] {
 
 fn plain_of_bits(dtype: Dtype, bits: Vec<u16>) -> PlainMat {
     match dtype {
-        Dtype::F16 => PlainMat::F16(bits.into_iter().map(f16::from_bits).collect(), None),
-        _ => PlainMat::Bf16(bits.into_iter().map(bf16::from_bits).collect(), None),
+        Dtype::F16 => PlainMat::F16(Halves::host(bits.into_iter().map(f16::from_bits).collect()), None),
+        _ => PlainMat::Bf16(Halves::host(bits.into_iter().map(bf16::from_bits).collect()), None),
     }
 }
 

@@ -23,7 +23,7 @@ use super::gemm_portable;
 use super::hopper::{self, GemmPath, HopperScales};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
-use crate::gemm::{GemmParams, GemmReport, Mat, Operand, Output, plan};
+use crate::gemm::{GemmParams, GemmReport, HalfBits, Mat, Operand, Output, plan};
 use crate::memory::MemoryCategory;
 use crate::tensor::{DeviceMirror, QuantizedMatrix, ScaleKind, Scales};
 
@@ -295,14 +295,14 @@ fn k_major_on_device<T: DeviceRepr + ValidAsZeroBits>(
     m: &Mat<'_, T>,
     category: MemoryCategory,
 ) -> Result<DeviceBuffer<T>> {
-    let mut k_major = device.alloc_zeros::<T>(m.data.len(), category)?;
+    let mut k_major = device.alloc_zeros::<T>(m.rows * m.cols, category)?;
     device.transpose_16(stored, m.cols, m.rows, &mut k_major)?;
     Ok(k_major)
 }
 
 /// A 16-bit operand's device copy: its mirror read in place or transposed on the device, else
 /// its host values uploaded (K-major, padded); `copy` makes the variant of a new buffer.
-fn half_upload<T: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + 'static>(
+fn half_upload<T: DeviceRepr + ValidAsZeroBits + HalfBits + Default + Send + Sync + 'static>(
     device: &CudaDevice,
     m: &Mat<'_, T>,
     category: MemoryCategory,
@@ -315,6 +315,13 @@ fn half_upload<T: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + 
             cols: m.cols,
         },
         Some(FromMirror::KMajor(data)) => copy(data, m.rows, m.cols),
+        // Held only in a mirror this GPU cannot read in place (K needs padding, or another
+        // GPU holds it): read back, then uploaded as host values are.
+        None if m.device_only() => {
+            let values = crate::gemm::read_back(m)?;
+            let (data, k) = upload_half(device, &Mat { data: &values, ..*m }, category)?;
+            copy(data, m.rows, k)
+        }
         None => {
             let (data, k) = upload_half(device, m, category)?;
             copy(data, m.rows, k)
@@ -374,6 +381,7 @@ pub(crate) fn half_mirror<T: DeviceRepr + Send + Sync + 'static>(
     DeviceMirror {
         ordinal: device.info().ordinal,
         payload: Box::new(values),
+        read_back: None,
     }
 }
 
@@ -384,7 +392,7 @@ fn half_mirror_on<'a, T: DeviceRepr + 'static>(
 ) -> Option<(&'a Arc<DeviceMirror>, &'a DeviceBuffer<T>)> {
     let mirror = m.mirror.filter(|x| x.ordinal == device.info().ordinal)?;
     let values = mirror.payload.downcast_ref::<DeviceBuffer<T>>()?;
-    (values.len() == m.data.len()).then_some((mirror, values))
+    (values.len() == m.rows * m.cols).then_some((mirror, values))
 }
 
 /// How a 16-bit operand with a device mirror reaches the GEMM without an upload: as stored when
@@ -406,7 +414,7 @@ fn from_mirror<T: DeviceRepr + ValidAsZeroBits + 'static>(
     if !m.cols.is_multiple_of(HALF_K_MULTIPLE) {
         return Ok(None);
     }
-    super::transfer_times::saved_upload(std::mem::size_of_val(m.data), false);
+    super::transfer_times::saved_upload(m.rows * m.cols * std::mem::size_of::<T>(), false);
     Ok(Some(match transposes_on_device(m) {
         true => FromMirror::KMajor(k_major_on_device(device, stored, m, category)?),
         // K-major as stored (a 1-row or 1-column transpose is the same sequence of values).
@@ -430,6 +438,7 @@ impl Fp8Mirror {
         DeviceMirror {
             ordinal: device.info().ordinal,
             payload: Box::new(self),
+            read_back: None,
         }
     }
 }

@@ -60,21 +60,23 @@ fn per_tensor(
         )?),
         false => None,
     };
-    let rowwise = QuantizedMatrix::new(s.down_vec(&codes)?, rows, cols, Scales::PerTensor(inv))?;
-    let columnwise = QuantizedMatrix::new(s.down_vec(&codes_t)?, cols, rows, Scales::PerTensor(inv))?;
     let amax = s.down_vec(&amax)?[0];
+    let scales = Scales::PerTensor(inv);
     let (rowwise, columnwise) = match n > 0 && room_for_mirrors(s) {
-        // Both copies stay on the device beside the host ones, for the GEMMs that read them.
+        // Both copies stay on the device, for the GEMMs that read them.
         true => {
             let scale_inv_t = s.up(&[inv])?;
             let row_scales = UploadedScales::F32(scale_inv.into_buffer(), ScaleKind::PerTensor);
             let col_scales = UploadedScales::F32(scale_inv_t.into_buffer(), ScaleKind::PerTensor);
             (
-                mirrored(s, rowwise, codes, row_scales),
-                mirrored(s, columnwise, codes_t, col_scales),
+                kept(s, codes, (rows, cols), scales.clone(), row_scales)?,
+                kept(s, codes_t, (cols, rows), scales, col_scales)?,
             )
         }
-        false => (rowwise, columnwise),
+        false => (
+            QuantizedMatrix::new(s.down_vec(&codes)?, rows, cols, scales.clone())?,
+            QuantizedMatrix::new(s.down_vec(&codes_t)?, cols, rows, scales)?,
+        ),
     };
     Ok(Cast {
         tensor: QuantizedTensor::new(format, rowwise, Some(columnwise))?,
@@ -107,13 +109,53 @@ pub(super) fn room_for_mirrors(s: &Staged) -> bool {
             .is_ok_and(|(free, total)| free > total / MIRROR_RESERVE_FRACTION)
 }
 
-/// `host` with the device buffers its codes and scales were downloaded from as its mirror.
-fn mirrored(s: &Staged, host: QuantizedMatrix, codes: Lease<'_, u8>, scales: UploadedScales) -> QuantizedMatrix {
+/// One copy of a cast, `[rows, cols]` `codes` with `scales` (their device copy `device_scales`),
+/// keeping its device buffers as its mirror. Where layers keep their activations on the device
+/// (`FP8_CUDA_RESIDENT=1`) the codes stay there only: the GEMMs read the mirror, and a host
+/// reader (a CPU twin, block statistics) reads them back then. Otherwise (the staged path) the
+/// host copy is downloaded now, as the staged layers' host code expects.
+fn kept(
+    s: &Staged,
+    codes: Lease<'_, u8>,
+    (rows, cols): (usize, usize),
+    scales: Scales,
+    device_scales: UploadedScales,
+) -> Result<QuantizedMatrix> {
+    let host = match crate::backend::cuda::env_switch::resident_layers() {
+        true => None,
+        false => Some(s.down_vec(&codes)?),
+    };
     let mirror = Fp8Mirror {
         codes: codes.into_buffer(),
-        scales,
+        scales: device_scales,
+    }
+    .into_tensor_mirror(s.device());
+    match host {
+        Some(host) => Ok(QuantizedMatrix::new(host, rows, cols, scales)?.with_mirror(mirror)),
+        None => QuantizedMatrix::held_on_device(
+            rows,
+            cols,
+            scales,
+            DeviceMirror {
+                read_back: Some(read_fp8_codes),
+                ..mirror
+            },
+        ),
+    }
+}
+
+/// The codes of a cast's mirror, downloaded ([`kept`]'s read-back).
+fn read_fp8_codes(mirror: &DeviceMirror) -> Result<Vec<u8>> {
+    let Some(fp8) = mirror.payload.downcast_ref::<Fp8Mirror>() else {
+        return Err(Error::KernelArgs {
+            kernel: "fp8 codes read-back",
+            detail: "the mirror holds no FP8 codes".into(),
+        });
     };
-    host.with_mirror(mirror.into_tensor_mirror(s.device()))
+    staged(&CudaKernels {
+        ordinal: mirror.ordinal,
+    })?
+    .down_vec(&fp8.codes)
 }
 
 /// A device copy of `q`, a matrix that stays (a frozen FP8 weight), booked under FP8 copies;
@@ -199,12 +241,16 @@ fn block_copies(
             });
         }
     };
-    let rowwise = QuantizedMatrix::new(s.down_vec(&q)?, rows, cols, row_scales)?;
-    let columnwise = QuantizedMatrix::new(s.down_vec(&qt)?, cols, rows, col_scales)?;
     let (rowwise, columnwise) = match n > 0 && room_for_mirrors(s) {
-        // Both copies stay on the device beside the host ones, for the GEMMs that read them.
-        true => (mirrored(s, rowwise, q, row_dev), mirrored(s, columnwise, qt, col_dev)),
-        false => (rowwise, columnwise),
+        // Both copies stay on the device, for the GEMMs that read them.
+        true => (
+            kept(s, q, (rows, cols), row_scales, row_dev)?,
+            kept(s, qt, (cols, rows), col_scales, col_dev)?,
+        ),
+        false => (
+            QuantizedMatrix::new(s.down_vec(&q)?, rows, cols, row_scales)?,
+            QuantizedMatrix::new(s.down_vec(&qt)?, cols, rows, col_scales)?,
+        ),
     };
     QuantizedTensor::new(rule.format, rowwise, Some(columnwise))
 }
@@ -223,7 +269,9 @@ pub(crate) fn quantize(
     let shape = (rows, cols);
     // A device source's statistics are counted where it lives (a host one is read in place by
     // `cast_stats`: uploading it only to count would move more bytes than the count reads).
-    let count = src.ordinal().is_some();
+    // Where codes stay on the device (resident layers), every per-tensor cast counts there, so
+    // the statistics read no codes back.
+    let count = src.ordinal().is_some() || crate::backend::cuda::env_switch::resident_layers();
     // One upload of a host source (none of a device one) serves the amax and both copies.
     let x = s.input("quantize", src)?;
     match recipe {

@@ -15,33 +15,73 @@ use crate::backend::cuda::DeviceElement;
 use crate::backend::cuda::gemm::half_mirror;
 use crate::backend::cuda::norm::NormParamsRef;
 use crate::backend::cuda::rope::{RopeDirection, host_rows};
+use crate::dispatch::Halves;
 use crate::dispatch::plain::Mirror;
 use crate::dispatch::{
     AttentionShape, CachedAttentionShape, ColumnCopy, CudaKernels, NormShape, PlainMat, RopeShape, RopeTable,
 };
 use crate::error::Result;
+use crate::gemm::HalfBits;
 use crate::ops::attention_cached::nothing_to_do;
+use crate::tensor::DeviceMirror;
 use crate::tensor::Dtype;
 use crate::tensor::device_values::{Values, ValuesMut};
 
-/// `[rows, cols]` f32 values converted on the device to `T`, transposed when asked; with
-/// `keep`, the device result stays as the matrix's mirror for the GEMMs that read it.
-fn convert_to<T: DeviceElement + Pooled + Send + Sync + 'static>(
-    s: &Staged,
+/// `[rows, cols]` f32 values converted on the device to `T`, transposed when asked.
+fn convert_on<'s, T: DeviceElement + Pooled>(
+    s: &'s Staged,
     src: Values<'_>,
     (rows, cols): (usize, usize),
     transpose: bool,
-    keep: bool,
-) -> Result<(Vec<T>, Mirror)> {
+) -> Result<super::Lease<'s, T>> {
     let x = s.input("convert", src)?;
     let mut y = s.scratch::<T>(src.len())?;
     s.device().convert(&x, rows, cols, transpose, &mut y)?;
+    Ok(y)
+}
+
+/// [`convert_on`] to a 16-bit `T`; with `keep`, the device result stays as the matrix's mirror
+/// for the GEMMs that read it, and where layers keep their activations on the device
+/// (`FP8_CUDA_RESIDENT=1`) the values stay there only, read back if a host reader needs them.
+fn convert_half<T: DeviceElement + Pooled + HalfBits + Send + Sync + 'static>(
+    s: &Staged,
+    src: Values<'_>,
+    shape: (usize, usize),
+    transpose: bool,
+    keep: bool,
+) -> Result<(Halves<T>, Mirror)> {
+    let y = convert_on::<T>(s, src, shape, transpose)?;
+    let n = src.len();
+    if !keep || n == 0 {
+        return Ok((Halves::host(s.down_vec(&y)?), None));
+    }
+    if crate::backend::cuda::env_switch::resident_layers() {
+        let mirror = DeviceMirror {
+            read_back: Some(read_half::<T>),
+            ..half_mirror(s.device(), y.into_buffer())
+        };
+        return Ok((Halves::on_device(n), Some(Arc::new(mirror))));
+    }
     let host = s.down_vec(&y)?;
-    let mirror = match keep && !host.is_empty() {
-        true => Some(Arc::new(half_mirror(s.device(), y.into_buffer()))),
-        false => None,
+    Ok((
+        Halves::host(host),
+        Some(Arc::new(half_mirror(s.device(), y.into_buffer()))),
+    ))
+}
+
+/// The values of a 16-bit mirror as little-endian bytes ([`convert_half`]'s read-back).
+fn read_half<T: DeviceElement + Pooled + HalfBits + 'static>(mirror: &DeviceMirror) -> Result<Vec<u8>> {
+    let Some(values) = mirror.payload.downcast_ref::<crate::backend::cuda::DeviceBuffer<T>>() else {
+        return Err(crate::error::Error::KernelArgs {
+            kernel: "16-bit read-back",
+            detail: format!("the mirror holds no {} values", T::SUFFIX),
+        });
     };
-    Ok((host, mirror))
+    let host = staged(&CudaKernels {
+        ordinal: mirror.ordinal,
+    })?
+    .down_vec(values)?;
+    Ok(host.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect())
 }
 
 fn convert_plain(
@@ -59,13 +99,16 @@ fn convert_plain(
     // (Asked only for 16-bit results: f32 keeps no mirror, and the check queries the driver.)
     let keep = || resident && super::cast::room_for_mirrors(&s);
     Ok(match dtype {
-        Dtype::F32 => PlainMat::F32(convert_to::<f32>(&s, src, shape, transpose, false)?.0),
+        Dtype::F32 => {
+            let values = convert_on::<f32>(&s, src, shape, transpose)?;
+            PlainMat::F32(s.down_vec(&values)?)
+        }
         Dtype::Bf16 => {
-            let (values, mirror) = convert_to::<bf16>(&s, src, shape, transpose, keep())?;
+            let (values, mirror) = convert_half::<bf16>(&s, src, shape, transpose, keep())?;
             PlainMat::Bf16(values, mirror)
         }
         Dtype::F16 => {
-            let (values, mirror) = convert_to::<f16>(&s, src, shape, transpose, keep())?;
+            let (values, mirror) = convert_half::<f16>(&s, src, shape, transpose, keep())?;
             PlainMat::F16(values, mirror)
         }
     })
