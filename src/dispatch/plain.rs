@@ -7,7 +7,7 @@ use half::{bf16, f16};
 
 use crate::error::Result;
 use crate::gemm::cpu::transpose_tiles;
-use crate::gemm::{HalfBits, Mat, Operand, halves_from_bytes};
+use crate::gemm::{Mat, Operand};
 use crate::tensor::scratch;
 use crate::tensor::{DeviceMirror, Dtype};
 
@@ -32,7 +32,7 @@ pub(crate) struct Halves<T> {
     host: OnceLock<Vec<T>>,
 }
 
-impl<T: HalfBits> Halves<T> {
+impl<T: Copy + 'static> Halves<T> {
     /// Values in host memory.
     pub(crate) fn host(values: Vec<T>) -> Self {
         Halves {
@@ -65,10 +65,10 @@ impl<T: HalfBits> Halves<T> {
     /// slice.
     pub(crate) fn values(&self, mirror: &Mirror) -> &[T] {
         self.host.get_or_init(|| {
-            let read = mirror.as_ref().map(|m| m.read_bytes());
+            let read = mirror.as_ref().map(|m| m.read_values::<T>());
             match read {
-                Some(Ok(bytes)) if bytes.len() == 2 * self.len => halves_from_bytes(&bytes),
-                Some(Ok(bytes)) => panic!("{} bytes came back for {} 16-bit values", bytes.len(), self.len),
+                Some(Ok(values)) if values.len() == self.len => values,
+                Some(Ok(values)) => panic!("{} values came back for {} 16-bit values", values.len(), self.len),
                 Some(Err(e)) => panic!("16-bit values could not come back from their GPU: {e}"),
                 None => panic!("16-bit values held on a device without their mirror"),
             }
@@ -77,14 +77,17 @@ impl<T: HalfBits> Halves<T> {
 }
 
 /// The operand of `h` `[rows, cols]` (`transposed`: read from its stored transpose): the
-/// mirror alone when `device_only` is asked and the host has no copy, else the host values.
-fn half_operand<'a, T: HalfBits>(
+/// mirror alone when `device_only` is asked, the host has no copy and the GPU GEMM reads the
+/// mirror as it is (K a multiple of its 8; else it would read it back on every call, so it is
+/// read back once here), else the host values.
+fn half_operand<'a, T: Copy + 'static>(
     h: &'a Halves<T>,
     m: &'a Mirror,
     (rows, cols, transposed): (usize, usize, bool),
     device_only: bool,
 ) -> Result<Mat<'a, T>> {
-    if let (true, false, Some(mirror)) = (device_only, h.on_host(), m)
+    let k_aligned = cols.is_multiple_of(crate::backend::cuda::gemm_dispatch::HALF_K_MULTIPLE);
+    if let (true, true, false, Some(mirror)) = (device_only, k_aligned, h.on_host(), m)
         && h.len == rows.saturating_mul(cols)
     {
         return Ok(Mat::on_device(rows, cols, transposed, mirror));
@@ -124,20 +127,10 @@ impl PlainMat {
         }
     }
 
-    /// `[rows, cols]` as a GEMM operand, read in place (host values: 16-bit ones held on a
-    /// device are read back first).
-    pub(crate) fn operand(&self, rows: usize, cols: usize) -> Result<Operand<'_>> {
-        self.operand_as((rows, cols, false), false)
-    }
-
-    /// The `rows x cols` transpose of this `cols x rows` matrix as a GEMM operand, read in place.
-    pub(crate) fn operand_transposed(&self, rows: usize, cols: usize) -> Result<Operand<'_>> {
-        self.operand_as((rows, cols, true), false)
-    }
-
-    /// [`Self::operand`] (`transposed`: [`Self::operand_transposed`]) for the GEMM of `backend`:
-    /// a plain CUDA backend reads 16-bit values held on its GPU there, with no read-back; every
-    /// other reader (the CPU, shadow mode's twins) gets host values.
+    /// `[rows, cols]` as the operand of `backend`'s GEMM (`transposed`: the transpose of this
+    /// `cols x rows` matrix, read in place): a plain CUDA backend reads 16-bit values held on
+    /// its GPU there, with no read-back; every other reader (the CPU, shadow mode's twins) gets
+    /// host values (read back once if held on a device).
     pub(crate) fn operand_on(
         &self,
         backend: &super::Backend,
@@ -215,23 +208,22 @@ mod tests {
     use super::*;
     use crate::gemm::{GemmParams, Output};
 
-    /// A stand-in GPU copy of 16-bit values: the payload is their bytes, read back as they are.
-    fn stand_in(bytes: Vec<u8>) -> Mirror {
+    /// A stand-in GPU copy of bf16 values: the payload is the values, read back as they are.
+    fn stand_in(values: Vec<bf16>) -> Mirror {
         Some(Arc::new(DeviceMirror {
             ordinal: 1,
-            payload: Box::new(bytes),
-            read_back: Some(|m| Ok(m.payload.downcast_ref::<Vec<u8>>().expect("bytes").clone())),
+            payload: Box::new(values),
+            read_back: Some(|m| Ok(Box::new(m.payload.downcast_ref::<Vec<bf16>>().expect("values").clone()))),
         }))
     }
 
     #[test]
     fn sixteen_bit_values_held_on_a_device_reach_a_gpu_gemm_as_the_mirror_and_others_as_values() {
-        let (rows, cols) = (3, 4);
+        let (rows, cols) = (8, 16); // K a multiple of 8 in both orientations: read in place
         let values: Vec<bf16> = (0..rows * cols)
             .map(|i| bf16::from_f32(i as f32 * 0.25 - 1.0))
             .collect();
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
-        let held = PlainMat::Bf16(Halves::on_device(rows * cols), stand_in(bytes));
+        let held = PlainMat::Bf16(Halves::on_device(rows * cols), stand_in(values.clone()));
         let host = PlainMat::Bf16(Halves::host(values.clone()), None);
         assert_eq!(held.bytes(), host.bytes());
         // A GPU GEMM gets the mirror alone: nothing is read back.

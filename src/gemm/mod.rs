@@ -15,5 +15,5 @@ pub mod cpu;
 mod operand;
 
 pub(crate) use operand::plan_f32;
+pub(crate) use operand::read_back;
 pub use operand::{FP8_K_MULTIPLE, GemmParams, GemmPlan, GemmReport, Mat, Operand, Output, ScalePair, plan};
-pub(crate) use operand::{HalfBits, halves_from_bytes, read_back};

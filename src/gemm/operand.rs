@@ -91,45 +91,13 @@ impl<'a, T> Mat<'a, T> {
     }
 }
 
-/// A 16-bit element as its bits, to read a device copy back from its bytes.
-pub(crate) trait HalfBits: Copy {
-    fn from_bits(bits: u16) -> Self;
-    fn to_bits(self) -> u16;
-}
-
-impl HalfBits for bf16 {
-    fn from_bits(bits: u16) -> Self {
-        bf16::from_bits(bits)
-    }
-    fn to_bits(self) -> u16 {
-        bf16::to_bits(self)
-    }
-}
-
-impl HalfBits for f16 {
-    fn from_bits(bits: u16) -> Self {
-        f16::from_bits(bits)
-    }
-    fn to_bits(self) -> u16 {
-        f16::to_bits(self)
-    }
-}
-
-/// 16-bit values from their little-endian bytes.
-pub(crate) fn halves_from_bytes<T: HalfBits>(bytes: &[u8]) -> Vec<T> {
-    bytes
-        .chunks_exact(2)
-        .map(|b| T::from_bits(u16::from_le_bytes([b[0], b[1]])))
-        .collect()
-}
-
 /// The stored values of `m`, a 16-bit matrix held on a device ([`Mat::on_device`]), read back
 /// from its mirror.
-pub(crate) fn read_back<T: HalfBits>(m: &Mat<'_, T>) -> Result<Vec<T>> {
+pub(crate) fn read_back<T: Copy + 'static>(m: &Mat<'_, T>) -> Result<Vec<T>> {
     let Some(mirror) = m.mirror else {
         return Ok(m.data.to_vec());
     };
-    let values = halves_from_bytes(&mirror.read_bytes()?);
+    let values = mirror.read_values::<T>()?;
     match values.len() == m.rows * m.cols {
         true => Ok(values),
         false => Err(Error::ShapeMismatch {

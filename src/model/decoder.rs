@@ -209,8 +209,7 @@ impl DecoderModel {
             x = layer.forward(&x, batch, seq)?;
         }
         let normed = self.final_norm.forward(&x)?.into_host()?;
-        let kernels = self.backend.kernels();
-        let logits = head::logits(kernels, self.head.as_mut(), &normed, &self.tokens, self.dtype)?;
+        let logits = head::logits(&self.backend, self.head.as_mut(), &normed, &self.tokens, self.dtype)?;
         Ok((normed, logits))
     }
 
@@ -263,9 +262,15 @@ impl DecoderModel {
             dloss,
             &mut dlogits,
         )?;
-        let kernels = self.backend.kernels();
         let head = self.head.as_mut();
-        let dnormed = head::logits_backward(kernels, head, dlogits, &saved.normed, &mut self.tokens, self.dtype)?;
+        let dnormed = head::logits_backward(
+            &self.backend,
+            head,
+            dlogits,
+            &saved.normed,
+            &mut self.tokens,
+            self.dtype,
+        )?;
         if let Some(head) = &mut self.head {
             ready(head)?;
         }

@@ -2,7 +2,7 @@
 //! in the compute dtype (inputs converted like a linear layer's, f32 accumulation, f32 logits
 //! for the loss).
 
-use crate::dispatch::{Kernels, PlainMat, Values};
+use crate::dispatch::{Backend, PlainMat, Values};
 use crate::error::Result;
 use crate::gemm::{GemmParams, Operand, Output};
 use crate::nn::{Linear, Parameter};
@@ -35,7 +35,7 @@ impl<'a> Table<'a> {
     /// the f32 table always was (16-bit values widen exactly first, so the bits are the same).
     fn operand(
         self,
-        kernels: &dyn Kernels,
+        backend: &'a Backend,
         dtype: Dtype,
         (vocab, hidden, transposed): (usize, usize, bool),
         slot: &'a mut Option<PlainMat>,
@@ -52,8 +52,8 @@ impl<'a> Table<'a> {
             Table::Half(h) if dtype == Dtype::F32 => {
                 let m = slot.insert(PlainMat::F32(h.to_f32()));
                 return match transposed {
-                    true => m.operand_transposed(hidden, vocab),
-                    false => m.operand(vocab, hidden),
+                    true => m.operand_on(backend, (hidden, vocab, true)),
+                    false => m.operand_on(backend, (vocab, hidden, false)),
                 };
             }
             Table::Half(h) => {
@@ -62,13 +62,14 @@ impl<'a> Table<'a> {
             }
             Table::F32(v) => v,
         };
+        let kernels = backend.kernels();
         match transposed {
             true => slot
                 .insert(kernels.convert_transposed(dtype, Values::Host(values), vocab, hidden)?)
-                .operand(hidden, vocab),
+                .operand_on(backend, (hidden, vocab, true)),
             false => slot
                 .insert(kernels.convert(dtype, Values::Host(values))?)
-                .operand(vocab, hidden),
+                .operand_on(backend, (vocab, hidden, false)),
         }
     }
 }
@@ -76,7 +77,7 @@ impl<'a> Table<'a> {
 /// f32 logits `[rows, vocab]` of the final-norm output: through the untied `head`, or tied to
 /// the token embedding `tokens`.
 pub(super) fn logits(
-    kernels: &dyn Kernels,
+    backend: &Backend,
     head: Option<&mut Linear>,
     normed: &Tensor,
     tokens: &Parameter,
@@ -85,7 +86,7 @@ pub(super) fn logits(
     match head {
         Some(head) => Ok(head.forward(normed)?.into_data()),
         None => forward(
-            kernels,
+            backend,
             normed.data(),
             Table::of(tokens),
             normed.rows(),
@@ -98,7 +99,7 @@ pub(super) fn logits(
 /// The gradient of the final-norm output from `dlogits` `[rows, vocab]`: through the untied
 /// `head`, or through the tied `tokens` table, whose gradient it accumulates unless frozen.
 pub(super) fn logits_backward(
-    kernels: &dyn Kernels,
+    backend: &Backend,
     head: Option<&mut Linear>,
     dlogits: Vec<f32>,
     normed: &Tensor,
@@ -114,7 +115,7 @@ pub(super) fn logits_backward(
         None if tokens.half_values().is_some() => {
             // Held in 16 bits, so frozen: no table gradient.
             let table = Table::of(tokens);
-            let dh = backward(kernels, &dlogits, normed.data(), table, rows, hidden, dtype, None)?;
+            let dh = backward(backend, &dlogits, normed.data(), table, rows, hidden, dtype, None)?;
             Tensor::new(dh, rows, hidden)
         }
         None => {
@@ -122,7 +123,7 @@ pub(super) fn logits_backward(
             let (table, dtable) = tokens.value_and_grad_mut();
             let dtable = (!frozen).then_some(dtable);
             let dh = backward(
-                kernels,
+                backend,
                 &dlogits,
                 normed.data(),
                 Table::F32(table),
@@ -137,21 +138,15 @@ pub(super) fn logits_backward(
 }
 
 /// `h [rows, hidden]`, `table [vocab, hidden]` -> logits `[rows, vocab]`.
-fn forward(
-    kernels: &dyn Kernels,
-    h: &[f32],
-    table: Table,
-    rows: usize,
-    hidden: usize,
-    dtype: Dtype,
-) -> Result<Vec<f32>> {
+fn forward(backend: &Backend, h: &[f32], table: Table, rows: usize, hidden: usize, dtype: Dtype) -> Result<Vec<f32>> {
     let vocab = table.len() / hidden.max(1);
+    let kernels = backend.kernels();
     let h = kernels.convert(dtype, Values::Host(h))?;
     let mut slot = None;
-    let e = table.operand(kernels, dtype, (vocab, hidden, false), &mut slot)?;
+    let e = table.operand(backend, dtype, (vocab, hidden, false), &mut slot)?;
     let mut logits = vec![0.0; rows * vocab];
     kernels.gemm(
-        &h.operand(rows, hidden)?,
+        &h.operand_on(backend, (rows, hidden, false))?,
         &e,
         Output::F32(&mut logits),
         &GemmParams::default(),
@@ -163,7 +158,7 @@ fn forward(
 /// table, `None`).
 #[allow(clippy::too_many_arguments)]
 fn backward(
-    kernels: &dyn Kernels,
+    backend: &Backend,
     dlogits: &[f32],
     h: &[f32],
     table: Table,
@@ -173,12 +168,13 @@ fn backward(
     dtable: Option<&mut [f32]>,
 ) -> Result<Vec<f32>> {
     let vocab = table.len() / hidden.max(1);
+    let kernels = backend.kernels();
     let dl = kernels.convert(dtype, Values::Host(dlogits))?;
     let mut slot = None;
-    let e_t = table.operand(kernels, dtype, (vocab, hidden, true), &mut slot)?;
+    let e_t = table.operand(backend, dtype, (vocab, hidden, true), &mut slot)?;
     let mut dh = vec![0.0; rows * hidden];
     kernels.gemm(
-        &dl.operand(rows, vocab)?,
+        &dl.operand_on(backend, (rows, vocab, false))?,
         &e_t,
         Output::F32(&mut dh),
         &GemmParams::default(),
@@ -190,8 +186,8 @@ fn backward(
     let dl_t = kernels.convert_transposed(dtype, Values::Host(dlogits), rows, vocab)?;
     let h_t = kernels.convert_transposed(dtype, Values::Host(h), rows, hidden)?;
     kernels.gemm(
-        &dl_t.operand(vocab, rows)?,
-        &h_t.operand(hidden, rows)?,
+        &dl_t.operand_on(backend, (vocab, rows, false))?,
+        &h_t.operand_on(backend, (hidden, rows, false))?,
         Output::F32(dtable),
         &GemmParams {
             beta: 1.0,

@@ -193,8 +193,7 @@ impl LlamaModel {
     /// Final norm and head over `x`; returns (final-norm output, f32 logits).
     fn head_logits(&mut self, x: &Tensor) -> Result<(Tensor, Vec<f32>)> {
         let normed = self.final_norm.forward(x)?;
-        let kernels = self.backend.kernels();
-        let logits = head::logits(kernels, self.head.as_mut(), &normed, &self.tokens, self.dtype)?;
+        let logits = head::logits(&self.backend, self.head.as_mut(), &normed, &self.tokens, self.dtype)?;
         Ok((normed, logits))
     }
 
@@ -252,9 +251,15 @@ impl LlamaModel {
             dloss,
             &mut dlogits,
         )?;
-        let kernels = self.backend.kernels();
         let head = self.head.as_mut();
-        let dnormed = head::logits_backward(kernels, head, dlogits, &saved.normed, &mut self.tokens, self.dtype)?;
+        let dnormed = head::logits_backward(
+            &self.backend,
+            head,
+            dlogits,
+            &saved.normed,
+            &mut self.tokens,
+            self.dtype,
+        )?;
         if let Some(head) = &mut self.head {
             ready(&mut TrainableOnly(head))?;
         }

@@ -43,9 +43,9 @@ enum CodeStorage {
     Cuda(OnceLock<Vec<u8>>),
 }
 
-/// Reads a mirror's stored values back into host memory as bytes (little-endian elements):
-/// the backend that made it knows how.
-pub(crate) type ReadBack = fn(&DeviceMirror) -> Result<Vec<u8>>;
+/// Reads a mirror's stored values back into host memory as a `Vec` of their element type
+/// (`Vec<u8>` of FP8 codes, `Vec<bf16>`, `Vec<f16>`), boxed: the backend that made it knows how.
+pub(crate) type ReadBack = fn(&DeviceMirror) -> Result<Box<dyn Any>>;
 
 /// A device copy of a quantized matrix's codes and scales, kept by the device op that wrote them
 /// (the staged CUDA casts), so a GEMM on the same GPU reads it instead of uploading the host copy.
@@ -63,14 +63,16 @@ pub struct DeviceMirror {
 }
 
 impl DeviceMirror {
-    /// The stored values as bytes, read back from the GPU.
-    pub(crate) fn read_bytes(&self) -> Result<Vec<u8>> {
-        match self.read_back {
-            Some(read) => read(self),
-            None => Err(Error::Unsupported {
-                op: "reading a device mirror back",
-                device: format!("cuda:{}", self.ordinal),
-            }),
+    /// The stored values read back from the GPU as a `Vec<T>` (`T` the element type stored).
+    pub(crate) fn read_values<T: 'static>(&self) -> Result<Vec<T>> {
+        let unsupported = |op| Error::Unsupported {
+            op,
+            device: format!("cuda:{}", self.ordinal),
+        };
+        let read = self.read_back.ok_or(unsupported("reading a device mirror back"))?;
+        match read(self)?.downcast::<Vec<T>>() {
+            Ok(values) => Ok(*values),
+            Err(_) => Err(unsupported("reading a device mirror back as another element type")),
         }
     }
 }
@@ -149,7 +151,13 @@ impl QuantizedMatrix {
     /// ([`Self::data`]). `scales` are the host copy of the mirror's; `mirror` must read back.
     pub(crate) fn held_on_device(rows: usize, cols: usize, scales: Scales, mirror: DeviceMirror) -> Result<Self> {
         let (scale_rows, scale_cols) = scales.kind().scale_shape(rows, cols);
-        if rows.checked_mul(cols).is_none() || scales.len() != scale_rows * scale_cols || mirror.read_back.is_none() {
+        if mirror.read_back.is_none() {
+            return Err(Error::Unsupported {
+                op: "codes held on a device without a way back",
+                device: format!("cuda:{}", mirror.ordinal),
+            });
+        }
+        if rows.checked_mul(cols).is_none() || scales.len() != scale_rows * scale_cols {
             return Err(Error::ShapeMismatch {
                 what: "scales of device codes",
                 rows: scale_rows,
@@ -186,9 +194,10 @@ impl QuantizedMatrix {
         self.len() == 0
     }
 
-    /// This matrix with `mirror`, a device copy of exactly its codes and scales.
+    /// This matrix with `mirror`, a device copy of exactly its codes and scales (codes held
+    /// only in an old mirror come home first, as [`Self::set_mirror`]).
     pub(crate) fn with_mirror(mut self, mirror: DeviceMirror) -> Self {
-        self.mirror = Some(Arc::new(mirror));
+        self.set_mirror(Some(Arc::new(mirror)));
         self
     }
 
@@ -226,7 +235,7 @@ impl QuantizedMatrix {
             CodeStorage::Cpu(codes) => codes,
             CodeStorage::Cuda(host) => host.get_or_init(|| {
                 let mirror = self.mirror.as_ref().expect("codes held on a device have their mirror");
-                match mirror.read_bytes() {
+                match mirror.read_values::<u8>() {
                     Ok(codes) if codes.len() == self.len() => codes,
                     Ok(codes) => panic!(
                         "{} FP8 codes came back for a {}x{} matrix",
@@ -385,7 +394,7 @@ mod tests {
         DeviceMirror {
             ordinal: 2,
             payload: Box::new(bytes),
-            read_back: Some(|m| Ok(m.payload.downcast_ref::<Vec<u8>>().expect("bytes").clone())),
+            read_back: Some(|m| Ok(Box::new(m.payload.downcast_ref::<Vec<u8>>().expect("bytes").clone()))),
         }
     }
 
@@ -431,12 +440,13 @@ mod tests {
             ..stand_in(vec![0; 6])
         };
         assert!(QuantizedMatrix::held_on_device(2, 3, Scales::PerTensor(1.0), no_way_back).is_err());
-        assert!(stand_in(vec![9]).read_bytes().is_ok());
+        assert_eq!(stand_in(vec![9]).read_values::<u8>().unwrap(), vec![9]);
+        assert!(stand_in(vec![9]).read_values::<u16>().is_err(), "another element type");
         let err = DeviceMirror {
             read_back: None,
             ..stand_in(vec![9])
         }
-        .read_bytes()
+        .read_values::<u8>()
         .unwrap_err();
         assert!(matches!(err, Error::Unsupported { .. }), "{err}");
     }

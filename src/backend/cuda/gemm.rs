@@ -23,7 +23,7 @@ use super::gemm_portable;
 use super::hopper::{self, GemmPath, HopperScales};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
-use crate::gemm::{GemmParams, GemmReport, HalfBits, Mat, Operand, Output, plan};
+use crate::gemm::{GemmParams, GemmReport, Mat, Operand, Output, plan};
 use crate::memory::MemoryCategory;
 use crate::tensor::{DeviceMirror, QuantizedMatrix, ScaleKind, Scales};
 
@@ -302,7 +302,7 @@ fn k_major_on_device<T: DeviceRepr + ValidAsZeroBits>(
 
 /// A 16-bit operand's device copy: its mirror read in place or transposed on the device, else
 /// its host values uploaded (K-major, padded); `copy` makes the variant of a new buffer.
-fn half_upload<T: DeviceRepr + ValidAsZeroBits + HalfBits + Default + Send + Sync + 'static>(
+fn half_upload<T: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + 'static>(
     device: &CudaDevice,
     m: &Mat<'_, T>,
     category: MemoryCategory,

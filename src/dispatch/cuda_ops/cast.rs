@@ -144,18 +144,19 @@ fn kept(
     }
 }
 
-/// The codes of a cast's mirror, downloaded ([`kept`]'s read-back).
-fn read_fp8_codes(mirror: &DeviceMirror) -> Result<Vec<u8>> {
+/// The codes of a cast's mirror, downloaded ([`kept`]'s read-back): a `Vec<u8>`.
+fn read_fp8_codes(mirror: &DeviceMirror) -> Result<Box<dyn std::any::Any>> {
     let Some(fp8) = mirror.payload.downcast_ref::<Fp8Mirror>() else {
         return Err(Error::KernelArgs {
             kernel: "fp8 codes read-back",
             detail: "the mirror holds no FP8 codes".into(),
         });
     };
-    staged(&CudaKernels {
+    let codes = staged(&CudaKernels {
         ordinal: mirror.ordinal,
     })?
-    .down_vec(&fp8.codes)
+    .down_vec(&fp8.codes)?;
+    Ok(Box::new(codes))
 }
 
 /// A device copy of `q`, a matrix that stays (a frozen FP8 weight), booked under FP8 copies;
@@ -271,7 +272,9 @@ pub(crate) fn quantize(
     // `cast_stats`: uploading it only to count would move more bytes than the count reads).
     // Where codes stay on the device (resident layers), every per-tensor cast counts there, so
     // the statistics read no codes back.
-    let count = src.ordinal().is_some() || crate::backend::cuda::env_switch::resident_layers();
+    // (The device counters are 32-bit: a source of 2^32 values or more counts on the host.)
+    let count = src.ordinal().is_some()
+        || (crate::backend::cuda::env_switch::resident_layers() && src.len() < u32::MAX as usize);
     // One upload of a host source (none of a device one) serves the amax and both copies.
     let x = s.input("quantize", src)?;
     match recipe {

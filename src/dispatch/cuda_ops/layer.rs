@@ -21,7 +21,6 @@ use crate::dispatch::{
     AttentionShape, CachedAttentionShape, ColumnCopy, CudaKernels, NormShape, PlainMat, RopeShape, RopeTable,
 };
 use crate::error::Result;
-use crate::gemm::HalfBits;
 use crate::ops::attention_cached::nothing_to_do;
 use crate::tensor::DeviceMirror;
 use crate::tensor::Dtype;
@@ -43,7 +42,7 @@ fn convert_on<'s, T: DeviceElement + Pooled>(
 /// [`convert_on`] to a 16-bit `T`; with `keep`, the device result stays as the matrix's mirror
 /// for the GEMMs that read it, and where layers keep their activations on the device
 /// (`FP8_CUDA_RESIDENT=1`) the values stay there only, read back if a host reader needs them.
-fn convert_half<T: DeviceElement + Pooled + HalfBits + Send + Sync + 'static>(
+fn convert_half<T: DeviceElement + Pooled + Send + Sync + 'static>(
     s: &Staged,
     src: Values<'_>,
     shape: (usize, usize),
@@ -69,8 +68,8 @@ fn convert_half<T: DeviceElement + Pooled + HalfBits + Send + Sync + 'static>(
     ))
 }
 
-/// The values of a 16-bit mirror as little-endian bytes ([`convert_half`]'s read-back).
-fn read_half<T: DeviceElement + Pooled + HalfBits + 'static>(mirror: &DeviceMirror) -> Result<Vec<u8>> {
+/// The values of a 16-bit mirror, downloaded ([`convert_half`]'s read-back): a `Vec<T>`.
+fn read_half<T: DeviceElement + Pooled + 'static>(mirror: &DeviceMirror) -> Result<Box<dyn std::any::Any>> {
     let Some(values) = mirror.payload.downcast_ref::<crate::backend::cuda::DeviceBuffer<T>>() else {
         return Err(crate::error::Error::KernelArgs {
             kernel: "16-bit read-back",
@@ -81,7 +80,7 @@ fn read_half<T: DeviceElement + Pooled + HalfBits + 'static>(mirror: &DeviceMirr
         ordinal: mirror.ordinal,
     })?
     .down_vec(values)?;
-    Ok(host.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect())
+    Ok(Box::new(host))
 }
 
 fn convert_plain(
