@@ -2,6 +2,8 @@
 //!
 //! ```sh
 //! cargo run --release --example hf_load -- generate /tmp/llama-1b   # Llama-3.2-1B shapes, random bf16 (2.5 GB)
+//! cargo run --release --example hf_load -- generate /tmp/llama-7b tests/fixtures/plan/llama-2-7b.json
+//!                                         # any config's shapes, random, in its torch_dtype (13.5 GB here)
 //! cargo run --release --example hf_load -- load /tmp/llama-1b       # open + check, then widen every tensor to f32
 //! cargo run --release --example hf_load -- load-fp8 /tmp/llama-1b   # the model with an FP8 base (128x128 blocks)
 //! ```
@@ -11,6 +13,8 @@
 
 use std::path::Path;
 use std::time::Instant;
+
+use rayon::prelude::*;
 
 use fp8_engine::hf::{HfConfig, HfModelDir, expected_tensors};
 use safetensors::Dtype;
@@ -35,38 +39,51 @@ fn peak_rss_mib() -> f64 {
         .map_or(f64::NAN, |kib| kib / 1024.0)
 }
 
-fn generate(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
+/// A random checkpoint of `config_json`'s shapes in `dir`: config.json and one
+/// model.safetensors in the config's torch_dtype (float16 or bfloat16).
+fn generate(dir: &Path, config_json: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let start = Instant::now();
     std::fs::create_dir_all(dir)?;
-    std::fs::write(dir.join("config.json"), LLAMA_1B)?;
-    let config = HfConfig::from_json(LLAMA_1B)?;
+    std::fs::write(dir.join("config.json"), config_json)?;
+    let config = HfConfig::from_json(config_json)?;
+    let fp16 = config.dtype.as_deref() == Some("float16");
     let tensors = expected_tensors(&config);
-    // A cheap xorshift stream of bf16 values around +-0.02 (what trained weights look like).
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    // A cheap xorshift stream per tensor (tensors in parallel, the same values on any machine)
+    // around +-0.02, what trained weights look like.
     let data: Vec<Vec<u8>> = tensors
-        .iter()
-        .map(|t| {
+        .par_iter()
+        .enumerate()
+        .map(|(i, t)| {
             let n: usize = t.shape.iter().product();
+            let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ (i as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
             let mut bytes = Vec::with_capacity(2 * n);
             for _ in 0..n {
                 state ^= state << 13;
                 state ^= state >> 7;
                 state ^= state << 17;
                 let x = ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.04;
-                bytes.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes());
+                let bits = match fp16 {
+                    true => half::f16::from_f32(x).to_bits(),
+                    false => half::bf16::from_f32(x).to_bits(),
+                };
+                bytes.extend_from_slice(&bits.to_le_bytes());
             }
             bytes
         })
         .collect();
+    let dtype = if fp16 { Dtype::F16 } else { Dtype::BF16 };
     let views: Vec<(String, TensorView<'_>)> = tensors
         .iter()
         .zip(&data)
-        .map(|(t, d)| Ok((t.name.clone(), TensorView::new(Dtype::BF16, t.shape.clone(), d)?)))
+        .map(|(t, d)| Ok((t.name.clone(), TensorView::new(dtype, t.shape.clone(), d)?)))
         .collect::<Result<_, safetensors::SafeTensorError>>()?;
     safetensors::serialize_to_file(views, None, &dir.join("model.safetensors"))?;
     println!(
-        "wrote {} ({} parameters, bf16)",
+        "wrote {} ({} parameters, {}) in {:.1} s",
         dir.display(),
-        config.parameter_count()
+        config.parameter_count(),
+        if fp16 { "float16" } else { "bfloat16" },
+        start.elapsed().as_secs_f64()
     );
     Ok(())
 }
@@ -131,9 +148,10 @@ fn load_fp8(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.as_slice() {
-        [cmd, dir] if cmd == "generate" => generate(Path::new(dir)),
+        [cmd, dir] if cmd == "generate" => generate(Path::new(dir), LLAMA_1B),
+        [cmd, dir, config] if cmd == "generate" => generate(Path::new(dir), &std::fs::read_to_string(config)?),
         [cmd, dir] if cmd == "load" => load(Path::new(dir)),
         [cmd, dir] if cmd == "load-fp8" => load_fp8(Path::new(dir)),
-        _ => Err("usage: hf_load generate DIR | hf_load load DIR | hf_load load-fp8 DIR".into()),
+        _ => Err("usage: hf_load generate DIR [CONFIG.json] | hf_load load DIR | hf_load load-fp8 DIR".into()),
     }
 }

@@ -48,10 +48,16 @@ for l in sys.stdin:
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["profile"]["test"]: print(m["executable"])' | tail -1)
 cp "$bin" "$out/lib_tests"
 cp target/release/fp8 "$out/fp8"
+# The random checkpoint writer of the fine-tuning part (examples/hf_load.rs), with the configs
+# and a tokenizer (any will do: its ids fit every Llama vocabulary).
+cargo build --release --example hf_load
+cp target/release/examples/hf_load "$out/hf_load"
+cp tests/fixtures/plan/llama-2-7b.json tests/fixtures/plan/llama-2-13b.json "$out/"
+cp tests/fixtures/hf/metaspace/tokenizer.json "$out/tokenizer.json"
 strip --strip-debug "$out"/* 2>/dev/null || true
 # Gzipped (lib_tests 14 -> 6 MiB, fp8 16 -> about 7) to keep the bundle under the 64 MiB a device
 # call carries; run.sh unpacks them.
-gzip -9 "$out/lib_tests" "$out/fp8"
+gzip -9 "$out/lib_tests" "$out/fp8" "$out/hf_load"
 # The text the larger model of the train part reads (characters; any text of ~10 KB will do).
 cp README.md "$out/text.txt"
 git rev-parse HEAD > "$out/COMMIT" 2>/dev/null || echo unknown > "$out/COMMIT"
@@ -65,7 +71,8 @@ cat > "$out/run.sh" <<'RUN'
 # train` and `run.sh benches` run the other parts instead: summary-PART.txt
 # and logs-PART.tar.gz.
 # `run.sh all` runs the three parts' steps in one go, correctness before the
-# long benches (summary-all.txt). BUDGET_S=N cuts every step's limit to what is
+# long benches (summary-all.txt). `run.sh finetune` (not in `all`: it writes
+# 40 GB of random checkpoints) measures issue 18's 7B and 13B fine-tunes. BUDGET_S=N cuts every step's limit to what is
 # left of N seconds and skips the steps that no longer fit, so a leased GPU's
 # time cannot be overrun (the summary and logs are always written).
 part=${1:-kernels}
@@ -76,8 +83,9 @@ case $part in
     train) suffix="-train" ;;
     profile) suffix="-profile" ;;
     fresh) suffix="-fresh" ;;
+    finetune) suffix="-finetune" ;;
     all) suffix="-all" ;;
-    *) echo "usage: run.sh [kernels|benches|layers|train|profile|fresh|all]" >&2; exit 2 ;;
+    *) echo "usage: run.sh [kernels|benches|layers|train|profile|fresh|finetune|all]" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")"
 # The library's unit tests and the fp8 tool travel gzipped (the bundle's size limit),
@@ -86,7 +94,8 @@ cd "$(dirname "$0")"
 lib_tests=$PWD/.lib_tests
 gunzip -c lib_tests.gz > "$lib_tests" && chmod +x "$lib_tests"
 gunzip -c fp8.gz > fp8 && chmod +x fp8
-trap 'rm -f "$lib_tests" fp8' EXIT
+gunzip -c hf_load.gz > hf_load && chmod +x hf_load
+trap 'rm -f "$lib_tests" fp8 hf_load' EXIT
 OUT=${OUT:-$PWD/results}
 logs=$OUT/logs$suffix
 mkdir -p "$logs"
@@ -358,12 +367,42 @@ done'
 }
 # end of part
 
+# part: finetune
+# Issue 18 on the GPU: a random Llama-2-7B-shaped checkpoint (then 13B) written here, planned
+# and fine-tuned for 2 steps with an FP8 base, LoRA r16 on q, k, v, o, seq 2048, micro-batch 1
+# and recompute; the GPU's peak memory in use (nvidia-smi, every 200 ms, CUDA context included)
+# beside the plan's total and the run's memory summary. Each checkpoint is removed after its run
+# (13.5 and 26 GB).
+part_finetune() {
+local dir=${FT_DIR:-$PWD/ft-models}
+local m
+for m in llama-2-7b llama-2-13b; do
+    rm -rf "$dir"
+    gpu_step step_out "gen_$m" "$([[ $m == llama-2-7b ]] && echo 120 || echo 180)" "gen-$m.txt" \
+        bash -c "./hf_load generate '$dir/$m' $m.json && cp tokenizer.json '$dir/$m/'"
+    gpu_step step_out "plan_$m" 15 "plan-$m.txt" ./fp8 plan --model "$dir/$m" --lora-rank 16 --base-precision fp8 \
+        --recompute every --seq 2048 --micro-batch 1 --precision bf16 --device cpu
+    gpu_step step_out "finetune_$m" "$([[ $m == llama-2-7b ]] && echo 240 || echo 300)" "finetune-$m.txt" \
+        bash -c "nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > '$dir/smi.txt' &
+smi=\$!
+./fp8 train --init-from '$dir/$m' --text text.txt --device cuda --base-precision fp8 --lora-rank 16 \
+    --recompute every --seq 2048 --batch 1 --steps 2 --precision bf16 --quiet --out '$dir/out'
+rc=\$?
+kill \$smi
+echo \"peak GPU memory in use (nvidia-smi): \$(sort -n '$dir/smi.txt' | tail -1) MiB\"
+exit \$rc"
+done
+rm -rf "$dir"
+}
+# end of part
+
 case $part in
     kernels) part_kernels ;;
     benches) part_benches ;;
     layers) part_layers_checks; part_layers_bench ;;
     train) part_train ;;
     fresh) part_fresh ;;
+    finetune) part_finetune ;;
     profile) part_profile ;;
     all) part_kernels; part_benches; part_layers_checks; part_train; part_layers_bench; part_fresh_rest; part_profile ;; # the long layer bench before the optional profiles
 esac
@@ -377,7 +416,7 @@ size=$(du -sm "$out" | cut -f1)
 echo "gpu-bundle: $out ($size MiB): $(ls "$out" | tr '\n' ' ')"
 if (( size >= 64 )); then echo "gpu-bundle: over the 64 MiB limit" >&2; exit 1; fi
 # The plan: in each part, every step's limit (timeout -k adds 10 s at most per step) under 15 minutes.
-for part in kernels benches profile layers train fresh; do
+for part in kernels benches profile layers train fresh finetune; do
     limits=$(sed -n "/^# part: $part\$/,/^# end of part\$/p" "$out/run.sh" \
         | grep -oE "^ *((gpu|hopper)_step )?step(_out)? [a-z_0-9]+ [0-9]+" | awk '{s += $NF} END {print s + 0}')
     echo "gpu-bundle: $part step limits add up to $limits s (15 min = 900 s)"
