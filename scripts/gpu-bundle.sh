@@ -201,7 +201,7 @@ part_kernels() {
 step info 45 ./fp8 info --load-all
 step gpu_kernels 60 ./gpu_kernels
 step gpu_ops 90 ./gpu_ops
-step device_values 40 "$lib_tests" dispatch::device_values_tests:: --test-threads=1 --nocapture
+step device_values 40 "$lib_tests" dispatch::device_values_tests:: dispatch::gqa_device_tests:: --test-threads=1 --nocapture
 step gpu_gemm 75 ./gpu_gemm
 local before=$status
 step hopper_probes 90 ./hopper_host hopper_probes --test-threads=1 --nocapture
@@ -324,10 +324,10 @@ gpu_step step_out bench_layer_resident_mma 120 bench-layer-resident-mma.txt env 
     --batch 2 --runs 3 --precision bf16,fp8-delayed --breakdown
 }
 part_fresh() {
-step device_values 40 "$lib_tests" dispatch::device_values_tests:: --test-threads=1 --nocapture
+step device_values 40 "$lib_tests" dispatch::device_values_tests:: dispatch::gqa_device_tests:: --test-threads=1 --nocapture
 # The same under FP8_CUDA_RESIDENT=1: casts' codes and 16-bit conversions stay on the device
 # only (read back if a host reader needs them), weights' copies too.
-step device_values_resident 40 env FP8_CUDA_RESIDENT=1 "$lib_tests" dispatch::device_values_tests:: \
+step device_values_resident 40 env FP8_CUDA_RESIDENT=1 "$lib_tests" dispatch::device_values_tests:: dispatch::gqa_device_tests:: \
     --test-threads=1 --nocapture
 part_fresh_rest
 gpu_step step_out bench_layer 240 bench-layer.txt ./fp8 bench layer --device cuda \
@@ -375,24 +375,34 @@ done'
 # (13.5 and 26 GB).
 part_finetune() {
 local dir=${FT_DIR:-$PWD/ft-models}
-local m
-for m in llama-2-7b llama-2-13b; do
-    rm -rf "$dir"
-    gpu_step step_out "gen_$m" "$([[ $m == llama-2-7b ]] && echo 120 || echo 180)" "gen-$m.txt" \
-        bash -c "./hf_load generate '$dir/$m' $m.json && cp tokenizer.json '$dir/$m/'"
-    gpu_step step_out "plan_$m" 15 "plan-$m.txt" ./fp8 plan --model "$dir/$m" --lora-rank 16 --base-precision fp8 \
-        --recompute every --seq 2048 --micro-batch 1 --precision bf16 --device cpu
-    gpu_step step_out "finetune_$m" "$([[ $m == llama-2-7b ]] && echo 240 || echo 300)" "finetune-$m.txt" \
-        bash -c "nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > '$dir/smi.txt' &
-smi=\$!
-./fp8 train --init-from '$dir/$m' --text text.txt --device cuda --base-precision fp8 --lora-rank 16 \
-    --recompute every --seq 2048 --batch 1 --steps 2 --precision bf16 --quiet --out '$dir/out'
-rc=\$?
-kill \$smi
-echo \"peak GPU memory in use (nvidia-smi): \$(sort -n '$dir/smi.txt' | tail -1) MiB\"
-exit \$rc"
-done
+export -f generate plan finetune # `timeout` runs them through bash -c
 rm -rf "$dir"
+gpu_step step_out gen_llama_2_7b 120 gen-llama-2-7b.txt bash -c 'generate "$@"' _ "$dir" llama-2-7b
+gpu_step step_out plan_llama_2_7b 15 plan-llama-2-7b.txt bash -c 'plan "$@"' _ "$dir" llama-2-7b
+gpu_step step_out finetune_llama_2_7b 240 finetune-llama-2-7b.txt bash -c 'finetune "$@"' _ "$dir" llama-2-7b
+rm -rf "$dir"
+gpu_step step_out gen_llama_2_13b 180 gen-llama-2-13b.txt bash -c 'generate "$@"' _ "$dir" llama-2-13b
+gpu_step step_out plan_llama_2_13b 15 plan-llama-2-13b.txt bash -c 'plan "$@"' _ "$dir" llama-2-13b
+gpu_step step_out finetune_llama_2_13b 300 finetune-llama-2-13b.txt bash -c 'finetune "$@"' _ "$dir" llama-2-13b
+rm -rf "$dir"
+}
+# generate DIR MODEL: a random checkpoint of MODEL.json's shapes and a tokenizer in DIR/MODEL.
+generate() { ./hf_load generate "$1/$2" "$2.json" && cp tokenizer.json "$1/$2/"; }
+# plan DIR MODEL: the planner's prediction for the run below.
+plan() {
+    ./fp8 plan --model "$1/$2" --lora-rank 16 --base-precision fp8 --recompute every --seq 2048 --micro-batch 1 \
+        --precision bf16 --device cpu
+}
+# finetune DIR MODEL: 2 steps of the fine-tune, with the GPU's memory in use sampled every 200 ms.
+finetune() {
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$1/smi.txt" &
+    local smi=$! rc
+    ./fp8 train --init-from "$1/$2" --text text.txt --device cuda --base-precision fp8 --lora-rank 16 \
+        --recompute every --seq 2048 --batch 1 --steps 2 --precision bf16 --quiet --out "$1/out-$2"
+    rc=$?
+    kill "$smi"
+    echo "peak GPU memory in use (nvidia-smi, every 200 ms): $(sort -n "$1/smi.txt" | tail -1) MiB"
+    return $rc
 }
 # end of part
 

@@ -12,18 +12,18 @@ use crate::error::Error;
 use crate::tensor::device_values::{CudaStorage, HostArray};
 use crate::tensor::{DeviceKind, Dtype, Tensor};
 
-fn stand_in(ordinal: usize, values: Vec<f32>) -> CudaStorage {
+pub(super) fn stand_in(ordinal: usize, values: Vec<f32>) -> CudaStorage {
     CudaStorage::new(Box::new(HostArray { ordinal, values }))
 }
 
-fn ramp(n: usize, seed: f32) -> Vec<f32> {
+pub(super) fn ramp(n: usize, seed: f32) -> Vec<f32> {
     (0..n).map(|i| (i as f32 * 0.37 + seed).sin() * 2.0).collect()
 }
 
 /// On GPU 0: one forward and backward of `staged` fed host tensors (its ops stage them) and of
 /// `resident` fed their uploads: the resident outputs stay on the GPU with the staged bits, and
 /// both modules end with the same gradients, slots and statistics.
-fn same_pass<M: crate::nn::Module>(
+pub(super) fn same_pass<M: crate::nn::Module>(
     case: &str,
     (staged, resident): (&mut M, &mut M),
     (x, dy): (&Tensor, &Tensor),
@@ -46,7 +46,7 @@ fn same_pass<M: crate::nn::Module>(
 }
 
 /// Whether GPU 0 cannot be opened, printing `<test>: skipped: <why>` then.
-fn skipped_without_a_gpu(test: &str) -> bool {
+pub(super) fn skipped_without_a_gpu(test: &str) -> bool {
     match crate::backend::cuda::CudaDevice::open(0) {
         Ok(_) => false,
         Err(err) => {
@@ -984,32 +984,4 @@ fn shadow_mode_checks_the_counts_a_cast_made() {
         ..miscounted
     };
     assert_eq!(uncounted.breach(&cpu, contract), None);
-}
-
-/// The grouped attention runs its head repeat on host values: a GPU tensor is `DeviceMismatch`
-/// naming the op, not a panic.
-#[test]
-fn grouped_attention_refuses_device_tensors_with_an_error() {
-    use crate::nn::{GqaConfig, GroupedQueryAttention, NormConfig};
-    let config = GqaConfig {
-        hidden: 32,
-        heads: 4,
-        kv_heads: 2,
-        head_dim: 8,
-        qkv_bias: false,
-        norm: NormConfig::default(),
-        recompute: false,
-    };
-    let mut attn = GroupedQueryAttention::new("attn", &config, &"bf16".parse().unwrap(), 3).unwrap();
-    let table = RopeTable::new(&[1.0, 0.5, 0.25, 0.125], 8);
-    let x = Tensor::on_device(stand_in(0, ramp(4 * 32, 0.0)), 4, 32).unwrap();
-    let err = attn.forward(&x, 1, 4, &table).unwrap_err();
-    assert_eq!(
-        err,
-        Error::DeviceMismatch {
-            op: "grouped attention forward",
-            expected: "cpu".into(),
-            got: "cuda:0".into()
-        }
-    );
 }

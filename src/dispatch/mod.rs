@@ -48,6 +48,8 @@ mod cuda_ops;
 mod device_values_tests;
 pub(crate) mod fp8_cast;
 mod gemm_check;
+#[cfg(test)]
+mod gqa_device_tests;
 mod on_host;
 pub mod op_times;
 mod plain;

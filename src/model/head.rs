@@ -66,7 +66,7 @@ impl<'a> Table<'a> {
         match transposed {
             true => slot
                 .insert(kernels.convert_transposed(dtype, Values::Host(values), vocab, hidden)?)
-                .operand_on(backend, (hidden, vocab, true)),
+                .operand_on(backend, (hidden, vocab, false)),
             false => slot
                 .insert(kernels.convert(dtype, Values::Host(values))?)
                 .operand_on(backend, (vocab, hidden, false)),

@@ -4,8 +4,10 @@
 //!
 //! The full attention op takes as many key/value heads as query heads, so forward repeats each
 //! key/value head over its group and backward sums the group's gradients back (the same sums
-//! transformers' `repeat_kv` makes autograd do). Generation uses [`GroupedQueryAttention::forward_cached`],
-//! which reads the grouped cache in place.
+//! transformers' `repeat_kv` makes autograd do). Training keeps every tensor where its input
+//! lives (host memory, or a GPU's for device tensors): the split, repeat, sum and join are column
+//! copies and f32 adds through the op trait. Generation uses
+//! [`GroupedQueryAttention::forward_cached`], which reads the grouped cache in place (host only).
 
 use super::init::child_seed;
 use super::layernorm_linear::LayerNormLinear;
@@ -16,7 +18,9 @@ use super::norm::NormConfig;
 use super::param::{Module, Parameter};
 use super::replay::Replay;
 use crate::amp::Precision;
-use crate::dispatch::{AttentionShape, Backend, CachedAttentionShape, RopeShape, RopeTable, Values, ValuesMut};
+use crate::dispatch::{
+    AttentionShape, Backend, CachedAttentionShape, ColumnCopy, RopeShape, RopeTable, Values, ValuesMut,
+};
 use crate::error::{Error, Result};
 use crate::scaling::{DelayedSlot, Fp8TensorStats};
 use crate::tensor::{DeviceKind, Dtype, Tensor};
@@ -74,14 +78,16 @@ impl KvCache {
     }
 }
 
+/// What attention keeps for backward, where the layer's input lives.
 struct GqaSaved {
     /// Rotated queries `[tokens, heads * d]`.
-    q: Vec<f32>,
+    q: Tensor,
     /// Rotated keys and values repeated to every query head `[tokens, heads * d]`.
-    k: Vec<f32>,
-    v: Vec<f32>,
-    out: Vec<f32>,
-    lse: Vec<f32>,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    /// `[batch * heads * seq, 1]`.
+    lse: Tensor,
     shape: AttentionShape,
 }
 
@@ -160,7 +166,7 @@ impl GroupedQueryAttention {
     }
 
     /// q, k, v of the first `tokens` rows of `x` with q and k rotated (positions
-    /// `first_position + row % seq`); rows past `tokens` are padding.
+    /// `first_position + row % seq`), where `x` lives; rows past `tokens` are padding.
     fn project(
         &mut self,
         x: &Tensor,
@@ -168,10 +174,12 @@ impl GroupedQueryAttention {
         first_position: usize,
         rope: &RopeTable,
         replay: bool,
-    ) -> Result<[Vec<f32>; 3]> {
+    ) -> Result<[Tensor; 3]> {
         let c = self.config;
         let qkv = self.qkv.run(x, replay)?;
-        let [mut q, mut k, v] = split(qkv.data(), tokens, [c.q_width(), c.kv_width(), c.kv_width()]);
+        let [mut q, mut k, v] = split(&self.backend, &qkv, tokens, [c.q_width(), c.kv_width(), c.kv_width()])?;
+        qkv.recycle();
+        let kernels = self.backend.kernels();
         for (part, heads) in [(&mut q, c.heads), (&mut k, c.kv_heads)] {
             let shape = RopeShape {
                 rows: tokens,
@@ -180,10 +188,8 @@ impl GroupedQueryAttention {
                 head_dim: c.head_dim,
                 first_position,
             };
-            self.backend
-                .kernels()
-                .rope_forward(ValuesMut::Host(part), shape, rope)?;
-            self.dtype.round_slice(part);
+            kernels.rope_forward(part.values_mut(), shape, rope)?;
+            kernels.round(part.values_mut(), self.dtype)?;
         }
         Ok([q, k, v])
     }
@@ -196,37 +202,37 @@ impl GroupedQueryAttention {
         rope: &RopeTable,
         replay: bool,
     ) -> Result<Tensor> {
-        // The head repeat and sum and the Q/K rotation run on host values (not yet on device
-        // tensors): a GPU tensor is `DeviceMismatch` here, not a panic at its first host read.
-        x.values().host("grouped attention forward")?;
+        // A tensor on a device these ops cannot read (any GPU's on the CPU backend) is
+        // `DeviceMismatch` naming the layer's op, before any work.
+        self.backend.expect_on("grouped attention forward", x)?;
         let c = self.config;
         let tokens = batch.saturating_mul(seq);
         self.check_rows(x, tokens)?;
         let [q, k, v] = self.project(x, (tokens, seq), 0, rope, replay)?;
-        let (k, v) = (repeat_heads(&k, tokens, &c), repeat_heads(&v, tokens, &c));
+        let (k, v) = (repeat_heads(&self.backend, &c, k)?, repeat_heads(&self.backend, &c, v)?);
         let shape = AttentionShape {
             batch,
             seq,
             heads: c.heads,
             head_dim: c.head_dim,
         };
-        let mut out = vec![0.0; tokens * c.q_width()];
-        let mut lse = vec![0.0; batch * c.heads * seq];
+        // The attention forward writes all of `out` and `lse`.
+        let mut out = self.backend.output_like(&q, tokens, c.q_width())?;
+        let mut lse = self.backend.output_like(&q, batch * c.heads * seq, 1)?;
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         self.backend.kernels().attention_forward(
-            Values::Host(&q),
-            Values::Host(&k),
-            Values::Host(&v),
+            q.values(),
+            k.values(),
+            v.values(),
             shape,
             scale,
             self.dtype,
-            ValuesMut::Host(&mut out),
-            ValuesMut::Host(&mut lse),
+            out.values_mut(),
+            lse.values_mut(),
         )?;
-        self.dtype.round_slice(&mut out);
-        let y = self
-            .out_proj
-            .forward_pass(&Tensor::new(out.clone(), tokens, c.q_width())?, replay)?;
+        self.backend.kernels().round(out.values_mut(), self.dtype)?;
+        // The output projection keeps its own copy for wgrad (backward keeps this one).
+        let y = self.out_proj.forward_owned(out.kept_copy(), replay)?;
         self.saved = Some(GqaSaved {
             q,
             k,
@@ -238,34 +244,41 @@ impl GroupedQueryAttention {
         Ok(y)
     }
 
-    /// dX; accumulates the parameter gradients.
+    /// dX, where `dy` lives; accumulates the parameter gradients.
     pub fn backward(&mut self, dy: &Tensor, rope: &RopeTable) -> Result<Tensor> {
-        dy.values().host("grouped attention backward")?; // host values only, as the forward
+        self.backend.expect_on("grouped attention backward", dy)?;
         if let Some(kept) = self.replay.take(&self.name)? {
             self.run(&kept.x, kept.batch, kept.seq, rope, true)?;
         }
         let c = self.config;
         let dout = self.out_proj.backward(dy)?;
         let s = self.saved.take().ok_or_else(|| no_forward(&self.name))?;
-        let n = s.q.len();
-        let (mut dq, mut dk, mut dv) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+        let (tokens, cols) = s.q.shape();
+        // The attention backward writes all of dq, dk and dv.
+        let mut grads = Vec::with_capacity(3);
+        for _ in 0..3 {
+            grads.push(self.backend.output_like(&dout, tokens, cols)?);
+        }
+        let [mut dq, mut dk, mut dv]: [Tensor; 3] = grads.try_into().expect("three gradients");
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         self.backend.kernels().attention_backward(
             dout.values(),
-            Values::Host(&s.q),
-            Values::Host(&s.k),
-            Values::Host(&s.v),
-            Values::Host(&s.out),
-            Values::Host(&s.lse),
+            s.q.values(),
+            s.k.values(),
+            s.v.values(),
+            s.out.values(),
+            s.lse.values(),
             s.shape,
             scale,
             self.dtype,
-            ValuesMut::Host(&mut dq),
-            ValuesMut::Host(&mut dk),
-            ValuesMut::Host(&mut dv),
+            dq.values_mut(),
+            dk.values_mut(),
+            dv.values_mut(),
         )?;
-        let tokens = dout.rows();
-        let (mut dk, dv) = (sum_heads(&dk, tokens, &c), sum_heads(&dv, tokens, &c));
+        for dead in [dout, s.q, s.k, s.v, s.out, s.lse] {
+            dead.recycle();
+        }
+        let (mut dk, dv) = (sum_heads(&self.backend, &c, dk)?, sum_heads(&self.backend, &c, dv)?);
         for (part, heads) in [(&mut dq, c.heads), (&mut dk, c.kv_heads)] {
             let shape = RopeShape {
                 rows: tokens,
@@ -274,21 +287,25 @@ impl GroupedQueryAttention {
                 head_dim: c.head_dim,
                 first_position: 0,
             };
-            self.backend
-                .kernels()
-                .rope_backward(ValuesMut::Host(part), shape, rope)?;
+            self.backend.kernels().rope_backward(part.values_mut(), shape, rope)?;
         }
-        let mut dqkv = join(&[&dq, &dk, &dv], tokens, [c.q_width(), c.kv_width(), c.kv_width()]);
-        self.dtype.round_slice(&mut dqkv);
-        let width = c.q_width() + 2 * c.kv_width();
-        self.qkv.backward(&Tensor::new(dqkv, tokens, width)?)
+        let mut dqkv = join(&self.backend, [&dq, &dk, &dv])?;
+        for dead in [dq, dk, dv] {
+            dead.recycle();
+        }
+        self.backend.kernels().round(dqkv.values_mut(), self.dtype)?;
+        let dx = self.qkv.backward(&dqkv);
+        dqkv.recycle();
+        dx
     }
 
     /// Forward of the next `new` tokens of one sequence after the `cache.len()` cached ones (rows
     /// of `x` past `new` are zero padding, which FP8 GEMMs need); appends their keys and values to
     /// `cache`. The output has as many rows as `x`. Keeps nothing for backward.
     pub fn forward_cached(&mut self, x: &Tensor, new: usize, cache: &mut KvCache, rope: &RopeTable) -> Result<Tensor> {
-        x.values().host("grouped attention forward_cached")?; // host values only, as the forward
+        // The cache and `attention_cached` take host values.
+        const OP: &str = "grouped attention forward_cached";
+        x.values().host(OP)?;
         let c = self.config;
         let rows = x.rows();
         if new > rows {
@@ -299,8 +316,9 @@ impl GroupedQueryAttention {
         }
         self.check_rows(x, rows)?;
         let [q, k, v] = self.project(x, (new, new.max(1)), cache.len, rope, false)?;
-        cache.k.extend_from_slice(&k);
-        cache.v.extend_from_slice(&v);
+        let (q, k, v) = (q.values().host(OP)?, k.values().host(OP)?, v.values().host(OP)?);
+        cache.k.extend_from_slice(k);
+        cache.v.extend_from_slice(v);
         cache.len += new;
         let shape = CachedAttentionShape {
             queries: new,
@@ -312,7 +330,7 @@ impl GroupedQueryAttention {
         let mut out = vec![0.0; rows * c.q_width()];
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         self.backend.kernels().attention_cached(
-            &q,
+            q,
             &cache.k,
             &cache.v,
             shape,
@@ -333,61 +351,127 @@ impl GroupedQueryAttention {
     }
 }
 
-/// `[tokens, sum(widths)]` -> one `[tokens, width]` matrix per part.
-fn split<const N: usize>(x: &[f32], tokens: usize, widths: [usize; N]) -> [Vec<f32>; N] {
+/// The first `rows` rows of `t` `[tokens, sum(widths)]`, one `[rows, width]` tensor per part,
+/// where `t` lives. Fewer rows than `t` has (generation's padding) only of host values.
+fn split<const N: usize>(backend: &Backend, t: &Tensor, rows: usize, widths: [usize; N]) -> Result<[Tensor; N]> {
     let total: usize = widths.iter().sum();
-    std::array::from_fn(|part| {
-        let start: usize = widths[..part].iter().sum();
-        let mut out = Vec::with_capacity(tokens * widths[part]);
-        for row in x.chunks(total.max(1)).take(tokens) {
-            out.extend_from_slice(&row[start..start + widths[part]]);
+    let src = match t.rows() == rows {
+        true => t.values(),
+        false => {
+            let host = t.values().host("grouped attention forward_cached")?;
+            Values::Host(host.get(..rows * total).ok_or_else(|| Error::LayerShape {
+                layer: "grouped attention".to_string(),
+                detail: format!("{rows} rows asked of a {}-row projection", t.rows()),
+            })?)
         }
-        out
-    })
-}
-
-/// The inverse of [`split`].
-fn join<const N: usize>(parts: &[&[f32]; N], tokens: usize, widths: [usize; N]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(tokens * widths.iter().sum::<usize>());
-    for t in 0..tokens {
-        for (part, &w) in parts.iter().zip(&widths) {
-            out.extend_from_slice(&part[t * w..(t + 1) * w]);
-        }
+    };
+    let mut parts = Vec::with_capacity(N);
+    let mut first = 0;
+    for width in widths {
+        let mut part = backend.output_at(src.device(), rows, width)?;
+        let copy = ColumnCopy {
+            rows,
+            width,
+            a_cols: total,
+            a_first: first,
+            out_cols: width,
+            out_first: 0,
+        };
+        backend.kernels().copy_columns(src, part.values_mut(), copy)?;
+        parts.push(part);
+        first += width;
     }
-    out
+    Ok(parts.try_into().expect("one tensor per width"))
 }
 
-/// `[tokens, kv_heads * d]` -> `[tokens, heads * d]`, query head `h` getting key/value head `h / group`.
-fn repeat_heads(x: &[f32], tokens: usize, c: &GqaConfig) -> Vec<f32> {
+/// The inverse of [`split`]: the parts side by side in each row, where the first lives.
+fn join<const N: usize>(backend: &Backend, parts: [&Tensor; N]) -> Result<Tensor> {
+    let rows = parts[0].rows();
+    let total = parts.iter().map(|p| p.cols()).sum();
+    // Each copy writes its own columns of every row: all written after the last.
+    let mut joined = backend.output_like(parts[0], rows, total)?;
+    let mut first = 0;
+    for part in parts {
+        let copy = ColumnCopy {
+            rows,
+            width: part.cols(),
+            a_cols: part.cols(),
+            a_first: 0,
+            out_cols: total,
+            out_first: first,
+        };
+        backend
+            .kernels()
+            .copy_columns(part.values(), joined.values_mut(), copy)?;
+        first += part.cols();
+    }
+    Ok(joined)
+}
+
+/// `[tokens, kv_heads * d]` -> `[tokens, heads * d]`, query head `h` getting key/value head
+/// `h / group`: one column copy per query head, where `x` lives (`x` itself for groups of one).
+fn repeat_heads(backend: &Backend, c: &GqaConfig, x: Tensor) -> Result<Tensor> {
     let (d, group) = (c.head_dim, c.group());
     if group == 1 {
-        return x.to_vec();
+        return Ok(x);
     }
-    let mut out = Vec::with_capacity(tokens * c.q_width());
-    for row in x.chunks(c.kv_width()).take(tokens) {
-        for head in row.chunks(d) {
-            for _ in 0..group {
-                out.extend_from_slice(head);
-            }
-        }
+    let rows = x.rows();
+    // The copies write every head of every row.
+    let mut out = backend.output_like(&x, rows, c.q_width())?;
+    for h in 0..c.heads {
+        let copy = ColumnCopy {
+            rows,
+            width: d,
+            a_cols: c.kv_width(),
+            a_first: (h / group) * d,
+            out_cols: c.q_width(),
+            out_first: h * d,
+        };
+        backend.kernels().copy_columns(x.values(), out.values_mut(), copy)?;
     }
-    out
+    x.recycle();
+    Ok(out)
 }
 
-/// The adjoint of [`repeat_heads`]: each key/value head's gradient is the sum over its group.
-fn sum_heads(dx: &[f32], tokens: usize, c: &GqaConfig) -> Vec<f32> {
+/// The adjoint of [`repeat_heads`]: each key/value head's gradient is the sum over its group,
+/// where `dx` lives (`dx` itself for groups of one). The f32 sum starts from zero and adds the
+/// group's heads in order, `((0 + g0) + g1) + ...` (zero's sign included), so host and device
+/// tensors on every backend give the same bits.
+fn sum_heads(backend: &Backend, c: &GqaConfig, dx: Tensor) -> Result<Tensor> {
     let (d, group) = (c.head_dim, c.group());
     if group == 1 {
-        return dx.to_vec();
+        return Ok(dx);
     }
-    let mut out = vec![0.0; tokens * c.kv_width()];
-    for (row, dst) in dx.chunks(c.q_width()).zip(out.chunks_mut(c.kv_width())) {
-        for (h, head) in row.chunks(d).enumerate() {
-            let kv = &mut dst[(h / group) * d..][..d];
-            kv.iter_mut().zip(head).for_each(|(a, b)| *a += b);
+    let (rows, width) = (dx.rows(), c.kv_width());
+    let kernels = backend.kernels();
+    let mut sum = backend.output_like(&dx, rows, width)?;
+    match sum.values_mut() {
+        ValuesMut::Host(values) => values.fill(0.0),
+        ValuesMut::Device(values) => values.zero()?,
+    }
+    // Each member's heads (member `i` of every group) side by side, then one add of all of them;
+    // `spare` takes each add's result (an op's output cannot be its input).
+    let mut member = backend.output_like(&dx, rows, width)?;
+    let mut spare = backend.output_like(&dx, rows, width)?;
+    for i in 0..group {
+        for kv in 0..c.kv_heads {
+            let copy = ColumnCopy {
+                rows,
+                width: d,
+                a_cols: c.q_width(),
+                a_first: (kv * group + i) * d,
+                out_cols: width,
+                out_first: kv * d,
+            };
+            kernels.copy_columns(dx.values(), member.values_mut(), copy)?;
         }
+        kernels.residual_add(sum.values(), member.values(), Dtype::F32, spare.values_mut())?;
+        std::mem::swap(&mut sum, &mut spare);
     }
-    out
+    for dead in [dx, member, spare] {
+        dead.recycle();
+    }
+    Ok(sum)
 }
 
 impl Module for GroupedQueryAttention {
@@ -444,26 +528,98 @@ impl VisitLinears for GroupedQueryAttention {
 mod tests {
     use super::*;
 
-    #[test]
-    fn repeat_and_sum_heads_are_adjoint() {
-        let c = GqaConfig {
+    fn config(heads: usize, kv_heads: usize, head_dim: usize) -> GqaConfig {
+        GqaConfig {
             hidden: 8,
-            heads: 6,
-            kv_heads: 2,
-            head_dim: 2,
+            heads,
+            kv_heads,
+            head_dim,
             qkv_bias: false,
             norm: NormConfig::default(),
             recompute: false,
-        };
+        }
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        t.data().iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// The host loop the op-based [`sum_heads`] replaced, whose bits it keeps: `out[kv] += head`
+    /// from zero, query heads in order (groups of one copied).
+    fn sum_heads_reference(dx: &[f32], c: &GqaConfig) -> Vec<f32> {
+        let (d, group) = (c.head_dim, c.group());
+        if group == 1 {
+            return dx.to_vec();
+        }
+        let mut out = vec![0.0f32; dx.len() / c.q_width() * c.kv_width()];
+        for (row, dst) in dx.chunks(c.q_width()).zip(out.chunks_mut(c.kv_width())) {
+            for (h, head) in row.chunks(d).enumerate() {
+                let kv = &mut dst[(h / group) * d..][..d];
+                kv.iter_mut().zip(head).for_each(|(a, b)| *a += b);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn repeat_and_sum_heads_are_adjoint() {
+        let (c, cpu) = (config(6, 2, 2), Backend::default());
         let x: Vec<f32> = (0..3 * 4).map(|i| i as f32).collect();
         let g: Vec<f32> = (0..3 * 12).map(|i| (i as f32 * 0.37).sin()).collect();
-        let rx = repeat_heads(&x, 3, &c);
-        assert_eq!(&rx[..12], &[0., 1., 0., 1., 0., 1., 2., 3., 2., 3., 2., 3.]);
-        let sg = sum_heads(&g, 3, &c);
-        let lhs: f32 = rx.iter().zip(&g).map(|(a, b)| a * b).sum();
-        let rhs: f32 = x.iter().zip(&sg).map(|(a, b)| a * b).sum();
+        let rx = repeat_heads(&cpu, &c, Tensor::new(x.clone(), 3, 4).unwrap()).unwrap();
+        assert_eq!(rx.shape(), (3, 12));
+        assert_eq!(&rx.data()[..12], &[0., 1., 0., 1., 0., 1., 2., 3., 2., 3., 2., 3.]);
+        let sg = sum_heads(&cpu, &c, Tensor::new(g.clone(), 3, 12).unwrap()).unwrap();
+        assert_eq!(sg.shape(), (3, 4));
+        let lhs: f32 = rx.data().iter().zip(&g).map(|(a, b)| a * b).sum();
+        let rhs: f32 = x.iter().zip(sg.data()).map(|(a, b)| a * b).sum();
         assert!((lhs - rhs).abs() < 1e-4, "{lhs} vs {rhs}");
-        let parts = split(&rx, 3, [4, 8]);
-        assert_eq!(join(&[&parts[0], &parts[1]], 3, [4, 8]), rx);
+        let parts = split(&cpu, &rx, 3, [4, 8]).unwrap();
+        assert_eq!((parts[0].shape(), parts[1].shape()), ((3, 4), (3, 8)));
+        assert_eq!(join(&cpu, [&parts[0], &parts[1]]).unwrap(), rx);
+    }
+
+    #[test]
+    fn summed_heads_have_the_bits_of_adding_each_head_in_order_from_zero() {
+        let cpu = Backend::default();
+        for (heads, kv_heads) in [(8, 2), (6, 3), (4, 1), (5, 5)] {
+            let c = config(heads, kv_heads, 3);
+            let (tokens, qw) = (4, c.q_width());
+            // Magnitudes far apart, so the order of the adds shows in the bits.
+            let mut dx: Vec<f32> = (0..tokens * qw)
+                .map(|i| (i as f32 * 0.37).sin() * 10f32.powi((i % 5) as i32 * 3 - 6))
+                .collect();
+            // Row 0: every head -0.0, whose sum from zero is +0.0 (a copy of the first head
+            // would keep -0.0); row 1: signed zeros among other values.
+            dx[..qw].fill(-0.0);
+            dx[qw..2 * qw].iter_mut().step_by(2).for_each(|v| *v = -0.0);
+            let want: Vec<u32> = sum_heads_reference(&dx, &c).iter().map(|v| v.to_bits()).collect();
+            let got = sum_heads(&cpu, &c, Tensor::new(dx.clone(), tokens, qw).unwrap()).unwrap();
+            assert_eq!(bits(&got), want, "{heads} heads over {kv_heads}");
+            let row0_zero = if c.group() > 1 { 0 } else { (-0.0f32).to_bits() };
+            assert!(
+                bits(&got)[..c.kv_width()].iter().all(|&b| b == row0_zero),
+                "{heads}/{kv_heads}"
+            );
+        }
+    }
+
+    #[test]
+    fn groups_of_one_share_the_tensor() {
+        let (c, cpu) = (config(4, 4, 2), Backend::default());
+        let x = Tensor::new((0..3 * 8).map(|i| i as f32 - 0.5).collect(), 3, 8).unwrap();
+        assert_eq!(repeat_heads(&cpu, &c, x.clone()).unwrap(), x);
+        assert_eq!(sum_heads(&cpu, &c, x.clone()).unwrap(), x);
+    }
+
+    #[test]
+    fn a_split_of_fewer_rows_takes_the_leading_rows_of_host_values_only() {
+        let cpu = Backend::default();
+        let t = Tensor::new((0..4 * 5).map(|i| i as f32).collect(), 4, 5).unwrap();
+        let [a, b] = split(&cpu, &t, 2, [2, 3]).unwrap();
+        assert_eq!(a.data(), &[0., 1., 5., 6.]);
+        assert_eq!(b.data(), &[2., 3., 4., 7., 8., 9.]);
+        let err = split(&cpu, &t, 5, [2, 3]).unwrap_err();
+        assert!(matches!(err, Error::LayerShape { .. }), "{err}");
     }
 }

@@ -54,21 +54,32 @@ impl LlamaLayer {
         })
     }
 
-    /// `x` `[batch * seq, hidden]` -> `[batch * seq, hidden]`.
+    /// `x` `[batch * seq, hidden]` -> `[batch * seq, hidden]`, where `x` lives. On a GPU with
+    /// `FP8_CUDA_RESIDENT=1`, a host `x` goes up once, every op between reads and writes device
+    /// tensors, and the output comes back down (a device `x` stays there either way).
     pub fn forward(&mut self, x: &Tensor, batch: usize, seq: usize, rope: &RopeTable) -> Result<Tensor> {
-        let y = self.run(x, batch, seq, rope, false)?;
+        let uploaded = self.backend.resident_input(x)?;
+        let x_run = uploaded.as_ref().unwrap_or(x);
+        let y = self.run(x_run, batch, seq, rope, false)?;
         if self.replay.enabled() {
             self.clear_saved();
-            self.replay.keep(x, batch, seq);
+            self.replay.keep(x_run, batch, seq);
         }
-        Ok(y)
+        match uploaded {
+            Some(_) => y.into_host(),
+            None => Ok(y),
+        }
     }
 
     fn run(&mut self, x: &Tensor, batch: usize, seq: usize, rope: &RopeTable, replay: bool) -> Result<Tensor> {
         let a = self.attn.run(x, batch, seq, rope, replay)?;
         let h = self.residual(x, &a)?;
+        a.recycle();
         let m = self.mlp.run(&h, replay)?;
-        self.residual(&h, &m)
+        let y = self.residual(&h, &m);
+        h.recycle();
+        m.recycle();
+        y
     }
 
     /// The next `new` tokens of one sequence against `cache` (rows of `x` past `new` are zero
@@ -89,16 +100,26 @@ impl LlamaLayer {
         Ok(sum)
     }
 
-    /// dX; accumulates every parameter gradient.
+    /// dX, where `dy` lives (uploaded and brought back as in [`Self::forward`]); accumulates
+    /// every parameter gradient.
     pub fn backward(&mut self, dy: &Tensor, rope: &RopeTable) -> Result<Tensor> {
         if let Some(kept) = self.replay.take(&self.name)? {
             self.run(&kept.x, kept.batch, kept.seq, rope, true)?;
         }
         dy.expect(&self.name, "output gradient", None, self.hidden)?;
+        let uploaded = self.backend.resident_input(dy)?;
+        let dy = uploaded.as_ref().unwrap_or(dy);
         let dm = self.mlp.backward(dy)?;
         let dh = self.residual(dy, &dm)?;
+        dm.recycle();
         let da = self.attn.backward(&dh, rope)?;
-        self.residual(&dh, &da)
+        let dx = self.residual(&dh, &da)?;
+        dh.recycle();
+        da.recycle();
+        match uploaded {
+            Some(_) => dx.into_host(),
+            None => Ok(dx),
+        }
     }
 
     /// Drops what the last forward kept for backward.
