@@ -78,14 +78,18 @@ fn grouped_attention_refuses_tensors_its_ops_cannot_read() {
     assert_eq!(err, mismatch("grouped attention forward", "cuda:3", "cuda:0"));
 }
 
-/// On GPU 0: a `GroupedQueryAttention` fed device tensors keeps its output and input gradient
-/// on the device and gives the bits, parameter gradients, slots and statistics of the same layer
-/// fed host tensors, over two passes: 8 query heads over 2 key/value heads (the repeat and the
-/// group sums on the device) and over 8 (groups of one), with and without recompute, under bf16
-/// and fp8-delayed.
-#[test]
-fn grouped_attention_keeps_device_inputs_on_the_device() {
-    if skipped_without_a_gpu("grouped_attention_keeps_device_inputs_on_the_device") {
+/// On GPU 0: layers made by `build` from one seed, one fed host tensors (staged ops) and one fed
+/// their uploads, over two passes: 8 query heads over 2 key/value heads (with q/k/v biases, as
+/// Qwen2; the repeat and the group sums on the device) and over 8 (groups of one), with and
+/// without recompute, under bf16 and fp8-delayed: the resident outputs stay on the device with
+/// the staged bits, and the layers end with the same gradients, slots and statistics.
+fn same_as_staged<M: Module>(
+    test: &str,
+    build: impl Fn(&GqaConfig, &Precision) -> M,
+    forward: impl Fn(&mut M, &Tensor, &RopeTable) -> crate::error::Result<Tensor> + Copy,
+    backward: impl Fn(&mut M, &Tensor, &RopeTable) -> crate::error::Result<Tensor> + Copy,
+) {
+    if skipped_without_a_gpu(test) {
         return;
     }
     let (batch, seq, hidden) = (2, 32, 128);
@@ -95,8 +99,7 @@ fn grouped_attention_keeps_device_inputs_on_the_device() {
         for (kv_heads, recompute) in [(2, false), (2, true), (8, false), (8, true)] {
             let config = config(8, kv_heads, kv_heads == 2, recompute);
             let case = format!("{name} 8 heads over {kv_heads} recompute {recompute}");
-            let mut staged = GroupedQueryAttention::new("attn", &config, &precision, 5).unwrap();
-            let mut resident = GroupedQueryAttention::new("attn", &config, &precision, 5).unwrap();
+            let (mut staged, mut resident) = (build(&config, &precision), build(&config, &precision));
             staged.to_device(DeviceKind::Cuda(0)).unwrap();
             resident.to_device(DeviceKind::Cuda(0)).unwrap();
             for pass in 0..2 {
@@ -106,53 +109,39 @@ fn grouped_attention_keeps_device_inputs_on_the_device() {
                     &format!("{case} pass {pass}"),
                     (&mut staged, &mut resident),
                     (&x, &dy),
-                    |l: &mut GroupedQueryAttention, x: &Tensor| l.forward(x, batch, seq, &table),
-                    |l: &mut GroupedQueryAttention, dy: &Tensor| l.backward(dy, &table),
+                    |l, x| forward(l, x, &table),
+                    |l, dy| backward(l, dy, &table),
                 );
             }
         }
     }
     println!(
-        "grouped_attention_keeps_device_inputs_on_the_device: bf16, fp8-delayed x (8 heads over 2 and over 8) x \
-         recompute on/off: same bits, gradients, slots and statistics"
+        "{test}: bf16, fp8-delayed x (8 heads over 2 with biases, over 8) x recompute on/off: same bits, \
+         gradients, slots and statistics"
+    );
+}
+
+/// On GPU 0: a `GroupedQueryAttention` fed device tensors, as [`same_as_staged`] says.
+#[test]
+fn grouped_attention_keeps_device_inputs_on_the_device() {
+    let (batch, seq) = (2, 32);
+    same_as_staged(
+        "grouped_attention_keeps_device_inputs_on_the_device",
+        |config, precision| GroupedQueryAttention::new("attn", config, precision, 5).unwrap(),
+        |l, x, table| l.forward(x, batch, seq, table),
+        |l, dy, table| l.backward(dy, table),
     );
 }
 
 /// On GPU 0: a `LlamaLayer` fed device tensors (what `FP8_CUDA_RESIDENT=1` uploads at its
-/// boundary) gives the bits, gradients, slots and statistics of the same layer fed host tensors,
-/// over two passes, grouped (with q/k/v biases, as Qwen2) and not, with and without recompute,
-/// under bf16 and fp8-delayed.
+/// boundary), as [`same_as_staged`] says.
 #[test]
 fn llama_layers_keep_device_inputs_on_the_device() {
-    if skipped_without_a_gpu("llama_layers_keep_device_inputs_on_the_device") {
-        return;
-    }
-    let (batch, seq, hidden) = (2, 32, 128);
-    let table = rope_table();
-    for name in ["bf16", "fp8-delayed"] {
-        let precision: Precision = name.parse().unwrap();
-        for (kv_heads, recompute) in [(2, false), (2, true), (8, false), (8, true)] {
-            let config = config(8, kv_heads, kv_heads == 2, recompute);
-            let case = format!("{name} 8 heads over {kv_heads} recompute {recompute}");
-            let mut staged = LlamaLayer::new("layer", &config, 256, &precision, 7).unwrap();
-            let mut resident = LlamaLayer::new("layer", &config, 256, &precision, 7).unwrap();
-            staged.to_device(DeviceKind::Cuda(0)).unwrap();
-            resident.to_device(DeviceKind::Cuda(0)).unwrap();
-            for pass in 0..2 {
-                let x = Tensor::new(ramp(batch * seq * hidden, pass as f32), batch * seq, hidden).unwrap();
-                let dy = Tensor::new(ramp(batch * seq * hidden, pass as f32 + 2.5), batch * seq, hidden).unwrap();
-                same_pass(
-                    &format!("{case} pass {pass}"),
-                    (&mut staged, &mut resident),
-                    (&x, &dy),
-                    |l: &mut LlamaLayer, x: &Tensor| l.forward(x, batch, seq, &table),
-                    |l: &mut LlamaLayer, dy: &Tensor| l.backward(dy, &table),
-                );
-            }
-        }
-    }
-    println!(
-        "llama_layers_keep_device_inputs_on_the_device: bf16, fp8-delayed x (8 heads over 2 with biases, over 8) x \
-         recompute on/off: same bits, gradients, slots and statistics"
+    let (batch, seq) = (2, 32);
+    same_as_staged(
+        "llama_layers_keep_device_inputs_on_the_device",
+        |config, precision| LlamaLayer::new("layer", config, 256, precision, 7).unwrap(),
+        |l, x, table| l.forward(x, batch, seq, table),
+        |l, dy, table| l.backward(dy, table),
     );
 }

@@ -447,6 +447,16 @@ impl Backend {
         self.to_device(x).map(Some)
     }
 
+    /// `f` run on `x` as a layer that keeps its activations on the GPU between its ops: with
+    /// [`Self::resident_input`]'s upload of a host `x`, the result coming back to the host;
+    /// otherwise on `x` where it lives.
+    pub(crate) fn resident_boundary(&self, x: &Tensor, f: impl FnOnce(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+        match self.resident_input(x)? {
+            Some(uploaded) => f(&uploaded)?.into_host(),
+            None => f(x),
+        }
+    }
+
     /// A `[rows, cols]` tensor for an op's output, where `input` lives: host memory for a host
     /// input, a new array on its GPU for a device one (the op writes every value; the
     /// contents before are unspecified).

@@ -262,15 +262,8 @@ impl DecoderModel {
             dloss,
             &mut dlogits,
         )?;
-        let head = self.head.as_mut();
-        let dnormed = head::logits_backward(
-            &self.backend,
-            head,
-            dlogits,
-            &saved.normed,
-            &mut self.tokens,
-            self.dtype,
-        )?;
+        let (backend, head) = (&self.backend, self.head.as_mut());
+        let dnormed = head::logits_backward(backend, head, dlogits, &saved.normed, &mut self.tokens, self.dtype)?;
         if let Some(head) = &mut self.head {
             ready(head)?;
         }

@@ -58,17 +58,14 @@ impl LlamaLayer {
     /// `FP8_CUDA_RESIDENT=1`, a host `x` goes up once, every op between reads and writes device
     /// tensors, and the output comes back down (a device `x` stays there either way).
     pub fn forward(&mut self, x: &Tensor, batch: usize, seq: usize, rope: &RopeTable) -> Result<Tensor> {
-        let uploaded = self.backend.resident_input(x)?;
-        let x_run = uploaded.as_ref().unwrap_or(x);
-        let y = self.run(x_run, batch, seq, rope, false)?;
-        if self.replay.enabled() {
-            self.clear_saved();
-            self.replay.keep(x_run, batch, seq);
-        }
-        match uploaded {
-            Some(_) => y.into_host(),
-            None => Ok(y),
-        }
+        self.backend.clone().resident_boundary(x, |x| {
+            let y = self.run(x, batch, seq, rope, false)?;
+            if self.replay.enabled() {
+                self.clear_saved();
+                self.replay.keep(x, batch, seq);
+            }
+            Ok(y)
+        })
     }
 
     fn run(&mut self, x: &Tensor, batch: usize, seq: usize, rope: &RopeTable, replay: bool) -> Result<Tensor> {
@@ -107,19 +104,16 @@ impl LlamaLayer {
             self.run(&kept.x, kept.batch, kept.seq, rope, true)?;
         }
         dy.expect(&self.name, "output gradient", None, self.hidden)?;
-        let uploaded = self.backend.resident_input(dy)?;
-        let dy = uploaded.as_ref().unwrap_or(dy);
-        let dm = self.mlp.backward(dy)?;
-        let dh = self.residual(dy, &dm)?;
-        dm.recycle();
-        let da = self.attn.backward(&dh, rope)?;
-        let dx = self.residual(&dh, &da)?;
-        dh.recycle();
-        da.recycle();
-        match uploaded {
-            Some(_) => dx.into_host(),
-            None => Ok(dx),
-        }
+        self.backend.clone().resident_boundary(dy, |dy| {
+            let dm = self.mlp.backward(dy)?;
+            let dh = self.residual(dy, &dm)?;
+            dm.recycle();
+            let da = self.attn.backward(&dh, rope)?;
+            let dx = self.residual(&dh, &da)?;
+            dh.recycle();
+            da.recycle();
+            Ok(dx)
+        })
     }
 
     /// Drops what the last forward kept for backward.

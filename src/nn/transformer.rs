@@ -124,17 +124,14 @@ impl TransformerLayer {
     /// once, every op between reads and writes device tensors, and the output comes back down
     /// (a device `x` stays there either way).
     pub fn forward(&mut self, x: &Tensor, batch: usize, seq: usize) -> Result<Tensor> {
-        let uploaded = self.backend.resident_input(x)?;
-        let x_run = uploaded.as_ref().unwrap_or(x);
-        let y = self.run(x_run, batch, seq, false)?;
-        if self.replay.enabled() {
-            self.clear_saved();
-            self.replay.keep(x_run, batch, seq);
-        }
-        match uploaded {
-            Some(_) => y.into_host(),
-            None => Ok(y),
-        }
+        self.backend.clone().resident_boundary(x, |x| {
+            let y = self.run(x, batch, seq, false)?;
+            if self.replay.enabled() {
+                self.clear_saved();
+                self.replay.keep(x, batch, seq);
+            }
+            Ok(y)
+        })
     }
 
     fn run(&mut self, x: &Tensor, batch: usize, seq: usize, replay: bool) -> Result<Tensor> {
@@ -170,19 +167,16 @@ impl TransformerLayer {
             self.run(&kept.x, kept.batch, kept.seq, true)?;
         }
         dy.expect(&self.name, "output gradient", None, self.config.hidden)?;
-        let uploaded = self.backend.resident_input(dy)?;
-        let dy = uploaded.as_ref().unwrap_or(dy);
-        let dm = self.mlp.backward(dy)?;
-        let dh = self.residual(dy, &dm)?;
-        dm.recycle();
-        let da = self.attn.backward(&dh)?;
-        let dx = self.residual(&dh, &da)?;
-        dh.recycle();
-        da.recycle();
-        match uploaded {
-            Some(_) => dx.into_host(),
-            None => Ok(dx),
-        }
+        self.backend.clone().resident_boundary(dy, |dy| {
+            let dm = self.mlp.backward(dy)?;
+            let dh = self.residual(dy, &dm)?;
+            dm.recycle();
+            let da = self.attn.backward(&dh)?;
+            let dx = self.residual(&dh, &da)?;
+            dh.recycle();
+            da.recycle();
+            Ok(dx)
+        })
     }
 }
 
