@@ -192,13 +192,17 @@ impl LlamaModel {
 
     /// Final norm and head over `x`; returns (final-norm output, f32 logits).
     fn head_logits(&mut self, x: &Tensor) -> Result<(Tensor, Vec<f32>)> {
-        let normed = self.final_norm.forward(x)?;
+        // The head runs on host values (a resident run's normed output comes back here).
+        let normed = self.final_norm.forward(x)?.into_host()?;
         let logits = head::logits(&self.backend, self.head.as_mut(), &normed, &self.tokens, self.dtype)?;
         Ok((normed, logits))
     }
 
+    /// With `FP8_CUDA_RESIDENT=1` on a GPU the embedding output goes up once and the layers and
+    /// the final norm run on device tensors (as `DecoderModel`).
     fn logits(&mut self, ids: &[u32], batch: usize, seq: usize) -> Result<(Tensor, Vec<f32>)> {
-        let mut x = self.embed(ids, ids.len())?;
+        let embedded = self.embed(ids, ids.len())?;
+        let mut x = self.backend.resident_input(&embedded)?.unwrap_or(embedded);
         for layer in &mut self.layers {
             x = layer.forward(&x, batch, seq, &self.rope)?;
         }
@@ -256,12 +260,15 @@ impl LlamaModel {
         if let Some(head) = &mut self.head {
             ready(&mut TrainableOnly(head))?;
         }
+        // Up once with `FP8_CUDA_RESIDENT=1` (as the forward), down once for the embeddings.
+        let dnormed = self.backend.resident_input(&dnormed)?.unwrap_or(dnormed);
         let mut dx = self.final_norm.backward(&dnormed)?;
         ready(&mut TrainableOnly(&mut self.final_norm))?;
         for layer in self.layers.iter_mut().rev() {
             dx = layer.backward(&dx, &self.rope)?;
             ready(&mut TrainableOnly(layer))?;
         }
+        let dx = dx.into_host()?;
         if let Some(dtable) = self.tokens.trainable_grad() {
             self.backend
                 .kernels()
