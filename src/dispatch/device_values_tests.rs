@@ -832,6 +832,49 @@ fn linear_layers_keep_device_inputs_on_the_device() {
     );
 }
 
+/// On GPU 0: a `Linear` whose weight is frozen in FP8 (one segment, and three stacked as a fused
+/// projection's; block and tensor scales; a trainable bias) fed device tensors keeps its output
+/// and input gradient on the device and gives the staged layer's bits and bias gradient.
+#[test]
+fn frozen_fp8_linears_keep_device_inputs_on_the_device() {
+    use crate::amp::Precision;
+    use crate::nn::{BaseScaling, Linear, Module};
+    if skipped_without_a_gpu("frozen_fp8_linears_keep_device_inputs_on_the_device") {
+        return;
+    }
+    let (rows, inp, out) = (64, 256, 384);
+    for name in ["bf16", "fp8-current"] {
+        let precision: Precision = name.parse().unwrap();
+        for scaling in [BaseScaling::Block, BaseScaling::Tensor] {
+            for segments in [vec![out], vec![128, 128, 128]] {
+                let case = format!("{name} {scaling:?} segments {segments:?}");
+                let layer = || {
+                    let mut l = Linear::new("fc", inp, out, true, &precision, 13).unwrap();
+                    l.freeze_to_fp8(&segments, scaling).unwrap();
+                    l.to_device(DeviceKind::Cuda(0)).unwrap();
+                    l
+                };
+                let (mut staged, mut resident) = (layer(), layer());
+                for pass in 0..2 {
+                    let x = Tensor::new(ramp(rows * inp, pass as f32 + 0.2), rows, inp).unwrap();
+                    let dy = Tensor::new(ramp(rows * out, pass as f32 + 1.3), rows, out).unwrap();
+                    same_pass(
+                        &format!("{case} pass {pass}"),
+                        (&mut staged, &mut resident),
+                        (&x, &dy),
+                        |l, x| l.forward(x),
+                        |l, dy| l.backward(dy),
+                    );
+                }
+            }
+        }
+    }
+    println!(
+        "frozen_fp8_linears_keep_device_inputs_on_the_device: bf16, fp8-current x block/tensor scales x 1 and 3 \
+         segments: same bits and bias gradients"
+    );
+}
+
 /// On GPU 0: three micro-batches of a step accumulated into gradients kept on the device (each
 /// micro-batch's gradient from zero, the earlier sum added on the device) give the bits of the
 /// same layer fed host tensors, whose gradients are summed on the host.

@@ -18,13 +18,13 @@
 //! 1x128 blocks against 128x128 weight blocks, or per tensor against a per-tensor weight.
 
 use crate::amp::{Fp8Recipe, Precision};
-use crate::dispatch::{Backend, Kernels, Values};
+use crate::dispatch::{Backend, ColumnCopy, Values};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
-use crate::gemm::{GemmParams, Operand, Output};
+use crate::gemm::{GemmParams, Operand};
 use crate::quantize::{ScaleRule, amax, quantize_128x128, quantize_per_tensor, transpose_codes};
 use crate::scaling::{BlockScaling, CurrentScaling, TensorRole};
-use crate::tensor::{Dtype, QuantizedMatrix, Scales};
+use crate::tensor::{Dtype, QuantizedMatrix, Scales, Tensor};
 
 /// How a frozen FP8 weight is scaled (`--base-scaling`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -217,75 +217,101 @@ impl FrozenFp8Weight {
     }
 
     /// `Y = X W^T (+ bias)` for `x` `[rows, in]`, an FP8 GEMM per segment on the stored codes,
-    /// rounded to `dtype`.
+    /// rounded to `dtype`; `Y` lives where `x` does (host memory, or `backend`'s GPU).
     pub(crate) fn forward(
         &self,
-        kernels: &dyn Kernels,
+        backend: &Backend,
         run: &Precision,
-        x: &[f32],
+        x: Values,
         rows: usize,
         bias: Option<&[f32]>,
         dtype: Dtype,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<Tensor> {
+        let kernels = backend.kernels();
         let recipe = self.scaling.activation_recipe(run);
         let out = self.out_features();
-        let xq = kernels.quantize(&recipe, TensorRole::Input, Values::Host(x), rows, self.in_features, 1.0)?;
+        let xq = kernels.quantize(&recipe, TensorRole::Input, x, rows, self.in_features, 1.0)?;
         let a = Operand::Fp8(xq.tensor.format(), xq.tensor.rowwise());
-        let mut y = vec![0f32; rows * out];
+        let mut y = backend.output_at(x.device(), rows, out)?;
         let mut offset = 0;
         for seg in &self.segments {
             let n = seg.rows();
-            let mut part = vec![0f32; rows * n];
             let params = GemmParams {
                 bias: bias.map(|b| &b[offset..offset + n]),
                 split_accumulator: false,
                 ..GemmParams::default()
             };
-            kernels.gemm(&a, &Operand::Fp8(Fp8Format::E4M3, seg), Output::F32(&mut part), &params)?;
-            for (y_row, p_row) in y.chunks_exact_mut(out).zip(part.chunks_exact(n)) {
-                y_row[offset..offset + n].copy_from_slice(p_row);
+            let b = Operand::Fp8(Fp8Format::E4M3, seg);
+            if self.segments.len() == 1 {
+                kernels.gemm_into(&a, &b, y.values_mut(), &params)?;
+            } else {
+                // Each segment's columns of `Y`: its GEMM into a part, copied in.
+                let mut part = backend.output_at(x.device(), rows, n)?;
+                kernels.gemm_into(&a, &b, part.values_mut(), &params)?;
+                let copy = ColumnCopy {
+                    rows,
+                    width: n,
+                    a_cols: n,
+                    a_first: 0,
+                    out_cols: out,
+                    out_first: offset,
+                };
+                kernels.copy_columns(part.values(), y.values_mut(), copy)?;
+                part.recycle();
             }
             offset += n;
         }
-        dtype.round_slice(&mut y);
+        kernels.round(y.values_mut(), dtype)?;
         Ok(y)
     }
 
     /// `dX = dY W` for `dy` `[rows, out]`, summed over the segments (each `dY` slice cast on its
-    /// own, against its transient `W^T`), rounded to `dtype`.
-    pub(crate) fn backward(
-        &self,
-        kernels: &dyn Kernels,
-        run: &Precision,
-        dy: &[f32],
-        dtype: Dtype,
-    ) -> Result<Vec<f32>> {
+    /// own, against its transient `W^T`), rounded to `dtype`; `dX` lives where `dy` does.
+    pub(crate) fn backward(&self, backend: &Backend, run: &Precision, dy: Values, dtype: Dtype) -> Result<Tensor> {
+        let kernels = backend.kernels();
         let recipe = self.scaling.activation_recipe(run);
         let out = self.out_features();
         let rows = dy.len() / out.max(1);
-        let mut dx = vec![0f32; rows * self.in_features];
+        let mut dx = backend.output_at(dy.device(), rows, self.in_features)?;
         let mut offset = 0;
         for (i, seg) in self.segments.iter().enumerate() {
             let n = seg.rows();
-            let part: Vec<f32> = dy
-                .chunks_exact(out)
-                .flat_map(|row| row[offset..offset + n].iter().copied())
-                .collect();
-            let dyq = kernels.quantize(&recipe, TensorRole::OutputGrad, Values::Host(&part), rows, n, 1.0)?;
+            // A segment's columns of `dY` (all of it for one segment).
+            let part = match self.segments.len() {
+                1 => None,
+                _ => {
+                    let mut part = backend.output_at(dy.device(), rows, n)?;
+                    let copy = ColumnCopy {
+                        rows,
+                        width: n,
+                        a_cols: out,
+                        a_first: offset,
+                        out_cols: n,
+                        out_first: 0,
+                    };
+                    kernels.copy_columns(dy, part.values_mut(), copy)?;
+                    Some(part)
+                }
+            };
+            let slice = part.as_ref().map_or(dy, Tensor::values);
+            let dyq = kernels.quantize(&recipe, TensorRole::OutputGrad, slice, rows, n, 1.0)?;
             let wt = transposed(seg)?;
             let params = GemmParams {
                 beta: if i == 0 { 0.0 } else { 1.0 },
                 ..GemmParams::default()
             };
-            kernels.gemm(
+            kernels.gemm_into(
                 &Operand::Fp8(dyq.tensor.format(), dyq.tensor.rowwise()),
                 &Operand::Fp8(Fp8Format::E4M3, &wt),
-                Output::F32(&mut dx),
+                dx.values_mut(),
                 &params,
             )?;
+            if let Some(part) = part {
+                part.recycle();
+            }
             offset += n;
         }
-        dtype.round_slice(&mut dx);
+        kernels.round(dx.values_mut(), dtype)?;
         Ok(dx)
     }
 }
@@ -341,9 +367,15 @@ mod tests {
             let wd = w.dequantize().unwrap();
             let x = values(rows * inp, 9);
             let backend = Backend::default();
-            let y = w.forward(backend.kernels(), &run, &x, rows, None, Dtype::F32).unwrap();
+            let y = w
+                .forward(&backend, &run, Values::Host(&x), rows, None, Dtype::F32)
+                .unwrap()
+                .into_data();
             let dy = values(rows * 80, 11);
-            let dx = w.backward(backend.kernels(), &run, &dy, Dtype::F32).unwrap();
+            let dx = w
+                .backward(&backend, &run, Values::Host(&dy), Dtype::F32)
+                .unwrap()
+                .into_data();
             // Each product carries the activation cast's relative error only (the reference uses
             // the same weight codes): at most 2^-4 for E4M3, 2^-3 for E5M2 (dY, tensor scaling).
             for r in 0..rows {

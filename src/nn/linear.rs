@@ -152,29 +152,42 @@ impl Linear {
     pub(crate) fn forward_pass(&mut self, x: &Tensor, replay: bool) -> Result<Tensor> {
         x.expect(&self.name, "input", None, self.in_features)?;
         self.gemms.expect_on("linear forward", x)?;
-        if self.frozen_fp8.is_some() || !self.adapters.is_empty() {
+        if !self.adapters.is_empty() {
             return self.forward_on_host(x, replay);
         }
         let bias = self.bias.as_ref().map(|b| b.value());
+        if let Some(w) = &self.frozen_fp8 {
+            let dtype = self.gemms.precision().compute_dtype();
+            return w.forward(
+                self.gemms.backend(),
+                self.gemms.precision(),
+                x.values(),
+                x.rows(),
+                bias,
+                dtype,
+            );
+        }
         self.gemms.forward(x.values(), x.rows(), &self.weight, bias, replay)
     }
 
-    /// The forward of a frozen FP8 weight or of adapters, whose GEMMs take host values: a device
-    /// input comes down and the output goes back up to it.
+    /// The forward of a layer with adapters, whose GEMMs take host values: a device input comes
+    /// down and the output goes back up to it.
     fn forward_on_host(&mut self, x: &Tensor, replay: bool) -> Result<Tensor> {
         let data = x.values().to_host()?;
         let rows = x.rows();
         let bias = self.bias.as_ref().map(|b| b.value());
         let dtype = self.gemms.precision().compute_dtype();
         let mut y = match &self.frozen_fp8 {
-            Some(w) => w.forward(
-                self.gemms.backend().kernels(),
-                self.gemms.precision(),
-                &data,
-                rows,
-                bias,
-                dtype,
-            )?,
+            Some(w) => w
+                .forward(
+                    self.gemms.backend(),
+                    self.gemms.precision(),
+                    Values::Host(&data),
+                    rows,
+                    bias,
+                    dtype,
+                )?
+                .into_data(),
             None => self
                 .gemms
                 .forward(Values::Host(&data), rows, &self.weight, bias, replay)?
@@ -212,8 +225,19 @@ impl Linear {
     pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
         dy.expect(&self.name, "output gradient", None, self.out_features)?;
         self.gemms.expect_on("linear backward", dy)?;
-        if self.frozen_fp8.is_some() || !self.adapters.is_empty() {
+        if !self.adapters.is_empty() {
             return self.backward_on_host(dy);
+        }
+        if let Some(w) = &self.frozen_fp8 {
+            // Only the bias (if any) trains: its gradient stays in host memory.
+            if let Some(db) = self.bias.as_mut().and_then(|b| b.trainable_grad_values()) {
+                self.gemms
+                    .backend()
+                    .kernels()
+                    .column_sum(dy.values(), self.out_features, db)?;
+            }
+            let dtype = self.gemms.precision().compute_dtype();
+            return w.backward(self.gemms.backend(), self.gemms.precision(), dy.values(), dtype);
         }
         self.grads_where(dy.device())?;
         let bias_grad = self.bias.as_mut().and_then(|b| b.trainable_grad_values());
@@ -238,7 +262,7 @@ impl Linear {
         Ok(())
     }
 
-    /// The backward of a frozen FP8 weight or of adapters, on host values (as the forward).
+    /// The backward of a layer with adapters, on host values (as the forward).
     fn backward_on_host(&mut self, dy: &Tensor) -> Result<Tensor> {
         let data = dy.values().to_host()?;
         let bias_grad = self.bias.as_mut().and_then(|b| b.trainable_grad());
@@ -249,7 +273,8 @@ impl Linear {
                     kernels.column_sum(Values::Host(&data), self.out_features, ValuesMut::Host(db))?;
                 }
                 let dtype = self.gemms.precision().compute_dtype();
-                w.backward(kernels, self.gemms.precision(), &data, dtype)?
+                w.backward(self.gemms.backend(), self.gemms.precision(), Values::Host(&data), dtype)?
+                    .into_data()
             }
             None => {
                 let bias_grad = bias_grad.map(ValuesMut::Host);
