@@ -92,12 +92,7 @@ fn half_operand<'a, T: Copy + 'static>(
     {
         return Ok(Mat::on_device(rows, cols, transposed, mirror));
     }
-    let values = h.values(m);
-    let mat = match transposed {
-        true => Mat::transposed(values, rows, cols)?,
-        false => Mat::new(values, rows, cols)?,
-    };
-    Ok(mat.with_mirror(m.as_ref()))
+    Ok(Mat::checked(h.values(m), rows, cols, transposed)?.with_mirror(m.as_ref()))
 }
 
 impl PlainMat {
@@ -142,8 +137,7 @@ impl PlainMat {
     fn operand_as(&self, (rows, cols, transposed): (usize, usize, bool), device_only: bool) -> Result<Operand<'_>> {
         let shape = (rows, cols, transposed);
         Ok(match self {
-            PlainMat::F32(d) if transposed => Operand::F32(Mat::transposed(d, rows, cols)?),
-            PlainMat::F32(d) => Operand::F32(Mat::new(d, rows, cols)?),
+            PlainMat::F32(d) => Operand::F32(Mat::checked(d, rows, cols, transposed)?),
             PlainMat::Bf16(h, m) => Operand::Bf16(half_operand(h, m, shape, device_only)?),
             PlainMat::F16(h, m) => Operand::F16(half_operand(h, m, shape, device_only)?),
         })

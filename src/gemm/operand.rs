@@ -39,7 +39,8 @@ impl<'a, T> Mat<'a, T> {
         Self::checked(data, rows, cols, true)
     }
 
-    fn checked(data: &'a [T], rows: usize, cols: usize, transposed: bool) -> Result<Self> {
+    /// [`Mat::new`] (`transposed`: [`Mat::transposed`]).
+    pub(crate) fn checked(data: &'a [T], rows: usize, cols: usize, transposed: bool) -> Result<Self> {
         let expected = rows.saturating_mul(cols);
         if data.len() != expected {
             return Err(Error::ShapeMismatch {

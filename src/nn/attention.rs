@@ -1,6 +1,7 @@
 //! Causal multi-head self-attention: QKV projection (optionally after a norm),
 //! scaled dot-product attention with an f32 softmax, output projection.
 
+use super::columns::{join_columns, split_columns};
 use super::init::child_seed;
 use super::layernorm_linear::LayerNormLinear;
 use super::linear::Linear;
@@ -10,7 +11,7 @@ use super::norm::NormConfig;
 use super::param::{Module, Parameter};
 use super::replay::Replay;
 use crate::amp::Precision;
-use crate::dispatch::{AttentionShape, Backend, ColumnCopy};
+use crate::dispatch::{AttentionShape, Backend};
 use crate::error::{Error, Result};
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
@@ -147,7 +148,8 @@ impl MultiheadAttention {
             QkvProjection::Plain(linear) => linear.forward_pass(x, replay)?,
             QkvProjection::Normed(fused) => fused.run(x, replay)?,
         };
-        let [q, k, v] = self.split_qkv(&qkv)?;
+        let h = self.hidden;
+        let [q, k, v] = split_columns(&self.backend, qkv.values(), qkv.rows(), [h, h, h])?;
         qkv.recycle();
         let shape = AttentionShape {
             batch,
@@ -212,7 +214,7 @@ impl MultiheadAttention {
             dk.values_mut(),
             dv.values_mut(),
         )?;
-        let mut dqkv = self.join_qkv([&dq, &dk, &dv])?;
+        let mut dqkv = join_columns(&self.backend, [&dq, &dk, &dv])?;
         for dead in [dout, s.q, s.k, s.v, s.out, s.lse, dq, dk, dv] {
             dead.recycle();
         }
@@ -223,50 +225,6 @@ impl MultiheadAttention {
         };
         dqkv.recycle();
         dx
-    }
-
-    /// Q, K and V, the thirds of each row of the fused projection's output, where it lives.
-    fn split_qkv(&self, qkv: &Tensor) -> Result<[Tensor; 3]> {
-        let (rows, h) = (qkv.rows(), self.hidden);
-        let mut parts = Vec::with_capacity(3);
-        for part in 0..3 {
-            let mut t = self.backend.output_like(qkv, rows, h)?;
-            let copy = ColumnCopy {
-                rows,
-                width: h,
-                a_cols: 3 * h,
-                a_first: part * h,
-                out_cols: h,
-                out_first: 0,
-            };
-            self.backend
-                .kernels()
-                .copy_columns(qkv.values(), t.values_mut(), copy)?;
-            parts.push(t);
-        }
-        Ok(parts.try_into().expect("three parts"))
-    }
-
-    /// The inverse of [`Self::split_qkv`]: `[dq | dk | dv]` per row.
-    fn join_qkv(&self, parts: [&Tensor; 3]) -> Result<Tensor> {
-        let (rows, h) = (parts[0].rows(), self.hidden);
-        // Unspecified contents, each copy writing a third of every row: all written after the
-        // three copies (nothing reads it before).
-        let mut joined = self.backend.output_like(parts[0], rows, 3 * h)?;
-        for (part, t) in parts.into_iter().enumerate() {
-            let copy = ColumnCopy {
-                rows,
-                width: h,
-                a_cols: h,
-                a_first: 0,
-                out_cols: 3 * h,
-                out_first: part * h,
-            };
-            self.backend
-                .kernels()
-                .copy_columns(t.values(), joined.values_mut(), copy)?;
-        }
-        Ok(joined)
     }
 
     pub(crate) fn clear_saved(&mut self) {

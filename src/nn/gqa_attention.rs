@@ -9,6 +9,7 @@
 //! copies and f32 adds through the op trait. Generation uses
 //! [`GroupedQueryAttention::forward_cached`], which reads the grouped cache in place (host only).
 
+use super::columns::{join_columns, split_columns};
 use super::init::child_seed;
 use super::layernorm_linear::LayerNormLinear;
 use super::linear::Linear;
@@ -289,7 +290,7 @@ impl GroupedQueryAttention {
             };
             self.backend.kernels().rope_backward(part.values_mut(), shape, rope)?;
         }
-        let mut dqkv = join(&self.backend, [&dq, &dk, &dv])?;
+        let mut dqkv = join_columns(&self.backend, [&dq, &dk, &dv])?;
         for dead in [dq, dk, dv] {
             dead.recycle();
         }
@@ -365,47 +366,7 @@ fn split<const N: usize>(backend: &Backend, t: &Tensor, rows: usize, widths: [us
             })?)
         }
     };
-    let mut parts = Vec::with_capacity(N);
-    let mut first = 0;
-    for width in widths {
-        let mut part = backend.output_at(src.device(), rows, width)?;
-        let copy = ColumnCopy {
-            rows,
-            width,
-            a_cols: total,
-            a_first: first,
-            out_cols: width,
-            out_first: 0,
-        };
-        backend.kernels().copy_columns(src, part.values_mut(), copy)?;
-        parts.push(part);
-        first += width;
-    }
-    Ok(parts.try_into().expect("one tensor per width"))
-}
-
-/// The inverse of [`split`]: the parts side by side in each row, where the first lives.
-fn join<const N: usize>(backend: &Backend, parts: [&Tensor; N]) -> Result<Tensor> {
-    let rows = parts[0].rows();
-    let total = parts.iter().map(|p| p.cols()).sum();
-    // Each copy writes its own columns of every row: all written after the last.
-    let mut joined = backend.output_like(parts[0], rows, total)?;
-    let mut first = 0;
-    for part in parts {
-        let copy = ColumnCopy {
-            rows,
-            width: part.cols(),
-            a_cols: part.cols(),
-            a_first: 0,
-            out_cols: total,
-            out_first: first,
-        };
-        backend
-            .kernels()
-            .copy_columns(part.values(), joined.values_mut(), copy)?;
-        first += part.cols();
-    }
-    Ok(joined)
+    split_columns(backend, src, rows, widths)
 }
 
 /// `[tokens, kv_heads * d]` -> `[tokens, heads * d]`, query head `h` getting key/value head
@@ -576,7 +537,7 @@ mod tests {
         assert!((lhs - rhs).abs() < 1e-4, "{lhs} vs {rhs}");
         let parts = split(&cpu, &rx, 3, [4, 8]).unwrap();
         assert_eq!((parts[0].shape(), parts[1].shape()), ((3, 4), (3, 8)));
-        assert_eq!(join(&cpu, [&parts[0], &parts[1]]).unwrap(), rx);
+        assert_eq!(join_columns(&cpu, [&parts[0], &parts[1]]).unwrap(), rx);
     }
 
     #[test]

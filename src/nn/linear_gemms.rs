@@ -69,8 +69,7 @@ impl PlainOrHost<'_> {
     fn operand_on(&self, backend: &Backend, (rows, cols, transposed): (usize, usize, bool)) -> Result<Operand<'_>> {
         match self {
             PlainOrHost::Plain(m) => m.operand_on(backend, (rows, cols, transposed)),
-            PlainOrHost::Host(v) if transposed => Ok(Operand::F32(Mat::transposed(v, rows, cols)?)),
-            PlainOrHost::Host(v) => Ok(Operand::F32(Mat::new(v, rows, cols)?)),
+            PlainOrHost::Host(v) => Ok(Operand::F32(Mat::checked(v, rows, cols, transposed)?)),
         }
     }
 }

@@ -18,6 +18,7 @@
 //! | [`LoraAdapter`] (on a [`Linear`]) | `MODULE.lora_A.weight [r, in]`, `MODULE.lora_B.weight [out, r]` |
 
 mod attention;
+mod columns;
 mod frozen_fp8;
 mod gqa_attention;
 mod init;

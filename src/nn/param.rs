@@ -326,12 +326,13 @@ impl Parameter {
                 done => return done,
             }
         }
-        let sum = sum.to_host()?;
+        // Borrowed in host memory, downloaded from a GPU.
+        let sum = sum.values().to_host()?;
         self.grad_to_host()?;
         self.grad
             .data_mut()
             .iter_mut()
-            .zip(sum.data())
+            .zip(sum.iter())
             .for_each(|(g, s)| *g += *s);
         Ok(())
     }

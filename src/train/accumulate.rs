@@ -115,8 +115,12 @@ impl EarlierSums {
     /// If the sum lives on a GPU and cannot come back ([`Self::fold_into`] returns the error).
     pub fn fold(&mut self, index: usize, grad: &mut [f32]) {
         if let Some(sum) = self.take(index) {
-            let sum = sum.to_host().unwrap_or_else(|e| panic!("an earlier gradient sum: {e}"));
-            grad.iter_mut().zip(sum.data()).for_each(|(g, s)| *g += *s);
+            // Borrowed in host memory, downloaded from a GPU.
+            let sum = sum
+                .values()
+                .to_host()
+                .unwrap_or_else(|e| panic!("an earlier gradient sum: {e}"));
+            grad.iter_mut().zip(sum.iter()).for_each(|(g, s)| *g += *s);
         }
     }
 

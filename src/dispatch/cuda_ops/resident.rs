@@ -15,7 +15,7 @@ use crate::memory::MemoryCategory;
 use crate::tensor::device_values::{CudaStorage, DeviceArray, Values, ValuesMut};
 
 /// f32 values a CUDA op wrote and left on its GPU, booked in its ledger under `category`
-/// (activations, or gradients for a parameter's gradient kept there).
+/// (activations, or workspace for a parameter's gradient kept there: `Parameter::keep_grad_on`).
 pub(crate) struct CudaValues {
     staged: Arc<Staged>,
     ordinal: usize,
