@@ -1,7 +1,8 @@
 // Dtype conversion (f32 values to f32/bf16/fp16 storage, optionally
-// transposed through shared memory), the transpose of 16-bit values, the residual add rounded to the dtype,
+// transposed through shared memory), the transpose of 16-bit values and of FP8 codes, the residual add rounded to the dtype,
 // the rounding of f32 values to the dtype in place, and the column sum of a bias gradient.
 // Twins: dispatch::plain::convert and convert_transposed, gemm::Mat::k_major (transpose_16),
+// quantize::transpose_codes (transpose_8),
 // ops::elementwise::residual_add, Dtype::round_slice and column_sum_accumulate;
 // every result is the same bits as the twin's.
 #include "ops_device.cuh"
@@ -74,6 +75,30 @@ extern "C" __global__ void __launch_bounds__(THREADS) fp8_transpose_16(const Fp8
     for (int c = ty; c < TILE; c += THREADS / TILE) {
         const uint64_t col = c0 + c, row = r0 + tx;
         if (row < rows && col < cols) dst[col * rows + row] = (uint16_t)tile[tx][c];
+    }
+}
+
+// dst [cols, rows] = src [rows, cols]^T for bytes (FP8 codes, moved as they are): a frozen FP8
+// weight's W^T for its dgrad GEMM, made from its device copy instead of on the host. Tiles as
+// transpose_16; the tile holds 32-bit words (no bank conflicts). A byte per thread is not the
+// fastest transpose, but W^T of a 4096 x 4096 segment is 32 MiB of traffic (11 us at 3 TB/s,
+// a few times that here) against ~0.3 ms of its dgrad GEMM at 2048 tokens (69 GFLOP).
+extern "C" __global__ void __launch_bounds__(THREADS) fp8_transpose_8(const Fp8EltwiseParams p) {
+    __shared__ uint32_t tile[TILE][TILE + 1];
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(p.a);
+    uint8_t* dst = reinterpret_cast<uint8_t*>(p.out);
+    const uint64_t rows = p.rows, cols = p.cols;
+    const uint64_t tile_cols = (cols + TILE - 1) / TILE;
+    const uint64_t r0 = (blockIdx.x / tile_cols) * TILE, c0 = (blockIdx.x % tile_cols) * TILE;
+    const int tx = threadIdx.x % TILE, ty = threadIdx.x / TILE;
+    for (int r = ty; r < TILE; r += THREADS / TILE) {
+        const uint64_t row = r0 + r, col = c0 + tx;
+        if (row < rows && col < cols) tile[r][tx] = src[row * cols + col];
+    }
+    __syncthreads();
+    for (int c = ty; c < TILE; c += THREADS / TILE) {
+        const uint64_t col = c0 + c, row = r0 + tx;
+        if (row < rows && col < cols) dst[col * rows + row] = (uint8_t)tile[tx][c];
     }
 }
 

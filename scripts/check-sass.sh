@@ -75,7 +75,7 @@ done
 # 4. The layer-op kernels: present in every target's SASS, no local memory.
 targets="sm_75 sm_80 sm_86 sm_89 sm_90a sm_100a sm_120"
 declare -A layer_ops=(
-    [convert]="fp8_convert_f32 fp8_convert_bf16 fp8_convert_f16 fp8_convert_transpose_f32 fp8_convert_transpose_bf16 fp8_convert_transpose_f16 fp8_transpose_16 fp8_residual_add fp8_round fp8_copy_columns fp8_column_sum"
+    [convert]="fp8_convert_f32 fp8_convert_bf16 fp8_convert_f16 fp8_convert_transpose_f32 fp8_convert_transpose_bf16 fp8_convert_transpose_f16 fp8_transpose_16 fp8_transpose_8 fp8_residual_add fp8_round fp8_copy_columns fp8_column_sum"
     [norm]="fp8_layernorm_forward fp8_rmsnorm_forward fp8_layernorm_backward fp8_rmsnorm_backward fp8_norm_param_grads"
     [activation]="fp8_gelu_forward fp8_gelu_backward fp8_swiglu_forward fp8_swiglu_backward"
     [embedding]="fp8_embedding_gather fp8_embedding_scatter_add"

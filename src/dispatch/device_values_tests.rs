@@ -875,6 +875,46 @@ fn frozen_fp8_linears_keep_device_inputs_on_the_device() {
     );
 }
 
+/// On GPU 0: a frozen weight segment's `W^T` made on the device (`fp8_transpose_8` from its
+/// device copy, or from codes uploaded for it) is the CPU transpose, codes and scales, and its
+/// codes stay on the device until read; refused layouts are refused there too.
+#[test]
+fn frozen_weights_transpose_on_the_device() {
+    use crate::nn::{BaseScaling, quantize_frozen_weight as quantize_weight};
+    use crate::quantize::transpose_matrix;
+    use crate::tensor::{QuantizedMatrix, Scales};
+    if skipped_without_a_gpu("frozen_weights_transpose_on_the_device") {
+        return;
+    }
+    let gpu = Backend::on(DeviceKind::Cuda(0));
+    let mut checked = 0;
+    // Whole and ragged 128x128 blocks and 32x32 kernel tiles; one row or one column.
+    for (rows, cols) in [(128, 256), (300, 200), (1, 640), (384, 1)] {
+        for scaling in [BaseScaling::Block, BaseScaling::Tensor] {
+            let m = quantize_weight(&ramp(rows * cols, 0.7), rows, cols, scaling).unwrap();
+            let want = transpose_matrix(&m).unwrap();
+            let mut held = m.clone();
+            held.set_mirror(gpu.resident_copy(&m).unwrap());
+            for (source, input) in [("held", &held), ("uploaded", &m)] {
+                let case = format!("{rows}x{cols} {scaling:?} {source}");
+                let got = gpu.kernels().transpose_fp8(input).unwrap();
+                assert!(
+                    got.mirror().is_some() && !got.codes_on_host(),
+                    "{case}: codes stay on the device"
+                );
+                assert_eq!(got, want, "{case}: codes and scales");
+                checked += 1;
+            }
+        }
+    }
+    let rows_only = QuantizedMatrix::new(vec![0x38; 128 * 128], 128, 128, Scales::Block1x128(vec![1.0; 128])).unwrap();
+    assert!(
+        gpu.kernels().transpose_fp8(&rows_only).is_err(),
+        "1x128 scales have no exact transpose"
+    );
+    println!("frozen_weights_transpose_on_the_device: {checked} transposes, same codes and scales as the CPU");
+}
+
 /// On GPU 0: three micro-batches of a step accumulated into gradients kept on the device (each
 /// micro-batch's gradient from zero, the earlier sum added on the device) give the bits of the
 /// same layer fed host tensors, whose gradients are summed on the host.

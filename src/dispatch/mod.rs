@@ -166,6 +166,9 @@ kernels! {
     /// stays on the device of the call).
     fn gemm_into(a: &Operand, b: &Operand, out: ValuesMut<'_>, params: &GemmParams) -> GemmReport = cpu_gemm_into,
         gemm_call = contract::GemmCall { a, b, params };
+    /// The exact transpose of FP8 codes with per-tensor or 128x128 scales (a frozen weight's
+    /// `W^T`), made where the codes are held.
+    fn transpose_fp8(m: &QuantizedMatrix) -> QuantizedMatrix = crate::quantize::transpose_matrix;
     /// f32 values to a plain compute dtype.
     fn convert(dtype: Dtype, src: Values<'_>) -> PlainMat = plain::convert;
     /// The transpose of `[rows, cols]` f32 values in a plain compute dtype.

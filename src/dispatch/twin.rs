@@ -422,6 +422,19 @@ fn matrix_values(m: &QuantizedMatrix) -> Vec<f64> {
     out
 }
 
+impl Outcome for QuantizedMatrix {
+    fn breach(&self, cpu: &QuantizedMatrix, contract: Contract) -> Option<Breach> {
+        if (self.rows(), self.cols()) != (cpu.rows(), cpu.cols()) {
+            return Some(Breach::exact(0, f64::NAN, f64::NAN));
+        }
+        first_breach(
+            contract,
+            matrix_values(self).into_iter(),
+            matrix_values(cpu).into_iter(),
+        )
+    }
+}
+
 /// Every element of a cast in a fixed order: row-wise codes and scales, column-wise codes and
 /// scales, then amax and scale. A breach index counts into this order.
 fn cast_values(c: &Cast) -> Vec<f64> {

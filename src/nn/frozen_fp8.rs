@@ -22,7 +22,7 @@ use crate::dispatch::{Backend, ColumnCopy, Values};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{GemmParams, Operand};
-use crate::quantize::{ScaleRule, amax, quantize_128x128, quantize_per_tensor, transpose_codes};
+use crate::quantize::{ScaleRule, amax, quantize_128x128, quantize_per_tensor};
 use crate::scaling::{BlockScaling, CurrentScaling, TensorRole};
 use crate::tensor::{Dtype, QuantizedMatrix, Scales, Tensor};
 
@@ -102,28 +102,6 @@ pub fn quantize_weight(values: &[f32], rows: usize, cols: usize, scaling: BaseSc
             Ok(rowwise)
         }
     }
-}
-
-/// The transpose `[cols, rows]` of a frozen weight segment, exact: codes transposed, a 128x128
-/// scale grid transposed, a per-tensor scale unchanged.
-fn transposed(m: &QuantizedMatrix) -> Result<QuantizedMatrix> {
-    let (rows, cols) = (m.rows(), m.cols());
-    let mut codes = vec![0u8; rows * cols];
-    transpose_codes(m.data(), rows, cols, &mut codes)?;
-    let scales = match m.scales() {
-        Scales::PerTensor(s) => Scales::PerTensor(*s),
-        Scales::Block128x128(s) => {
-            let (tr, tc) = (rows.div_ceil(BLOCK), cols.div_ceil(BLOCK));
-            Scales::Block128x128((0..tc * tr).map(|i| s[(i % tr) * tc + i / tr]).collect())
-        }
-        other => {
-            return Err(Error::InvalidTensor {
-                name: "frozen FP8 weight".into(),
-                reason: format!("{:?} scales are not a frozen weight layout", other.kind()),
-            });
-        }
-    };
-    QuantizedMatrix::new(codes, cols, rows, scales)
 }
 
 /// A frozen `[out, in]` weight as E4M3 segments stacked by rows.
@@ -295,7 +273,8 @@ impl FrozenFp8Weight {
             };
             let slice = part.as_ref().map_or(dy, Tensor::values);
             let dyq = kernels.quantize(&recipe, TensorRole::OutputGrad, slice, rows, n, 1.0)?;
-            let wt = transposed(seg)?;
+            // `W^T` where the codes are held (`Kernels::transpose_fp8`), dropped after its GEMM.
+            let wt = kernels.transpose_fp8(seg)?;
             let params = GemmParams {
                 beta: if i == 0 { 0.0 } else { 1.0 },
                 ..GemmParams::default()
@@ -334,7 +313,7 @@ mod tests {
         for scaling in [BaseScaling::Block, BaseScaling::Tensor] {
             let (rows, cols) = (144, 272);
             let m = quantize_weight(&values(rows * cols, 3), rows, cols, scaling).unwrap();
-            let t = transposed(&m).unwrap();
+            let t = crate::quantize::transpose_matrix(&m).unwrap();
             let (a, b) = (
                 m.dequantize::<f32>(Fp8Format::E4M3).unwrap(),
                 t.dequantize::<f32>(Fp8Format::E4M3).unwrap(),
@@ -349,6 +328,23 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn row_block_layouts_have_no_exact_transpose() {
+        // A 1x128 or MXFP8 scale belongs to a row's block: after a transpose it would span
+        // 128 (32) rows, so the op refuses them on every backend.
+        let codes = vec![0x38u8; 128 * 128];
+        for scales in [Scales::Block1x128(vec![1.0; 128]), Scales::Mxfp8(vec![127; 128 * 4])] {
+            let m = QuantizedMatrix::new(codes.clone(), 128, 128, scales).unwrap();
+            let err = Backend::default().kernels().transpose_fp8(&m).unwrap_err();
+            assert!(matches!(err, Error::InvalidTensor { .. }), "{err}");
+        }
+        // Per-tensor and 128x128 scales go through the op as the host transpose gives them.
+        let m = quantize_weight(&values(256 * 128, 5), 256, 128, BaseScaling::Block).unwrap();
+        let t = Backend::default().kernels().transpose_fp8(&m).unwrap();
+        assert_eq!((t.rows(), t.cols()), (128, 256));
+        assert_eq!(t, crate::quantize::transpose_matrix(&m).unwrap());
     }
 
     #[test]

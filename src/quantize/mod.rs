@@ -36,7 +36,7 @@ pub use cast_amax::{cast_amax, quantize_current, quantize_per_tensor};
 pub use cast_transpose::cast_transpose_amax;
 pub(crate) use cast_transpose::cast_transpose_visit;
 pub use mxfp8::{quantize_mxfp8, quantize_mxfp8_columnwise, quantize_mxfp8_rowwise};
-pub use transpose::transpose_codes;
+pub use transpose::{transpose_codes, transpose_matrix, transposed_scales};
 
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;

@@ -3,7 +3,8 @@
 use rayon::prelude::*;
 
 use super::check_len;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::tensor::{QuantizedMatrix, Scales};
 
 /// Tile edge: a 64x64 tile of bytes touches 64 source lines and 64
 /// destination lines, well inside L1.
@@ -30,6 +31,40 @@ pub fn transpose_codes(src: &[u8], rows: usize, cols: usize, dst: &mut [u8]) -> 
         }
     });
     Ok(())
+}
+
+/// Edge of the 128x128 scale blocks.
+const SCALE_BLOCK: usize = 128;
+
+/// The exact transpose `[cols, rows]` of a quantized `[rows, cols]` matrix (a frozen FP8
+/// weight's `W^T`): codes transposed, a 128x128 scale grid transposed, a per-tensor scale
+/// unchanged. Row-block layouts (1x128, MXFP8) have no exact transpose and are refused.
+pub fn transpose_matrix(m: &QuantizedMatrix) -> Result<QuantizedMatrix> {
+    let (rows, cols) = (m.rows(), m.cols());
+    let mut codes = vec![0u8; rows * cols];
+    transpose_codes(m.data(), rows, cols, &mut codes)?;
+    QuantizedMatrix::new(codes, cols, rows, transposed_scales(m)?)
+}
+
+/// The scales of [`transpose_matrix`]'s result.
+pub fn transposed_scales(m: &QuantizedMatrix) -> Result<Scales> {
+    let (rows, cols) = (m.rows(), m.cols());
+    match m.scales() {
+        Scales::PerTensor(s) => Ok(Scales::PerTensor(*s)),
+        Scales::Block128x128(s) => {
+            let (tr, tc) = (rows.div_ceil(SCALE_BLOCK), cols.div_ceil(SCALE_BLOCK));
+            Ok(Scales::Block128x128(
+                (0..tc * tr).map(|i| s[(i % tr) * tc + i / tr]).collect(),
+            ))
+        }
+        other => Err(Error::InvalidTensor {
+            name: "transposed FP8 matrix".into(),
+            reason: format!(
+                "{:?} scales have no exact transpose (per-tensor and 128x128 do)",
+                other.kind()
+            ),
+        }),
+    }
 }
 
 /// Transposes the `height x width` tile at column `j0` of `rows` (row-major,

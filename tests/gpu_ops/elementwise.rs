@@ -31,6 +31,7 @@ pub fn run(ctx: &mut Ctx, results: &mut Vec<(String, Check)>) {
         }
         results.push((format!("transpose_16 bf16 {r}x{c}"), transpose_16::<bf16>(ctx, r, c)));
         results.push((format!("transpose_16 f16 {r}x{c}"), transpose_16::<f16>(ctx, r, c)));
+        results.push((format!("transpose_8 {r}x{c}"), transpose_8(ctx, r, c)));
         results.push((format!("column_sum {r}x{c}"), column_sum(ctx, r, c)));
         results.push((format!("gelu {r}x{c}"), gelu(ctx, r * c)));
         results.push((format!("swiglu {r}x{c}"), swiglu(ctx, r, c)));
@@ -92,6 +93,25 @@ fn transpose_16<T: DeviceElement + Default + Send + Sync + PartialEq>(
     match got.iter().zip(&want).position(|(g, w)| g != w) {
         _ if got.len() != want.len() => Err(format!("{} values, expected {}", got.len(), want.len())),
         Some(i) => Err(format!("element {i}: gpu {:#010x}, host {:#010x}", got[i], want[i])),
+        None => Ok(0.0),
+    }
+}
+
+/// Twin: `quantize::transpose_codes` (a frozen FP8 weight's `W^T`): same bytes, every
+/// destination byte written (poisoned first).
+fn transpose_8(ctx: &mut Ctx, rows: usize, cols: usize) -> Check {
+    let x: Vec<u8> = (0..rows * cols)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8)
+        .collect();
+    let src = ctx.up(&x)?;
+    let mut dst = ctx.up(&vec![0x7fu8; rows * cols])?;
+    gpu(ctx.gpu.transpose_8(&src, rows, cols, &mut dst))?;
+    let got = ctx.down(&dst)?;
+    let mut want = vec![0u8; rows * cols];
+    cpu(fp8_engine::quantize::transpose_codes(&x, rows, cols, &mut want))?;
+    match got.iter().zip(&want).position(|(g, w)| g != w) {
+        _ if got.len() != want.len() => Err(format!("{} bytes, expected {}", got.len(), want.len())),
+        Some(i) => Err(format!("byte {i}: gpu {:#04x}, host {:#04x}", got[i], want[i])),
         None => Ok(0.0),
     }
 }

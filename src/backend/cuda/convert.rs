@@ -84,6 +84,23 @@ impl CudaDevice {
         launch(self, MODULE, "fp8_transpose_16", blocks, params)
     }
 
+    /// `dst [cols, rows] = src [rows, cols]^T` for bytes (FP8 codes, moved as they are).
+    /// Twin: `quantize::transpose_codes`.
+    pub fn transpose_8(
+        &self,
+        src: &DeviceBuffer<u8>,
+        rows: usize,
+        cols: usize,
+        dst: &mut DeviceBuffer<u8>,
+    ) -> Result<()> {
+        const K: &str = "transpose_8";
+        let Some(params) = self.matrix_copy_params(K, src, rows, cols, dst)? else {
+            return Ok(());
+        };
+        let blocks = tile_blocks(K, transpose_tiles(rows, cols) as u64)?;
+        launch(self, MODULE, "fp8_transpose_8", blocks, params)
+    }
+
     /// The parameters of a `[rows, cols]` copy kernel from `src` to `dst` (both of `rows *
     /// cols` elements, else an error naming `kernel`); `None` when there is nothing to copy.
     fn matrix_copy_params<S: DeviceRepr, D: DeviceRepr>(

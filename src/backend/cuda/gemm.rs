@@ -591,6 +591,11 @@ fn mirror_on(device: &CudaDevice, q: &QuantizedMatrix) -> Option<Arc<DeviceMirro
     (codes == q.len()).then(|| m.clone())
 }
 
+/// The codes of an FP8 device mirror (`None`: the mirror holds no FP8 codes).
+pub(crate) fn mirror_codes(m: &DeviceMirror) -> Option<&DeviceBuffer<u8>> {
+    fp8_mirror(m).map(|f| &f.codes)
+}
+
 fn fp8_mirror(m: &DeviceMirror) -> Option<&Fp8Mirror> {
     m.payload.downcast_ref::<Fp8Mirror>()
 }

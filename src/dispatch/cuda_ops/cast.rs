@@ -145,7 +145,7 @@ fn kept(
 }
 
 /// The codes of a cast's mirror, downloaded ([`kept`]'s read-back): a `Vec<u8>`.
-fn read_fp8_codes(mirror: &DeviceMirror) -> Result<Box<dyn std::any::Any>> {
+pub(super) fn read_fp8_codes(mirror: &DeviceMirror) -> Result<Box<dyn std::any::Any>> {
     let Some(fp8) = mirror.payload.downcast_ref::<Fp8Mirror>() else {
         return Err(Error::KernelArgs {
             kernel: "fp8 codes read-back",

@@ -17,6 +17,7 @@ mod layer;
 mod resident;
 pub(super) mod switches;
 mod train;
+mod transpose;
 
 pub(super) use arena::arena_store;
 pub(super) use cast::{cast_stats, delayed_update, gemm, gemm_into, quantize, resident, uncast_stats};
@@ -30,6 +31,7 @@ pub(super) use train::{
     adamw, cross_entropy_backward, cross_entropy_forward, embedding_backward, embedding_forward, sum_squares,
     unscale_and_check,
 };
+pub(super) use transpose::transpose_fp8;
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
