@@ -297,6 +297,7 @@ fn random_codes_and_scales_match_f64() {
                 beta: 0.75,
                 bias: Some(&bias),
                 split_accumulator: false,
+                report_amax: true,
             };
             let what = format!("random codes {ka:?}x{kb:?} {fa:?}x{fb:?}");
             let refs = (&fp8_ref(fa, &qa), &fp8_ref(fb, &qb));
@@ -389,6 +390,7 @@ fn plain_inputs_match_f64() {
                 beta: 2.0,
                 bias: Some(&bias),
                 split_accumulator: split,
+                report_amax: true,
             };
             let f64s = |x: &[f32]| RefOperand::plain(x.iter().map(|&v| v as f64), k);
             let (a, b) = (Mat::new(&xa, m, k).unwrap(), Mat::new(&xb, n, k).unwrap());

@@ -241,6 +241,7 @@ fn random_params<'a>(rng: &mut StdRng, bias: &'a [f32], out: Out, split: bool) -
         },
         bias: if rng.random_bool(0.5) { Some(bias) } else { None },
         split_accumulator: split,
+        report_amax: true,
     }
 }
 

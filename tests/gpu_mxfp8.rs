@@ -201,6 +201,7 @@ fn random_params<'a>(rng: &mut StdRng, bias: &'a [f32], out: Out) -> GemmParams<
         },
         bias: if rng.random_bool(0.5) { Some(bias) } else { None },
         split_accumulator: true,
+        report_amax: true,
     }
 }
 

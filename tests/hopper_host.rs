@@ -137,6 +137,7 @@ fn check(
         beta,
         bias: bias.as_deref(),
         split_accumulator: split,
+        report_amax: true,
     };
     let (a, b) = (Operand::Fp8(a_format, &qa), Operand::Fp8(Fp8Format::E4M3, &qb));
     // CPU reference, f32 (its amax is of the f32 result, as the GPU's).

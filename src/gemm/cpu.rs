@@ -114,7 +114,17 @@ impl Route {
 
 /// [`gemm`] on the given route; 16-bit operands held only on a device are read back first.
 fn gemm_routed(a: &Operand, b: &Operand, out: Output, params: &GemmParams, route: Route) -> Result<GemmReport> {
-    on_host(a, |a| on_host(b, |b| gemm_on_host(a, b, out, params, route)))
+    let report = on_host(a, |a| on_host(b, |b| gemm_on_host(a, b, out, params, route)))?;
+    Ok(unreported(report, params))
+}
+
+/// `report` as the caller asked for it: without its amax when [`GemmParams::report_amax`] is
+/// off (the same 0 on every backend).
+pub(crate) fn unreported(report: GemmReport, params: &GemmParams) -> GemmReport {
+    match params.report_amax {
+        true => report,
+        false => GemmReport { amax: 0.0 },
+    }
 }
 
 /// Calls `f` with `op`, read back into host memory if it is a 16-bit matrix held only on a
@@ -266,7 +276,7 @@ pub(crate) fn epilogue_of_product(p: &mut [f32], n: usize, params: &GemmParams, 
     for tile in out_tiles(out, n, m.max(1), n.max(1)) {
         amax = nan_max(amax, epilogue.finish(p, tile)?);
     }
-    Ok(GemmReport { amax })
+    Ok(unreported(GemmReport { amax }, params))
 }
 
 /// Whether every crate call of the GEMM has a layout-free shape ([`layout_free`]): the
@@ -567,6 +577,34 @@ mod tests {
             }
         }
         (t, wide)
+    }
+
+    /// A GEMM asked not to report its amax writes the same bits and reports 0; asked to, it
+    /// reports max |D| (here, a product of known size), also through the product-only epilogue.
+    #[test]
+    fn an_unreported_amax_is_zero_and_changes_no_output() {
+        let (m, n, k) = (9, 7, 33);
+        let (a, b) = (values(m, k, 0.731), values(n, k, 0.377));
+        let (ma, mb) = (Mat::new(&a, m, k).unwrap(), Mat::new(&b, n, k).unwrap());
+        let run = |report_amax| {
+            let mut d = vec![0.0f32; m * n];
+            let params = GemmParams {
+                report_amax,
+                ..GemmParams::default()
+            };
+            let r = gemm(&Operand::F32(ma), &Operand::F32(mb), Output::F32(&mut d), &params).unwrap();
+            let mut p = d.clone();
+            let e = epilogue_of_product(&mut p, n, &params, Output::F32(&mut vec![0.0; m * n])).unwrap();
+            (d, r.amax, e.amax)
+        };
+        let ((on, amax, epilogue_amax), (off, zero, epilogue_zero)) = (run(true), run(false));
+        assert_eq!(on, off, "same output");
+        let max = on.iter().fold(0.0f32, |acc, v| acc.max(v.abs()));
+        assert!(
+            max > 0.0 && amax == max && epilogue_amax == max,
+            "{amax} {epilogue_amax} vs {max}"
+        );
+        assert_eq!((zero, epilogue_zero), (0.0, 0.0));
     }
 
     /// Where `layout_free` holds, reading operands transposed or from wider rows gives the bits

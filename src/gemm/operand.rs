@@ -283,6 +283,10 @@ pub struct GemmParams<'a> {
     /// Promote the partial sum to an f32 accumulator every 128 of K (FP8 inputs);
     /// forced on for block scales.
     pub split_accumulator: bool,
+    /// Whether the report carries max |D|. Off, its amax is 0 on every backend, and the CUDA
+    /// GEMM neither reduces it nor reads it back: one 4-byte download, a stream sync, per GEMM
+    /// whose caller drops it (wgrad, 16-bit precisions, frozen weights).
+    pub report_amax: bool,
 }
 
 impl Default for GemmParams<'_> {
@@ -292,6 +296,7 @@ impl Default for GemmParams<'_> {
             beta: 0.0,
             bias: None,
             split_accumulator: true,
+            report_amax: true,
         }
     }
 }
@@ -299,7 +304,8 @@ impl Default for GemmParams<'_> {
 /// What a GEMM reports besides its output.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GemmReport {
-    /// max |D| over the f32 result before the output cast (NaN propagates).
+    /// max |D| over the f32 result before the output cast (NaN propagates); 0 where
+    /// [`GemmParams::report_amax`] is off.
     pub amax: f32,
 }
 

@@ -11,8 +11,9 @@
 //! 128x128 block transposes with its own scale, a per-tensor scale is unchanged: the transpose is
 //! exact) and dropped after its GEMM. On the CPU backend both live in host memory. On a GPU the
 //! codes `W` also stay in device memory (a device copy made when the linear moves there, booked
-//! under FP8 copies), so the forward GEMMs read them in place; the transient `W^T` is still made
-//! on the host and uploaded by its GEMM (the planner's transient `W^T`, `docs/finetune.md`).
+//! under FP8 copies), so the forward GEMMs read them in place, and the transient `W^T` is
+//! transposed there from them (`Kernels::transpose_fp8`; the planner's transient `W^T`,
+//! `docs/finetune.md`).
 //!
 //! Activations are cast just in time (current scaling): `X` in E4M3 and `dY` by the base's recipe,
 //! 1x128 blocks against 128x128 weight blocks, or per tensor against a per-tensor weight.
@@ -217,6 +218,8 @@ impl FrozenFp8Weight {
             let params = GemmParams {
                 bias: bias.map(|b| &b[offset..offset + n]),
                 split_accumulator: false,
+                // No slot or statistic of a frozen weight's GEMMs reads it.
+                report_amax: false,
                 ..GemmParams::default()
             };
             let b = Operand::Fp8(Fp8Format::E4M3, seg);
@@ -277,6 +280,7 @@ impl FrozenFp8Weight {
             let wt = kernels.transpose_fp8(seg)?;
             let params = GemmParams {
                 beta: if i == 0 { 0.0 } else { 1.0 },
+                report_amax: false,
                 ..GemmParams::default()
             };
             kernels.gemm_into(

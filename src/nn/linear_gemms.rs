@@ -463,8 +463,10 @@ impl LinearGemms {
                     }
                     _ => kernels.convert(self.dtype(), x)?,
                 };
+                // Only FP8 records an output amax: a plain GEMM's is not read back.
                 let params = GemmParams {
                     bias,
+                    report_amax: false,
                     ..GemmParams::default()
                 };
                 let xo = xm.operand_on(&self.backend, (rows, inp, false))?;
@@ -522,8 +524,10 @@ impl LinearGemms {
         };
         // Where `dy` lives; both dgrad GEMMs write all of `dx` (beta = 0).
         let mut dx = backend.output_at(dy.device(), rows, inp)?;
+        // wgrad: its amax is recorded nowhere.
         let accumulate = GemmParams {
             beta: 1.0,
+            report_amax: false,
             ..GemmParams::default()
         };
         let (dgrad_amax, output_grad_cast) = match (&self.precision, copy, &saved) {
@@ -562,7 +566,11 @@ impl LinearGemms {
                     _ => stored_operand(stored, (inp, out, true), &self.layer)?,
                 };
                 let dym_op = dym.operand_on(&backend, (rows, out, false))?;
-                let dgrad = kernels.gemm_into(&dym_op, &wt, dx.values_mut(), &GemmParams::default())?;
+                let plain = GemmParams {
+                    report_amax: false,
+                    ..GemmParams::default()
+                };
+                let dgrad = kernels.gemm_into(&dym_op, &wt, dx.values_mut(), &plain)?;
                 if let Some(dw) = weight_grad {
                     // dW = dY^T X: A is dY^T `[out, tokens]`, B is X^T `[in, tokens]`, both read
                     // from their `[tokens, ...]` storage.

@@ -324,8 +324,9 @@ pub(crate) fn gemm(k: &CudaKernels, a: &Operand, b: &Operand, out: Output, param
 
 /// [`gemm`] into f32 values wherever they live: host values take [`gemm`]'s staged path; a
 /// device output is written in place (f32 operands: the cuBLASLt reference path's result,
-/// whose epilogue runs on the host, goes up into it). The report's amax comes back to the
-/// host (one 4-byte read per GEMM, until the slot banks live on the device).
+/// whose epilogue runs on the host, goes up into it). A reported amax comes back to the host
+/// (one 4-byte read per GEMM, until the slot banks live on the device); callers that drop it
+/// turn it off (`GemmParams::report_amax`).
 pub(crate) fn gemm_into(
     k: &CudaKernels,
     a: &Operand,

@@ -77,6 +77,7 @@ fn assert_routes_agree(what: &str, a: &Operand, b: &Operand, m: usize, n: usize,
                         beta,
                         bias,
                         split_accumulator,
+                        report_amax: true,
                     };
                     let [fast, fast_crate, tiles] = [Route::Fast, Route::FastCrate, Route::Tiles].map(|route| {
                         let mut out = Out::fresh(out_kind, &old);

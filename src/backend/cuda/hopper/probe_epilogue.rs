@@ -234,6 +234,7 @@ mod tests {
             beta: p.beta,
             bias: p.bias.as_deref(),
             split_accumulator: b.split,
+            report_amax: true,
         };
         let len = b.m * b.n;
         match p.output {
