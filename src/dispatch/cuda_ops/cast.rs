@@ -27,7 +27,9 @@ fn per_tensor(
     scale: f32,
     count: bool,
 ) -> Result<Cast> {
-    // The launchers check the source's length against the shape.
+    // The launchers check the source's length against the shape; the scale is checked here as
+    // the CPU twin checks it (the kernel reads it on the device and checks nothing).
+    crate::quantize::check_scale(scale)?;
     let n = x.len();
     let scale_d = s.up(&[scale])?;
     let (mut codes, mut codes_t) = (s.scratch::<u8>(n)?, s.scratch::<u8>(n)?);
@@ -43,11 +45,10 @@ fn per_tensor(
         (&mut amax, 0),
         Some(&mut scale_inv),
     )?;
-    // With no element the kernel writes no scale_inv: the twin's is 1 / scale.
-    let inv = match n {
-        0 => 1.0 / scale,
-        _ => s.down_vec(&scale_inv)?[0],
-    };
+    // The kernel writes `__fdiv_rn(1, scale)` for the GEMMs, which is the twin's `1 / scale`
+    // (both IEEE division, round to nearest, of a finite positive scale): the host's own is
+    // those bits without reading them back, a stream sync per cast (`docs/cuda-backend.md`).
+    let inv = 1.0 / scale;
     // The limit of `fp8_cast::cast_stats` for a per-tensor copy: max * the stored scale_inv.
     let counts = match count {
         true => Some(device_counts(
