@@ -61,8 +61,8 @@ pub(crate) fn attention(dtype: Dtype) -> Contract<'static> {
 pub(crate) fn contract(op: &str) -> Contract<'static> {
     match op {
         "quantize" | "transpose_fp8" | "convert" | "convert_transposed" | "delayed_update" | "cast_stats"
-        | "uncast_stats" | "residual_add" | "round" | "copy_columns" | "embedding_forward" | "unscale_and_check"
-        | "rope_forward" | "rope_backward" => Contract::Exact,
+        | "uncast_stats" | "residual_add" | "multiply" | "round" | "copy_columns" | "embedding_forward"
+        | "unscale_and_check" | "rope_forward" | "rope_backward" => Contract::Exact,
         // K and the operands are the call's: the shadow runner sets them ([`Contract::for_gemm`]).
         "gemm" | "gemm_into" => Contract::Gemm { k: 0, call: None },
         // Correctly rounded `sqrt` and division, no fused multiply-add: only the ulp of a reordering.
@@ -372,9 +372,11 @@ mod tests {
     fn the_table_of_docs_numerics_md() {
         for op in [
             "quantize",
+            "transpose_fp8",
             "convert",
             "delayed_update",
             "residual_add",
+            "multiply",
             "round",
             "copy_columns",
             "embedding_forward",

@@ -212,6 +212,8 @@ kernels! {
     fn residual_add(x: Values<'_>, f: Values<'_>, dtype: Dtype, out: ValuesMut<'_>) -> () = cpu_residual_add;
     /// A column range of `a` into `out` (the other columns of `out` kept).
     fn copy_columns(a: Values<'_>, out: ValuesMut<'_>, copy: ColumnCopy) -> () = crate::ops::elementwise::copy_columns;
+    /// `values *= factor` in f32, in place.
+    fn multiply(values: ValuesMut<'_>, factor: f32) -> () = crate::ops::elementwise::multiply;
     /// The values rounded to the compute dtype in place (kept as f32, the layers' storage).
     fn round(values: ValuesMut<'_>, dtype: Dtype) -> () = cpu_round;
     /// `sums += column sums of x` (bias gradients).
@@ -420,7 +422,7 @@ impl Backend {
     }
 
     /// [`Self::to_device`] booking an upload in the device's ledger under `category` (a
-    /// parameter's gradient kept on the device is `Gradients`).
+    /// parameter's gradient kept on the device is `Workspace`: `Parameter::keep_grad_on`).
     pub(crate) fn to_device_as(&self, tensor: &Tensor, category: MemoryCategory) -> Result<Tensor> {
         let (rows, cols) = tensor.shape();
         match (self.device(), tensor.device()) {

@@ -10,8 +10,8 @@ use crate::dispatch::{Backend, Values, ValuesMut};
 use crate::error::Result;
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
+use crate::tensor::DeviceKind;
 use crate::tensor::Tensor;
-use crate::tensor::{DeviceKind, Dtype};
 
 /// A fully connected layer: weight `[out, in]` (f32 master), optional bias `[out]`.
 ///
@@ -152,26 +152,34 @@ impl Linear {
     pub(crate) fn forward_pass(&mut self, x: &Tensor, replay: bool) -> Result<Tensor> {
         x.expect(&self.name, "input", None, self.in_features)?;
         self.gemms.expect_on("linear forward", x)?;
-        if !self.adapters.is_empty() {
+        if self.adapters.iter().any(LoraAdapter::drops_out) {
             return self.forward_on_host(x, replay);
         }
         let bias = self.bias.as_ref().map(|b| b.value());
-        if let Some(w) = &self.frozen_fp8 {
-            let dtype = self.gemms.precision().compute_dtype();
-            return w.forward(
-                self.gemms.backend(),
-                self.gemms.precision(),
-                x.values(),
-                x.rows(),
-                bias,
-                dtype,
-            );
+        let mut y = match &self.frozen_fp8 {
+            Some(w) => {
+                let dtype = self.gemms.precision().compute_dtype();
+                w.forward(
+                    self.gemms.backend(),
+                    self.gemms.precision(),
+                    x.values(),
+                    x.rows(),
+                    bias,
+                    dtype,
+                )?
+            }
+            None => self.gemms.forward(x.values(), x.rows(), &self.weight, bias, replay)?,
+        };
+        // Adapters without dropout add their update through the ops, where `x` and `y` live.
+        let backend = self.gemms.backend().clone();
+        for adapter in &mut self.adapters {
+            adapter.forward_add_on(&backend, x.values(), x.rows(), &mut y, replay)?;
         }
-        self.gemms.forward(x.values(), x.rows(), &self.weight, bias, replay)
+        Ok(y)
     }
 
-    /// The forward of a layer with adapters, whose GEMMs take host values: a device input comes
-    /// down and the output goes back up to it.
+    /// The forward of a layer whose adapters draw dropout masks (host vectors): on host values,
+    /// a device input comes down and the output goes back up to it.
     fn forward_on_host(&mut self, x: &Tensor, replay: bool) -> Result<Tensor> {
         let data = x.values().to_host()?;
         let rows = x.rows();
@@ -225,44 +233,49 @@ impl Linear {
     pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
         dy.expect(&self.name, "output gradient", None, self.out_features)?;
         self.gemms.expect_on("linear backward", dy)?;
-        if !self.adapters.is_empty() {
+        if self.adapters.iter().any(LoraAdapter::has_mask) {
             return self.backward_on_host(dy);
         }
-        if let Some(w) = &self.frozen_fp8 {
-            // Only the bias (if any) trains: its gradient stays in host memory.
-            if let Some(db) = self.bias.as_mut().and_then(|b| b.trainable_grad_values()) {
-                self.gemms
-                    .backend()
-                    .kernels()
-                    .column_sum(dy.values(), self.out_features, db)?;
+        let mut dx = match &self.frozen_fp8 {
+            Some(w) => {
+                // Only the bias (if any) trains: its gradient stays in host memory.
+                if let Some(db) = self.bias.as_mut().and_then(|b| b.trainable_grad_values()) {
+                    self.gemms
+                        .backend()
+                        .kernels()
+                        .column_sum(dy.values(), self.out_features, db)?;
+                }
+                let dtype = self.gemms.precision().compute_dtype();
+                w.backward(self.gemms.backend(), self.gemms.precision(), dy.values(), dtype)?
             }
-            let dtype = self.gemms.precision().compute_dtype();
-            return w.backward(self.gemms.backend(), self.gemms.precision(), dy.values(), dtype);
+            None => {
+                self.grads_where(dy.device())?;
+                let bias_grad = self.bias.as_mut().and_then(|b| b.trainable_grad_values());
+                let (stored, weight_grad) = self.weight.half_and_trainable_grad();
+                self.gemms.backward(dy.values(), stored, weight_grad, bias_grad)?
+            }
+        };
+        let backend = self.gemms.backend().clone();
+        for adapter in &mut self.adapters {
+            adapter.backward_add_on(&backend, dy.values(), self.out_features, &mut dx)?;
         }
-        self.grads_where(dy.device())?;
-        let bias_grad = self.bias.as_mut().and_then(|b| b.trainable_grad_values());
-        let (stored, weight_grad) = self.weight.half_and_trainable_grad();
-        self.gemms.backward(dy.values(), stored, weight_grad, bias_grad)
+        Ok(dx)
     }
 
-    /// Moves the trainable gradients to where `dy` lives. A layer on device tensors keeps
-    /// them there: the wgrad GEMMs accumulate in place and the optimizer's arenas copy them on
-    /// the device, instead of each dW going down and up every backward (`docs/cuda-backend.md`).
-    /// Not under fp32, whose GEMM (the cuBLASLt reference) finishes on the host: a device
-    /// gradient would only add its download and upload.
+    /// Moves the trainable gradients to where `dy` lives (`Parameter::grad_where`): a layer on
+    /// device tensors keeps them there, instead of each dW going down and up every backward
+    /// (`docs/cuda-backend.md`).
     fn grads_where(&mut self, device: DeviceKind) -> Result<()> {
         let backend = self.gemms.backend().clone();
-        let on_device = device != DeviceKind::Cpu && self.gemms.precision().compute_dtype() != Dtype::F32;
+        let dtype = self.gemms.precision().compute_dtype();
         for p in std::iter::once(&mut self.weight).chain(self.bias.as_mut()) {
-            match on_device {
-                false => p.grad_to_host()?,
-                true => p.keep_grad_on(&backend)?,
-            }
+            p.grad_where(&backend, device, dtype)?;
         }
         Ok(())
     }
 
-    /// The backward of a layer with adapters, on host values (as the forward).
+    /// The backward of a layer whose adapters applied dropout masks, on host values (as the
+    /// forward).
     fn backward_on_host(&mut self, dy: &Tensor) -> Result<Tensor> {
         let data = dy.values().to_host()?;
         let bias_grad = self.bias.as_mut().and_then(|b| b.trainable_grad());

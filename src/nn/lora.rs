@@ -14,10 +14,10 @@ use super::init::{SplitMix64, child_seed};
 use super::linear_gemms::LinearGemms;
 use super::param::Parameter;
 use crate::amp::Precision;
-use crate::dispatch::Values;
+use crate::dispatch::{Backend, ColumnCopy, Values};
 use crate::error::{Error, Result};
 use crate::scaling::{DelayedSlot, Fp8TensorStats};
-use crate::tensor::Dtype;
+use crate::tensor::{Dtype, Tensor};
 
 /// Rank, scale and dropout shared by every adapter of a run.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -181,8 +181,83 @@ impl LoraAdapter {
             .collect()
     }
 
+    /// Whether the next training forward draws a dropout mask (a host vector): a layer whose
+    /// adapters do runs them on host values ([`Self::forward_add`]).
+    pub(crate) fn drops_out(&self) -> bool {
+        self.dropout_active && self.settings.dropout > 0.0
+    }
+
+    /// Whether the last forward applied a dropout mask, which its backward applies again
+    /// ([`Self::backward_add`]).
+    pub(crate) fn has_mask(&self) -> bool {
+        self.mask.is_some()
+    }
+
+    /// [`Self::forward_add`] without dropout, through the ops on `x` and `y` wherever they live
+    /// (`y` `[rows, y_cols]`, its columns `offset..offset + out` replaced): the same
+    /// operations, so the same bits, as the host loop.
+    pub(crate) fn forward_add_on(
+        &mut self,
+        backend: &Backend,
+        x: Values,
+        rows: usize,
+        y: &mut Tensor,
+        replay: bool,
+    ) -> Result<()> {
+        self.mask = None;
+        let h = self.gemm_a.forward(x, rows, &self.a, None, replay)?;
+        let mut u = self.gemm_b.forward(h.values(), rows, &self.b, None, replay)?;
+        h.recycle();
+        let kernels = backend.kernels();
+        kernels.multiply(u.values_mut(), self.settings.scale_f64() as f32)?;
+        add_columns(backend, &u, y, self.offset, self.dtype)?;
+        u.recycle();
+        Ok(())
+    }
+
+    /// [`Self::backward_add`] of a forward without a dropout mask, through the ops on `dy`
+    /// (`[rows, dy_cols]`) and `dx` wherever they live; dA and dB accumulate where `dy` lives
+    /// (`Parameter::grad_where`).
+    pub(crate) fn backward_add_on(
+        &mut self,
+        backend: &Backend,
+        dy: Values,
+        dy_cols: usize,
+        dx: &mut Tensor,
+    ) -> Result<()> {
+        let rows = dy.len() / dy_cols.max(1);
+        let kernels = backend.kernels();
+        let mut du = backend.output_at(dy.device(), rows, self.out)?;
+        let slice = ColumnCopy {
+            rows,
+            width: self.out,
+            a_cols: dy_cols,
+            a_first: self.offset,
+            out_cols: self.out,
+            out_first: 0,
+        };
+        kernels.copy_columns(dy, du.values_mut(), slice)?;
+        kernels.multiply(du.values_mut(), self.settings.scale_f64() as f32)?;
+        kernels.round(du.values_mut(), self.dtype)?;
+        for p in [&mut self.a, &mut self.b] {
+            p.grad_where(backend, dy.device(), self.dtype)?;
+        }
+        let dh = self
+            .gemm_b
+            .backward(du.values(), None, self.b.trainable_grad_values(), None)?;
+        du.recycle();
+        let dxd = self
+            .gemm_a
+            .backward(dh.values(), None, self.a.trainable_grad_values(), None)?;
+        dh.recycle();
+        add_columns(backend, &dxd, dx, 0, self.dtype)?;
+        dxd.recycle();
+        Ok(())
+    }
+
     /// Adds `(alpha / r) B (A dropout(x))` to rows `offset..offset + out` of every row of `y`
-    /// (`[rows, y_cols]`, already rounded to the compute dtype), rounding the sum again.
+    /// (`[rows, y_cols]`, already rounded to the compute dtype), rounding the sum again; on
+    /// host values (a forward with dropout; the others take [`Self::forward_add_on`]).
     pub(crate) fn forward_add(
         &mut self,
         x: &[f32],
@@ -303,4 +378,39 @@ impl LoraAdapter {
         self.gemm_a.collect_stats(out);
         self.gemm_b.collect_stats(out);
     }
+}
+
+/// `y[:, first..first + n] = round(y[:, first..first + n] + f)` for `f` `[rows, n]` and `y`
+/// `[rows, y_cols]` wherever they live, as `dtype.round(y + f)` per element.
+fn add_columns(backend: &Backend, f: &Tensor, y: &mut Tensor, first: usize, dtype: Dtype) -> Result<()> {
+    let kernels = backend.kernels();
+    let (rows, n, y_cols) = (f.rows(), f.cols(), y.cols());
+    let mut sum = backend.output_at(y.device(), rows, n)?;
+    if n == y_cols {
+        kernels.residual_add(y.values(), f.values(), dtype, sum.values_mut())?;
+        std::mem::replace(y, sum).recycle();
+        return Ok(());
+    }
+    let mut part = backend.output_at(y.device(), rows, n)?;
+    let columns = ColumnCopy {
+        rows,
+        width: n,
+        a_cols: y_cols,
+        a_first: first,
+        out_cols: n,
+        out_first: 0,
+    };
+    kernels.copy_columns(y.values(), part.values_mut(), columns)?;
+    kernels.residual_add(part.values(), f.values(), dtype, sum.values_mut())?;
+    let back = ColumnCopy {
+        a_cols: n,
+        a_first: 0,
+        out_cols: y_cols,
+        out_first: first,
+        ..columns
+    };
+    kernels.copy_columns(sum.values(), y.values_mut(), back)?;
+    part.recycle();
+    sum.recycle();
+    Ok(())
 }

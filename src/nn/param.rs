@@ -201,6 +201,18 @@ impl Parameter {
         self.grad.device()
     }
 
+    /// Keeps the trainable gradient where a backward's `dy` lives (`device`): on its GPU
+    /// ([`Self::keep_grad_on`]) for device tensors, so the wgrad GEMMs accumulate in place and
+    /// the optimizer's arenas copy it on the device, else in host memory. Not under fp32
+    /// (`dtype`), whose GEMM (the cuBLASLt reference) finishes on the host: a device gradient
+    /// would only add its download and upload.
+    pub(crate) fn grad_where(&mut self, backend: &Backend, device: DeviceKind, dtype: Dtype) -> Result<()> {
+        match device != DeviceKind::Cpu && dtype != Dtype::F32 {
+            false => self.grad_to_host(),
+            true => self.keep_grad_on(backend),
+        }
+    }
+
     /// Keeps a trainable gradient on `backend`'s GPU from now on (uploaded once;
     /// [`Parameter::zero_grad`] clears it there). Nothing on the CPU, for a frozen parameter, or
     /// for a gradient already there. A GPU without room for it leaves it in host memory (the

@@ -55,6 +55,12 @@ impl ColumnCopy {
     }
 }
 
+/// `values *= factor`, each product rounded to f32 once (a LoRA update's `alpha / r`).
+pub fn multiply(values: &mut [f32], factor: f32) -> Result<()> {
+    values.iter_mut().for_each(|v| *v *= factor);
+    Ok(())
+}
+
 /// [`ColumnCopy`] on the host.
 pub fn copy_columns(a: &[f32], out: &mut [f32], copy: ColumnCopy) -> Result<()> {
     copy.check(a.len(), out.len())?;

@@ -104,16 +104,24 @@ fn transpose_8(ctx: &mut Ctx, rows: usize, cols: usize) -> Check {
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8)
         .collect();
     let src = ctx.up(&x)?;
-    let mut dst = ctx.up(&vec![0x7fu8; rows * cols])?;
-    gpu(ctx.gpu.transpose_8(&src, rows, cols, &mut dst))?;
-    let got = ctx.down(&dst)?;
     let mut want = vec![0u8; rows * cols];
     cpu(fp8_engine::quantize::transpose_codes(&x, rows, cols, &mut want))?;
-    match got.iter().zip(&want).position(|(g, w)| g != w) {
-        _ if got.len() != want.len() => Err(format!("{} bytes, expected {}", got.len(), want.len())),
-        Some(i) => Err(format!("byte {i}: gpu {:#04x}, host {:#04x}", got[i], want[i])),
-        None => Ok(0.0),
+    // Two poisons: a byte left unwritten cannot match both.
+    for poison in [0x00u8, 0xff] {
+        let mut dst = ctx.up(&vec![poison; rows * cols])?;
+        gpu(ctx.gpu.transpose_8(&src, rows, cols, &mut dst))?;
+        let got = ctx.down(&dst)?;
+        if got.len() != want.len() {
+            return Err(format!("{} bytes, expected {}", got.len(), want.len()));
+        }
+        if let Some(i) = got.iter().zip(&want).position(|(g, w)| g != w) {
+            return Err(format!(
+                "byte {i} (poison {poison:#04x}): gpu {:#04x}, host {:#04x}",
+                got[i], want[i]
+            ));
+        }
     }
+    Ok(0.0)
 }
 
 /// Twin: `ops::elementwise::residual_add`: same bits.

@@ -151,6 +151,26 @@ impl CudaDevice {
         Ok(self.download(&total)?[0])
     }
 
+    /// `x *= factor` for every value, each product rounded once (`__fmul_rn`): the loss
+    /// scaler's unscale kernel with its finite flag left unread, so nothing waits for it. Twin
+    /// of `ops::elementwise::multiply`: same bits.
+    pub fn multiply(&self, values: &mut DeviceBuffer<f32>, factor: f32) -> Result<()> {
+        if values.is_empty() {
+            return Ok(());
+        }
+        let mut flag = self.alloc_zeros::<u32>(1, MemoryCategory::Workspace)?;
+        let params = Fp8EltwiseParams {
+            a: values.address_mut(self),
+            flag: flag.address_mut(self),
+            rows: 1,
+            cols: values.len() as u64,
+            scalar: factor,
+            ..Default::default()
+        };
+        let blocks = stride_blocks(self.info().multiprocessors, values.len());
+        launch(self, MODULE, "fp8_unscale_check", blocks, params)
+    }
+
     /// `x *= inv_scale` for every value; whether every result is finite. Twin of
     /// `ops::unscale_and_check`: same bits, same verdict (one flag, read once).
     pub fn unscale_and_check(&self, values: &mut DeviceBuffer<f32>, inv_scale: f32) -> Result<bool> {

@@ -274,8 +274,8 @@ pub(crate) fn quantize(
     // Where codes stay on the device (resident layers), every per-tensor cast counts there, so
     // the statistics read no codes back.
     // (The device counters are 32-bit: a source of 2^32 values or more counts on the host.)
-    let count = src.ordinal().is_some()
-        || (crate::backend::cuda::env_switch::resident_layers() && src.len() < u32::MAX as usize);
+    let count = src.len() < u32::MAX as usize
+        && (src.ordinal().is_some() || crate::backend::cuda::env_switch::resident_layers());
     // One upload of a host source (none of a device one) serves the amax and both copies.
     let x = s.input("quantize", src)?;
     match recipe {
@@ -459,6 +459,10 @@ pub(crate) fn uncast_stats(
     let s = staged_for(k, OP, [values.ordinal()])?;
     match values {
         Values::Host(host) => Ok(fp8_cast::uncast_stats(name, host, format, amax, scale)),
+        // The device counters are 32-bit: 2^32 values or more are counted on the host.
+        Values::Device(_) if values.len() >= u32::MAX as usize => {
+            Ok(fp8_cast::uncast_stats(name, &values.to_host()?, format, amax, scale))
+        }
         Values::Device(_) => {
             let x = s.input(OP, values)?;
             let counts = device_counts(&s, &x, StatsVerdict::Uncast { format, scale })?;

@@ -514,6 +514,20 @@ pub(crate) fn round(k: &CudaKernels, values: ValuesMut<'_>, dtype: Dtype) -> Res
     }
 }
 
+pub(crate) fn multiply(k: &CudaKernels, values: ValuesMut<'_>, factor: f32) -> Result<()> {
+    const OP: &str = "multiply";
+    let s = staged_for(k, OP, [values.ordinal()])?;
+    match values {
+        // Host values are multiplied where they are, as `round` rounds them.
+        ValuesMut::Host(host) => crate::ops::elementwise::multiply(host, factor),
+        device => {
+            let mut x = s.in_place(OP, device)?;
+            s.device().multiply(&mut x, factor)?;
+            x.finish(&s)
+        }
+    }
+}
+
 pub(crate) fn column_sum(k: &CudaKernels, x: Values<'_>, cols: usize, sums: ValuesMut<'_>) -> Result<()> {
     const OP: &str = "column_sum";
     let s = staged_for(k, OP, [x.ordinal(), sums.ordinal()])?;

@@ -23,7 +23,7 @@ pub(super) use arena::arena_store;
 pub(super) use cast::{cast_stats, delayed_update, gemm, gemm_into, quantize, resident, uncast_stats};
 pub(super) use layer::{
     attention_backward, attention_cached, attention_forward, column_sum, convert, convert_transposed, copy_columns,
-    gelu_backward, gelu_forward, layernorm_backward, layernorm_forward, residual_add, rmsnorm_backward,
+    gelu_backward, gelu_forward, layernorm_backward, layernorm_forward, multiply, residual_add, rmsnorm_backward,
     rmsnorm_forward, rope_backward, rope_forward, round, swiglu_backward, swiglu_forward,
 };
 pub(super) use resident::{new_values, upload};

@@ -4,15 +4,14 @@
 
 use super::cast::read_fp8_codes;
 use super::{staged, switches};
-use crate::backend::cuda::gemm::{Fp8Mirror, UploadedScales, mirror_codes, resident_mirror};
+use crate::backend::cuda::gemm::{Fp8Mirror, UploadedScales, mirror_codes};
 use crate::dispatch::CudaKernels;
 use crate::error::{Error, Result};
-use crate::memory::MemoryCategory;
 use crate::quantize::{transpose_matrix, transposed_scales};
 use crate::tensor::{DeviceMirror, QuantizedMatrix, Scales};
 
 /// The exact transpose of `m` on the device: its codes transposed from its device copy (or,
-/// without one on this GPU, from one uploaded for the transpose), its scales transposed on the
+/// without one on this GPU, from its codes uploaded for the transpose), its scales transposed on the
 /// host (a 128x128 grid is `rows * cols / 16384` values) and uploaded. The result's codes stay
 /// on the device (booked as workspace, freed with it); a host reader reads them back.
 /// With `FP8_CUDA_MIRRORS=0` (no device copies) the host transpose, as the staged path did.
@@ -23,11 +22,20 @@ pub(crate) fn transpose_fp8(k: &CudaKernels, m: &QuantizedMatrix) -> Result<Quan
     if m.is_empty() || !switches::mirrors_enabled() {
         return transpose_matrix(m);
     }
-    let source = resident_mirror(s.device(), m, MemoryCategory::Workspace)?;
-    let codes = mirror_codes(&source).ok_or_else(|| Error::KernelArgs {
-        kernel: "transpose_8",
-        detail: "the matrix's device copy holds no FP8 codes".into(),
-    })?;
+    // The held codes on this GPU, else the codes alone uploaded for this transpose.
+    let held = m
+        .mirror()
+        .filter(|mirror| mirror.ordinal == s.device().info().ordinal)
+        .and_then(|mirror| mirror_codes(mirror))
+        .filter(|codes| codes.len() == m.len());
+    let uploaded;
+    let codes = match held {
+        Some(codes) => codes,
+        None => {
+            uploaded = s.up(m.data())?;
+            &*uploaded
+        }
+    };
     let mut codes_t = s.scratch::<u8>(m.len())?;
     s.device().transpose_8(codes, m.rows(), m.cols(), &mut codes_t)?;
     let device_scales = match &scales {
