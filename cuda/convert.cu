@@ -58,11 +58,15 @@ CONVERT_KERNELS(f16, __half)
 
 // dst [cols, rows] = src [rows, cols]^T for 16-bit values (bf16 or fp16 bits, moved as they
 // are): the staged GEMM's K-major copy of a transposed 16-bit operand, made here instead of on
-// the host. Tiles as convert_transpose; the tile holds 32-bit words (no bank conflicts).
-extern "C" __global__ void __launch_bounds__(THREADS) fp8_transpose_16(const Fp8EltwiseParams p) {
+// the host; and for bytes (FP8 codes): a frozen FP8 weight's W^T for its dgrad GEMM, made from
+// its device copy. Tiles as convert_transpose; the tile holds 32-bit words (no bank conflicts).
+// A byte per thread is not the fastest transpose, but W^T of a 4096 x 4096 segment is 32 MiB of
+// traffic (11 us at 3 TB/s, a few times that here) against ~0.3 ms of its dgrad GEMM at 2048
+// tokens (69 GFLOP).
+template <typename T> __device__ void transpose_bits(const Fp8EltwiseParams& p) {
     __shared__ uint32_t tile[TILE][TILE + 1];
-    const uint16_t* src = reinterpret_cast<const uint16_t*>(p.a);
-    uint16_t* dst = reinterpret_cast<uint16_t*>(p.out);
+    const T* src = reinterpret_cast<const T*>(p.a);
+    T* dst = reinterpret_cast<T*>(p.out);
     const uint64_t rows = p.rows, cols = p.cols;
     const uint64_t tile_cols = (cols + TILE - 1) / TILE;
     const uint64_t r0 = (blockIdx.x / tile_cols) * TILE, c0 = (blockIdx.x % tile_cols) * TILE;
@@ -74,32 +78,16 @@ extern "C" __global__ void __launch_bounds__(THREADS) fp8_transpose_16(const Fp8
     __syncthreads();
     for (int c = ty; c < TILE; c += THREADS / TILE) {
         const uint64_t col = c0 + c, row = r0 + tx;
-        if (row < rows && col < cols) dst[col * rows + row] = (uint16_t)tile[tx][c];
+        if (row < rows && col < cols) dst[col * rows + row] = (T)tile[tx][c];
     }
 }
 
-// dst [cols, rows] = src [rows, cols]^T for bytes (FP8 codes, moved as they are): a frozen FP8
-// weight's W^T for its dgrad GEMM, made from its device copy instead of on the host. Tiles as
-// transpose_16; the tile holds 32-bit words (no bank conflicts). A byte per thread is not the
-// fastest transpose, but W^T of a 4096 x 4096 segment is 32 MiB of traffic (11 us at 3 TB/s,
-// a few times that here) against ~0.3 ms of its dgrad GEMM at 2048 tokens (69 GFLOP).
+extern "C" __global__ void __launch_bounds__(THREADS) fp8_transpose_16(const Fp8EltwiseParams p) {
+    transpose_bits<uint16_t>(p);
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS) fp8_transpose_8(const Fp8EltwiseParams p) {
-    __shared__ uint32_t tile[TILE][TILE + 1];
-    const uint8_t* src = reinterpret_cast<const uint8_t*>(p.a);
-    uint8_t* dst = reinterpret_cast<uint8_t*>(p.out);
-    const uint64_t rows = p.rows, cols = p.cols;
-    const uint64_t tile_cols = (cols + TILE - 1) / TILE;
-    const uint64_t r0 = (blockIdx.x / tile_cols) * TILE, c0 = (blockIdx.x % tile_cols) * TILE;
-    const int tx = threadIdx.x % TILE, ty = threadIdx.x / TILE;
-    for (int r = ty; r < TILE; r += THREADS / TILE) {
-        const uint64_t row = r0 + r, col = c0 + tx;
-        if (row < rows && col < cols) tile[r][tx] = src[row * cols + col];
-    }
-    __syncthreads();
-    for (int c = ty; c < TILE; c += THREADS / TILE) {
-        const uint64_t col = c0 + c, row = r0 + tx;
-        if (row < rows && col < cols) dst[col * rows + row] = (uint8_t)tile[tx][c];
-    }
+    transpose_bits<uint8_t>(p);
 }
 
 // out = round_dtype(a + b) over rows * cols elements (rows = 1 for a flat tensor).

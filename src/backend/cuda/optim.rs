@@ -155,8 +155,23 @@ impl CudaDevice {
     /// scaler's unscale kernel with its finite flag left unread, so nothing waits for it. Twin
     /// of `ops::elementwise::multiply`: same bits.
     pub fn multiply(&self, values: &mut DeviceBuffer<f32>, factor: f32) -> Result<()> {
+        self.unscale(values, factor).map(drop)
+    }
+
+    /// `x *= inv_scale` for every value; whether every result is finite. Twin of
+    /// `ops::unscale_and_check`: same bits, same verdict (one flag, read once).
+    pub fn unscale_and_check(&self, values: &mut DeviceBuffer<f32>, inv_scale: f32) -> Result<bool> {
+        match self.unscale(values, inv_scale)? {
+            Some(flag) => Ok(self.download(&flag)?[0] == 0),
+            None => Ok(true),
+        }
+    }
+
+    /// Launches `x *= factor` over `values`; the device flag a non-finite product sets (`None`
+    /// for no values: nothing launched).
+    fn unscale(&self, values: &mut DeviceBuffer<f32>, factor: f32) -> Result<Option<DeviceBuffer<u32>>> {
         if values.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let mut flag = self.alloc_zeros::<u32>(1, MemoryCategory::Workspace)?;
         let params = Fp8EltwiseParams {
@@ -168,27 +183,8 @@ impl CudaDevice {
             ..Default::default()
         };
         let blocks = stride_blocks(self.info().multiprocessors, values.len());
-        launch(self, MODULE, "fp8_unscale_check", blocks, params)
-    }
-
-    /// `x *= inv_scale` for every value; whether every result is finite. Twin of
-    /// `ops::unscale_and_check`: same bits, same verdict (one flag, read once).
-    pub fn unscale_and_check(&self, values: &mut DeviceBuffer<f32>, inv_scale: f32) -> Result<bool> {
-        if values.is_empty() {
-            return Ok(true);
-        }
-        let mut flag = self.alloc_zeros::<u32>(1, MemoryCategory::Workspace)?;
-        let params = Fp8EltwiseParams {
-            a: values.address_mut(self),
-            flag: flag.address_mut(self),
-            rows: 1,
-            cols: values.len() as u64,
-            scalar: inv_scale,
-            ..Default::default()
-        };
-        let blocks = stride_blocks(self.info().multiprocessors, values.len());
         launch(self, MODULE, "fp8_unscale_check", blocks, params)?;
-        Ok(self.download(&flag)?[0] == 0)
+        Ok(Some(flag))
     }
 }
 
