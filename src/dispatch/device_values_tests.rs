@@ -832,6 +832,26 @@ fn linear_layers_keep_device_inputs_on_the_device() {
     );
 }
 
+/// Two passes of [`same_pass`] of `[rows, inp] -> [rows, out]` linear layers, each on its own
+/// input and output gradient.
+fn linear_passes(
+    case: &str,
+    (staged, resident): (&mut crate::nn::Linear, &mut crate::nn::Linear),
+    (rows, inp, out): (usize, usize, usize),
+) {
+    for pass in 0..2 {
+        let x = Tensor::new(ramp(rows * inp, pass as f32 + 0.2), rows, inp).unwrap();
+        let dy = Tensor::new(ramp(rows * out, pass as f32 + 1.3), rows, out).unwrap();
+        same_pass(
+            &format!("{case} pass {pass}"),
+            (&mut *staged, &mut *resident),
+            (&x, &dy),
+            |l, x| l.forward(x),
+            |l, dy| l.backward(dy),
+        );
+    }
+}
+
 /// On GPU 0: a `Linear` whose weight is frozen in FP8 (one segment, and three stacked as a fused
 /// projection's; block and tensor scales; a trainable bias) fed device tensors keeps its output
 /// and input gradient on the device and gives the staged layer's bits and bias gradient.
@@ -855,17 +875,7 @@ fn frozen_fp8_linears_keep_device_inputs_on_the_device() {
                     l
                 };
                 let (mut staged, mut resident) = (layer(), layer());
-                for pass in 0..2 {
-                    let x = Tensor::new(ramp(rows * inp, pass as f32 + 0.2), rows, inp).unwrap();
-                    let dy = Tensor::new(ramp(rows * out, pass as f32 + 1.3), rows, out).unwrap();
-                    same_pass(
-                        &format!("{case} pass {pass}"),
-                        (&mut staged, &mut resident),
-                        (&x, &dy),
-                        |l, x| l.forward(x),
-                        |l, dy| l.backward(dy),
-                    );
-                }
+                linear_passes(&case, (&mut staged, &mut resident), (rows, inp, out));
             }
         }
     }
@@ -916,17 +926,7 @@ fn lora_adapters_keep_device_inputs_on_the_device() {
                 l
             };
             let (mut staged, mut resident) = (layer(), layer());
-            for pass in 0..2 {
-                let x = Tensor::new(ramp(rows * inp, pass as f32 + 0.2), rows, inp).unwrap();
-                let dy = Tensor::new(ramp(rows * out, pass as f32 + 1.3), rows, out).unwrap();
-                same_pass(
-                    &format!("{case} pass {pass}"),
-                    (&mut staged, &mut resident),
-                    (&x, &dy),
-                    |l, x| l.forward(x),
-                    |l, dy| l.backward(dy),
-                );
-            }
+            linear_passes(&case, (&mut staged, &mut resident), (rows, inp, out));
             let on_device = resident
                 .adapters()
                 .iter()

@@ -593,14 +593,14 @@ pub(crate) fn resident_mirror(
 
 /// `q`'s device mirror, if a device cast on `device`'s GPU left one of the matrix's size.
 fn mirror_on(device: &CudaDevice, q: &QuantizedMatrix) -> Option<Arc<DeviceMirror>> {
-    let m = q.mirror().filter(|m| m.ordinal == device.info().ordinal)?;
-    let codes = fp8_mirror(m)?.codes.len();
-    (codes == q.len()).then(|| m.clone())
+    held_codes(device, q)?;
+    q.mirror().cloned()
 }
 
-/// The codes of an FP8 device mirror (`None`: the mirror holds no FP8 codes).
-pub(crate) fn mirror_codes(m: &DeviceMirror) -> Option<&DeviceBuffer<u8>> {
-    fp8_mirror(m).map(|f| &f.codes)
+/// The codes of `q`'s device mirror on `device`'s GPU, if it has one of the matrix's size.
+pub(crate) fn held_codes<'a>(device: &CudaDevice, q: &'a QuantizedMatrix) -> Option<&'a DeviceBuffer<u8>> {
+    let m = q.mirror().filter(|m| m.ordinal == device.info().ordinal)?;
+    fp8_mirror(m).map(|f| &f.codes).filter(|codes| codes.len() == q.len())
 }
 
 fn fp8_mirror(m: &DeviceMirror) -> Option<&Fp8Mirror> {

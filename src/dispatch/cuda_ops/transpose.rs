@@ -4,7 +4,7 @@
 
 use super::cast::read_fp8_codes;
 use super::{staged, switches};
-use crate::backend::cuda::gemm::{Fp8Mirror, UploadedScales, mirror_codes};
+use crate::backend::cuda::gemm::{Fp8Mirror, UploadedScales, held_codes};
 use crate::dispatch::CudaKernels;
 use crate::error::{Error, Result};
 use crate::quantize::{transpose_matrix, transposed_scales};
@@ -23,13 +23,8 @@ pub(crate) fn transpose_fp8(k: &CudaKernels, m: &QuantizedMatrix) -> Result<Quan
         return transpose_matrix(m);
     }
     // The held codes on this GPU, else the codes alone uploaded for this transpose.
-    let held = m
-        .mirror()
-        .filter(|mirror| mirror.ordinal == s.device().info().ordinal)
-        .and_then(|mirror| mirror_codes(mirror))
-        .filter(|codes| codes.len() == m.len());
     let uploaded;
-    let codes = match held {
+    let codes = match held_codes(s.device(), m) {
         Some(codes) => codes,
         None => {
             uploaded = s.up(m.data())?;
