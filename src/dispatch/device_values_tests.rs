@@ -516,58 +516,61 @@ fn device_arms_match_host_arms() {
 
     // GEMMs into device outputs: FP8 (the device cast of a device input as A), bf16 and the
     // f32 reference path, each with beta = 1 accumulating into what the output holds.
-    use crate::gemm::{GemmParams, Mat, Operand};
-    let (m, n, kk) = (rows, 64, cols);
-    let w = ramp(n * kk, 9.0);
-    let recipe = fp8_recipe("fp8-delayed");
-    let role = crate::scaling::TensorRole::Input;
-    let (xq, xqd) = (
-        k.quantize(&recipe, role, Values::Host(&x), m, kk, 2.0).unwrap(),
-        k.quantize(&recipe, role, xd.values(), m, kk, 2.0).unwrap(),
-    );
-    assert_eq!(
-        xq.tensor, xqd.tensor,
-        "the cast of a device input is the cast of its host copy"
-    );
-    let wq = k
-        .quantize(
-            &recipe,
-            crate::scaling::TensorRole::Weight,
-            Values::Host(&w),
-            n,
-            kk,
-            1.0,
-        )
-        .unwrap();
-    let start = ramp(m * n, 10.0);
-    let accumulate = GemmParams {
-        beta: 1.0,
-        ..GemmParams::default()
-    };
-    // A is the device cast of the device input: its codes and their device copy (mirror).
-    let fp8 = (
-        Operand::Fp8(xqd.tensor.format(), xqd.tensor.rowwise()),
-        Operand::Fp8(wq.tensor.format(), wq.tensor.rowwise()),
-    );
-    let (xb, wb) = (
-        x.iter().map(|&v| half::bf16::from_f32(v)).collect::<Vec<_>>(),
-        w.iter().map(|&v| half::bf16::from_f32(v)).collect::<Vec<_>>(),
-    );
-    let bf = (
-        Operand::Bf16(Mat::new(&xb, m, kk).unwrap()),
-        Operand::Bf16(Mat::new(&wb, n, kk).unwrap()),
-    );
-    let f = (
-        Operand::F32(Mat::new(&x, m, kk).unwrap()),
-        Operand::F32(Mat::new(&w, n, kk).unwrap()),
-    );
-    for (what, (a, b)) in [("fp8", &fp8), ("bf16", &bf), ("f32", &f)] {
-        let mut host = start.clone();
-        let want = k.gemm_into(a, b, ValuesMut::Host(&mut host), &accumulate).unwrap();
-        let mut on_gpu = up(&start, m, n);
-        let got = k.gemm_into(a, b, on_gpu.values_mut(), &accumulate).unwrap();
-        same(&format!("gemm_into {what}"), &host, &on_gpu);
-        assert_eq!(want.amax.to_bits(), got.amax.to_bits(), "gemm_into {what}: amax");
+    // (In a block: its m x n x k must not shadow the n and kk of the sections after it.)
+    {
+        use crate::gemm::{GemmParams, Mat, Operand};
+        let (m, n, kk) = (rows, 64, cols);
+        let w = ramp(n * kk, 9.0);
+        let recipe = fp8_recipe("fp8-delayed");
+        let role = crate::scaling::TensorRole::Input;
+        let (xq, xqd) = (
+            k.quantize(&recipe, role, Values::Host(&x), m, kk, 2.0).unwrap(),
+            k.quantize(&recipe, role, xd.values(), m, kk, 2.0).unwrap(),
+        );
+        assert_eq!(
+            xq.tensor, xqd.tensor,
+            "the cast of a device input is the cast of its host copy"
+        );
+        let wq = k
+            .quantize(
+                &recipe,
+                crate::scaling::TensorRole::Weight,
+                Values::Host(&w),
+                n,
+                kk,
+                1.0,
+            )
+            .unwrap();
+        let start = ramp(m * n, 10.0);
+        let accumulate = GemmParams {
+            beta: 1.0,
+            ..GemmParams::default()
+        };
+        // A is the device cast of the device input: its codes and their device copy (mirror).
+        let fp8 = (
+            Operand::Fp8(xqd.tensor.format(), xqd.tensor.rowwise()),
+            Operand::Fp8(wq.tensor.format(), wq.tensor.rowwise()),
+        );
+        let (xb, wb) = (
+            x.iter().map(|&v| half::bf16::from_f32(v)).collect::<Vec<_>>(),
+            w.iter().map(|&v| half::bf16::from_f32(v)).collect::<Vec<_>>(),
+        );
+        let bf = (
+            Operand::Bf16(Mat::new(&xb, m, kk).unwrap()),
+            Operand::Bf16(Mat::new(&wb, n, kk).unwrap()),
+        );
+        let f = (
+            Operand::F32(Mat::new(&x, m, kk).unwrap()),
+            Operand::F32(Mat::new(&w, n, kk).unwrap()),
+        );
+        for (what, (a, b)) in [("fp8", &fp8), ("bf16", &bf), ("f32", &f)] {
+            let mut host = start.clone();
+            let want = k.gemm_into(a, b, ValuesMut::Host(&mut host), &accumulate).unwrap();
+            let mut on_gpu = up(&start, m, n);
+            let got = k.gemm_into(a, b, on_gpu.values_mut(), &accumulate).unwrap();
+            same(&format!("gemm_into {what}"), &host, &on_gpu);
+            assert_eq!(want.amax.to_bits(), got.amax.to_bits(), "gemm_into {what}: amax");
+        }
     }
 
     // Attention forward and backward (bf16 probabilities), every tensor on the device.
@@ -700,12 +703,14 @@ fn norm_layers_keep_device_inputs_on_the_device() {
 }
 
 /// Values that exercise every count of the FP8 statistics under a scale of 2: saturating
-/// (|x| * 2 > 448), flushed (non-zero, below E4M3's smallest subnormal), zeros, non-finite,
+/// (|x| * 2 > 448, and > 57344 for E5M2), flushed (non-zero, below E4M3's smallest subnormal), zeros, non-finite,
 /// and ordinary values.
 fn stats_probe(n: usize) -> Vec<f32> {
     let specials = [
         1000.0,
         -3000.0,
+        // Saturates E5M2 too (57344 < 2e5 * 2): the gradients' format.
+        -1e5,
         1e-6,
         0.0,
         -1e-7,

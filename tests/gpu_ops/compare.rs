@@ -55,6 +55,17 @@ pub fn bounded_by_magnitude(
     judged(what, gpu, cpu, Some(magnitude), rtol, atol)
 }
 
+/// The normwise contract of `docs/numerics.md`: `|gpu - cpu| <= atol + rtol (|cpu| + max|cpu|)`
+/// per element, the max over the whole output (finite values). For sums whose terms may each
+/// move by `rtol` of themselves and cancel, where no bound per element alone holds.
+pub fn normwise(what: &str, gpu: &[f32], cpu: &[f32], rtol: f64, atol: f64) -> Result<f64, String> {
+    let largest = cpu
+        .iter()
+        .filter(|c| c.is_finite())
+        .fold(0.0f64, |m, &c| m.max((c as f64).abs()));
+    judged(what, gpu, cpu, Some(&vec![largest; cpu.len()]), rtol, atol)
+}
+
 /// Both of the above: element i's bound is `atol + rtol (|cpu_i| + magnitude_i)` (0 without one).
 fn judged(
     what: &str,

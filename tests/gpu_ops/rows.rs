@@ -5,7 +5,7 @@ use fp8_engine::backend::cuda::norm::{NormFp8Out, NormParamsRef};
 use fp8_engine::format::{Fp8Format, Overflow};
 use fp8_engine::ops::{self, AttentionShape, Dtype, NormShape};
 
-use crate::compare::{bounded, bounded_by_magnitude, exact, reduction};
+use crate::compare::{bounded_by_magnitude, exact, normwise, reduction};
 use crate::{Check, Ctx, cpu, gpu, skipped, worst};
 
 pub fn run(ctx: &mut Ctx, results: &mut Vec<(String, Check)>) {
@@ -194,13 +194,16 @@ fn norm(ctx: &mut Ctx, layer: bool, shape: NormShape, zero_centered: bool) -> Ch
     worst(checks)
 }
 
-/// The contract's bound for attention results in `dtype`: the reduction bound for f32, the
-/// dtype's tolerance for bf16/fp16 (`docs/numerics.md`, Op contracts and Tolerances).
+/// The contract's bound for attention results in `dtype`: the reduction bound for f32 (tighter
+/// than the contract's normwise f32 one), the contract's normwise bound with the dtype's
+/// tolerance for bf16/fp16 (`docs/numerics.md`, Op contracts): a gradient sums `P`s that may
+/// land one dtype step apart with cancellation (the H200 run of 2026-11-28: a bf16 dv of
+/// -2.9e-4 off by 3.4x a bound per element, well inside the normwise one).
 pub fn attention_bound(what: &str, gpu: &[f32], cpu: &[f32], dtype: Dtype) -> Check {
     match dtype {
         Dtype::F32 => reduction(what, gpu, cpu),
-        Dtype::Bf16 => bounded(what, gpu, cpu, 1.6e-2, 1e-5),
-        Dtype::F16 => bounded(what, gpu, cpu, 1e-3, 1e-5),
+        Dtype::Bf16 => normwise(what, gpu, cpu, 1.6e-2, 1e-5),
+        Dtype::F16 => normwise(what, gpu, cpu, 1e-3, 1e-5),
     }
 }
 
