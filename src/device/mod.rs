@@ -107,9 +107,8 @@ impl Device {
         }
     }
 
-    /// Whether layers on this device keep their activations on it between ops: a GPU with
-    /// `FP8_CUDA_RESIDENT=1` (opt-in until validated on a GPU); otherwise every CUDA op stages
-    /// host tensors. Always false on the CPU.
+    /// Whether layers on this device keep their activations on it between ops: a GPU unless
+    /// `FP8_CUDA_RESIDENT=0` (then every CUDA op stages host tensors). Always false on the CPU.
     pub fn resident_layers(&self) -> bool {
         matches!(self, Device::Cuda(_)) && crate::backend::cuda::env_switch::resident_layers()
     }

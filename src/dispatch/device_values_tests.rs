@@ -311,10 +311,10 @@ fn a_layer_refuses_a_tensor_on_a_device_its_ops_do_not_run_on() {
         gpu.expect_on("op", &Tensor::on_device(stand_in(3, ramp(8, 0.0)), 2, 4).unwrap()),
         Ok(())
     );
-    // Layers upload their inputs at their boundary only on a GPU's backend with the opt-in
-    // switch (`FP8_CUDA_RESIDENT=1`); the CPU backend never does.
+    // Layers upload their inputs at their boundary only on a GPU's backend, unless the switch
+    // is off (`FP8_CUDA_RESIDENT=0`); the CPU backend never does.
     assert_eq!(Backend::default().resident_input(&Tensor::zeros(2, 4)).unwrap(), None);
-    if std::env::var_os("FP8_CUDA_RESIDENT").is_none() {
+    if std::env::var("FP8_CUDA_RESIDENT").is_ok_and(|v| v.trim() == "0") {
         assert_eq!(gpu.resident_input(&Tensor::zeros(2, 4)).unwrap(), None);
     }
     // Empty outputs and uploads hold nothing, so they stay on the host (a GPU allocates no
@@ -1038,7 +1038,7 @@ fn micro_batches_accumulate_gradients_on_the_device() {
     );
 }
 
-/// On GPU 0: a `TransformerLayer` fed a device tensor (what `FP8_CUDA_RESIDENT=1` uploads at its
+/// On GPU 0: a `TransformerLayer` fed a device tensor (what a resident GPU backend uploads at its
 /// boundary) runs every op on device tensors and gives the bits, parameter gradients, slots and
 /// statistics of the same layer fed host tensors (staged ops), over two passes, with and without
 /// recompute, under bf16 and FP8 (delayed and block), with GELU + LayerNorm and SwiGLU + RMSNorm.

@@ -133,7 +133,7 @@ fn grouped_attention_keeps_device_inputs_on_the_device() {
     );
 }
 
-/// On GPU 0: a `LlamaLayer` fed device tensors (what `FP8_CUDA_RESIDENT=1` uploads at its
+/// On GPU 0: a `LlamaLayer` fed device tensors (what a resident GPU backend uploads at its
 /// boundary), as [`same_as_staged`] says.
 #[test]
 fn llama_layers_keep_device_inputs_on_the_device() {

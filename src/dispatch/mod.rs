@@ -12,7 +12,7 @@
 //! naming the op, never a panic and never a silent host fallback. The activation
 //! ops take `Values`; the rest (embedding, loss, optimizer, slot banks) still take
 //! host slices. The layers keep a tensor where it lives, and pass device tensors
-//! between their ops once `FP8_CUDA_RESIDENT=1` uploads their input
+//! between their ops once a GPU backend uploads their input (unless `FP8_CUDA_RESIDENT=0`)
 //! (`docs/cuda-backend.md`, Device-resident tensors).
 //!
 //! Shadow mode ([`Backend::checked_against_cpu`], `shadow.rs`) runs every op
@@ -442,7 +442,7 @@ impl Backend {
     }
 
     /// `x` uploaded for a layer that keeps its activations on this backend's GPU between its
-    /// ops (`FP8_CUDA_RESIDENT=1`, off until a GPU run validates it): `None` on the CPU, with
+    /// ops (the default; `FP8_CUDA_RESIDENT=0` turns it off): `None` on the CPU, with
     /// the switch off, or for a tensor that is not in host memory (already on the device).
     pub(crate) fn resident_input(&self, x: &Tensor) -> Result<Option<Tensor>> {
         let on_gpu = matches!(self.device(), DeviceKind::Cuda(_));

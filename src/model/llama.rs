@@ -198,7 +198,7 @@ impl LlamaModel {
         Ok((normed, logits))
     }
 
-    /// With `FP8_CUDA_RESIDENT=1` on a GPU the embedding output goes up once and the layers and
+    /// On a GPU (unless `FP8_CUDA_RESIDENT=0`) the embedding output goes up once and the layers and
     /// the final norm run on device tensors (as `DecoderModel`).
     fn logits(&mut self, ids: &[u32], batch: usize, seq: usize) -> Result<(Tensor, Vec<f32>)> {
         let embedded = self.embed(ids, ids.len())?;
@@ -260,7 +260,7 @@ impl LlamaModel {
         if let Some(head) = &mut self.head {
             ready(&mut TrainableOnly(head))?;
         }
-        // Up once with `FP8_CUDA_RESIDENT=1` (as the forward), down once for the embeddings.
+        // Up once on a resident GPU (as the forward), down once for the embeddings.
         let dnormed = self.backend.resident_input(&dnormed)?.unwrap_or(dnormed);
         let mut dx = self.final_norm.backward(&dnormed)?;
         ready(&mut TrainableOnly(&mut self.final_norm))?;

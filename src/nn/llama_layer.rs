@@ -54,8 +54,8 @@ impl LlamaLayer {
         })
     }
 
-    /// `x` `[batch * seq, hidden]` -> `[batch * seq, hidden]`, where `x` lives. On a GPU with
-    /// `FP8_CUDA_RESIDENT=1`, a host `x` goes up once, every op between reads and writes device
+    /// `x` `[batch * seq, hidden]` -> `[batch * seq, hidden]`, where `x` lives. On a GPU (unless
+    /// `FP8_CUDA_RESIDENT=0`), a host `x` goes up once, every op between reads and writes device
     /// tensors, and the output comes back down (a device `x` stays there either way).
     pub fn forward(&mut self, x: &Tensor, batch: usize, seq: usize, rope: &RopeTable) -> Result<Tensor> {
         self.backend.clone().resident_boundary(x, |x| {

@@ -120,7 +120,7 @@ impl TransformerLayer {
     }
 
     /// `x` `[batch * seq, hidden]` -> `[batch * seq, hidden]`.
-    /// The output lives where `x` does. On a GPU with `FP8_CUDA_RESIDENT=1`, a host `x` goes up
+    /// The output lives where `x` does. On a GPU (unless `FP8_CUDA_RESIDENT=0`), a host `x` goes up
     /// once, every op between reads and writes device tensors, and the output comes back down
     /// (a device `x` stays there either way).
     pub fn forward(&mut self, x: &Tensor, batch: usize, seq: usize) -> Result<Tensor> {

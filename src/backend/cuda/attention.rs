@@ -3,8 +3,8 @@
 //! and for dq, one per key row for dk/dv; scores of a row in shared memory).
 //! Twins: `ops::attention_forward/backward`, with the probabilities rounded to
 //! the compute dtype at the same point (`docs/numerics.md`, Attention); within
-//! the reduction bound for f32, the dtype's tolerance for bf16/fp16. With
-//! `FP8_CUDA_ATTENTION_MMA=1` the tensor-core kernels of `cuda/attention_mma.cu`
+//! the reduction bound for f32, the dtype's tolerance for bf16/fp16. Unless
+//! `FP8_CUDA_ATTENTION_MMA=0`, the tensor-core kernels of `cuda/attention_mma.cu`
 //! run instead where they apply (bf16/fp16, head_dim a multiple of 16 up to 128,
 //! sm_80+, a passed self-check: [`super::attention_mma::route`]); the simple
 //! kernels stay the fallback.

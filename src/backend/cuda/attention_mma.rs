@@ -4,8 +4,9 @@
 //! simple kernels of `cuda/attention.cu` and the CPU twin (`docs/numerics.md`,
 //! Attention), held to the same normwise contract.
 //!
-//! Opt-in until a GPU run validates it: `FP8_CUDA_ATTENTION_MMA` unset or `0`
-//! keeps the simple kernels; `1` uses these kernels where they apply (compute
+//! On by default since the H200 run of 2026-11-28 (their GPU tests, memcheck and self-check
+//! passed; the issue's layer 452 -> 102 ms): `FP8_CUDA_ATTENTION_MMA=0` keeps the simple
+//! kernels; unset or `1` uses these kernels where they apply (compute
 //! dtype bf16 or fp16, head_dim a multiple of 16 up to 128, compute capability
 //! 8.0 or newer, 16-byte aligned tensors) once a per-device, per-dtype
 //! self-check ([`self_check`]) has matched them with the simple kernels; on a
@@ -32,7 +33,7 @@ use crate::tensor::Dtype;
 
 /// The kernel file (`cuda/attention_mma.cu`).
 pub const MODULE: &str = "attention_mma";
-/// The opt-in switch: `1` enables the tensor-core kernels (after the self-check).
+/// The switch: unset or `1` enables the tensor-core kernels (after the self-check), `0` not.
 pub const ENV: &str = "FP8_CUDA_ATTENTION_MMA";
 /// Threads per block of every kernel of the file (4 warps; `attn_mma::NTHREADS`).
 pub const THREADS: u32 = 128;
@@ -243,8 +244,8 @@ pub fn compare(outputs: &[CheckedOutput], dtype: Dtype) -> std::result::Result<(
     Ok(())
 }
 
-/// Whether the tensor-core kernels run, per device and dtype: off unless enabled
-/// (`FP8_CUDA_ATTENTION_MMA=1`); then on after a self-check that passed, once.
+/// Whether the tensor-core kernels run, per device and dtype: off when disabled
+/// (`FP8_CUDA_ATTENTION_MMA=0`); else on after a self-check that passed, once.
 pub struct MmaSelector {
     enabled: bool,
     /// `(ordinal, dtype code)` -> `None` (passed) or the failure.
@@ -265,7 +266,7 @@ impl MmaSelector {
     /// The process-wide selector (`FP8_CUDA_ATTENTION_MMA` read once).
     pub fn global() -> &'static MmaSelector {
         static GLOBAL: OnceLock<MmaSelector> = OnceLock::new();
-        GLOBAL.get_or_init(|| MmaSelector::new(env_switch::opted_in(ENV)))
+        GLOBAL.get_or_init(|| MmaSelector::new(env_switch::on(ENV)))
     }
 
     /// Whether the fast path is enabled at all.
@@ -298,7 +299,7 @@ impl MmaSelector {
             };
             if let Some(detail) = &failure {
                 let warning = format!(
-                    "fp8-engine: warning: the tensor-core attention kernels ({ENV}=1) failed their {dtype:?} \
+                    "fp8-engine: warning: the tensor-core attention kernels failed their {dtype:?} \
                      self-check on GPU {ordinal} ({detail}); using the simple attention kernels for this process"
                 );
                 eprintln!("{warning}");

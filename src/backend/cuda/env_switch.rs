@@ -1,8 +1,7 @@
 //! Off switches read from the environment (`FP8_CUDA_ARENAS`, `FP8_CUDA_MIRRORS`,
-//! `FP8_CUDA_PINNED`), so a GPU session can pin a failure or a slowdown on one shortcut of the
-//! staged path without a rebuild. Unset or `1`: on; `0`: off; anything else is reported once
-//! and leaves the switch on. Opt-in switches (`FP8_CUDA_RESIDENT`) are the reverse: off unless
-//! set to `1`, for paths that have not yet run on a GPU.
+//! `FP8_CUDA_PINNED`, `FP8_CUDA_RESIDENT`, `FP8_CUDA_ATTENTION_MMA`), so a GPU session can pin a
+//! failure or a slowdown on one path without a rebuild. Unset or `1`: on; `0`: off; anything
+//! else is reported once and leaves the switch on.
 
 /// Whether switch `var` is on (read on every call: callers keep the answer in a `OnceLock`).
 pub(crate) fn on(var: &str) -> bool {
@@ -13,29 +12,13 @@ pub(crate) fn on(var: &str) -> bool {
     })
 }
 
-/// Whether opt-in switch `var` is on: `1` turns on a path not yet validated on a GPU; unset or
-/// `0`: off; anything else is reported once and leaves it off.
-pub(crate) fn opted_in(var: &str) -> bool {
-    let value = std::env::var(var).ok();
-    parse_opt_in(value.as_deref()).unwrap_or_else(|bad| {
-        eprintln!("fp8-engine: warning: {var}={bad} is not 0 or 1; leaving it off");
-        false
-    })
-}
-
-/// `None`, `0`: off; `1`: on; anything else is returned as the error.
-fn parse_opt_in(value: Option<&str>) -> Result<bool, String> {
-    match value {
-        None => Ok(false),
-        set => parse(set),
-    }
-}
-
-/// Whether layers on a GPU keep their activations there between ops (`FP8_CUDA_RESIDENT=1`,
-/// read once; `docs/cuda-backend.md`, Device-resident tensors).
+/// Whether layers on a GPU keep their activations there between ops (on unless
+/// `FP8_CUDA_RESIDENT=0`, read once; `docs/cuda-backend.md`, Device-resident tensors). On by
+/// default since the H200 run of 2026-11-28 (`train_resident`: every step of `fp8 train` the
+/// same as staged, in fp32, bf16 and fp8-delayed); `0` keeps every op staged.
 pub(crate) fn resident_layers() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| opted_in("FP8_CUDA_RESIDENT"))
+    *ON.get_or_init(|| on("FP8_CUDA_RESIDENT"))
 }
 
 /// `None`, `1`: on; `0`: off; anything else is returned as the error.
@@ -49,15 +32,7 @@ fn parse(value: Option<&str>) -> Result<bool, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse, parse_opt_in};
-
-    #[test]
-    fn opt_in_switches_are_off_unless_set_to_one_and_other_values_are_reported() {
-        assert_eq!(parse_opt_in(None), Ok(false));
-        assert_eq!(parse_opt_in(Some("0")), Ok(false));
-        assert_eq!(parse_opt_in(Some(" 1 ")), Ok(true));
-        assert_eq!(parse_opt_in(Some("yes")), Err("yes".to_string()));
-    }
+    use super::parse;
 
     #[test]
     fn switches_are_on_unless_set_to_zero_and_other_values_are_reported() {

@@ -176,7 +176,7 @@ pub fn run(args: &LayerArgs, json: bool) -> Result<(), CliError> {
         );
         if on_gpu && device.resident_layers() {
             println!(
-                "(FP8_CUDA_RESIDENT=1: activations stay on the GPU between ops; the times include one upload of \
+                "(resident: activations stay on the GPU between ops; the times include one upload of \
                  the input and one download of the output per pass, and the staging of weights and statistics)"
             );
         } else if on_gpu {

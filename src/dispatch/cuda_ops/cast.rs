@@ -112,7 +112,7 @@ pub(super) fn room_for_mirrors(s: &Staged) -> bool {
 
 /// One copy of a cast, `[rows, cols]` `codes` with `scales` (their device copy `device_scales`),
 /// keeping its device buffers as its mirror. Where layers keep their activations on the device
-/// (`FP8_CUDA_RESIDENT=1`) the codes stay there only: the GEMMs read the mirror, and a host
+/// (the default; not with `FP8_CUDA_RESIDENT=0`) the codes stay there only: the GEMMs read the mirror, and a host
 /// reader (a CPU twin, block statistics) reads them back then. Otherwise (the staged path) the
 /// host copy is downloaded now, as the staged layers' host code expects.
 fn kept(

@@ -41,7 +41,7 @@ fn convert_on<'s, T: DeviceElement + Pooled>(
 
 /// [`convert_on`] to a 16-bit `T`; with `keep`, the device result stays as the matrix's mirror
 /// for the GEMMs that read it, and where layers keep their activations on the device
-/// (`FP8_CUDA_RESIDENT=1`) the values stay there only, read back if a host reader needs them.
+/// (the default; not with `FP8_CUDA_RESIDENT=0`) the values stay there only, read back if a host reader needs them.
 fn convert_half<T: DeviceElement + Pooled + Send + Sync + 'static>(
     s: &Staged,
     src: Values<'_>,
@@ -92,7 +92,7 @@ fn convert_plain(
 ) -> Result<PlainMat> {
     let s = staged_for(k, "convert", [src.ordinal()])?;
     // A 16-bit result keeps its device copy for the GEMMs where layers keep their activations
-    // on the device (a device source, or `FP8_CUDA_RESIDENT=1` for the weights' copies); the
+    // on the device (a device source, or resident layers for the weights' copies); the
     // staged path of host layers uploads its operands as before.
     let resident = src.ordinal().is_some() || crate::backend::cuda::env_switch::resident_layers();
     // (Asked only for 16-bit results: f32 keeps no mirror, and the check queries the driver.)

@@ -3,9 +3,9 @@
 //! written in place (`resident`); host values are STAGED: uploaded into device buffers leased
 //! from a per-device pool, and host outputs downloaded after the launcher(s) of
 //! `backend::cuda` ran on the device's one stream (`docs/cuda-backend.md`). Ops whose
-//! arguments are still host slices stage them all. The layers pass host tensors unless
-//! `FP8_CUDA_RESIDENT=1` uploads their input (`docs/cuda-backend.md`, Device-resident
-//! tensors).
+//! arguments are still host slices stage them all. The layers on a GPU upload their input
+//! and pass device tensors; with `FP8_CUDA_RESIDENT=0` they pass host tensors
+//! (`docs/cuda-backend.md`, Device-resident tensors).
 //!
 //! Every op has a kernel: GEMMs of MXFP8 operands run on the E8M0 variant of the
 //! portable GEMM (`cuda/gemm_mma_mxfp8.cu`), f32 operands take the cuBLASLt

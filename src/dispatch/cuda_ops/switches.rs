@@ -1,7 +1,7 @@
 //! Off switches for the newer shortcuts of the staged CUDA path (`backend::cuda::env_switch`):
 //! `FP8_CUDA_ARENAS=0` keeps AdamW on the staged per-parameter ops, `FP8_CUDA_MIRRORS=0` makes
 //! casts keep no device mirrors (every GEMM uploads its operands). Unset or `1`: on.
-//! (The opt-in `FP8_CUDA_RESIDENT` is read by `backend::cuda::env_switch::resident_layers`.)
+//! (`FP8_CUDA_RESIDENT` is read by `backend::cuda::env_switch::resident_layers`.)
 
 use std::sync::OnceLock;
 
