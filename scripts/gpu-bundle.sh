@@ -338,6 +338,7 @@ done
 exit $fail'
 }
 # end of part
+# part: train
 # The larger model of issue 15 (12 layers x 768, seq 512, 4096 tokens a step): tokens/s, model
 # FLOP/s and MFU (the `model FLOPs:` line of `fp8 train`), one `fp8 train` per precision so a
 # timeout keeps the precisions that finished (its first try, 20 steps of both in one call,
@@ -353,7 +354,6 @@ for p in bf16 fp8-delayed; do
     [[ $rc == 0 ]] || { tail -n 3 "$dir/log"; exit $rc; }
 done'
 }
-# part: train
 # Short `fp8 train` runs on both devices (every op checked against its CPU twin), fp32 on
 # cuBLASLt, the default --compare, resume across devices; then the tiny Llama model (rotary,
 # grouped-query and cached attention) forward + backward and greedy generation.
