@@ -43,6 +43,9 @@ pub(crate) trait ArenaStore: Send + Sync {
     fn write_device(&mut self, arena: Arena, offset: usize, values: &CudaStorage) -> Result<()>;
     /// Copies `arena[offset..offset + host.len()]` into `host`.
     fn read(&self, arena: Arena, offset: usize, host: &mut [f32]) -> Result<()>;
+    /// Copies `arena[offset..offset + values.len()]` into values on the store's own GPU (a copy
+    /// there; values on another device are `DeviceMismatch`).
+    fn read_device(&self, arena: Arena, offset: usize, values: &mut CudaStorage) -> Result<()>;
     /// One AdamW step of every parameter: `step` for the decayed ones, `step` with decay 1 for
     /// the others (`ops::adamw_update` per parameter, same bits).
     fn adamw(&mut self, step: &AdamWStep) -> Result<()>;
@@ -102,6 +105,12 @@ impl ArenaStore for HostArenas {
         let range = self.range(offset, host.len(), "arena read past the arena")?;
         host.copy_from_slice(&self.arenas[arena.index()][range]);
         Ok(())
+    }
+
+    fn read_device(&self, arena: Arena, offset: usize, values: &mut CudaStorage) -> Result<()> {
+        // The twin writes a stand-in GPU's values as an upload would.
+        let range = self.range(offset, values.len(), "arena read past the arena")?;
+        values.overwrite(&self.arenas[arena.index()][range])
     }
 
     fn adamw(&mut self, step: &AdamWStep) -> Result<()> {

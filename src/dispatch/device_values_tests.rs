@@ -817,6 +817,21 @@ fn linear_layers_keep_device_inputs_on_the_device() {
                 |l, x| l.forward(x),
                 |l, dy| l.backward(dy),
             );
+            // As after an optimizer step: the next pass casts the weight again, the resident
+            // layer's from the master values it keeps on the device (not under fp32).
+            staged.visit_parameters(&mut |p| p.mark_updated());
+            resident.visit_parameters(&mut |p| p.mark_updated());
+            let want = if name == "fp32" {
+                DeviceKind::Cpu
+            } else {
+                DeviceKind::Cuda(0)
+            };
+            assert_eq!(resident.weight().value_device(), want, "{name}: the weight's values");
+            assert_eq!(
+                staged.weight().value_device(),
+                DeviceKind::Cpu,
+                "{name}: the staged weight"
+            );
         }
         // The wgrad GEMMs and the bias sum accumulated on the device (the passes above added
         // two micro-batches there and matched the host's sums); a cleared gradient stays there.
@@ -1036,6 +1051,59 @@ fn micro_batches_accumulate_gradients_on_the_device() {
     println!(
         "micro_batches_accumulate_gradients_on_the_device: bf16, fp8-delayed: same gradient bits over 3 micro-batches"
     );
+}
+
+/// On GPU 0: AdamW over the device arenas updates master values kept on the device in place
+/// (a copy on the device each way) and host ones through the host, with the bits of the same
+/// steps on a module whose values all live in host memory.
+#[test]
+fn optimizer_arenas_update_device_weights_on_the_device() {
+    use crate::train::adamw::{AdamW, AdamWConfig};
+    use crate::train::test_util::ParamList;
+    if skipped_without_a_gpu("optimizer_arenas_update_device_weights_on_the_device") {
+        return;
+    }
+    let gpu = Backend::on(DeviceKind::Cuda(0));
+    let module = || {
+        ParamList::new(&[
+            ("w", &[48, 64], ramp(48 * 64, 0.3)),
+            ("b", &[64], ramp(64, 1.3)),
+            ("fc", &[100, 33], ramp(3300, 2.3)),
+        ])
+    };
+    let (mut host, mut device) = (module(), module());
+    for i in [0, 2] {
+        device.params[i].keep_value_on(&gpu).unwrap();
+        assert_eq!(device.params[i].value_device(), DeviceKind::Cuda(0));
+    }
+    let config = AdamWConfig {
+        weight_decay: 0.1,
+        ..AdamWConfig::default()
+    };
+    let (mut a, mut b) = (AdamW::new(config).unwrap(), AdamW::new(config).unwrap());
+    a.to_device(DeviceKind::Cuda(0));
+    b.to_device(DeviceKind::Cuda(0));
+    let arenas = std::env::var("FP8_CUDA_ARENAS").map_or(true, |v| v.trim() != "0");
+    for step in 0..3 {
+        for m in [&mut host, &mut device] {
+            for (j, p) in m.params.iter_mut().enumerate() {
+                let g = ramp(p.grad_len(), (step * 3 + j) as f32);
+                p.grad_mut().copy_from_slice(&g);
+            }
+        }
+        a.step(&mut host, 1e-2).unwrap();
+        b.step(&mut device, 1e-2).unwrap();
+        for (h, d) in host.params.iter().zip(&device.params) {
+            let vbits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(vbits(h.value()), vbits(d.value()), "step {step}: {}", h.name());
+        }
+        if arenas {
+            for i in [0, 2] {
+                assert_eq!(device.params[i].value_device(), DeviceKind::Cuda(0), "step {step}");
+            }
+        }
+    }
+    println!("optimizer_arenas_update_device_weights_on_the_device: 3 steps, same bits as host values");
 }
 
 /// On GPU 0: a `TransformerLayer` fed a device tensor (what a resident GPU backend uploads at its

@@ -155,6 +155,9 @@ impl Linear {
         if self.adapters.iter().any(LoraAdapter::drops_out) {
             return self.forward_on_host(x, replay);
         }
+        if self.frozen_fp8.is_none() {
+            self.weight_where(x.device())?;
+        }
         let bias = self.bias.as_ref().map(|b| b.value());
         let mut y = match &self.frozen_fp8 {
             Some(w) => {
@@ -181,6 +184,7 @@ impl Linear {
     /// The forward of a layer whose adapters draw dropout masks (host vectors): on host values,
     /// a device input comes down and the output goes back up to it.
     fn forward_on_host(&mut self, x: &Tensor, replay: bool) -> Result<Tensor> {
+        self.weight_where(DeviceKind::Cpu)?;
         let data = x.values().to_host()?;
         let rows = x.rows();
         let bias = self.bias.as_ref().map(|b| b.value());
@@ -224,6 +228,7 @@ impl Linear {
         }
         x.expect(&self.name, "input", None, self.in_features)?;
         self.gemms.expect_on("linear forward", &x)?;
+        self.weight_where(x.device())?;
         let bias = self.bias.as_ref().map(|b| b.value());
         self.gemms.forward_owned(x, &self.weight, bias, replay)
     }
@@ -260,6 +265,16 @@ impl Linear {
             adapter.backward_add_on(&backend, dy.values(), self.out_features, &mut dx)?;
         }
         Ok(dx)
+    }
+
+    /// Moves the trainable weight's master values to where the input lives
+    /// (`Parameter::value_where`): a layer on device tensors keeps them there, so its weight
+    /// casts read them in place and the optimizer's arenas update them there, instead of the
+    /// weight going up every forward and down and up every optimizer step.
+    fn weight_where(&mut self, device: DeviceKind) -> Result<()> {
+        let backend = self.gemms.backend().clone();
+        let dtype = self.gemms.precision().compute_dtype();
+        self.weight.value_where(&backend, device, dtype)
     }
 
     /// Moves the trainable gradients to where `dy` lives (`Parameter::grad_where`): a layer on

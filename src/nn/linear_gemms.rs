@@ -350,22 +350,31 @@ impl LinearGemms {
         let (out, inp) = (self.out_features, self.in_features);
         let backend = self.backend.clone();
         let kernels = backend.kernels();
+        // A frozen weight held in 16 bits of the compute dtype is its own operand.
+        let stored = !matches!(self.precision, Precision::Fp8(_))
+            && weight.half_values().is_some_and(|h| h.dtype() == self.dtype());
+        // Else f32 master values where they live (a layer on a GPU keeps them there: its casts
+        // read them in place), or 16-bit frozen ones widened on the host (exact).
+        let on_host = weight.half_values().is_some() || weight.value_device() == DeviceKind::Cpu;
+        let widened = (!stored && on_host).then(|| weight.widened());
+        let values = match &widened {
+            Some(w) => Values::Host(w),
+            None => weight.value_values(),
+        };
         let copy = match &self.precision {
             Precision::Fp8(recipe) => {
                 let scale = self.slot_scale(TensorRole::Weight);
-                let values = weight.widened();
-                let cast = kernels.quantize(recipe, TensorRole::Weight, Values::Host(&values), out, inp, scale)?;
+                let cast = kernels.quantize(recipe, TensorRole::Weight, values, out, inp, scale)?;
                 if !replay {
                     self.record(TensorRole::Weight, cast.amax);
                     let name = self.stat_name(TensorRole::Weight);
-                    self.stats[1] = Some(kernels.cast_stats(name, Values::Host(&values), &cast)?);
+                    self.stats[1] = Some(kernels.cast_stats(name, values, &cast)?);
                 }
                 WeightCopy::Fp8(cast)
             }
-            // A frozen weight held in 16 bits of the compute dtype is its own operand.
-            _ if weight.half_values().is_some_and(|h| h.dtype() == self.dtype()) => WeightCopy::Stored,
-            // Else one compute copy, as for f32 values (16-bit ones widen exactly first).
-            _ => WeightCopy::Plain(kernels.convert(self.dtype(), Values::Host(&weight.widened()))?),
+            _ if stored => WeightCopy::Stored,
+            // Else one compute copy, as for f32 values.
+            _ => WeightCopy::Plain(kernels.convert(self.dtype(), values)?),
         };
         self.weight = Some((weight.version(), copy));
         self.installed_stats = None;

@@ -19,8 +19,13 @@ use crate::tensor::{DeviceKind, Dtype, HalfValues, Tensor};
 pub struct Parameter {
     name: String,
     shape: Vec<usize>,
-    /// f32 master values, row-major, as a matrix (see [`matrix_dims`]) on the parameter's device.
+    /// f32 master values, row-major, as a matrix (see [`matrix_dims`]): in host memory, or on
+    /// the GPU of a layer that keeps its activations there ([`Parameter::keep_value_on`]), where
+    /// its casts read them and the optimizer's arenas update them in place.
     value: Tensor,
+    /// The host copy of device master values that [`Parameter::value`] made (dropped whenever
+    /// they may change).
+    value_read: HostCopy,
     /// f32 gradient, accumulated across micro-batches until `zero_grad`: in host memory, or
     /// on the GPU of a layer that keeps its activations there ([`Parameter::keep_grad_on`]),
     /// where the wgrad GEMMs accumulate into it and the optimizer's arenas copy it in place.
@@ -40,13 +45,14 @@ pub struct Parameter {
 }
 
 impl PartialEq for Parameter {
-    /// Names, shapes, values, versions and states; gradients by their values wherever they
-    /// live (a device gradient read back).
+    /// Names, shapes, values, versions and states; values and gradients by their values wherever
+    /// they live (device ones read back).
     fn eq(&self, other: &Self) -> bool {
         (
             &self.name,
             &self.shape,
-            &self.value,
+            self.value.shape(),
+            self.value(),
             self.version,
             self.frozen,
             &self.half,
@@ -54,7 +60,8 @@ impl PartialEq for Parameter {
         ) == (
             &other.name,
             &other.shape,
-            &other.value,
+            other.value.shape(),
+            other.value(),
             other.version,
             other.frozen,
             &other.half,
@@ -90,6 +97,7 @@ impl Parameter {
             grad: Tensor::zeros(rows, cols),
             grad_read: HostCopy::default(),
             value: Tensor::new(value, rows, cols)?,
+            value_read: HostCopy::default(),
             name,
             shape: shape.to_vec(),
             version: 0,
@@ -106,6 +114,7 @@ impl Parameter {
             name: name.into(),
             shape: shape.to_vec(),
             value: Tensor::zeros(0, 0),
+            value_read: HostCopy::default(),
             grad: Tensor::zeros(0, 0),
             grad_read: HostCopy::default(),
             version: 0,
@@ -121,6 +130,7 @@ impl Parameter {
     pub(crate) fn release(&mut self) {
         self.freeze();
         self.value = Tensor::zeros(0, 0);
+        self.value_read.forget();
         self.half = None;
     }
 
@@ -142,12 +152,14 @@ impl Parameter {
             (Dtype::F32, None) => {}
             (Dtype::F32, Some(half)) => {
                 self.value = Tensor::new(half.to_f32(), rows, cols)?;
+                self.value_read.forget();
                 self.half = None;
             }
             (_, Some(half)) if half.dtype() == dtype => {}
             (_, _) => {
                 let half = HalfValues::exact(&self.name, dtype, &self.widened())?;
                 self.value = Tensor::zeros(0, 0);
+                self.value_read.forget();
                 self.half = Some(half);
             }
         }
@@ -168,7 +180,7 @@ impl Parameter {
     pub fn widened(&self) -> Cow<'_, [f32]> {
         match &self.half {
             Some(half) => Cow::Owned(half.to_f32()),
-            None => Cow::Borrowed(self.value.data()),
+            None => Cow::Borrowed(self.value()),
         }
     }
 
@@ -283,14 +295,120 @@ impl Parameter {
     /// The f32 master values, row-major (empty for a frozen parameter held in 16 bits:
     /// [`Parameter::widened`] reads either; under sharded masters, only
     /// [`Parameter::held_range`]).
+    ///
+    /// Master values kept on a GPU are downloaded at the first read after they changed.
+    ///
+    /// # Panics
+    /// If that download fails (the GPU is gone); [`Parameter::value_to_host`] returns the error.
     pub fn value(&self) -> &[f32] {
-        self.value.data()
+        if self.value.device() == DeviceKind::Cpu {
+            return self.value.data();
+        }
+        self.value_read.0.get_or_init(|| match self.value.to_host() {
+            Ok(t) => t.into_data(),
+            Err(e) => panic!("the values of '{}' could not come back from their GPU: {e}", self.name),
+        })
     }
 
-    /// The master values to change in place; call [`Parameter::mark_updated`] after, so layers
-    /// remake their compute copies.
+    /// The master values to change in place, in host memory (device values come back first and
+    /// stay until a layer takes them up again); call [`Parameter::mark_updated`] after, so
+    /// layers remake their compute copies.
+    ///
+    /// # Panics
+    /// As [`Parameter::value`].
     pub fn value_mut(&mut self) -> &mut [f32] {
+        self.value_home();
         self.value.data_mut()
+    }
+
+    /// The master values as an op argument, wherever they live (a layer's weight cast reads
+    /// device values in place).
+    pub(crate) fn value_values(&self) -> Values<'_> {
+        self.value.values()
+    }
+
+    /// The master values to overwrite wherever they live (the optimizer's arenas write device
+    /// values on the device); call [`Parameter::mark_updated`] after.
+    pub(crate) fn value_values_mut(&mut self) -> ValuesMut<'_> {
+        self.value_read.forget();
+        self.value.values_mut()
+    }
+
+    /// Number of f32 master values held here, wherever they live (0 while held in 16 bits; a
+    /// shard's under sharded masters).
+    pub(crate) fn value_len(&self) -> usize {
+        self.value.len()
+    }
+
+    /// The device the master values live on.
+    pub fn value_device(&self) -> DeviceKind {
+        self.value.device()
+    }
+
+    /// Keeps the trainable master values where a forward's input lives (`device`): on its GPU
+    /// ([`Self::keep_value_on`]) for device tensors, so the weight casts read them there and the
+    /// optimizer's arenas update them in place, else in host memory. Not under fp32 (`dtype`),
+    /// whose weight copy and GEMM (the cuBLASLt reference) stay on the host, as its gradients do.
+    pub(crate) fn value_where(&mut self, backend: &Backend, device: DeviceKind, dtype: Dtype) -> Result<()> {
+        match device != DeviceKind::Cpu && dtype != Dtype::F32 {
+            false => self.value_to_host(),
+            true => self.keep_value_on(backend),
+        }
+    }
+
+    /// Keeps trainable f32 master values on `backend`'s GPU from now on (uploaded once). Nothing
+    /// on the CPU, for a frozen, 16-bit, sharded or empty parameter, or for values already
+    /// there. A GPU without room for them leaves them in host memory: the run goes on.
+    ///
+    /// The device copy is booked as workspace, as a device gradient is: the memory summary's
+    /// parameters are the training session's model of them.
+    pub(crate) fn keep_value_on(&mut self, backend: &Backend) -> Result<()> {
+        let device = backend.device();
+        let skip = self.frozen || self.half.is_some() || self.held.is_some() || self.value.is_empty();
+        if skip || device == DeviceKind::Cpu || self.value.device() == device {
+            return Ok(());
+        }
+        match backend.to_device_as(&self.value, MemoryCategory::Workspace) {
+            Ok(value) => {
+                self.value = value;
+                self.value_read.forget();
+                Ok(())
+            }
+            Err(e) if out_of_memory(&e) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Brings device master values to host memory (a download, or the copy
+    /// [`Parameter::value`] already read; nothing for host ones).
+    pub fn value_to_host(&mut self) -> Result<()> {
+        if self.value.device() != DeviceKind::Cpu {
+            let (rows, cols) = self.value.shape();
+            self.value = match self.value_read.0.take() {
+                Some(read) => Tensor::new(read, rows, cols)?,
+                None => self.value.to_host()?,
+            };
+        }
+        Ok(())
+    }
+
+    /// [`Self::value_to_host`] for accessors that hand out host slices.
+    fn value_home(&mut self) {
+        if let Err(e) = self.value_to_host() {
+            panic!("the values of '{}' could not come back from their GPU: {e}", self.name);
+        }
+    }
+
+    /// Moves the master values onto a stand-in GPU `ordinal` (as
+    /// [`Parameter::grad_on_stand_in_gpu`]).
+    #[cfg(test)]
+    pub(crate) fn value_on_stand_in_gpu(&mut self, ordinal: usize) {
+        use crate::tensor::device_values::{CudaStorage, HostArray};
+        let (rows, cols) = self.value.shape();
+        let values = self.value.to_host().unwrap().into_data();
+        let storage = CudaStorage::new(Box::new(HostArray { ordinal, values }));
+        self.value = Tensor::on_device(storage, rows, cols).unwrap();
+        self.value_read.forget();
     }
 
     /// The f32 gradient, accumulated across micro-batches until [`Parameter::zero_grad`]. A
@@ -367,12 +485,14 @@ impl Parameter {
     /// The master values and the gradient at once (an optimizer reads one and writes the other),
     /// in host memory as [`Parameter::grad_mut`].
     pub fn value_and_grad_mut(&mut self) -> (&mut [f32], &mut [f32]) {
+        self.value_home();
         self.grad_home();
         (self.value.data_mut(), self.grad.data_mut())
     }
 
     /// Replaces the master values with `value` of the same length (checked by the caller).
     pub(crate) fn set_value(&mut self, value: Vec<f32>) {
+        self.value_read.forget();
         if self.half.take().is_some() {
             // Held in 16 bits: the new values are f32 again.
             let (rows, cols) = matrix_dims(&self.shape);
@@ -383,15 +503,16 @@ impl Parameter {
         }
         debug_assert_eq!(value.len(), self.value.len());
         let (rows, cols) = (self.value.rows(), self.value.cols());
-        // On the host the vector becomes the storage (no second copy of a 1 GiB embedding while
-        // loading; `Tensor::new` only checks the length, checked here); elsewhere it is copied in.
-        if self.value.device() == DeviceKind::Cpu && value.len() == rows * cols {
+        // The vector becomes the storage (no second copy of a 1 GiB embedding while loading;
+        // `Tensor::new` only checks the length, checked here); device values come home with it
+        // (the next forward takes them up again).
+        if value.len() == rows * cols {
             if let Ok(t) = Tensor::new(value, rows, cols) {
                 self.value = t;
             }
             return;
         }
-        self.value.data_mut().copy_from_slice(&value);
+        self.value_mut().copy_from_slice(&value);
     }
 
     /// The device the master values and the gradient live on.
@@ -422,10 +543,11 @@ impl Parameter {
     /// Keeps only values `range` of the whole tensor (the rest lives on other ranks); the
     /// gradient stays whole. Layers then need their compute copy installed from outside.
     pub(crate) fn keep_only(&mut self, range: std::ops::Range<usize>) {
-        let kept = self.value.data()[range.clone()].to_vec();
+        let kept = self.value()[range.clone()].to_vec();
         let n = kept.len();
         if let Ok(t) = Tensor::new(kept, 1, n) {
             self.value = t;
+            self.value_read.forget();
             self.held = Some(range);
         }
     }
@@ -436,6 +558,7 @@ impl Parameter {
         let (rows, cols) = (self.grad.rows(), self.grad.cols());
         if let Ok(t) = Tensor::new(whole, rows, cols) {
             self.value = t;
+            self.value_read.forget();
             self.held = None;
         }
     }
@@ -499,7 +622,7 @@ fn out_of_memory(e: &Error) -> bool {
         || matches!(e, Error::NotEnoughMemory { .. })
 }
 
-/// The host copy of a device gradient, made at the first read. It is a cache: clones start
+/// The host copy of a device gradient or device values, made at the first read. It is a cache: clones start
 /// without one, and it takes no part in comparisons.
 #[derive(Default)]
 struct HostCopy(OnceLock<Vec<f32>>);
@@ -658,5 +781,62 @@ mod tests {
         assert!(p.trainable_grad_values().is_none());
         p.keep_grad_on(&Backend::on(DeviceKind::Cuda(0))).unwrap();
         assert_eq!((p.grad_device(), p.grad_len()), (DeviceKind::Cpu, 0));
+    }
+
+    #[test]
+    fn device_values_read_as_the_host_ones_and_come_home_for_host_writers() {
+        let ramp: Vec<f32> = (0..6).map(|i| i as f32 * 0.25 - 0.5).collect();
+        let mut p = Parameter::new("w", &[2, 3], ramp.clone()).unwrap();
+        let host_twin = p.clone();
+        p.value_on_stand_in_gpu(2);
+        assert_eq!(p.value_device(), DeviceKind::Cuda(2));
+        assert_eq!((p.value(), p.value_len(), p.len()), (ramp.as_slice(), 6, 6));
+        assert_eq!(p, host_twin, "compared by their values wherever they live");
+        // A write on the device (the optimizer's arena copy) is seen by the next read.
+        match p.value_values_mut() {
+            ValuesMut::Device(storage) => storage.overwrite(&[9.0; 6]).unwrap(),
+            ValuesMut::Host(_) => panic!("the values are not on the device"),
+        }
+        assert_eq!(p.value(), &[9.0; 6]);
+        assert!(matches!(p.value_values(), Values::Device(_)));
+        // A clone shares the array until one of them writes: the other keeps its values.
+        let kept = p.clone();
+        if let ValuesMut::Device(storage) = p.value_values_mut() {
+            storage.overwrite(&[1.0; 6]).unwrap();
+        }
+        assert_eq!((p.value(), kept.value()), (&[1.0; 6][..], &[9.0; 6][..]));
+        // Host writers bring them home with their values.
+        p.value_mut()[0] = 2.0;
+        assert_eq!(p.value_device(), DeviceKind::Cpu);
+        assert_eq!(p.value(), &[2.0, 1.0, 1.0, 1.0, 1.0, 1.0]);
+        let mut q = kept.clone();
+        q.set_value(ramp.clone());
+        assert_eq!((q.value_device(), q.value()), (DeviceKind::Cpu, ramp.as_slice()));
+        let mut r = kept.clone();
+        r.keep_only(1..4);
+        assert_eq!((r.value(), r.held_range()), (&[9.0; 3][..], 1..4));
+        let mut t = kept;
+        t.value_to_host().unwrap();
+        assert_eq!((t.value_device(), t.value()), (DeviceKind::Cpu, &[9.0; 6][..]));
+    }
+
+    #[test]
+    fn values_stay_home_on_the_cpu_under_f32_and_for_frozen_or_sharded_parameters() {
+        let gpu = Backend::on(DeviceKind::Cuda(0));
+        let mut p = param();
+        p.keep_value_on(&Backend::default()).unwrap();
+        p.value_where(&gpu, DeviceKind::Cuda(0), Dtype::F32).unwrap();
+        assert_eq!(p.value_device(), DeviceKind::Cpu);
+        // Values already on the device come home for a host input or an f32 layer.
+        p.value_on_stand_in_gpu(0);
+        p.value_where(&gpu, DeviceKind::Cpu, Dtype::Bf16).unwrap();
+        assert_eq!((p.value_device(), p.value()), (DeviceKind::Cpu, &[0.5; 6][..]));
+        let mut sharded = param();
+        sharded.keep_only(0..3);
+        sharded.keep_value_on(&gpu).unwrap();
+        assert_eq!(sharded.value_device(), DeviceKind::Cpu);
+        p.freeze();
+        p.keep_value_on(&gpu).unwrap();
+        assert_eq!(p.value_device(), DeviceKind::Cpu);
     }
 }

@@ -28,6 +28,8 @@ pub(crate) trait DeviceArray: Debug + Send + Sync {
     fn blank(&self) -> Result<Box<dyn DeviceArray>>;
     /// Sets every value to zero, in place (a gradient cleared between steps).
     fn zero(&mut self) -> Result<()>;
+    /// Overwrites every value with `host` (of [`Self::len`] values), in place (an upload).
+    fn write(&mut self, host: &[f32]) -> Result<()>;
     /// The backend's own type, to reach its buffer.
     fn as_any(&self) -> &dyn Any;
     /// The backend's own type, to write its buffer.
@@ -86,6 +88,19 @@ impl CudaStorage {
     /// clone keeps its values).
     pub(crate) fn zero(&mut self) -> Result<()> {
         self.unique_mut(false)?.zero()
+    }
+
+    /// Overwrites the values with `host` (of the same length): in place, or in a new array if
+    /// a clone shares this one (the clone keeps its values).
+    pub(crate) fn overwrite(&mut self, host: &[f32]) -> Result<()> {
+        if host.len() != self.len() {
+            return Err(crate::error::Error::LengthMismatch {
+                what: "host values into device values",
+                src: host.len(),
+                dst: self.len(),
+            });
+        }
+        self.unique_mut(false)?.write(host)
     }
 
     /// The values, downloaded.
@@ -259,6 +274,10 @@ impl DeviceArray for HostArray {
     }
     fn zero(&mut self) -> Result<()> {
         self.values.fill(0.0);
+        Ok(())
+    }
+    fn write(&mut self, host: &[f32]) -> Result<()> {
+        self.values.copy_from_slice(host);
         Ok(())
     }
     fn as_any(&self) -> &dyn Any {

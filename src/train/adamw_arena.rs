@@ -14,7 +14,8 @@ use crate::error::{Error, Result};
 use crate::memory::MemoryCategory;
 use crate::nn::Module;
 use crate::ops::AdamWStep;
-use crate::tensor::device_values::{CudaStorage, Values};
+use crate::tensor::DeviceKind;
+use crate::tensor::device_values::{CudaStorage, Values, ValuesMut};
 
 use super::adamw_state::Moments;
 
@@ -102,14 +103,26 @@ impl ArenaAdamW {
             self.gather_from(module, arena)?;
         }
         self.store.adamw(step)?;
+        // Weights kept on the GPU get theirs back there; the host windows stop at them.
+        let mut on_device = Vec::new();
+        module.visit_parameters(&mut |p| on_device.push(p.value_device() != DeviceKind::Cpu));
         let staging = std::mem::take(&mut self.staging);
         let mut scatter = Scatter::new(self, Arena::Values, staging);
         let mut entries = scatter.entries().into_iter();
+        scatter.stops = entries
+            .clone()
+            .zip(&on_device)
+            .filter(|(_, device)| **device)
+            .map(|(e, _)| e.offset)
+            .collect();
         let mut result = Ok(());
         module.visit_parameters(&mut |p| {
             let Some(e) = entries.next() else { return };
             if result.is_ok() {
-                result = scatter.get(e, p.value_mut());
+                result = match p.value_values_mut() {
+                    ValuesMut::Host(host) => scatter.get(e, host),
+                    ValuesMut::Device(device) => scatter.get_device(e, device),
+                };
             }
             p.mark_updated();
         });
@@ -145,13 +158,13 @@ impl ArenaAdamW {
         module.visit_parameters(&mut |p| {
             let Some(e) = entries.next() else { return };
             let values = match arena {
-                Arena::Values => Values::Host(p.value()),
+                Arena::Values => p.value_values(),
                 _ => p.grad_values(),
             };
             if result.is_ok() {
                 result = match values {
                     Values::Host(host) => gather.put(e, host),
-                    // A gradient kept on the GPU is copied there, not through the host.
+                    // A weight or gradient kept on the GPU is copied there, not through the host.
                     Values::Device(device) => gather.put_device(e, device),
                 };
             }
@@ -195,7 +208,7 @@ impl ArenaAdamW {
     fn check_lengths(&self, module: &mut dyn Module) -> Result<()> {
         let entries = self.store.layout().entries();
         let mut live = Vec::new();
-        module.visit_parameters(&mut |p| live.push((p.name().to_string(), p.value().len(), p.grad_len())));
+        module.visit_parameters(&mut |p| live.push((p.name().to_string(), p.value_len(), p.grad_len())));
         if live.len() != entries.len() {
             return Err(Error::InvalidTensor {
                 name: "adamw".to_string(),
@@ -291,7 +304,7 @@ impl<'a> Gather<'a> {
         self.flush()?;
         if values.len() != span.len {
             return Err(Error::LengthMismatch {
-                what: "device gradient into its arena span",
+                what: "device values into their arena span",
                 src: values.len(),
                 dst: span.len,
             });
@@ -312,13 +325,15 @@ impl<'a> Gather<'a> {
 }
 
 /// Arena values read in windows of at most `piece` elements, one copy each, and handed out per span
-/// (in arena order).
+/// (in arena order); spans going to device values are copied there, and no window reaches into
+/// them (`stops`: their offsets, ascending).
 struct Scatter<'a> {
     store: &'a dyn ArenaStore,
     arena: Arena,
     piece: usize,
     staging: Vec<f32>,
     start: usize,
+    stops: Vec<usize>,
 }
 
 impl<'a> Scatter<'a> {
@@ -330,6 +345,7 @@ impl<'a> Scatter<'a> {
             piece: arenas.piece,
             staging,
             start: 0,
+            stops: Vec::new(),
         }
     }
 
@@ -345,7 +361,9 @@ impl<'a> Scatter<'a> {
             let at = span.offset + done;
             let loaded = self.start..self.start + self.staging.len();
             if !loaded.contains(&at) {
-                self.staging.resize(self.piece.min(total - at), 0.0);
+                // Up to the next span that goes to the device, if one comes before the piece ends.
+                let next = self.stops.iter().find(|&&stop| stop > at).map_or(total, |&stop| stop);
+                self.staging.resize(self.piece.min(next - at), 0.0);
                 self.store.read(self.arena, at, &mut self.staging)?;
                 self.start = at;
             }
@@ -355,6 +373,18 @@ impl<'a> Scatter<'a> {
             done += take;
         }
         Ok(())
+    }
+
+    /// [`Self::get`] into values on the store's GPU: one copy on the device.
+    fn get_device(&mut self, span: Span, values: &mut CudaStorage) -> Result<()> {
+        if values.len() != span.len {
+            return Err(Error::LengthMismatch {
+                what: "device values from their arena span",
+                src: span.len,
+                dst: values.len(),
+            });
+        }
+        self.store.read_device(self.arena, span.offset, values)
     }
 }
 
@@ -682,6 +712,111 @@ mod tests {
             b.step(&mut device, &step, true).unwrap();
             assert_eq!(bits(&device), bits(&host), "piece {piece}");
             assert_eq!(device.params[0].grad_device(), crate::tensor::DeviceKind::Cuda(0));
+        }
+    }
+
+    /// Host reads' ranges (offset, length), shared with the test.
+    type Reads = std::sync::Arc<std::sync::Mutex<Vec<(usize, usize)>>>;
+
+    /// Host arenas that record every host read's range.
+    struct ReadLog {
+        inner: HostArenas,
+        reads: Reads,
+    }
+
+    impl ArenaStore for ReadLog {
+        fn layout(&self) -> &ArenaLayout {
+            self.inner.layout()
+        }
+        fn write(&mut self, arena: Arena, offset: usize, host: &[f32]) -> Result<()> {
+            self.inner.write(arena, offset, host)
+        }
+        fn write_device(&mut self, arena: Arena, offset: usize, values: &CudaStorage) -> Result<()> {
+            self.inner.write_device(arena, offset, values)
+        }
+        fn read(&self, arena: Arena, offset: usize, host: &mut [f32]) -> Result<()> {
+            self.reads.lock().unwrap().push((offset, host.len()));
+            self.inner.read(arena, offset, host)
+        }
+        fn read_device(&self, arena: Arena, offset: usize, values: &mut CudaStorage) -> Result<()> {
+            self.inner.read_device(arena, offset, values)
+        }
+        fn adamw(&mut self, step: &AdamWStep) -> Result<()> {
+            self.inner.adamw(step)
+        }
+        fn device_bytes(&self, category: MemoryCategory) -> u64 {
+            self.inner.device_bytes(category)
+        }
+        fn scale_grads(&mut self, factor: f32) -> Result<bool> {
+            self.inner.scale_grads(factor)
+        }
+        fn grad_sum_squares(&self) -> Result<f64> {
+            self.inner.grad_sum_squares()
+        }
+    }
+
+    #[test]
+    fn weights_kept_on_the_device_are_updated_there_and_never_read_through_the_host() {
+        // Weights 0 and 2 (and one gradient) on a stand-in GPU beside host ones, in pieces that
+        // straddle both and the padding: the host module's bits after every step, the device
+        // weights still on the device, and no host read of the values arena covering them.
+        for piece in [1, 5, 64, PIECE] {
+            let (mut host, mut device) = (module(2.5), module(2.5));
+            let start = {
+                let (mut opt, mut m) = (AdamW::new(config(true)).unwrap(), host.clone());
+                set_grads(&mut m, 0);
+                opt.step(&mut m, 1e-2).unwrap();
+                opt.state().unwrap().into_owned().moments
+            };
+            let reads: Reads = Default::default();
+            let open = |log: Option<&Reads>| {
+                let store = |layout| {
+                    let inner = HostArenas::new(layout);
+                    Ok(match log {
+                        Some(reads) => Box::new(ReadLog {
+                            inner,
+                            reads: reads.clone(),
+                        }) as Box<dyn ArenaStore>,
+                        None => Box::new(inner) as Box<dyn ArenaStore>,
+                    })
+                };
+                ArenaAdamW::open_in_pieces(store, &start, true, piece).unwrap()
+            };
+            let (mut a, mut b) = (open(None), open(Some(&reads)));
+            for i in [0, 2] {
+                device.params[i].value_on_stand_in_gpu(0);
+            }
+            device.params[2].grad_on_stand_in_gpu(0);
+            let device_spans: Vec<(usize, usize)> = b
+                .store
+                .layout()
+                .entries()
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != 1)
+                .map(|(_, e)| (e.offset, e.len))
+                .collect();
+            for (step, &lr) in LRS.iter().enumerate() {
+                set_grads(&mut host, step + 1);
+                set_grads(&mut device, step + 1);
+                let scalars = crate::train::adamw::step_scalars(&config(true), lr, step as u64 + 2);
+                reads.lock().unwrap().clear();
+                a.step(&mut host, &scalars, false).unwrap();
+                b.step(&mut device, &scalars, false).unwrap();
+                assert_eq!(bits(&device), bits(&host), "piece {piece}, step {step}");
+                for i in [0, 2] {
+                    assert_eq!(device.params[i].value_device(), crate::tensor::DeviceKind::Cuda(0));
+                }
+                assert_eq!(device.params[1].value_device(), crate::tensor::DeviceKind::Cpu);
+                for &(offset, len) in reads.lock().unwrap().iter() {
+                    for &(start, n) in &device_spans {
+                        assert!(
+                            offset + len <= start || start + n <= offset,
+                            "piece {piece}: a host read of {offset}+{len} covers the device span {start}+{n}"
+                        );
+                    }
+                }
+            }
         }
     }
 

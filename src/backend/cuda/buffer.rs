@@ -246,6 +246,19 @@ impl CudaDevice {
         self.stream().memcpy_dtod(&src.slice, &mut view).call("cuMemcpyDtoD")
     }
 
+    /// Device-to-device copy of `src[offset..offset + dst.len()]` into `dst` (the optimizer's
+    /// arena back into a parameter's device values).
+    pub fn copy_from_at<T: DeviceRepr>(
+        &self,
+        src: &DeviceBuffer<T>,
+        offset: usize,
+        dst: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        check_range("device copy past the buffer", offset, dst.len(), src.len())?;
+        let view = src.slice.slice(offset..offset + dst.len());
+        self.stream().memcpy_dtod(&view, &mut dst.slice).call("cuMemcpyDtoD")
+    }
+
     /// Device-to-device copy of `src` into `dst` (same length); the baseline of the bandwidth bench.
     pub fn copy<T: DeviceRepr>(&self, src: &DeviceBuffer<T>, dst: &mut DeviceBuffer<T>) -> Result<()> {
         self.stream()

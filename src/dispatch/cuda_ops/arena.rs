@@ -79,6 +79,15 @@ impl ArenaStore for CudaArenas {
         self.staged.device().read_at(self.buffer(arena), offset, host)
     }
 
+    fn read_device(&self, arena: Arena, offset: usize, values: &mut CudaStorage) -> Result<()> {
+        if values.len() == 0 {
+            return Ok(());
+        }
+        let staged = self.staged.clone();
+        let dst = staged.own_mut("optimizer arenas", values, false)?;
+        staged.device().copy_from_at(self.buffer(arena), offset, dst)
+    }
+
     fn adamw(&mut self, step: &AdamWStep) -> Result<()> {
         let staged = self.staged.clone();
         staged.device().adamw_step(&mut self.arenas, step)

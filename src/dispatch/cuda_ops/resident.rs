@@ -54,6 +54,9 @@ impl DeviceArray for CudaValues {
     fn zero(&mut self) -> Result<()> {
         self.staged.device().zero(&mut self.buffer)
     }
+    fn write(&mut self, host: &[f32]) -> Result<()> {
+        self.staged.device().write_at(host, &mut self.buffer, 0)
+    }
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -221,7 +224,7 @@ impl Staged {
 
     /// The buffer of an array this device made, to write: a shared one is first copied (`keep`:
     /// in-place state) or replaced by a new one (an output, whose old values nobody reads).
-    fn own_mut<'a>(
+    pub(super) fn own_mut<'a>(
         &self,
         op: &'static str,
         storage: &'a mut CudaStorage,
