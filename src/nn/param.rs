@@ -244,7 +244,9 @@ impl Parameter {
                 self.grad_read.forget();
                 Ok(())
             }
-            Err(e) if out_of_memory(&e) => Ok(()),
+            // A gradient on another GPU comes home rather than stay where this backend cannot
+            // write it.
+            Err(e) if out_of_memory(&e) => self.grad_to_host(),
             Err(e) => Err(e),
         }
     }
@@ -340,6 +342,25 @@ impl Parameter {
         self.value.len()
     }
 
+    /// Overwrites every master value with `values` (of the same length) where they live: in
+    /// place in host memory, or uploaded into the device values (nothing downloaded first);
+    /// call [`Parameter::mark_updated`] after.
+    pub(crate) fn write_value(&mut self, values: &[f32]) -> Result<()> {
+        self.value_read.forget();
+        match self.value.values_mut() {
+            ValuesMut::Device(storage) => storage.overwrite(values),
+            ValuesMut::Host(host) if host.len() == values.len() => {
+                host.copy_from_slice(values);
+                Ok(())
+            }
+            ValuesMut::Host(host) => Err(Error::LengthMismatch {
+                what: "values into a parameter",
+                src: values.len(),
+                dst: host.len(),
+            }),
+        }
+    }
+
     /// The device the master values live on.
     pub fn value_device(&self) -> DeviceKind {
         self.value.device()
@@ -374,7 +395,8 @@ impl Parameter {
                 self.value_read.forget();
                 Ok(())
             }
-            Err(e) if out_of_memory(&e) => Ok(()),
+            // Values on another GPU come home rather than stay where this backend cannot read them.
+            Err(e) if out_of_memory(&e) => self.value_to_host(),
             Err(e) => Err(e),
         }
     }
@@ -799,6 +821,11 @@ mod tests {
         }
         assert_eq!(p.value(), &[9.0; 6]);
         assert!(matches!(p.value_values(), Values::Device(_)));
+        // Written where they live (ZeRO-1's all-gathered values): no trip home.
+        p.write_value(&[4.0; 6]).unwrap();
+        assert_eq!((p.value_device(), p.value()), (DeviceKind::Cuda(2), &[4.0; 6][..]));
+        assert!(p.write_value(&[4.0; 5]).is_err(), "a wrong length is an error");
+        p.write_value(&[9.0; 6]).unwrap();
         // A clone shares the array until one of them writes: the other keeps its values.
         let kept = p.clone();
         if let ValuesMut::Device(storage) = p.value_values_mut() {

@@ -3,10 +3,12 @@
 //! all of them (`dispatch::arena_store`). On a GPU the moments live in device
 //! memory for the whole run; each step copies the weights and gradients in and
 //! the weights out in bulk pieces of at most [`PIECE`] values, instead of the
-//! staged per-parameter op's four uploads and three downloads. The host stays
-//! the owner of weights and gradients (the staged layers read them there), so
-//! a weight changed on the host between steps is never overwritten by a stale
-//! device copy. Same bits as `ops::adamw_update` per parameter.
+//! staged per-parameter op's four uploads and three downloads. Weights and
+//! gradients a layer keeps on the GPU (`Parameter::keep_value_on`,
+//! `keep_grad_on`) are copied on the device instead, both ways; the others are
+//! read from and written to host memory, so a weight changed on the host
+//! between steps is never overwritten by a stale device copy (its host writer
+//! brought it home). Same bits as `ops::adamw_update` per parameter.
 
 use crate::backend::cuda::arena::ArenaLayout;
 use crate::dispatch::arena_store::{Arena, ArenaStore};

@@ -247,10 +247,12 @@ pub fn estimate_bytes(model: &ModelConfig, micro: usize, seq: usize) -> Option<u
         [model.vocab, model.max_seq, model.hidden, model.layers, model.ffn_hidden].map(|v| v as u64);
     let mlp_mats = if model.swiglu { 3 } else { 2 };
     // Per layer: q, k, v and output projections (4 h^2), the MLP's matrices, biases and norms.
-    let per_layer = (4 * h)
+    // (Every product checked: a debug build panics on an unchecked overflow.)
+    let per_layer = h
         .checked_mul(h)?
-        .checked_add(mlp_mats * h.checked_mul(ffn)?)?
-        .checked_add(8 * h + ffn)?;
+        .checked_mul(4)?
+        .checked_add(h.checked_mul(ffn)?.checked_mul(mlp_mats)?)?
+        .checked_add(h.checked_mul(8)?.checked_add(ffn)?)?;
     let embeddings = vocab.checked_add(max_seq)?.checked_mul(h)?;
     let head = if model.tied_head { 0 } else { vocab.checked_mul(h)? };
     let parameters = per_layer
@@ -258,7 +260,9 @@ pub fn estimate_bytes(model: &ModelConfig, micro: usize, seq: usize) -> Option<u
         .checked_add(embeddings)?
         .checked_add(head)?;
     let tokens = (micro as u64).checked_mul(seq as u64)?;
-    let saved_per_token = (SAVED_HIDDEN_PER_TOKEN * h).checked_add((mlp_mats + 1) * ffn)?;
+    let saved_per_token = h
+        .checked_mul(SAVED_HIDDEN_PER_TOKEN)?
+        .checked_add(ffn.checked_mul(mlp_mats + 1)?)?;
     let activations = tokens
         .checked_mul(saved_per_token)?
         .checked_mul(layers)?

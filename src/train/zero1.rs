@@ -268,12 +268,17 @@ impl Zero1AdamW {
         let mut all = vec![0.0f32; len * self.world];
         collective.all_gather(&mine, &mut all)?;
         let mut offset = 0;
+        let mut result = Ok(());
         model.visit_parameters(&mut |p| {
             let n = p.len();
-            p.value_mut().copy_from_slice(&all[offset..offset + n]);
+            // Where the values live (a layer on a GPU keeps them there): nothing downloaded.
+            if result.is_ok() {
+                result = p.write_value(&all[offset..offset + n]);
+            }
             p.mark_updated();
             offset += n;
         });
+        result?;
         self.step = t;
         Ok(())
     }
