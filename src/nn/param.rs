@@ -238,30 +238,13 @@ impl Parameter {
         if self.frozen || device == DeviceKind::Cpu || self.grad.device() == device || self.grad.is_empty() {
             return Ok(());
         }
-        match backend.to_device_as(&self.grad, MemoryCategory::Workspace) {
-            Ok(grad) => {
-                self.grad = grad;
-                self.grad_read.forget();
-                Ok(())
-            }
-            // A gradient on another GPU comes home rather than stay where this backend cannot
-            // write it.
-            Err(e) if out_of_memory(&e) => self.grad_to_host(),
-            Err(e) => Err(e),
-        }
+        keep_on(backend, &mut self.grad, &mut self.grad_read)
     }
 
     /// Brings a device gradient to host memory (a download, or the copy [`Parameter::grad`]
     /// already read; nothing for a host one).
     pub fn grad_to_host(&mut self) -> Result<()> {
-        if self.grad.device() != DeviceKind::Cpu {
-            let (rows, cols) = self.grad.shape();
-            self.grad = match self.grad_read.0.take() {
-                Some(read) => Tensor::new(read, rows, cols)?,
-                None => self.grad.to_host()?,
-            };
-        }
-        Ok(())
+        bring_home(&mut self.grad, &mut self.grad_read)
     }
 
     /// Moves the gradient onto a stand-in GPU `ordinal` (host memory playing a device array,
@@ -389,29 +372,13 @@ impl Parameter {
         if skip || device == DeviceKind::Cpu || self.value.device() == device {
             return Ok(());
         }
-        match backend.to_device_as(&self.value, MemoryCategory::Workspace) {
-            Ok(value) => {
-                self.value = value;
-                self.value_read.forget();
-                Ok(())
-            }
-            // Values on another GPU come home rather than stay where this backend cannot read them.
-            Err(e) if out_of_memory(&e) => self.value_to_host(),
-            Err(e) => Err(e),
-        }
+        keep_on(backend, &mut self.value, &mut self.value_read)
     }
 
     /// Brings device master values to host memory (a download, or the copy
     /// [`Parameter::value`] already read; nothing for host ones).
     pub fn value_to_host(&mut self) -> Result<()> {
-        if self.value.device() != DeviceKind::Cpu {
-            let (rows, cols) = self.value.shape();
-            self.value = match self.value_read.0.take() {
-                Some(read) => Tensor::new(read, rows, cols)?,
-                None => self.value.to_host()?,
-            };
-        }
-        Ok(())
+        bring_home(&mut self.value, &mut self.value_read)
     }
 
     /// [`Self::value_to_host`] for accessors that hand out host slices.
@@ -636,6 +603,34 @@ impl Parameter {
             }
         }
     }
+}
+
+/// `t` (with `read`, its host copy) uploaded to `backend`'s GPU, booked as workspace. A GPU
+/// without room leaves it in host memory: one on another GPU comes home rather than stay where
+/// this backend cannot reach it.
+fn keep_on(backend: &Backend, t: &mut Tensor, read: &mut HostCopy) -> Result<()> {
+    match backend.to_device_as(t, MemoryCategory::Workspace) {
+        Ok(on_gpu) => {
+            *t = on_gpu;
+            read.forget();
+            Ok(())
+        }
+        Err(e) if out_of_memory(&e) => bring_home(t, read),
+        Err(e) => Err(e),
+    }
+}
+
+/// `t` brought to host memory: its host copy `read` if one was made, else a download; nothing
+/// for a host tensor.
+fn bring_home(t: &mut Tensor, read: &mut HostCopy) -> Result<()> {
+    if t.device() != DeviceKind::Cpu {
+        let (rows, cols) = t.shape();
+        *t = match read.0.take() {
+            Some(values) => Tensor::new(values, rows, cols)?,
+            None => t.to_host()?,
+        };
+    }
+    Ok(())
 }
 
 /// Whether `e` says a GPU had no room for an allocation.

@@ -680,17 +680,20 @@ mod tests {
         assert_eq!(bits(&arena), bits(&plain));
     }
 
+    /// The moments of one plain step (decaying vectors too) of a copy of `module`.
+    fn moments_after_one_step(module: &ParamList) -> Vec<Moments> {
+        let (mut opt, mut m) = (AdamW::new(config(true)).unwrap(), module.clone());
+        set_grads(&mut m, 0);
+        opt.step(&mut m, 1e-2).unwrap();
+        opt.state().unwrap().into_owned().moments
+    }
+
     #[test]
     fn gradients_kept_on_the_device_are_gathered_as_the_host_ones() {
         // Device and host gradients side by side, in pieces that straddle both and the padding.
         for piece in [1, 5, 64, PIECE] {
             let (mut host, mut device) = (module(6.5), module(6.5));
-            let start = {
-                let (mut opt, mut m) = (AdamW::new(config(true)).unwrap(), host.clone());
-                set_grads(&mut m, 0);
-                opt.step(&mut m, 1e-2).unwrap();
-                opt.state().unwrap().into_owned().moments
-            };
+            let start = moments_after_one_step(&host);
             let open = || {
                 let store = |layout| Ok(Box::new(HostArenas::new(layout)) as Box<dyn ArenaStore>);
                 ArenaAdamW::open_in_pieces(store, &start, true, piece).unwrap()
@@ -764,12 +767,7 @@ mod tests {
         // weights still on the device, and no host read of the values arena covering them.
         for piece in [1, 5, 64, PIECE] {
             let (mut host, mut device) = (module(2.5), module(2.5));
-            let start = {
-                let (mut opt, mut m) = (AdamW::new(config(true)).unwrap(), host.clone());
-                set_grads(&mut m, 0);
-                opt.step(&mut m, 1e-2).unwrap();
-                opt.state().unwrap().into_owned().moments
-            };
+            let start = moments_after_one_step(&host);
             let reads: Reads = Default::default();
             let open = |log: Option<&Reads>| {
                 let store = |layout| {
