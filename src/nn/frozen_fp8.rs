@@ -18,8 +18,9 @@
 //! Activations are cast just in time (current scaling): `X` in E4M3 and `dY` by the base's recipe,
 //! 1x128 blocks against 128x128 weight blocks, or per tensor against a per-tensor weight.
 
+use super::columns::{put_columns, take_columns};
 use crate::amp::{Fp8Recipe, Precision};
-use crate::dispatch::{Backend, ColumnCopy, Values};
+use crate::dispatch::{Backend, Values};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{GemmParams, Operand};
@@ -229,15 +230,7 @@ impl FrozenFp8Weight {
                 // Each segment's columns of `Y`: its GEMM into a part, copied in.
                 let mut part = backend.output_at(x.device(), rows, n)?;
                 kernels.gemm_into(&a, &b, part.values_mut(), &params)?;
-                let copy = ColumnCopy {
-                    rows,
-                    width: n,
-                    a_cols: n,
-                    a_first: 0,
-                    out_cols: out,
-                    out_first: offset,
-                };
-                kernels.copy_columns(part.values(), y.values_mut(), copy)?;
+                put_columns(backend, part.values(), n, &mut y, offset)?;
                 part.recycle();
             }
             offset += n;
@@ -260,19 +253,7 @@ impl FrozenFp8Weight {
             // A segment's columns of `dY` (all of it for one segment).
             let part = match self.segments.len() {
                 1 => None,
-                _ => {
-                    let mut part = backend.output_at(dy.device(), rows, n)?;
-                    let copy = ColumnCopy {
-                        rows,
-                        width: n,
-                        a_cols: out,
-                        a_first: offset,
-                        out_cols: n,
-                        out_first: 0,
-                    };
-                    kernels.copy_columns(dy, part.values_mut(), copy)?;
-                    Some(part)
-                }
+                _ => Some(take_columns(backend, dy, rows, out, offset, n)?),
             };
             let slice = part.as_ref().map_or(dy, Tensor::values);
             let dyq = kernels.quantize(&recipe, TensorRole::OutputGrad, slice, rows, n, 1.0)?;

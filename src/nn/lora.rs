@@ -10,11 +10,12 @@
 //! Dropout masks come from the adapter's seed and its count of training forwards, so a run is
 //! reproducible and a recompute replays the same mask.
 
+use super::columns::{put_columns, take_columns};
 use super::init::{SplitMix64, child_seed};
 use super::linear_gemms::LinearGemms;
 use super::param::Parameter;
 use crate::amp::Precision;
-use crate::dispatch::{Backend, ColumnCopy, Values};
+use crate::dispatch::{Backend, Values};
 use crate::error::{Error, Result};
 use crate::scaling::{DelayedSlot, Fp8TensorStats};
 use crate::tensor::{Dtype, Tensor};
@@ -227,16 +228,7 @@ impl LoraAdapter {
     ) -> Result<()> {
         let rows = dy.len() / dy_cols.max(1);
         let kernels = backend.kernels();
-        let mut du = backend.output_at(dy.device(), rows, self.out)?;
-        let slice = ColumnCopy {
-            rows,
-            width: self.out,
-            a_cols: dy_cols,
-            a_first: self.offset,
-            out_cols: self.out,
-            out_first: 0,
-        };
-        kernels.copy_columns(dy, du.values_mut(), slice)?;
+        let mut du = take_columns(backend, dy, rows, dy_cols, self.offset, self.out)?;
         kernels.multiply(du.values_mut(), self.settings.scale_f64() as f32)?;
         kernels.round(du.values_mut(), self.dtype)?;
         for p in [&mut self.a, &mut self.b] {
@@ -391,25 +383,9 @@ fn add_columns(backend: &Backend, f: &Tensor, y: &mut Tensor, first: usize, dtyp
         std::mem::replace(y, sum).recycle();
         return Ok(());
     }
-    let mut part = backend.output_at(y.device(), rows, n)?;
-    let columns = ColumnCopy {
-        rows,
-        width: n,
-        a_cols: y_cols,
-        a_first: first,
-        out_cols: n,
-        out_first: 0,
-    };
-    kernels.copy_columns(y.values(), part.values_mut(), columns)?;
+    let part = take_columns(backend, y.values(), rows, y_cols, first, n)?;
     kernels.residual_add(part.values(), f.values(), dtype, sum.values_mut())?;
-    let back = ColumnCopy {
-        a_cols: n,
-        a_first: 0,
-        out_cols: y_cols,
-        out_first: first,
-        ..columns
-    };
-    kernels.copy_columns(sum.values(), y.values_mut(), back)?;
+    put_columns(backend, sum.values(), n, y, first)?;
     part.recycle();
     sum.recycle();
     Ok(())

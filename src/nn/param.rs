@@ -219,7 +219,7 @@ impl Parameter {
     /// (`dtype`), whose GEMM (the cuBLASLt reference) finishes on the host: a device gradient
     /// would only add its download and upload.
     pub(crate) fn grad_where(&mut self, backend: &Backend, device: DeviceKind, dtype: Dtype) -> Result<()> {
-        match device != DeviceKind::Cpu && dtype != Dtype::F32 {
+        match kept_on_device(device, dtype) {
             false => self.grad_to_host(),
             true => self.keep_grad_on(backend),
         }
@@ -234,8 +234,7 @@ impl Parameter {
     /// session's model of them (one copy, two while micro-batches accumulate), which real
     /// allocations must not move.
     pub(crate) fn keep_grad_on(&mut self, backend: &Backend) -> Result<()> {
-        let device = backend.device();
-        if self.frozen || device == DeviceKind::Cpu || self.grad.device() == device || self.grad.is_empty() {
+        if self.frozen {
             return Ok(());
         }
         keep_on(backend, &mut self.grad, &mut self.grad_read)
@@ -354,7 +353,7 @@ impl Parameter {
     /// optimizer's arenas update them in place, else in host memory. Not under fp32 (`dtype`),
     /// whose weight copy and GEMM (the cuBLASLt reference) stay on the host, as its gradients do.
     pub(crate) fn value_where(&mut self, backend: &Backend, device: DeviceKind, dtype: Dtype) -> Result<()> {
-        match device != DeviceKind::Cpu && dtype != Dtype::F32 {
+        match kept_on_device(device, dtype) {
             false => self.value_to_host(),
             true => self.keep_value_on(backend),
         }
@@ -367,9 +366,7 @@ impl Parameter {
     /// The device copy is booked as workspace, as a device gradient is: the memory summary's
     /// parameters are the training session's model of them.
     pub(crate) fn keep_value_on(&mut self, backend: &Backend) -> Result<()> {
-        let device = backend.device();
-        let skip = self.frozen || self.half.is_some() || self.held.is_some() || self.value.is_empty();
-        if skip || device == DeviceKind::Cpu || self.value.device() == device {
+        if self.frozen || self.half.is_some() || self.held.is_some() {
             return Ok(());
         }
         keep_on(backend, &mut self.value, &mut self.value_read)
@@ -605,10 +602,21 @@ impl Parameter {
     }
 }
 
-/// `t` (with `read`, its host copy) uploaded to `backend`'s GPU, booked as workspace. A GPU
-/// without room leaves it in host memory: one on another GPU comes home rather than stay where
-/// this backend cannot reach it.
+/// Whether a layer whose tensors live on `device`, computing in `dtype`, keeps a parameter's
+/// master values and gradient there: on a GPU, except under fp32, whose weight copy and GEMM (the
+/// cuBLASLt reference) finish on the host, so device copies would only add transfers.
+fn kept_on_device(device: DeviceKind, dtype: Dtype) -> bool {
+    device != DeviceKind::Cpu && dtype != Dtype::F32
+}
+
+/// `t` (with `read`, its host copy) uploaded to `backend`'s GPU, booked as workspace; nothing on
+/// the CPU, for an empty tensor, or for one already there. A GPU without room leaves it in host
+/// memory: one on another GPU comes home rather than stay where this backend cannot reach it.
 fn keep_on(backend: &Backend, t: &mut Tensor, read: &mut HostCopy) -> Result<()> {
+    let device = backend.device();
+    if device == DeviceKind::Cpu || t.device() == device || t.is_empty() {
+        return Ok(());
+    }
     match backend.to_device_as(t, MemoryCategory::Workspace) {
         Ok(on_gpu) => {
             *t = on_gpu;

@@ -77,11 +77,7 @@ impl CudaDevice {
                 detail: format!("{}-byte elements; the kernel moves 2-byte values", size_of::<T>()),
             });
         }
-        let Some(params) = self.matrix_copy_params(K, src, rows, cols, dst)? else {
-            return Ok(());
-        };
-        let blocks = tile_blocks(K, transpose_tiles(rows, cols) as u64)?;
-        launch(self, MODULE, "fp8_transpose_16", blocks, params)
+        self.transpose_bits(K, "fp8_transpose_16", src, rows, cols, dst)
     }
 
     /// `dst [cols, rows] = src [rows, cols]^T` for bytes (FP8 codes, moved as they are).
@@ -93,12 +89,25 @@ impl CudaDevice {
         cols: usize,
         dst: &mut DeviceBuffer<u8>,
     ) -> Result<()> {
-        const K: &str = "transpose_8";
-        let Some(params) = self.matrix_copy_params(K, src, rows, cols, dst)? else {
+        self.transpose_bits("transpose_8", "fp8_transpose_8", src, rows, cols, dst)
+    }
+
+    /// The launch both transposes share (`transpose_bits<T>` in `cuda/convert.cu`): `kernel` over
+    /// the tiles of `src [rows, cols]`, nothing for an empty matrix; `what` names it in errors.
+    fn transpose_bits<T: DeviceRepr>(
+        &self,
+        what: &'static str,
+        kernel: &str,
+        src: &DeviceBuffer<T>,
+        rows: usize,
+        cols: usize,
+        dst: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        let Some(params) = self.matrix_copy_params(what, src, rows, cols, dst)? else {
             return Ok(());
         };
-        let blocks = tile_blocks(K, transpose_tiles(rows, cols) as u64)?;
-        launch(self, MODULE, "fp8_transpose_8", blocks, params)
+        let blocks = tile_blocks(what, transpose_tiles(rows, cols) as u64)?;
+        launch(self, MODULE, kernel, blocks, params)
     }
 
     /// The parameters of a `[rows, cols]` copy kernel from `src` to `dst` (both of `rows *
