@@ -105,7 +105,13 @@ macro_rules! kernels {
         #[allow(clippy::too_many_arguments)]
         impl Kernels for CudaKernels {
             $( fn $name(&self, $($arg: $ty),*) -> Result<$ret> {
-                op_times::timed(stringify!($name), || cuda_ops::$name(self, $($arg),*))
+                op_times::timed(stringify!($name), || {
+                    let result = cuda_ops::$name(self, $($arg),*);
+                    match op_times::syncing_ops() {
+                        true => cuda_ops::wait_for_stream(self).and(result),
+                        false => result,
+                    }
+                })
             } )*
         }
 

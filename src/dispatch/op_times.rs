@@ -37,6 +37,7 @@ type Times = BTreeMap<(&'static str, Phase), (Duration, u64)>;
 
 thread_local! {
     static ENABLED: Cell<bool> = const { Cell::new(false) };
+    static SYNCED: Cell<bool> = const { Cell::new(false) };
     static PHASE: Cell<Phase> = const { Cell::new(Phase::Other) };
     static TIMES: RefCell<Times> = const { RefCell::new(BTreeMap::new()) };
 }
@@ -52,6 +53,20 @@ pub fn enable(on: bool) {
 /// the last call (part of the ops' own times; all zero on the CPU backend); clears them.
 pub fn take_transfers() -> TransferTimes {
     transfer_times::take()
+}
+
+/// While recording, makes every GPU op wait for its stream before its clock stops (`true`),
+/// so each op is charged with its own kernels rather than the first op that waits, and the
+/// time between ops is host work only. It adds a stream sync per op, so the step itself is
+/// slower: for `fp8 bench layer --breakdown --sync-ops`, a diagnosis, not a speed.
+pub fn sync_ops(on: bool) {
+    SYNCED.set(on);
+}
+
+/// Whether GPU ops wait for their stream while recorded ([`sync_ops`]).
+#[inline]
+pub(crate) fn syncing_ops() -> bool {
+    ENABLED.get() && SYNCED.get()
 }
 
 /// The phase this thread's following ops are counted in.
@@ -95,6 +110,31 @@ mod tests {
     use super::*;
     use crate::dispatch::Backend;
     use crate::dispatch::{Values, ValuesMut};
+
+    #[test]
+    fn ops_wait_for_their_stream_only_while_recording_with_sync_on() {
+        enable(false);
+        sync_ops(true);
+        assert!(!syncing_ops(), "not recording: no op waits");
+        enable(true);
+        assert!(syncing_ops());
+        sync_ops(false);
+        assert!(!syncing_ops(), "recording without --sync-ops: no op waits");
+        enable(false);
+        // CPU ops take no sync even while it is on: the times are the same with and without.
+        sync_ops(true);
+        enable(true);
+        let x = vec![0.5f32; 64];
+        let mut y = vec![0.0f32; 64];
+        Backend::default()
+            .kernels()
+            .gelu_forward(Values::Host(&x), ValuesMut::Host(&mut y))
+            .unwrap();
+        enable(false);
+        sync_ops(false);
+        assert_eq!(take().iter().map(|t| t.calls).sum::<u64>(), 1);
+        assert_eq!(take_transfers(), TransferTimes::default(), "a CPU op records no wait");
+    }
 
     #[test]
     fn records_ops_per_phase_only_while_enabled() {

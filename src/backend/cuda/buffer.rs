@@ -224,6 +224,11 @@ impl CudaDevice {
         unsafe { result::memcpy_dtoh_async(host, src, self.stream().cu_stream()) }.call("cuMemcpyDtoHAsync")
     }
 
+    /// Waits for the stream, counted as a wait for the GPU when transfers are timed.
+    pub(crate) fn wait_timed(&self) -> Result<()> {
+        timed(Transfer::WaitForGpu, 0, || self.stream().synchronize()).call("cuStreamSynchronize")
+    }
+
     /// While transfers are timed, waits for the stream before a download, so that the wait
     /// (the queued kernels) is counted apart from the copy ([`transfer_times`](super::transfer_times)).
     fn wait_when_timed(&self) -> Result<()> {

@@ -49,6 +49,11 @@ pub struct LayerArgs {
     /// averaged over the timed steps.
     #[arg(long)]
     breakdown: bool,
+    /// With `--breakdown` on a GPU: every op waits for its kernels before its clock stops, so
+    /// each op family is charged with its own GPU time and "outside ops" is host work only.
+    /// The step is slower by a stream sync per op: a diagnosis, not a speed.
+    #[arg(long, requires = "breakdown")]
+    sync_ops: bool,
 }
 
 struct Row {
@@ -99,10 +104,12 @@ fn bench_one(args: &LayerArgs, precision: &Precision, device: DeviceKind) -> Res
     op_times::take();
     op_times::take_transfers();
     op_times::enable(args.breakdown);
+    op_times::sync_ops(args.sync_ops);
     let times = (0..args.runs.max(1))
         .map(|_| step(&mut layer))
         .collect::<Result<Vec<_>, _>>();
     op_times::enable(false);
+    op_times::sync_ops(false);
     let mut times = times?;
     let ops = args
         .breakdown
@@ -158,7 +165,8 @@ pub fn run(args: &LayerArgs, json: bool) -> Result<(), CliError> {
             })
             .collect();
         let doc = serde_json::json!({
-            "device": device.describe(), "staged": on_gpu && !device.resident_layers(), "resident": device.resident_layers(), "layer": {"hidden": args.hidden, "heads": args.heads, "ffn": args.ffn,
+            "device": device.describe(), "staged": on_gpu && !device.resident_layers(), "resident": device.resident_layers(),
+            "sync_ops": args.sync_ops, "layer": {"hidden": args.hidden, "heads": args.heads, "ffn": args.ffn,
             "seq": args.seq, "batch": args.batch}, "runs": args.runs, "results": items,
         });
         println!("{doc}");
@@ -181,6 +189,12 @@ pub fn run(args: &LayerArgs, json: bool) -> Result<(), CliError> {
             );
         } else if on_gpu {
             println!("(staged CUDA ops: the times include every host<->device copy of every op)");
+        }
+        if on_gpu && args.sync_ops {
+            println!(
+                "(--sync-ops: every op waited for its kernels, so the step times are slower than a plain run's; \
+                 each family holds its own GPU time and \"outside ops\" is host work only)"
+            );
         }
         let (unit, per) = if on_gpu { ("TFLOP/s", 1e12) } else { ("GFLOP/s", 1e9) };
         println!(

@@ -96,6 +96,12 @@ pub(crate) fn staged(kernels: &CudaKernels) -> Result<Arc<Staged>> {
     Ok(staged)
 }
 
+/// Waits for the stream of `kernels`' device, timed as a wait for the GPU
+/// (`op_times::sync_ops`). A device never opened has nothing queued.
+pub(crate) fn wait_for_stream(kernels: &CudaKernels) -> Result<()> {
+    staged(kernels)?.device().wait_timed()
+}
+
 /// Element types the staging pools hold.
 pub(crate) trait Pooled: DeviceRepr + ValidAsZeroBits + Unpin + Copy {
     fn pool(staged: &Staged) -> &Mutex<SizePool<DeviceBuffer<Self>>>;
