@@ -273,17 +273,17 @@ step gpu_nccl 60 ./gpu_nccl
 }
 # The layer FP8 vs bf16 (default: resident, tensor-core attention), with the time per
 # op family and, inside the ops, the copies, waits for the GPU, allocations and host work
-# (--breakdown); then staged (every op's copies included) with the simple attention, the path
-# of the first runs; then the default path again with every op waiting for its kernels
-# (--sync-ops), which charges each family its own GPU time and leaves "outside ops" host work.
+# (--breakdown); then the same with every op waiting for its kernels (--sync-ops), which
+# charges each family its own GPU time and leaves "outside ops" host work; then staged (every
+# op's copies included) with the simple attention, the path of the first runs.
 part_layers_bench() {
 gpu_step step_out bench_layer 120 bench-layer.txt ./fp8 bench layer --device cuda \
     --hidden 4096 --heads 32 --ffn 16384 --seq 2048 --batch 2 --runs 3 --precision bf16,fp8-delayed --breakdown
+gpu_step step_out bench_layer_sync 90 bench-layer-sync.txt ./fp8 bench layer --device cuda \
+    --hidden 4096 --heads 32 --ffn 16384 --seq 2048 --batch 2 --runs 1 --precision bf16,fp8-delayed --breakdown --sync-ops
 gpu_step step_out bench_layer_staged 90 bench-layer-staged.txt env FP8_CUDA_RESIDENT=0 FP8_CUDA_ATTENTION_MMA=0 \
     ./fp8 bench layer --device cuda --hidden 4096 --heads 32 --ffn 16384 --seq 2048 --batch 2 --runs 1 \
     --precision bf16,fp8-delayed --breakdown
-gpu_step step_out bench_layer_sync 90 bench-layer-sync.txt ./fp8 bench layer --device cuda \
-    --hidden 4096 --heads 32 --ffn 16384 --seq 2048 --batch 2 --runs 1 --precision bf16,fp8-delayed --breakdown --sync-ops
 }
 # end of part
 # part: fresh
