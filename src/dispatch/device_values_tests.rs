@@ -683,13 +683,44 @@ fn norm_layers_keep_device_inputs_on_the_device() {
             assert_eq!(dxd.device(), DeviceKind::Cuda(0));
             assert_eq!(bits(&dx), bits(&dxd), "{} backward", stringify!($layer));
             let mut grads = Vec::new();
-            staged.visit_parameters(&mut |p| grads.push(p.grad().to_vec()));
+            staged.visit_parameters(&mut |p| {
+                assert_eq!((p.value_device(), p.grad_device()), (DeviceKind::Cpu, DeviceKind::Cpu));
+                grads.push((p.value().to_vec(), p.grad().to_vec()));
+            });
+            let mut i = 0;
+            resident.visit_parameters(&mut |p| {
+                // gamma and beta live where the layer's tensors do, values and gradients.
+                let on = (p.value_device(), p.grad_device());
+                assert_eq!(on, (DeviceKind::Cuda(0), DeviceKind::Cuda(0)), "{}", p.name());
+                assert_eq!(
+                    p.value(),
+                    &grads[i].0[..],
+                    "{} values of {}",
+                    stringify!($layer),
+                    p.name()
+                );
+                assert_eq!(
+                    p.grad(),
+                    &grads[i].1[..],
+                    "{} gradient of {}",
+                    stringify!($layer),
+                    p.name()
+                );
+                i += 1;
+            });
+            // A second backward on the device accumulates where the first left its gradients.
+            resident.forward(&xd).unwrap();
+            resident.backward(&dyd).unwrap();
+            staged.forward(&x).unwrap();
+            staged.backward(&dy).unwrap();
+            let mut twice = Vec::new();
+            staged.visit_parameters(&mut |p| twice.push(p.grad().to_vec()));
             let mut i = 0;
             resident.visit_parameters(&mut |p| {
                 assert_eq!(
                     p.grad(),
-                    &grads[i][..],
-                    "{} gradient of {}",
+                    &twice[i][..],
+                    "{} accumulated {}",
                     stringify!($layer),
                     p.name()
                 );
@@ -699,7 +730,10 @@ fn norm_layers_keep_device_inputs_on_the_device() {
     }
     check!(LayerNorm);
     check!(RMSNorm);
-    println!("norm_layers_keep_device_inputs_on_the_device: LayerNorm, RMSNorm: same bits");
+    println!(
+        "norm_layers_keep_device_inputs_on_the_device: LayerNorm, RMSNorm: same bits, gamma and beta and their \
+         gradients on the device"
+    );
 }
 
 /// Values that exercise every count of the FP8 statistics under a scale of 2: saturating

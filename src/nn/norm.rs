@@ -95,6 +95,15 @@ impl NormCore {
             rows,
             cols: self.hidden,
         };
+        // gamma and beta live where the layer's tensors do, as a linear's weight (small, but a
+        // host one is uploaded by every call on a GPU).
+        let device = x.device();
+        self.gamma.value_where(&self.backend, device, self.dtype)?;
+        if let Some(beta) = &mut self.beta {
+            beta.value_where(&self.backend, device, self.dtype)?;
+        }
+        let gamma_host = host_values(&self.gamma);
+        let beta_host = self.beta.as_ref().and_then(host_values);
         // Both norm kernels write every output value.
         let mut y = self.backend.output_like(x, rows, self.hidden)?;
         let mut rstd = self.backend.output_like(x, rows, 1)?;
@@ -103,8 +112,8 @@ impl NormCore {
                 let mut mean = self.backend.output_like(x, rows, 1)?;
                 self.backend.kernels().layernorm_forward(
                     x.values(),
-                    Values::Host(&self.gamma.widened()),
-                    Values::Host(&beta.widened()),
+                    values_of(&self.gamma, &gamma_host),
+                    values_of(beta, &beta_host),
                     shape,
                     self.config.eps,
                     self.config.zero_centered_gamma,
@@ -117,7 +126,7 @@ impl NormCore {
             None => {
                 self.backend.kernels().rmsnorm_forward(
                     x.values(),
-                    Values::Host(&self.gamma.widened()),
+                    values_of(&self.gamma, &gamma_host),
                     shape,
                     self.config.eps,
                     self.config.zero_centered_gamma,
@@ -157,45 +166,52 @@ impl NormCore {
         // dX is overwritten by both backward kernels (their gamma and beta gradients accumulate).
         let mut dx = self.backend.output_like(dy, rows, self.hidden)?;
         let zc = self.config.zero_centered_gamma;
-        // A frozen norm (LoRA) still needs dX; its weight gradients go to a scratch buffer.
+        // Trainable gradients accumulate where dY lives (`Parameter::grad_where`), as a linear's.
+        let device = dy.device();
+        self.gamma.grad_where(&self.backend, device, self.dtype)?;
+        if let Some(beta) = &mut self.beta {
+            beta.grad_where(&self.backend, device, self.dtype)?;
+        }
+        // A frozen norm (LoRA) still needs dX; its weight gradients go to a scratch buffer, and
+        // its weight may be held in 16 bits: widened for the call (`hidden` values).
         let (mut gamma_scratch, mut beta_scratch) = (Vec::new(), Vec::new());
-        // A frozen weight may be held in 16 bits: widened for the call (`hidden` values).
-        let (gamma, dgamma): (Cow<'_, [f32]>, &mut [f32]) = if self.gamma.is_frozen() {
-            gamma_scratch.resize(self.hidden, 0.0);
-            (self.gamma.widened(), &mut gamma_scratch[..])
-        } else {
-            let (gamma, dgamma) = self.gamma.value_and_grad_mut();
-            (Cow::Borrowed(&*gamma), dgamma)
+        let frozen_gamma = self.gamma.is_frozen().then(|| self.gamma.widened().into_owned());
+        let (gamma, dgamma) = match self.gamma.value_and_trainable_grad_values() {
+            (gamma, Some(dgamma)) => (gamma, dgamma),
+            (_, None) => {
+                gamma_scratch.resize(self.hidden, 0.0);
+                let gamma = frozen_gamma.as_deref().unwrap_or_default();
+                (Values::Host(gamma), ValuesMut::Host(&mut gamma_scratch[..]))
+            }
         };
-        let gamma = &*gamma;
         match (&mut self.beta, &saved.mean) {
             (Some(beta), Some(mean)) => self.backend.kernels().layernorm_backward(
                 dy.values(),
                 saved.x.values(),
-                Values::Host(gamma),
+                gamma,
                 mean.values(),
                 saved.rstd.values(),
                 shape,
                 zc,
                 dx.values_mut(),
-                ValuesMut::Host(dgamma),
-                ValuesMut::Host(match beta.is_frozen() {
-                    true => {
+                dgamma,
+                match beta.trainable_grad_values() {
+                    Some(dbeta) => dbeta,
+                    None => {
                         beta_scratch.resize(self.hidden, 0.0);
-                        &mut beta_scratch[..]
+                        ValuesMut::Host(&mut beta_scratch[..])
                     }
-                    false => beta.grad_mut(),
-                }),
+                },
             )?,
             (None, None) => self.backend.kernels().rmsnorm_backward(
                 dy.values(),
                 saved.x.values(),
-                Values::Host(gamma),
+                gamma,
                 saved.rstd.values(),
                 shape,
                 zc,
                 dx.values_mut(),
-                ValuesMut::Host(dgamma),
+                dgamma,
             )?,
             // The forward saves a mean exactly when the norm has a beta (LayerNorm).
             _ => {
@@ -221,6 +237,20 @@ impl NormCore {
         self.saved.as_ref().map_or(0, |s| {
             s.x.len() * self.dtype.bytes() + 4 * (s.mean.as_ref().map_or(0, Tensor::len) + s.rstd.len())
         })
+    }
+}
+
+/// A norm parameter's values in host memory (widened from 16 bits for a frozen one held so), or
+/// `None` for values kept on a GPU, which the ops read in place ([`values_of`]).
+fn host_values(p: &Parameter) -> Option<Cow<'_, [f32]>> {
+    (p.value_device() == DeviceKind::Cpu).then(|| p.widened())
+}
+
+/// `p`'s values as an op argument: `host` (from [`host_values`]) or the device values.
+fn values_of<'a>(p: &'a Parameter, host: &'a Option<Cow<'a, [f32]>>) -> Values<'a> {
+    match host {
+        Some(values) => Values::Host(values),
+        None => p.value_values(),
     }
 }
 

@@ -197,6 +197,16 @@ impl Parameter {
         (self.half.as_ref(), grad)
     }
 
+    /// The master values as an op argument and the gradient to accumulate into (`None` when
+    /// frozen), each wherever it lives, at once: a norm's backward reads gamma and adds into its
+    /// gradient. Not for a parameter held in 16 bits (its `value` is empty): use
+    /// [`Parameter::widened`].
+    pub(crate) fn value_and_trainable_grad_values(&mut self) -> (Values<'_>, Option<ValuesMut<'_>>) {
+        self.grad_read.forget();
+        let grad = (!self.frozen).then(|| self.grad.values_mut());
+        (self.value.values(), grad)
+    }
+
     /// The gradient to accumulate into wherever it lives, or `None` for a frozen parameter.
     pub(crate) fn trainable_grad_values(&mut self) -> Option<ValuesMut<'_>> {
         self.half_and_trainable_grad().1
@@ -848,6 +858,31 @@ mod tests {
         let mut t = kept;
         t.value_to_host().unwrap();
         assert_eq!((t.value_device(), t.value()), (DeviceKind::Cpu, &[9.0; 6][..]));
+    }
+
+    #[test]
+    fn values_and_gradient_come_out_together_wherever_each_lives() {
+        let mut p = param();
+        p.value_on_stand_in_gpu(0);
+        match p.value_and_trainable_grad_values() {
+            (Values::Device(_), Some(ValuesMut::Host(g))) => g[1] = 8.0,
+            _ => panic!("device values, host gradient"),
+        }
+        assert_eq!(p.grad()[1], 8.0);
+        p.grad_on_stand_in_gpu(0);
+        let _ = p.grad(); // a host copy, which the write below must drop
+        match p.value_and_trainable_grad_values() {
+            (Values::Device(v), Some(ValuesMut::Device(g))) => {
+                assert_eq!(v.len(), 6);
+                g.overwrite(&[3.0; 6]).unwrap();
+            }
+            _ => panic!("both on the device"),
+        }
+        assert_eq!(p.grad(), &[3.0; 6], "the gradient's old host copy is not read");
+        p.value_to_host().unwrap();
+        p.grad_to_host().unwrap();
+        p.freeze();
+        assert!(matches!(p.value_and_trainable_grad_values(), (Values::Host(v), None) if v == [0.5; 6]));
     }
 
     #[test]
