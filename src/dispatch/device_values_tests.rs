@@ -981,16 +981,20 @@ fn lora_adapters_keep_device_inputs_on_the_device() {
             };
             let (mut staged, mut resident) = (layer(), layer());
             linear_passes(&case, (&mut staged, &mut resident), (rows, inp, out));
-            let on_device = resident
-                .adapters()
-                .iter()
-                .all(|a| a.a().grad_device() == DeviceKind::Cuda(0));
-            assert!(on_device, "{case}: the adapters' gradients stay on the device");
+            let on_device = resident.adapters().iter().all(|a| {
+                [a.a(), a.b()]
+                    .iter()
+                    .all(|p| (p.value_device(), p.grad_device()) == (DeviceKind::Cuda(0), DeviceKind::Cuda(0)))
+            });
+            assert!(
+                on_device,
+                "{case}: the adapters' values and gradients stay on the device"
+            );
         }
     }
     println!(
         "lora_adapters_keep_device_inputs_on_the_device: bf16, fp8-delayed, fp8-block x FP8 and bf16 bases, two \
-         adapters: same bits and gradients, adapter gradients on the device"
+         adapters: same bits and gradients, adapter values and gradients on the device"
     );
 }
 

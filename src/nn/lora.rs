@@ -206,6 +206,11 @@ impl LoraAdapter {
         replay: bool,
     ) -> Result<()> {
         self.mask = None;
+        // A and B live where `x` does, as a linear's weight (`Parameter::value_where`): their
+        // casts read them there and the optimizer's arenas update them in place.
+        for p in [&mut self.a, &mut self.b] {
+            p.value_where(backend, x.device(), self.dtype)?;
+        }
         let h = self.gemm_a.forward(x, rows, &self.a, None, replay)?;
         let mut u = self.gemm_b.forward(h.values(), rows, &self.b, None, replay)?;
         h.recycle();
