@@ -11,10 +11,12 @@
 
 mod activations;
 mod decoder;
+mod device;
 mod fit;
 mod lora;
 
 pub use decoder::plan_decoder;
+pub use device::{decoder_device_copies, device_copies};
 pub use fit::{Change, Suggestion, cheapest_fit};
 pub use lora::{LoraTarget, lora_parameter_count, parse_targets};
 

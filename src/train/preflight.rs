@@ -142,12 +142,7 @@ pub fn check_fine_tune(
     frozen_dtype: crate::tensor::Dtype,
 ) -> Result<()> {
     let micro = micro_batch(config)?;
-    let recompute = match config.model.recompute {
-        Recompute::None => false,
-        Recompute::Every => true,
-        // The planner knows all or nothing; every-N keeps more than "every" and less than "none".
-        Recompute::EveryNth(_) => false,
-    };
+    let recompute = plans_recompute(config);
     let needed = precisions
         .iter()
         .map(|precision| {
@@ -192,7 +187,17 @@ fn plan_categories(plan: &MemoryPlan) -> String {
     parts.join(", ")
 }
 
-fn micro_batch(config: &RunConfig) -> Result<usize> {
+/// Whether the planner plans `config`'s recompute as "every layer": it knows all or nothing, and
+/// every-N keeps more than "every" and less than "none", so it is planned as none.
+pub(crate) fn plans_recompute(config: &RunConfig) -> bool {
+    match config.model.recompute {
+        Recompute::None => false,
+        Recompute::Every => true,
+        Recompute::EveryNth(_) => false,
+    }
+}
+
+pub(crate) fn micro_batch(config: &RunConfig) -> Result<usize> {
     if config.micro_batches == 0 || config.batch == 0 || !config.batch.is_multiple_of(config.micro_batches) {
         return Err(Error::InvalidSetting {
             setting: "batch",

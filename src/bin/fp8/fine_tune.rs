@@ -57,6 +57,22 @@ pub fn preflight(
     Ok(())
 }
 
+/// What the fine-tune needs on a GPU, planned as [`preflight`] plans it
+/// (`train::gpu_preflight`).
+pub fn gpu_needs(
+    precisions: &[Precision],
+    config: &RunConfig,
+    data: &Dataset,
+    hf: &HfModelDir,
+    base: &BaseArgs,
+    lora: &LoraArgs,
+) -> Result<Vec<fp8_engine::train::gpu_preflight::GpuNeed>, CliError> {
+    let held = (base.plan_base()?, lora.plan()?, base.planned_frozen_dtype(&hf.config)?);
+    Ok(fp8_engine::train::gpu_preflight::fine_tune_needs(
+        precisions, config, data, &hf.config, held,
+    )?)
+}
+
 /// `--lora-rank R [--lora-alpha A] [--lora-dropout P] [--lora-targets LIST]` or `--lora-from DIR`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct LoraArgs {

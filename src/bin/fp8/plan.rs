@@ -222,8 +222,12 @@ pub fn run(args: PlanArgs) -> Result<(), CliError> {
         (Some(l), Some(false)) => Some(cheapest_fit(&config, &settings, u128::from(l))),
         _ => None,
     };
+    // A resident GPU run also keeps device copies of trainable values and gradients (booked as
+    // workspace there); reported beside the plan, which follows the CPU ledger.
+    let copies = fp8_engine::plan::device_copies(&config, &settings);
     if args.json {
         let mut out = plan_json(&p);
+        out.insert("gpu_device_copies_bytes".into(), json!(to_u64(copies)));
         if let (Some(l), Some(f)) = (limit, fits) {
             out.insert("limit_bytes".into(), json!(l));
             out.insert("fits".into(), json!(f));
@@ -243,6 +247,13 @@ pub fn run(args: PlanArgs) -> Result<(), CliError> {
         return Ok(());
     }
     print_table(&p);
+    if copies > 0 {
+        println!(
+            "on a GPU also {} of device copies of master values and gradients beside the arenas (total {})",
+            human_bytes(to_u64(copies)),
+            human_bytes(to_u64(p.total_bytes().saturating_add(copies)))
+        );
+    }
     if let (Some(l), Some(f)) = (limit, fits) {
         let verdict = if f { "fits" } else { "does not fit" };
         println!("{verdict} in {} ({l} bytes)", human_bytes(l));

@@ -330,6 +330,32 @@ fn fmt_or_dash(value: f64, decimals: usize) -> String {
     }
 }
 
+/// On a GPU whose layers keep their activations there (the default), the planned peak against
+/// its free memory (`train::gpu_preflight`): refused when the activations and workspace do not
+/// fit, a warning when the rest does not. One rank per process only (ranks made in this process
+/// each have their own GPU).
+fn check_gpu_memory(
+    args: &TrainArgs,
+    device: &Device,
+    precisions: &[Precision],
+    config: &RunConfig,
+    data: &Dataset,
+    init: Option<&HfModelDir>,
+) -> Result<(), CliError> {
+    let one_rank = args.dist.launch.is_some() || args.dist.ranks() <= 1;
+    let Some(free) = device.free_memory().filter(|_| one_rank && device.resident_layers()) else {
+        return Ok(());
+    };
+    let needs = match init {
+        Some(hf) => fine_tune::gpu_needs(precisions, config, data, hf, &args.base, &args.lora)?,
+        None => fp8_engine::train::gpu_preflight::decoder_needs(precisions, config, data)?,
+    };
+    if let Some(warning) = fp8_engine::train::gpu_preflight::check_gpu(&device.describe(), &needs, free)? {
+        eprintln!("{warning}");
+    }
+    Ok(())
+}
+
 pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
     args.dist.launch = fp8_engine::dist::env::LaunchEnv::from_env()?;
     let device = match &args.dist.launch {
@@ -398,6 +424,7 @@ pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
             fp8_engine::train::preflight::check_run_on(&precisions, &config, &data, host)?
         }
     }
+    check_gpu_memory(&args, &device, &precisions, &config, &data, init.as_ref())?;
     fs::create_dir_all(&args.out).map_err(|e| CliError(format!("{}: cannot create: {e}", args.out.display())))?;
     check_outputs(&args, &precisions)?;
     let (layers, hidden) = match &init {

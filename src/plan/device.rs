@@ -1,0 +1,167 @@
+//! What a run on a GPU holds there beside the plan's categories: with resident layers (the
+//! default) a trainable linear weight, a norm's gamma and beta and a LoRA adapter keep their f32
+//! master values and gradients on the device (`nn::param`, `docs/cuda-backend.md`), a second
+//! copy of each beside the optimizer's arenas (the plan's master weights and gradients) until
+//! they become views of the arenas. The ledger books them as workspace; so does this.
+//!
+//! fp32 keeps them in host memory (its GEMM finishes there), and so do the embeddings (their
+//! ops take host values) and the biases' values (read by the GEMM epilogue from the host; their
+//! gradients are on the device). Earlier micro-batches' gradient sums stay where the gradients
+//! are: one more copy of the gradients while micro-batches accumulate.
+
+use super::{LinearShape, PlanSettings, layer_linears, lora_parameter_count};
+use crate::hf::HfConfig;
+use crate::model::ModelConfig;
+use crate::tensor::Dtype;
+
+/// Bytes of device values and device gradients (`values` and `grads` trainable f32 values kept
+/// there), with the accumulation sum beside the gradients.
+fn copies(values: u128, grads: u128, accumulate: bool) -> u128 {
+    let grad_copies = if accumulate { 2 } else { 1 };
+    4u128
+        .saturating_mul(values)
+        .saturating_add(grad_copies * 4u128.saturating_mul(grads))
+}
+
+/// Device copies of a fine-tune of `config` under `settings` ([`super::plan`]'s model).
+pub fn device_copies(config: &HfConfig, settings: &PlanSettings) -> u128 {
+    if settings.precision.compute_dtype() == Dtype::F32 {
+        return 0;
+    }
+    if let Some(lora) = &settings.lora {
+        // Only the adapters train (their dropout, if any, keeps A and B on the host: counted
+        // anyway, the plan's upper side).
+        let adapters = lora_parameter_count(config, lora);
+        return copies(adapters, adapters, settings.accumulate);
+    }
+    let (h, v, layers) = (
+        config.hidden_size as u128,
+        config.vocab_size as u128,
+        config.num_hidden_layers as u128,
+    );
+    let norms = (2 * layers + 1) * h;
+    let head = if config.tie_word_embeddings { 0 } else { v * h };
+    let linears = match settings.base {
+        // The FP8 base freezes every decoder linear (its codes are the plan's FP8 copies).
+        super::BasePrecision::Fp8 => 0,
+        super::BasePrecision::Same => layers * layer_linears(config).iter().map(|w| w.out * w.inp).sum::<u128>(),
+    };
+    let (q, kv) = super::q_kv_widths(config);
+    let biases = if config.qkv_bias { layers * (q + 2 * kv) } else { 0 };
+    let trained = linears + norms + head;
+    copies(trained, trained + biases, settings.accumulate)
+}
+
+/// Device copies of the built-in decoder of `fp8 train` ([`super::plan_decoder`]'s model).
+pub fn decoder_device_copies(model: &ModelConfig, dtype: Dtype, accumulate: bool) -> u128 {
+    if dtype == Dtype::F32 {
+        return 0;
+    }
+    let (h, ffn, vocab) = (model.hidden as u128, model.ffn_hidden as u128, model.vocab as u128);
+    let fc1_out = if model.swiglu { 2 * ffn } else { ffn };
+    let linears = [
+        LinearShape { out: 3 * h, inp: h },
+        LinearShape { out: h, inp: h },
+        LinearShape { out: fc1_out, inp: h },
+        LinearShape { out: h, inp: ffn },
+    ];
+    let layers = model.layers as u128;
+    let weights = layers.saturating_mul(linears.iter().map(|w| w.out * w.inp).sum::<u128>());
+    let biases = layers.saturating_mul(linears.iter().map(|w| w.out).sum::<u128>());
+    let norm = if model.rmsnorm { h } else { 2 * h };
+    let norms = (2 * layers + 1).saturating_mul(norm);
+    let head = if model.tied_head { 0 } else { vocab * h };
+    let values = weights.saturating_add(norms).saturating_add(head);
+    copies(values, values.saturating_add(biases), accumulate)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::amp::Precision;
+    use crate::model::DecoderModel;
+    use crate::nn::Module;
+    use crate::plan::{BasePrecision, LoraPlan, parse_targets};
+
+    /// The decoder's count follows the model's own parameters: every value but the embedding
+    /// tables, and the biases only as gradients.
+    #[test]
+    fn the_decoder_copies_are_its_parameters_but_the_embeddings() {
+        for (swiglu, rmsnorm, tied_head) in [(false, false, false), (true, true, true), (true, false, false)] {
+            let model = ModelConfig {
+                layers: 2,
+                hidden: 32,
+                heads: 2,
+                ffn_hidden: 48,
+                vocab: 40,
+                max_seq: 16,
+                swiglu,
+                rmsnorm,
+                tied_head,
+                ..ModelConfig::default()
+            };
+            let precision: Precision = "bf16".parse().unwrap();
+            let mut m = DecoderModel::new(&model, &precision, 1).unwrap();
+            let (mut values, mut grads) = (0u128, 0u128);
+            m.visit_parameters(&mut |p| {
+                let n = p.len() as u128;
+                let name = p.name();
+                if name.contains("embed") || name.contains("tokens") || name.contains("positions") {
+                    return;
+                }
+                grads += n;
+                // Biases: 1-D parameters of linears (norms' gamma and beta are 1-D too).
+                let norm = name.contains("norm") || name.contains("ln");
+                if p.shape().len() != 1 || norm {
+                    values += n;
+                }
+            });
+            let want = 4 * values + 4 * grads;
+            let got = decoder_device_copies(&model, Dtype::Bf16, false);
+            assert_eq!(got, want, "swiglu {swiglu} rmsnorm {rmsnorm} tied {tied_head}");
+            assert_eq!(decoder_device_copies(&model, Dtype::Bf16, true), want + 4 * grads);
+            assert_eq!(
+                decoder_device_copies(&model, Dtype::F32, false),
+                0,
+                "fp32 keeps them home"
+            );
+        }
+    }
+
+    #[test]
+    fn a_fine_tune_counts_what_it_trains() {
+        let c = HfConfig::from_json(
+            r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
+                "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 2,
+                "vocab_size": 50}"#,
+        )
+        .unwrap();
+        let settings = |precision: &str, base, lora| PlanSettings {
+            precision: precision.parse().unwrap(),
+            base,
+            lora,
+            frozen_dtype: Dtype::Bf16,
+            micro_batch: 1,
+            seq: 16,
+            recompute: false,
+            accumulate: false,
+        };
+        let lora = LoraPlan {
+            rank: 4,
+            targets: parse_targets("q_proj,v_proj").unwrap(),
+        };
+        let adapters = lora_parameter_count(&c, &lora);
+        assert_eq!(
+            device_copies(&c, &settings("bf16", BasePrecision::Fp8, Some(lora.clone()))),
+            8 * adapters
+        );
+        assert_eq!(device_copies(&c, &settings("fp32", BasePrecision::Same, Some(lora))), 0);
+        // Full training: every value but the token table (the untied head is a linear).
+        let full = device_copies(&c, &settings("bf16", BasePrecision::Same, None));
+        let (table, head) = (50 * 64, 50 * 64);
+        assert_eq!(full, 8 * (c.parameter_count() - table));
+        // An FP8 base without LoRA trains the norms and the head.
+        let fp8_base = device_copies(&c, &settings("fp8-block", BasePrecision::Fp8, None));
+        assert_eq!(fp8_base, 8 * ((2 * 3 + 1) * 64 + head));
+    }
+}

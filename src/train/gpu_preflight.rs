@@ -1,0 +1,190 @@
+//! The memory check of a run on a GPU, before anything is loaded: the planner's peak
+//! ([`crate::plan`]) and the device copies a resident run keeps beside it
+//! ([`crate::plan::device_copies`]) against the GPU's free memory.
+//!
+//! Two levels, because a GPU run has two kinds of memory. The activations and the workspace of
+//! a resident run must be on the device: when they alone do not fit, the run is refused, saying
+//! how much it needs and how much is free. The rest (the optimizer's arenas, weight copies,
+//! device master values and gradients) each fall back to host memory when the device has no
+//! room, so a run whose whole plan does not fit still runs, more slowly: it gets a warning
+//! line, not a refusal.
+
+use crate::amp::Precision;
+use crate::data::Dataset;
+use crate::error::{Error, Result};
+use crate::hf::HfConfig;
+use crate::memory::{MemoryCategory, human_bytes};
+use crate::plan::{
+    BasePrecision, LoraPlan, MemoryPlan, PlanSettings, decoder_device_copies, device_copies, plan, plan_decoder,
+};
+use crate::tensor::Dtype;
+
+use super::session::RunConfig;
+
+/// What one precision of a run needs on the GPU, planned.
+#[derive(Clone, Debug)]
+pub struct GpuNeed {
+    /// The precision's name.
+    pub precision: String,
+    /// The planner's peak by category.
+    pub plan: MemoryPlan,
+    /// Device master values and gradients beside the plan's (booked as workspace).
+    pub device_copies: u128,
+}
+
+impl GpuNeed {
+    /// What must be on the device: the activations and the workspace.
+    pub fn hard_bytes(&self) -> u128 {
+        self.plan
+            .category(MemoryCategory::Activations)
+            .saturating_add(self.plan.category(MemoryCategory::Workspace))
+    }
+
+    /// Everything, the device copies included.
+    pub fn total_bytes(&self) -> u128 {
+        self.plan.total_bytes().saturating_add(self.device_copies)
+    }
+}
+
+/// The GPU needs of `fp8 train` on the built-in decoder, one per precision (one rank's model).
+pub fn decoder_needs(precisions: &[Precision], config: &RunConfig, data: &Dataset) -> Result<Vec<GpuNeed>> {
+    let micro = super::preflight::micro_batch(config)?;
+    let model = config.model_for(data);
+    let accumulate = config.micro_batches > 1;
+    Ok(precisions
+        .iter()
+        .map(|p| GpuNeed {
+            precision: p.name().to_string(),
+            plan: plan_decoder(&model, p, micro, data.seq_len(), accumulate),
+            device_copies: decoder_device_copies(&model, p.compute_dtype(), accumulate),
+        })
+        .collect())
+}
+
+/// The GPU needs of a fine-tune of `model` (`--init-from`), planned as `fp8 plan` plans it.
+pub fn fine_tune_needs(
+    precisions: &[Precision],
+    config: &RunConfig,
+    data: &Dataset,
+    model: &HfConfig,
+    (base, lora, frozen_dtype): (BasePrecision, Option<LoraPlan>, Dtype),
+) -> Result<Vec<GpuNeed>> {
+    let micro = super::preflight::micro_batch(config)?;
+    Ok(precisions
+        .iter()
+        .map(|precision| {
+            let settings = PlanSettings {
+                precision: precision.clone(),
+                base,
+                lora: lora.clone(),
+                frozen_dtype,
+                micro_batch: micro,
+                seq: data.seq_len(),
+                recompute: super::preflight::plans_recompute(config),
+                accumulate: config.micro_batches > 1,
+            };
+            GpuNeed {
+                precision: precision.name().to_string(),
+                plan: plan(model, &settings),
+                device_copies: device_copies(model, &settings),
+            }
+        })
+        .collect())
+}
+
+/// Checks `needs` against `free` bytes of `gpu` (its name, for the messages): an error when the
+/// activations and workspace of some precision do not fit, a warning line when its whole plan
+/// does not, `None` when every precision fits.
+pub fn check_gpu(gpu: &str, needs: &[GpuNeed], free: u64) -> Result<Option<String>> {
+    let shown = |b: u128| u64::try_from(b).map_or("more than 2^64 bytes".to_string(), human_bytes);
+    if let Some(need) = needs.iter().max_by_key(|n| n.hard_bytes())
+        && need.hard_bytes() > free as u128
+    {
+        return Err(Error::NotEnoughMemory {
+            what: format!(
+                "the activations and workspace of {} on {gpu} (`fp8 plan` shows every category; recompute, a \
+                 smaller micro-batch with accumulation, or a shorter sequence need less)",
+                need.precision
+            ),
+            needed: shown(need.hard_bytes()),
+            available: human_bytes(free),
+        });
+    }
+    let Some(need) = needs.iter().max_by_key(|n| n.total_bytes()) else {
+        return Ok(None);
+    };
+    Ok((need.total_bytes() > free as u128).then(|| {
+        format!(
+            "fp8: warning: {} plans {} on {gpu} ({} of them device copies of weights and gradients) and {} is \
+             free: what finds no room there (the optimizer's state, weight copies) stays in host memory, and the \
+             steps are slower (`fp8 plan` shows the bytes by category)",
+            need.precision,
+            shown(need.total_bytes()),
+            shown(need.device_copies),
+            human_bytes(free)
+        )
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn need(activations: u128, workspace: u128, other: u128, copies: u128) -> GpuNeed {
+        let mut bytes = [(MemoryCategory::Parameters, 0u128); MemoryCategory::COUNT];
+        for (i, c) in MemoryCategory::ALL.iter().enumerate() {
+            bytes[i] = (*c, 0);
+            match c {
+                MemoryCategory::Activations => bytes[i].1 = activations,
+                MemoryCategory::Workspace => bytes[i].1 = workspace,
+                MemoryCategory::OptimizerState => bytes[i].1 = other,
+                _ => {}
+            }
+        }
+        GpuNeed {
+            precision: "bf16".into(),
+            plan: MemoryPlan {
+                parameters: 1,
+                trainable_parameters: 1,
+                bytes,
+            },
+            device_copies: copies,
+        }
+    }
+
+    #[test]
+    fn activations_that_do_not_fit_refuse_the_run_and_the_rest_warns() {
+        let needs = [need(300, 50, 400, 100)];
+        assert_eq!(
+            check_gpu("cuda:0", &needs, 850).unwrap(),
+            None,
+            "850 bytes: all of it fits"
+        );
+        let warning = check_gpu("cuda:0", &needs, 849).unwrap().expect("a warning");
+        assert!(
+            warning.contains("850 B") && warning.contains("100 B") && warning.contains("849 B"),
+            "{warning}"
+        );
+        assert!(
+            check_gpu("cuda:0", &needs, 350).unwrap().is_some(),
+            "the hard part fits exactly"
+        );
+        let err = check_gpu("cuda:0", &needs, 349).unwrap_err().to_string();
+        assert!(
+            err.contains("350 B") && err.contains("349 B") && err.contains("cuda:0"),
+            "{err}"
+        );
+        // The precision that needs most decides, each level on its own.
+        let two = [need(10, 0, 900, 0), need(800, 0, 0, 0)];
+        assert!(check_gpu("g", &two, 799).is_err());
+        assert!(check_gpu("g", &two, 900).unwrap().unwrap().contains("910 B"));
+        assert_eq!(check_gpu("g", &[], 0).unwrap(), None);
+    }
+
+    #[test]
+    fn a_plan_past_2_to_the_64_is_said_so() {
+        let huge = [need(1, 0, u128::MAX / 2, 0)];
+        let warning = check_gpu("g", &huge, 1 << 40).unwrap().unwrap();
+        assert!(warning.contains("2^64"), "{warning}");
+    }
+}
