@@ -72,7 +72,8 @@ cat > "$out/run.sh" <<'RUN'
 # and logs-PART.tar.gz.
 # `run.sh all` runs the three parts' steps in one go, correctness before the
 # long benches (summary-all.txt). `run.sh finetune` (not in `all`: it writes
-# 40 GB of random checkpoints) measures issue 18's 7B and 13B fine-tunes. BUDGET_S=N cuts every step's limit to what is
+# 40 GB of random checkpoints) measures issue 18's 7B and 13B fine-tunes; `run.sh finetune_7b`
+# and `run.sh finetune_13b` one of them each. BUDGET_S=N cuts every step's limit to what is
 # left of N seconds and skips the steps that no longer fit, so a leased GPU's
 # time cannot be overrun (the summary and logs are always written).
 part=${1:-kernels}
@@ -84,8 +85,10 @@ case $part in
     profile) suffix="-profile" ;;
     fresh) suffix="-fresh" ;;
     finetune) suffix="-finetune" ;;
+    finetune_7b) suffix="-finetune_7b" ;;
+    finetune_13b) suffix="-finetune_13b" ;;
     all) suffix="-all" ;;
-    *) echo "usage: run.sh [kernels|benches|layers|train|profile|fresh|finetune|all]" >&2; exit 2 ;;
+    *) echo "usage: run.sh [kernels|benches|layers|train|profile|fresh|finetune|finetune_7b|finetune_13b|all]" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")"
 # The library's unit tests and the fp8 tool travel gzipped (the bundle's size limit),
@@ -387,13 +390,24 @@ done'
 # and recompute; the GPU's peak memory in use (nvidia-smi, every 200 ms, CUDA context included)
 # beside the plan's total and the run's memory summary. Each checkpoint is removed after its run
 # (13.5 and 26 GB).
+# `run.sh finetune_7b` and `run.sh finetune_13b` run one model each (a 15-minute lease holds one
+# of them beside `fresh`: their steps' limits add up to 375 s and 495 s).
 part_finetune() {
+part_finetune_7b
+part_finetune_13b
+}
+part_finetune_7b() {
 local dir=${FT_DIR:-$PWD/ft-models}
 export -f generate plan finetune # `timeout` runs them through bash -c
 rm -rf "$dir"
 gpu_step step_out gen_llama_2_7b 120 gen-llama-2-7b.txt bash -c 'generate "$@"' _ "$dir" llama-2-7b
 gpu_step step_out plan_llama_2_7b 15 plan-llama-2-7b.txt bash -c 'plan "$@"' _ "$dir" llama-2-7b
 gpu_step step_out finetune_llama_2_7b 240 finetune-llama-2-7b.txt bash -c 'finetune "$@"' _ "$dir" llama-2-7b
+rm -rf "$dir"
+}
+part_finetune_13b() {
+local dir=${FT_DIR:-$PWD/ft-models}
+export -f generate plan finetune
 rm -rf "$dir"
 gpu_step step_out gen_llama_2_13b 180 gen-llama-2-13b.txt bash -c 'generate "$@"' _ "$dir" llama-2-13b
 gpu_step step_out plan_llama_2_13b 15 plan-llama-2-13b.txt bash -c 'plan "$@"' _ "$dir" llama-2-13b
@@ -427,6 +441,8 @@ case $part in
     train) part_train ;;
     fresh) part_fresh ;;
     finetune) part_finetune ;;
+    finetune_7b) part_finetune_7b ;;
+    finetune_13b) part_finetune_13b ;;
     profile) part_profile ;;
     all) part_kernels; part_benches; part_layers_checks; part_train; part_layers_bench; part_fresh_rest; part_profile ;; # the long layer bench before the optional profiles
 esac
