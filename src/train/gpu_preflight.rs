@@ -14,9 +14,7 @@ use crate::data::Dataset;
 use crate::error::{Error, Result};
 use crate::hf::HfConfig;
 use crate::memory::{MemoryCategory, human_bytes};
-use crate::plan::{
-    BasePrecision, LoraPlan, MemoryPlan, PlanSettings, decoder_device_copies, device_copies, plan, plan_decoder,
-};
+use crate::plan::{BasePrecision, LoraPlan, MemoryPlan, decoder_device_copies, device_copies, plan, plan_decoder};
 use crate::tensor::Dtype;
 
 use super::session::RunConfig;
@@ -67,29 +65,19 @@ pub fn fine_tune_needs(
     config: &RunConfig,
     data: &Dataset,
     model: &HfConfig,
-    (base, lora, frozen_dtype): (BasePrecision, Option<LoraPlan>, Dtype),
+    held: (BasePrecision, Option<LoraPlan>, Dtype),
 ) -> Result<Vec<GpuNeed>> {
-    let micro = super::preflight::micro_batch(config)?;
-    Ok(precisions
+    precisions
         .iter()
         .map(|precision| {
-            let settings = PlanSettings {
-                precision: precision.clone(),
-                base,
-                lora: lora.clone(),
-                frozen_dtype,
-                micro_batch: micro,
-                seq: data.seq_len(),
-                recompute: super::preflight::plans_recompute(config),
-                accumulate: config.micro_batches > 1,
-            };
-            GpuNeed {
+            let settings = super::preflight::fine_tune_settings(precision, config, data, held.clone())?;
+            Ok(GpuNeed {
                 precision: precision.name().to_string(),
                 plan: plan(model, &settings),
                 device_copies: device_copies(model, &settings),
-            }
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// Checks `needs` against `free` bytes of `gpu` (its name, for the messages): an error when the

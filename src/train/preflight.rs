@@ -142,22 +142,14 @@ pub fn check_fine_tune(
     frozen_dtype: crate::tensor::Dtype,
 ) -> Result<()> {
     let micro = micro_batch(config)?;
-    let recompute = plans_recompute(config);
     let needed = precisions
         .iter()
         .map(|precision| {
-            let settings = PlanSettings {
-                precision: precision.clone(),
-                base,
-                lora: lora.clone(),
-                frozen_dtype,
-                micro_batch: micro,
-                seq: data.seq_len(),
-                recompute,
-                accumulate: config.micro_batches > 1,
-            };
-            plan(model, &settings).total_bytes()
+            let settings = fine_tune_settings(precision, config, data, (base, lora.clone(), frozen_dtype))?;
+            Ok(plan(model, &settings).total_bytes())
         })
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
         .max()
         .unwrap_or(0);
     let what = format!(
@@ -185,6 +177,26 @@ fn plan_categories(plan: &MemoryPlan) -> String {
         })
         .collect();
     parts.join(", ")
+}
+
+/// The planner's settings of a fine-tune of `config` under `precision`, its frozen base held as
+/// `held` (base precision, adapters, frozen dtype).
+pub(crate) fn fine_tune_settings(
+    precision: &Precision,
+    config: &RunConfig,
+    data: &Dataset,
+    (base, lora, frozen_dtype): (BasePrecision, Option<LoraPlan>, crate::tensor::Dtype),
+) -> Result<PlanSettings> {
+    Ok(PlanSettings {
+        precision: precision.clone(),
+        base,
+        lora,
+        frozen_dtype,
+        micro_batch: micro_batch(config)?,
+        seq: data.seq_len(),
+        recompute: plans_recompute(config),
+        accumulate: config.micro_batches > 1,
+    })
 }
 
 /// Whether the planner plans `config`'s recompute as "every layer": it knows all or nothing, and

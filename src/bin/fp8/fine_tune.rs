@@ -9,7 +9,9 @@ use fp8_engine::data::token_windows::{DataOrder, TokenWindows};
 use fp8_engine::hf::HfModelDir;
 use fp8_engine::model::{LlamaModel, LoraConfig, read_adapter_config};
 use fp8_engine::nn::LoraSettings;
-use fp8_engine::plan::LoraPlan;
+use fp8_engine::plan::{BasePrecision, LoraPlan};
+use fp8_engine::tensor::Dtype;
+use fp8_engine::train::gpu_preflight::GpuNeed;
 use fp8_engine::train::session::RunConfig;
 
 use crate::base_args::BaseArgs;
@@ -41,7 +43,8 @@ pub fn token_data(path: &Path, hf: &HfModelDir, w: &TextWindows) -> Result<Datas
 }
 
 /// Batch shapes under every precision and the memory the fine-tune needs (planned with its base
-/// precision and adapters, as `fp8 plan` plans them).
+/// precision and adapters, as `fp8 plan` plans them) against the host's; returns what it needs
+/// on a GPU, planned the same way (`train::gpu_preflight`).
 pub fn preflight(
     precisions: &[Precision],
     config: &RunConfig,
@@ -49,28 +52,23 @@ pub fn preflight(
     hf: &HfModelDir,
     base: &BaseArgs,
     lora: &LoraArgs,
-) -> Result<(), CliError> {
-    let frozen = base.planned_frozen_dtype(&hf.config)?;
-    let base = base.plan_base()?;
-    let lora = lora.plan()?;
+) -> Result<Vec<GpuNeed>, CliError> {
+    let held = held(hf, base, lora)?;
+    let (base, lora, frozen) = held.clone();
     fp8_engine::train::preflight::check_fine_tune(precisions, config, data, &hf.config, base, lora, frozen)?;
-    Ok(())
-}
-
-/// What the fine-tune needs on a GPU, planned as [`preflight`] plans it
-/// (`train::gpu_preflight`).
-pub fn gpu_needs(
-    precisions: &[Precision],
-    config: &RunConfig,
-    data: &Dataset,
-    hf: &HfModelDir,
-    base: &BaseArgs,
-    lora: &LoraArgs,
-) -> Result<Vec<fp8_engine::train::gpu_preflight::GpuNeed>, CliError> {
-    let held = (base.plan_base()?, lora.plan()?, base.planned_frozen_dtype(&hf.config)?);
     Ok(fp8_engine::train::gpu_preflight::fine_tune_needs(
         precisions, config, data, &hf.config, held,
     )?)
+}
+
+/// How the fine-tune holds its base, as the planner takes it: base precision, adapters, frozen
+/// dtype.
+fn held(
+    hf: &HfModelDir,
+    base: &BaseArgs,
+    lora: &LoraArgs,
+) -> Result<(BasePrecision, Option<LoraPlan>, Dtype), CliError> {
+    Ok((base.plan_base()?, lora.plan()?, base.planned_frozen_dtype(&hf.config)?))
 }
 
 /// `--lora-rank R [--lora-alpha A] [--lora-dropout P] [--lora-targets LIST]` or `--lora-from DIR`.

@@ -15,6 +15,7 @@ use fp8_engine::device::{Device, DeviceChoice};
 use fp8_engine::hf::HfModelDir;
 use fp8_engine::model::{ModelConfig, Recompute};
 use fp8_engine::scaling::Recipe;
+use fp8_engine::train::gpu_preflight::GpuNeed;
 use fp8_engine::train::metrics::{Summary, read_summary, write_summary};
 use fp8_engine::train::plot::plot_losses;
 use fp8_engine::train::session::{RunConfig, RunControl, RunInputs, RunOutput, run, run_model};
@@ -330,27 +331,16 @@ fn fmt_or_dash(value: f64, decimals: usize) -> String {
     }
 }
 
-/// On a GPU whose layers keep their activations there (the default), the planned peak against
-/// its free memory (`train::gpu_preflight`): refused when the activations and workspace do not
+/// On a GPU whose layers keep their activations there (the default), the planned peak `needs`
+/// against its free memory (`train::gpu_preflight`): refused when the activations and workspace do not
 /// fit, a warning when the rest does not. One rank per process only (ranks made in this process
 /// each have their own GPU).
-fn check_gpu_memory(
-    args: &TrainArgs,
-    device: &Device,
-    precisions: &[Precision],
-    config: &RunConfig,
-    data: &Dataset,
-    init: Option<&HfModelDir>,
-) -> Result<(), CliError> {
+fn check_gpu_memory(args: &TrainArgs, device: &Device, needs: &[GpuNeed]) -> Result<(), CliError> {
     let one_rank = args.dist.launch.is_some() || args.dist.ranks() <= 1;
     let Some(free) = device.free_memory().filter(|_| one_rank && device.resident_layers()) else {
         return Ok(());
     };
-    let needs = match init {
-        Some(hf) => fine_tune::gpu_needs(precisions, config, data, hf, &args.base, &args.lora)?,
-        None => fp8_engine::train::gpu_preflight::decoder_needs(precisions, config, data)?,
-    };
-    if let Some(warning) = fp8_engine::train::gpu_preflight::check_gpu(&device.describe(), &needs, free)? {
+    if let Some(warning) = fp8_engine::train::gpu_preflight::check_gpu(&device.describe(), needs, free)? {
         eprintln!("{warning}");
     }
     Ok(())
@@ -409,7 +399,7 @@ pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
         )?,
     };
     // Everything that can be checked is checked before the first step.
-    match &init {
+    let gpu_needs = match &init {
         Some(hf) => fine_tune::preflight(&precisions, &config, &data, hf, &args.base, &args.lora)?,
         None => {
             // Ranks made in this process (--world-size, --gpus) each hold a model on this host.
@@ -421,10 +411,11 @@ pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
                 },
                 zero: args.dist.zero,
             };
-            fp8_engine::train::preflight::check_run_on(&precisions, &config, &data, host)?
+            fp8_engine::train::preflight::check_run_on(&precisions, &config, &data, host)?;
+            fp8_engine::train::gpu_preflight::decoder_needs(&precisions, &config, &data)?
         }
-    }
-    check_gpu_memory(&args, &device, &precisions, &config, &data, init.as_ref())?;
+    };
+    check_gpu_memory(&args, &device, &gpu_needs)?;
     fs::create_dir_all(&args.out).map_err(|e| CliError(format!("{}: cannot create: {e}", args.out.display())))?;
     check_outputs(&args, &precisions)?;
     let (layers, hidden) = match &init {
