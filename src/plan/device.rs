@@ -5,9 +5,10 @@
 //! they become views of the arenas. The ledger books them as workspace; so does this.
 //!
 //! fp32 keeps them in host memory (its GEMM finishes there), and so do the embeddings (their
-//! ops take host values) and the biases' values (read by the GEMM epilogue from the host; their
-//! gradients are on the device). Earlier micro-batches' gradient sums stay where the gradients
-//! are: one more copy of the gradients while micro-batches accumulate.
+//! ops take host values), the output head (the models bring the final norm's output home before
+//! it) and the biases' values (read by the GEMM epilogue from the host; their gradients are on
+//! the device, but not those of a linear frozen in FP8). Earlier micro-batches' gradient sums
+//! stay where the gradients are: one more copy of the gradients while micro-batches accumulate.
 
 use super::{LinearShape, PlanSettings, layer_linears, lora_parameter_count};
 use crate::hf::HfConfig;
@@ -29,26 +30,24 @@ pub fn device_copies(config: &HfConfig, settings: &PlanSettings) -> u128 {
         return 0;
     }
     if let Some(lora) = &settings.lora {
-        // Only the adapters train (their dropout, if any, keeps A and B on the host: counted
-        // anyway, the plan's upper side).
+        // Only the adapters train (dropout runs them on host values, but A and B stay on the
+        // device once a forward without it took them there: counted).
         let adapters = lora_parameter_count(config, lora);
         return copies(adapters, adapters, settings.accumulate);
     }
-    let (h, v, layers) = (
-        config.hidden_size as u128,
-        config.vocab_size as u128,
-        config.num_hidden_layers as u128,
-    );
+    let (h, layers) = (config.hidden_size as u128, config.num_hidden_layers as u128);
     let norms = (2 * layers + 1) * h;
-    let head = if config.tie_word_embeddings { 0 } else { v * h };
-    let linears = match settings.base {
-        // The FP8 base freezes every decoder linear (its codes are the plan's FP8 copies).
-        super::BasePrecision::Fp8 => 0,
-        super::BasePrecision::Same => layers * layer_linears(config).iter().map(|w| w.out * w.inp).sum::<u128>(),
-    };
     let (q, kv) = super::q_kv_widths(config);
-    let biases = if config.qkv_bias { layers * (q + 2 * kv) } else { 0 };
-    let trained = linears + norms + head;
+    let (linears, biases) = match settings.base {
+        // The FP8 base freezes every decoder linear (its codes are the plan's FP8 copies), and
+        // its linears' bias gradients stay on the host.
+        super::BasePrecision::Fp8 => (0, 0),
+        super::BasePrecision::Same => (
+            layers * layer_linears(config).iter().map(|w| w.out * w.inp).sum::<u128>(),
+            if config.qkv_bias { layers * (q + 2 * kv) } else { 0 },
+        ),
+    };
+    let trained = linears + norms;
     copies(trained, trained + biases, settings.accumulate)
 }
 
@@ -57,7 +56,7 @@ pub fn decoder_device_copies(model: &ModelConfig, dtype: Dtype, accumulate: bool
     if dtype == Dtype::F32 {
         return 0;
     }
-    let (h, ffn, vocab) = (model.hidden as u128, model.ffn_hidden as u128, model.vocab as u128);
+    let (h, ffn) = (model.hidden as u128, model.ffn_hidden as u128);
     let fc1_out = if model.swiglu { 2 * ffn } else { ffn };
     let linears = [
         LinearShape { out: 3 * h, inp: h },
@@ -70,8 +69,7 @@ pub fn decoder_device_copies(model: &ModelConfig, dtype: Dtype, accumulate: bool
     let biases = layers.saturating_mul(linears.iter().map(|w| w.out).sum::<u128>());
     let norm = if model.rmsnorm { h } else { 2 * h };
     let norms = (2 * layers + 1).saturating_mul(norm);
-    let head = if model.tied_head { 0 } else { vocab * h };
-    let values = weights.saturating_add(norms).saturating_add(head);
+    let values = weights.saturating_add(norms);
     copies(values, values.saturating_add(biases), accumulate)
 }
 
@@ -84,7 +82,7 @@ mod tests {
     use crate::plan::{BasePrecision, LoraPlan, parse_targets};
 
     /// The decoder's count follows the model's own parameters: every value but the embedding
-    /// tables, and the biases only as gradients.
+    /// tables and the head, and the biases only as gradients.
     #[test]
     fn the_decoder_copies_are_its_parameters_but_the_embeddings() {
         for (swiglu, rmsnorm, tied_head) in [(false, false, false), (true, true, true), (true, false, false)] {
@@ -106,7 +104,7 @@ mod tests {
             m.visit_parameters(&mut |p| {
                 let n = p.len() as u128;
                 let name = p.name();
-                if name.contains("embed") || name.contains("tokens") || name.contains("positions") {
+                if name.starts_with("embed.") || name.starts_with("head.") {
                     return;
                 }
                 grads += n;
@@ -156,12 +154,12 @@ mod tests {
             8 * adapters
         );
         assert_eq!(device_copies(&c, &settings("fp32", BasePrecision::Same, Some(lora))), 0);
-        // Full training: every value but the token table (the untied head is a linear).
+        // Full training: every value but the token table and the (untied) head.
         let full = device_copies(&c, &settings("bf16", BasePrecision::Same, None));
         let (table, head) = (50 * 64, 50 * 64);
-        assert_eq!(full, 8 * (c.parameter_count() - table));
-        // An FP8 base without LoRA trains the norms and the head.
+        assert_eq!(full, 8 * (c.parameter_count() - table - head));
+        // An FP8 base without LoRA trains the norms, the embeddings and the head: the norms there.
         let fp8_base = device_copies(&c, &settings("fp8-block", BasePrecision::Fp8, None));
-        assert_eq!(fp8_base, 8 * ((2 * 3 + 1) * 64 + head));
+        assert_eq!(fp8_base, 8 * ((2 * 3 + 1) * 64));
     }
 }

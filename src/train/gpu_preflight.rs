@@ -28,13 +28,21 @@ pub struct GpuNeed {
     pub plan: MemoryPlan,
     /// Device master values and gradients beside the plan's (booked as workspace).
     pub device_copies: u128,
+    /// Activations of the plan that a resident run keeps in host memory: the token ids, the f32
+    /// logits and their log-sum-exp (the models bring the final norm's output home for the head).
+    pub host_activations: u128,
+    /// Whether the plan's activations are the run's own, not an upper bound (a fine-tune's
+    /// every-N recompute is planned as none): only then may the check refuse.
+    pub exact: bool,
 }
 
 impl GpuNeed {
-    /// What must be on the device: the activations and the workspace.
+    /// What must be on the device: the activations (but those kept in host memory) and the
+    /// workspace.
     pub fn hard_bytes(&self) -> u128 {
         self.plan
             .category(MemoryCategory::Activations)
+            .saturating_sub(self.host_activations)
             .saturating_add(self.plan.category(MemoryCategory::Workspace))
     }
 
@@ -49,14 +57,25 @@ pub fn decoder_needs(precisions: &[Precision], config: &RunConfig, data: &Datase
     let micro = super::preflight::micro_batch(config)?;
     let model = config.model_for(data);
     let accumulate = config.micro_batches > 1;
+    let host_activations = host_activations(micro, data.seq_len(), model.vocab);
     Ok(precisions
         .iter()
         .map(|p| GpuNeed {
             precision: p.name().to_string(),
             plan: plan_decoder(&model, p, micro, data.seq_len(), accumulate),
             device_copies: decoder_device_copies(&model, p.compute_dtype(), accumulate),
+            host_activations,
+            // The decoder's plan counts every-N recompute as it runs.
+            exact: true,
         })
         .collect())
+}
+
+/// The planned activations of `micro` sequences of `seq` tokens that stay in host memory: 8 bytes
+/// of ids a token, and f32 logits over `vocab` with their log-sum-exp.
+fn host_activations(micro: usize, seq: usize, vocab: usize) -> u128 {
+    let tokens = (micro as u128).saturating_mul(seq as u128);
+    tokens.saturating_mul(8 + 4 * vocab as u128 + 4)
 }
 
 /// The GPU needs of a fine-tune of `model` (`--init-from`), planned as `fp8 plan` plans it.
@@ -75,28 +94,37 @@ pub fn fine_tune_needs(
                 precision: precision.name().to_string(),
                 plan: plan(model, &settings),
                 device_copies: device_copies(model, &settings),
+                host_activations: host_activations(settings.micro_batch, settings.seq, model.vocab_size),
+                exact: !matches!(config.model.recompute, crate::model::Recompute::EveryNth(_)),
             })
         })
         .collect()
 }
 
 /// Checks `needs` against `free` bytes of `gpu` (its name, for the messages): an error when the
-/// activations and workspace of some precision do not fit, a warning line when its whole plan
-/// does not, `None` when every precision fits.
+/// activations and workspace of some precision do not fit (a warning when that plan is only an
+/// upper bound), a warning line when its whole plan does not, `None` when every precision fits.
 pub fn check_gpu(gpu: &str, needs: &[GpuNeed], free: u64) -> Result<Option<String>> {
     let shown = |b: u128| u64::try_from(b).map_or("more than 2^64 bytes".to_string(), human_bytes);
     if let Some(need) = needs.iter().max_by_key(|n| n.hard_bytes())
         && need.hard_bytes() > free as u128
     {
-        return Err(Error::NotEnoughMemory {
-            what: format!(
-                "the activations and workspace of {} on {gpu} (`fp8 plan` shows every category; recompute, a \
-                 smaller micro-batch with accumulation, or a shorter sequence need less)",
-                need.precision
-            ),
+        let what = format!(
+            "the activations and workspace of {} on {gpu} (`fp8 plan` shows every category; recompute, a \
+             smaller micro-batch with accumulation, or a shorter sequence need less)",
+            need.precision
+        );
+        let error = Error::NotEnoughMemory {
+            what,
             needed: shown(need.hard_bytes()),
             available: human_bytes(free),
-        });
+        };
+        return match need.exact {
+            true => Err(error),
+            false => Ok(Some(format!(
+                "fp8: warning: {error} (planned without the every-N recompute, an upper bound: going on)"
+            ))),
+        };
     }
     let Some(need) = needs.iter().max_by_key(|n| n.total_bytes()) else {
         return Ok(None);
@@ -104,8 +132,9 @@ pub fn check_gpu(gpu: &str, needs: &[GpuNeed], free: u64) -> Result<Option<Strin
     Ok((need.total_bytes() > free as u128).then(|| {
         format!(
             "fp8: warning: {} plans {} on {gpu} ({} of them device copies of weights and gradients) and {} is \
-             free: what finds no room there (the optimizer's state, weight copies) stays in host memory, and the \
-             steps are slower (`fp8 plan` shows the bytes by category)",
+             free: the optimizer's state and the weight copies that find no room stay in host memory, and the \
+             steps are slower; an activation that finds no room later ends the run (`fp8 plan` shows the bytes \
+             by category)",
             need.precision,
             shown(need.total_bytes()),
             shown(need.device_copies),
@@ -137,6 +166,8 @@ mod tests {
                 bytes,
             },
             device_copies: copies,
+            host_activations: 0,
+            exact: true,
         }
     }
 
@@ -167,6 +198,24 @@ mod tests {
         assert!(check_gpu("g", &two, 799).is_err());
         assert!(check_gpu("g", &two, 900).unwrap().unwrap().contains("910 B"));
         assert_eq!(check_gpu("g", &[], 0).unwrap(), None);
+    }
+
+    #[test]
+    fn host_activations_are_not_asked_of_the_gpu_and_an_upper_bound_only_warns() {
+        let mut logits = need(300, 50, 0, 0);
+        logits.host_activations = 200;
+        assert_eq!(logits.hard_bytes(), 150);
+        assert!(
+            check_gpu("g", &[logits.clone()], 150).unwrap().is_some(),
+            "the whole plan warns"
+        );
+        assert!(check_gpu("g", &[logits.clone()], 149).is_err());
+        logits.exact = false;
+        let warning = check_gpu("g", &[logits], 149).unwrap().expect("a warning");
+        assert!(
+            warning.contains("upper bound") && warning.contains("150 B"),
+            "{warning}"
+        );
     }
 
     #[test]
