@@ -355,12 +355,11 @@ impl LinearGemms {
             && weight.half_values().is_some_and(|h| h.dtype() == self.dtype());
         // Else f32 master values where they live (a layer on a GPU keeps them there: its casts
         // read them in place), or 16-bit frozen ones widened on the host (exact).
-        let on_host = weight.half_values().is_some() || weight.value_device() == DeviceKind::Cpu;
-        let widened = (!stored && on_host).then(|| weight.widened());
-        let values = match &widened {
-            Some(w) => Values::Host(w),
-            None => weight.value_values(),
+        let widened = match stored {
+            true => None,
+            false => weight.host_op_values(),
         };
+        let values = weight.op_values(&widened);
         let copy = match &self.precision {
             Precision::Fp8(recipe) => {
                 let scale = self.slot_scale(TensorRole::Weight);

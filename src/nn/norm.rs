@@ -2,8 +2,6 @@
 //! precision (`docs/numerics.md`, mixed precision); the output is rounded to the compute dtype unless a fused
 //! FP8 cast consumes it directly.
 
-use std::borrow::Cow;
-
 use super::no_forward;
 use super::param::{Module, Parameter};
 use crate::amp::Precision;
@@ -102,8 +100,8 @@ impl NormCore {
         if let Some(beta) = &mut self.beta {
             beta.value_where(&self.backend, device, self.dtype)?;
         }
-        let gamma_host = host_values(&self.gamma);
-        let beta_host = self.beta.as_ref().and_then(host_values);
+        let gamma_host = self.gamma.host_op_values();
+        let beta_host = self.beta.as_ref().and_then(Parameter::host_op_values);
         // Both norm kernels write every output value.
         let mut y = self.backend.output_like(x, rows, self.hidden)?;
         let mut rstd = self.backend.output_like(x, rows, 1)?;
@@ -112,8 +110,8 @@ impl NormCore {
                 let mut mean = self.backend.output_like(x, rows, 1)?;
                 self.backend.kernels().layernorm_forward(
                     x.values(),
-                    values_of(&self.gamma, &gamma_host),
-                    values_of(beta, &beta_host),
+                    self.gamma.op_values(&gamma_host),
+                    beta.op_values(&beta_host),
                     shape,
                     self.config.eps,
                     self.config.zero_centered_gamma,
@@ -126,7 +124,7 @@ impl NormCore {
             None => {
                 self.backend.kernels().rmsnorm_forward(
                     x.values(),
-                    values_of(&self.gamma, &gamma_host),
+                    self.gamma.op_values(&gamma_host),
                     shape,
                     self.config.eps,
                     self.config.zero_centered_gamma,
@@ -237,20 +235,6 @@ impl NormCore {
         self.saved.as_ref().map_or(0, |s| {
             s.x.len() * self.dtype.bytes() + 4 * (s.mean.as_ref().map_or(0, Tensor::len) + s.rstd.len())
         })
-    }
-}
-
-/// A norm parameter's values in host memory (widened from 16 bits for a frozen one held so), or
-/// `None` for values kept on a GPU, which the ops read in place ([`values_of`]).
-fn host_values(p: &Parameter) -> Option<Cow<'_, [f32]>> {
-    (p.value_device() == DeviceKind::Cpu).then(|| p.widened())
-}
-
-/// `p`'s values as an op argument: `host` (from [`host_values`]) or the device values.
-fn values_of<'a>(p: &'a Parameter, host: &'a Option<Cow<'a, [f32]>>) -> Values<'a> {
-    match host {
-        Some(values) => Values::Host(values),
-        None => p.value_values(),
     }
 }
 

@@ -197,6 +197,22 @@ impl Parameter {
         (self.half.as_ref(), grad)
     }
 
+    /// The values an op reads from host memory: the f32 masters, or a frozen parameter's 16-bit
+    /// values widened (exact); `None` for masters kept on a GPU, which the op reads in place
+    /// ([`Parameter::op_values`]).
+    pub(crate) fn host_op_values(&self) -> Option<Cow<'_, [f32]>> {
+        (self.half.is_some() || self.value.device() == DeviceKind::Cpu).then(|| self.widened())
+    }
+
+    /// The values as an op argument: `host` (from [`Parameter::host_op_values`]) or the
+    /// master values where they live.
+    pub(crate) fn op_values<'a>(&'a self, host: &'a Option<Cow<'a, [f32]>>) -> Values<'a> {
+        match host {
+            Some(values) => Values::Host(values),
+            None => self.value.values(),
+        }
+    }
+
     /// The master values as an op argument and the gradient to accumulate into (`None` when
     /// frozen), each wherever it lives, at once: a norm's backward reads gamma and adds into its
     /// gradient. Not for a parameter held in 16 bits (its `value` is empty): use
@@ -260,12 +276,7 @@ impl Parameter {
     /// `tensor::device_values::HostArray`), for tests of the code around device gradients.
     #[cfg(test)]
     pub(crate) fn grad_on_stand_in_gpu(&mut self, ordinal: usize) {
-        use crate::tensor::device_values::{CudaStorage, HostArray};
-        let (rows, cols) = self.grad.shape();
-        let values = self.grad.to_host().unwrap().into_data();
-        let storage = CudaStorage::new(Box::new(HostArray { ordinal, values }));
-        self.grad = Tensor::on_device(storage, rows, cols).unwrap();
-        self.grad_read.forget();
+        on_stand_in_gpu(&mut self.grad, &mut self.grad_read, ordinal);
     }
 
     /// [`Self::grad_to_host`] for accessors that hand out host slices: a failed download
@@ -399,12 +410,7 @@ impl Parameter {
     /// [`Parameter::grad_on_stand_in_gpu`]).
     #[cfg(test)]
     pub(crate) fn value_on_stand_in_gpu(&mut self, ordinal: usize) {
-        use crate::tensor::device_values::{CudaStorage, HostArray};
-        let (rows, cols) = self.value.shape();
-        let values = self.value.to_host().unwrap().into_data();
-        let storage = CudaStorage::new(Box::new(HostArray { ordinal, values }));
-        self.value = Tensor::on_device(storage, rows, cols).unwrap();
-        self.value_read.forget();
+        on_stand_in_gpu(&mut self.value, &mut self.value_read, ordinal);
     }
 
     /// The f32 gradient, accumulated across micro-batches until [`Parameter::zero_grad`]. A
@@ -649,6 +655,18 @@ fn bring_home(t: &mut Tensor, read: &mut HostCopy) -> Result<()> {
         };
     }
     Ok(())
+}
+
+/// `t` (with `read`, its host copy) moved onto a stand-in GPU `ordinal`, host memory playing a
+/// device array, for tests.
+#[cfg(test)]
+fn on_stand_in_gpu(t: &mut Tensor, read: &mut HostCopy, ordinal: usize) {
+    use crate::tensor::device_values::{CudaStorage, HostArray};
+    let (rows, cols) = t.shape();
+    let values = t.to_host().unwrap().into_data();
+    let storage = CudaStorage::new(Box::new(HostArray { ordinal, values }));
+    *t = Tensor::on_device(storage, rows, cols).unwrap();
+    read.forget();
 }
 
 /// Whether `e` says a GPU had no room for an allocation.

@@ -72,7 +72,7 @@ pub(super) fn saved_bytes(c: &HfConfig, s: &PlanSettings) -> u128 {
     };
     // The model's own: input and target ids (8), f32 logits and log-sum-exp, the final norm's
     // output and its saved input with rstd, and the head's input when the head is a separate linear.
-    let own = 8 * tokens + 4 * tokens * v + 4 * tokens + tokens * h * d + (tokens * h * d + 4 * tokens);
+    let own = super::loss_activation_bytes(tokens, v) + tokens * h * d + (tokens * h * d + 4 * tokens);
     let head = if c.tie_word_embeddings { 0 } else { tokens * h * d };
     c.num_hidden_layers as u128 * layer + own + head
 }

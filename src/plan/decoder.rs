@@ -11,7 +11,7 @@
 //! (FP8 codes under FP8), and fc1's output; with recompute only its input (T h). Sizes from the
 //! command line can be absurd: the sums saturate instead of wrapping.
 
-use super::MemoryPlan;
+use super::{LinearShape, MemoryPlan};
 use crate::amp::Precision;
 use crate::memory::MemoryCategory;
 use crate::model::{ModelConfig, Recompute};
@@ -66,6 +66,19 @@ fn gemm_input(precision: &Precision, tokens: Bytes, inp: Bytes) -> Bytes {
     }
 }
 
+/// The linears of one decoder layer, `[out, in]`: fused q/k/v, the projection, fc1 (both
+/// halves under SwiGLU) and fc2.
+pub(super) fn decoder_linears(model: &ModelConfig) -> [LinearShape; 4] {
+    let (h, ffn) = (model.hidden as u128, model.ffn_hidden as u128);
+    let fc1_out = if model.swiglu { 2 * ffn } else { ffn };
+    [
+        LinearShape { out: 3 * h, inp: h },
+        LinearShape { out: h, inp: h },
+        LinearShape { out: fc1_out, inp: h },
+        LinearShape { out: h, inp: ffn },
+    ]
+}
+
 /// The plan of training `model` under `precision` on micro-batches of `micro_batch` sequences of
 /// `seq` tokens; `accumulate`: more than one micro-batch per step.
 pub fn plan_decoder(
@@ -76,10 +89,10 @@ pub fn plan_decoder(
     accumulate: bool,
 ) -> MemoryPlan {
     let d = b(precision.compute_dtype().bytes());
-    let (h, ffn, vocab) = (b(model.hidden), b(model.ffn_hidden), b(model.vocab));
+    let (h, vocab) = (b(model.hidden), b(model.vocab));
     let layer_norm = !model.rmsnorm;
-    let fc1_out = if model.swiglu { Bytes(2) * ffn } else { ffn };
-    let linears = [(Bytes(3) * h, h), (h, h), (fc1_out, h), (h, ffn)];
+    let linears = decoder_linears(model).map(|w| (Bytes(w.out), Bytes(w.inp)));
+    let fc1_out = linears[2].0;
     // A norm's weight, and its bias under LayerNorm.
     let norm_values = if layer_norm { Bytes(2) * h } else { h };
     let layer_values = linears
@@ -138,9 +151,7 @@ pub fn plan_decoder(
     let layers = b(recomputing) * tokens * h * d + b(model.layers - recomputing) * full_layer;
     // Input and target ids, f32 logits and log-sum-exp, the final norm's output and saved input,
     // and the separate head's input.
-    let own = Bytes(8) * tokens
-        + Bytes(4) * tokens * vocab
-        + Bytes(4) * tokens
+    let own = Bytes(super::loss_activation_bytes(tokens.0, vocab.0))
         + tokens * h * d
         + norm_saved
         + head.map_or(Bytes(0), |_| tokens * h * d);

@@ -10,7 +10,7 @@
 //! the device, but not those of a linear frozen in FP8). Earlier micro-batches' gradient sums
 //! stay where the gradients are: one more copy of the gradients while micro-batches accumulate.
 
-use super::{LinearShape, PlanSettings, layer_linears, lora_parameter_count};
+use super::{PlanSettings, layer_linears, lora_parameter_count};
 use crate::hf::HfConfig;
 use crate::model::ModelConfig;
 use crate::tensor::Dtype;
@@ -56,14 +56,8 @@ pub fn decoder_device_copies(model: &ModelConfig, dtype: Dtype, accumulate: bool
     if dtype == Dtype::F32 {
         return 0;
     }
-    let (h, ffn) = (model.hidden as u128, model.ffn_hidden as u128);
-    let fc1_out = if model.swiglu { 2 * ffn } else { ffn };
-    let linears = [
-        LinearShape { out: 3 * h, inp: h },
-        LinearShape { out: h, inp: h },
-        LinearShape { out: fc1_out, inp: h },
-        LinearShape { out: h, inp: ffn },
-    ];
+    let h = model.hidden as u128;
+    let linears = super::decoder::decoder_linears(model);
     let layers = model.layers as u128;
     let weights = layers.saturating_mul(linears.iter().map(|w| w.out * w.inp).sum::<u128>());
     let biases = layers.saturating_mul(linears.iter().map(|w| w.out).sum::<u128>());

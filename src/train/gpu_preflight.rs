@@ -14,7 +14,10 @@ use crate::data::Dataset;
 use crate::error::{Error, Result};
 use crate::hf::HfConfig;
 use crate::memory::{MemoryCategory, human_bytes};
-use crate::plan::{BasePrecision, LoraPlan, MemoryPlan, decoder_device_copies, device_copies, plan, plan_decoder};
+use crate::plan::{
+    BasePrecision, LoraPlan, MemoryPlan, decoder_device_copies, device_copies, loss_activation_bytes, plan,
+    plan_decoder,
+};
 use crate::tensor::Dtype;
 
 use super::session::RunConfig;
@@ -71,11 +74,10 @@ pub fn decoder_needs(precisions: &[Precision], config: &RunConfig, data: &Datase
         .collect())
 }
 
-/// The planned activations of `micro` sequences of `seq` tokens that stay in host memory: 8 bytes
-/// of ids a token, and f32 logits over `vocab` with their log-sum-exp.
+/// The planned activations of `micro` sequences of `seq` tokens that stay in host memory
+/// ([`loss_activation_bytes`]).
 fn host_activations(micro: usize, seq: usize, vocab: usize) -> u128 {
-    let tokens = (micro as u128).saturating_mul(seq as u128);
-    tokens.saturating_mul(8 + 4 * vocab as u128 + 4)
+    loss_activation_bytes((micro as u128).saturating_mul(seq as u128), vocab as u128)
 }
 
 /// The GPU needs of a fine-tune of `model` (`--init-from`), planned as `fp8 plan` plans it.

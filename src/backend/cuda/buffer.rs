@@ -235,7 +235,7 @@ impl CudaDevice {
         if !transfer_times::enabled() {
             return Ok(());
         }
-        timed(Transfer::WaitForGpu, 0, || self.stream().synchronize()).call("cuStreamSynchronize")
+        self.wait_timed()
     }
 
     /// Device-to-device copy of all of `src` into `dst[offset..offset + src.len()]` (a range
