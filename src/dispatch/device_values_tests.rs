@@ -569,7 +569,8 @@ fn device_arms_match_host_arms() {
             let mut on_gpu = up(&start, m, n);
             let got = k.gemm_into(a, b, on_gpu.values_mut(), &accumulate).unwrap();
             same(&format!("gemm_into {what}"), &host, &on_gpu);
-            assert_eq!(want.amax.to_bits(), got.amax.to_bits(), "gemm_into {what}: amax");
+            let (want, got) = (want.get().unwrap(), got.get().unwrap());
+            assert_eq!(want.to_bits(), got.to_bits(), "gemm_into {what}: amax");
         }
     }
 
@@ -784,8 +785,16 @@ fn statistics_counted_on_the_device_match_the_host_counts() {
             let host = k.quantize(&recipe, role, Values::Host(&x), rows, cols, 2.0).unwrap();
             let device = k.quantize(&recipe, role, xd.values(), rows, cols, 2.0).unwrap();
             assert_eq!(host.tensor, device.tensor, "{precision} {role:?}: the same codes");
-            let on_host = k.cast_stats("x".into(), Values::Host(&x), &host).unwrap();
-            let on_device = k.cast_stats("x".into(), xd.values(), &device).unwrap();
+            let on_host = k
+                .cast_stats("x".into(), Values::Host(&x), &host)
+                .unwrap()
+                .finish()
+                .unwrap();
+            let on_device = k
+                .cast_stats("x".into(), xd.values(), &device)
+                .unwrap()
+                .finish()
+                .unwrap();
             assert_eq!(on_host, on_device, "{precision} {role:?}: cast statistics");
             // (Block scales follow each block's amax: only the fixed delayed scale is sure to
             // saturate some of the probe.)
@@ -799,9 +808,13 @@ fn statistics_counted_on_the_device_match_the_host_counts() {
     for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
         for scale in [2.0, 1e-3] {
             let on_host = k
-                .uncast_stats("y".into(), Values::Host(&x), format, 7.0, scale)
+                .uncast_stats("y".into(), Values::Host(&x), format, 7.0.into(), scale)
+                .and_then(|s| s.finish())
                 .unwrap();
-            let on_device = k.uncast_stats("y".into(), xd.values(), format, 7.0, scale).unwrap();
+            let on_device = k
+                .uncast_stats("y".into(), xd.values(), format, 7.0.into(), scale)
+                .and_then(|s| s.finish())
+                .unwrap();
             assert_eq!(on_host, on_device, "{format:?} scale {scale}: uncast statistics");
         }
     }
@@ -1212,11 +1225,17 @@ fn shadow_mode_checks_the_counts_a_cast_made() {
             2.0,
         )
         .unwrap();
-    let counts = cpu.counts.expect("a CPU per-tensor cast counts");
+    let counts = cpu
+        .counts
+        .as_ref()
+        .expect("a CPU per-tensor cast counts")
+        .get()
+        .unwrap();
     // The same cast (the struct update copies amax and scale, so `cpu` stays whole).
     let same = super::Cast {
         tensor: cpu.tensor.clone(),
-        counts: Some(counts),
+        counts: Some(counts.into()),
+        amax: cpu.amax.clone(),
         ..cpu
     };
     let contract = super::contract::contract("quantize");
@@ -1224,7 +1243,7 @@ fn shadow_mode_checks_the_counts_a_cast_made() {
     let mut wrong = counts;
     wrong[1] += 1;
     let miscounted = super::Cast {
-        counts: Some(wrong),
+        counts: Some(wrong.into()),
         ..same
     };
     let breach = miscounted.breach(&cpu, contract).expect("a miscount is a breach");

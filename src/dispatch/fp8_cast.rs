@@ -14,19 +14,23 @@ use crate::quantize::{
     ScaleRule, amax, cast_transpose_visit, check_len, quantize_1x128, quantize_block_128x128, quantize_mxfp8,
 };
 use crate::scaling::{BlockDims, Fp8TensorStats, TensorRole};
+use crate::tensor::device_values::Deferred;
 use crate::tensor::{QuantizedMatrix, QuantizedTensor, Scales};
 
 /// One cast: both copies, the amax of the source and the scale it multiplied by.
 pub(crate) struct Cast {
     pub tensor: QuantizedTensor,
-    pub amax: f32,
+    /// A GPU cast's amax stays on the device until read (a delayed slot on the device folds
+    /// it there: `Kernels::record_amax`).
+    pub amax: Deferred<f32>,
     /// The per-tensor scale itself (delayed: the slot's; current: the one computed from the
     /// amax), never derived back from `scale_inv`, whose reciprocal may be one ulp off.
     /// Block recipes: the largest block scale, `1 / smallest scale_inv`.
     pub scale: f32,
     /// `[saturated, underflow, nonzero, nonfinite]` counted during the cast (CPU per-tensor
-    /// casts), so [`cast_stats`] need not read the source again; `None`: counted there.
-    pub counts: Option<[u64; 4]>,
+    /// casts, GPU per-tensor casts of device sources: left there), so [`cast_stats`] need not
+    /// read the source again; `None`: counted there.
+    pub counts: Option<Deferred<[u64; 4]>>,
 }
 
 /// Casts `[rows, cols]` in `role`; `delayed_scale` is the slot's scale under delayed scaling.
@@ -41,7 +45,7 @@ pub(crate) fn cast(
     let (tensor, amax, scale, counts) = match recipe {
         Fp8Recipe::Delayed(r) => {
             let (tensor, amax, counts) = per_tensor_counted(src, rows, cols, r.format.for_role(role), delayed_scale)?;
-            (tensor, amax, delayed_scale, Some(counts))
+            (tensor, amax, delayed_scale, Some(counts.into()))
         }
         Fp8Recipe::Current(r) => {
             // `quantize_current`, with the scale kept for the statistics.
@@ -49,7 +53,7 @@ pub(crate) fn cast(
             rule.validate()?;
             let scale = rule.scale(amax(src));
             let (tensor, amax, counts) = per_tensor_counted(src, rows, cols, rule.format, scale)?;
-            (tensor, amax, scale, Some(counts))
+            (tensor, amax, scale, Some(counts.into()))
         }
         Fp8Recipe::Block(r) => {
             let rule = ScaleRule::block(r, role);
@@ -67,7 +71,7 @@ pub(crate) fn cast(
     };
     Ok(Cast {
         tensor,
-        amax,
+        amax: amax.into(),
         scale,
         counts,
     })
@@ -111,7 +115,7 @@ pub(crate) fn block_cast(tensor: QuantizedTensor, amax: f32) -> Cast {
     let scale = largest_scale(tensor.rowwise().scales());
     Cast {
         tensor,
-        amax,
+        amax: amax.into(),
         scale,
         counts: None,
     }
@@ -279,9 +283,9 @@ fn scale_block_width(scales: &Scales, cols: usize) -> usize {
 /// Statistics of a cast: an element is saturated when its scaled magnitude exceeds the
 /// format's max finite value, flushed when it is non-zero but its code decodes to zero.
 /// Counted over row bands in parallel (integer counts: the same result in any order).
-pub(crate) fn cast_stats(name: String, src: &[f32], cast: &Cast) -> Fp8TensorStats {
+pub(crate) fn cast_stats(name: String, src: &[f32], cast: &Cast) -> Result<Fp8Stats> {
     if let Some(stats) = counted_stats(&name, src.len(), cast) {
-        return stats;
+        return Ok(stats);
     }
     let q = cast.tensor.rowwise();
     let format = cast.tensor.format();
@@ -309,22 +313,87 @@ pub(crate) fn cast_stats(name: String, src: &[f32], cast: &Cast) -> Fp8TensorSta
             counts
         })
         .reduce(Counts::default, Counts::sum);
-    counts.finish(name, format, cast.amax, cast.scale, total)
+    let amax = cast.amax.get()?;
+    Ok(Fp8Stats::Ready(counts.finish(name, format, amax, cast.scale, total)))
 }
 
 /// The statistics of a cast of a `len`-element source from the counts made during the cast,
-/// if it made them (and they are of a source that long).
-pub(crate) fn counted_stats(name: &str, len: usize, cast: &Cast) -> Option<Fp8TensorStats> {
-    let counts = cast.counts.filter(|_| len == cast.tensor.rowwise().len())?;
-    let format = cast.tensor.format();
-    Some(stats_from_counts(
+/// if it made them (and they are of a source that long): finished now from host counts, or
+/// when read from counts left on a GPU.
+pub(crate) fn counted_stats(name: &str, len: usize, cast: &Cast) -> Option<Fp8Stats> {
+    let counts = cast.counts.clone().filter(|_| len == cast.tensor.rowwise().len())?;
+    Some(Fp8Stats::counted(
         name.to_string(),
-        format,
-        cast.amax,
+        cast.tensor.format(),
+        cast.amax.clone(),
         cast.scale,
         len,
         counts,
     ))
+}
+
+/// The statistics of one cast or high-precision GEMM output: finished, or still counts and an
+/// amax on a GPU, finished when the step's statistics are collected (reading them per op
+/// would wait for the stream each time).
+#[derive(Clone, Debug)]
+pub(crate) enum Fp8Stats {
+    Ready(Fp8TensorStats),
+    Counted {
+        name: String,
+        format: Fp8Format,
+        amax: Deferred<f32>,
+        scale: f32,
+        total: usize,
+        counts: Deferred<[u64; 4]>,
+    },
+}
+
+impl Fp8Stats {
+    /// [`stats_from_counts`] of `counts` and `amax`: at once if both are host values.
+    pub(crate) fn counted(
+        name: String,
+        format: Fp8Format,
+        amax: Deferred<f32>,
+        scale: f32,
+        total: usize,
+        counts: Deferred<[u64; 4]>,
+    ) -> Self {
+        match (&amax, &counts) {
+            (Deferred::Host(a), Deferred::Host(c)) => {
+                Fp8Stats::Ready(stats_from_counts(name, format, *a, scale, total, *c))
+            }
+            _ => Fp8Stats::Counted {
+                name,
+                format,
+                amax,
+                scale,
+                total,
+                counts,
+            },
+        }
+    }
+
+    /// The finished statistics (reading what a GPU holds).
+    pub(crate) fn finish(&self) -> Result<Fp8TensorStats> {
+        match self {
+            Fp8Stats::Ready(stats) => Ok(stats.clone()),
+            Fp8Stats::Counted {
+                name,
+                format,
+                amax,
+                scale,
+                total,
+                counts,
+            } => Ok(stats_from_counts(
+                name.clone(),
+                *format,
+                amax.get()?,
+                *scale,
+                *total,
+                counts.get()?,
+            )),
+        }
+    }
 }
 
 /// `[saturated, underflow, nonzero, nonfinite]` of a per-tensor cast of `src` into `codes` with
@@ -394,6 +463,60 @@ pub(crate) fn tensor_bytes(tensor: &QuantizedTensor) -> usize {
 mod tests {
     use super::*;
     use crate::amp::Precision;
+    use crate::tensor::device_values::HostResult;
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn statistics_of_results_left_on_a_device_are_read_only_when_finished() {
+        let Ok(Precision::Fp8(recipe)) = "fp8-delayed".parse::<Precision>() else {
+            panic!("fp8-delayed is an FP8 precision");
+        };
+        let src: Vec<f32> = (0..16 * 32).map(|i| (i as f32 * 0.37).sin() * 600.0).collect();
+        let cpu = cast(&recipe, TensorRole::Input, &src, 16, 32, 2.0).unwrap();
+        let want = cast_stats("x".into(), &src, &cpu).unwrap();
+        assert!(matches!(want, Fp8Stats::Ready(_)), "host counts finish at once");
+        let want = want.finish().unwrap();
+        assert!(want.saturated > 0.0, "the probe saturates: {want:?}");
+        // The same cast with its amax and counts left on a stand-in GPU.
+        let counts = cpu.counts.as_ref().unwrap().get().unwrap();
+        let amax = Arc::new(HostResult {
+            ordinal: 0,
+            value: cpu.amax.get().unwrap(),
+            reads: 0.into(),
+        });
+        let count_reads = Arc::new(HostResult {
+            ordinal: 0,
+            value: counts,
+            reads: 0.into(),
+        });
+        let on_device = Cast {
+            amax: Deferred::Device(amax.clone()),
+            counts: Some(Deferred::Device(count_reads.clone())),
+            ..cpu
+        };
+        let deferred = cast_stats("x".into(), &src, &on_device).unwrap();
+        assert!(matches!(deferred, Fp8Stats::Counted { .. }));
+        assert_eq!(amax.reads.load(Ordering::Relaxed), 0, "nothing read per op");
+        assert_eq!(count_reads.reads.load(Ordering::Relaxed), 0);
+        assert_eq!(deferred.finish().unwrap(), want, "the same statistics when read");
+        assert_eq!(amax.reads.load(Ordering::Relaxed), 1);
+        assert_eq!(count_reads.reads.load(Ordering::Relaxed), 1);
+        // Uncast statistics with a device amax: the CPU reads it to finish at once.
+        let amax_d = HostResult::deferred(0, 3.5f32);
+        let stats = crate::dispatch::Kernels::uncast_stats(
+            &crate::dispatch::CpuKernels,
+            "y".into(),
+            crate::dispatch::Values::Host(&src),
+            Fp8Format::E4M3,
+            amax_d,
+            2.0,
+        )
+        .unwrap()
+        .finish()
+        .unwrap();
+        assert_eq!(stats, uncast_stats("y".into(), &src, Fp8Format::E4M3, 3.5, 2.0));
+    }
 
     /// The element-by-element definition the parallel counts must reproduce.
     fn counts_by_definition(src: &[f32], cast: &Cast) -> Counts {
@@ -452,11 +575,11 @@ mod tests {
                 let fused = [want.saturated, want.underflow, want.nonzero, want.nonfinite];
                 let per_tensor = matches!(name, "fp8-delayed" | "fp8-current");
                 assert_eq!(
-                    cast.counts,
+                    cast.counts.as_ref().map(|c| c.get().unwrap()),
                     per_tensor.then_some(fused),
                     "{name} {role:?}: counts of the cast"
                 );
-                let stats = cast_stats("t".into(), &src, &cast);
+                let stats = cast_stats("t".into(), &src, &cast).and_then(|s| s.finish()).unwrap();
                 assert_eq!(
                     stats.saturated,
                     want.saturated as f64 / src.len() as f64,

@@ -36,7 +36,8 @@ macro_rules! by_value_args {
             crate::ops::AttentionShape,
             crate::ops::CachedAttentionShape,
             crate::ops::RopeShape,
-            crate::ops::elementwise::ColumnCopy
+            crate::ops::elementwise::ColumnCopy,
+            crate::tensor::device_values::Deferred<f32>
         );
     };
 }
@@ -60,7 +61,7 @@ mod twin;
 
 pub(crate) use crate::ops::elementwise::ColumnCopy;
 pub(crate) use crate::ops::{AdamWStep, AttentionShape, CachedAttentionShape, NormShape, RopeShape, RopeTable};
-pub(crate) use fp8_cast::Cast;
+pub(crate) use fp8_cast::{Cast, Fp8Stats};
 pub(crate) use plain::{Halves, PlainMat};
 #[cfg(test)]
 pub(crate) use shadow::{Perturbed, perturb_cpu_primaries};
@@ -78,8 +79,8 @@ use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{GemmParams, GemmReport, Operand, Output};
 use crate::memory::MemoryCategory;
-use crate::scaling::{DelayedScaling, Fp8TensorStats, SlotBank, TensorRole};
-pub(crate) use crate::tensor::device_values::{Values, ValuesMut};
+use crate::scaling::{DelayedScaling, SlotBank, TensorRole};
+pub(crate) use crate::tensor::device_values::{Deferred, Values, ValuesMut};
 use crate::tensor::{DeviceKind, DeviceMirror, Dtype, QuantizedMatrix, Tensor};
 
 /// Declares the op trait from one list, with the CPU implementation of each op
@@ -169,8 +170,9 @@ kernels! {
     fn gemm(a: &Operand, b: &Operand, out: Output, params: &GemmParams) -> GemmReport = crate::gemm::cpu::gemm,
         gemm_call = contract::GemmCall { a, b, params };
     /// [`Kernels::gemm`] into f32 values wherever they live (an activation's GEMM whose result
-    /// stays on the device of the call).
-    fn gemm_into(a: &Operand, b: &Operand, out: ValuesMut<'_>, params: &GemmParams) -> GemmReport = cpu_gemm_into,
+    /// stays on the device of the call); the result's amax (0 unless `params.report_amax`),
+    /// left on the GPU of a device output.
+    fn gemm_into(a: &Operand, b: &Operand, out: ValuesMut<'_>, params: &GemmParams) -> Deferred<f32> = cpu_gemm_into,
         gemm_call = contract::GemmCall { a, b, params };
     /// The exact transpose of FP8 codes with per-tensor or 128x128 scales (a frozen weight's
     /// `W^T`), made where the codes are held.
@@ -240,10 +242,13 @@ kernels! {
     /// (`docs/numerics.md`, delayed scaling).
     fn delayed_update(bank: &mut SlotBank, slots: &[usize], formats: &[Fp8Format], recipe: &DelayedScaling) -> ()
         = cpu_delayed_update;
+    /// What a cast of slot `slot` leaves in its bank ([`SlotBank::record_cast`]): on a bank
+    /// kept on the GPU, an amax left there is folded in there, nothing read back.
+    fn record_amax(bank: &mut SlotBank, slot: usize, amax: &Deferred<f32>) -> () = cpu_record_amax;
     /// FP8 statistics of a cast.
-    fn cast_stats(name: String, src: Values<'_>, cast: &Cast) -> Fp8TensorStats = cpu_cast_stats;
+    fn cast_stats(name: String, src: Values<'_>, cast: &Cast) -> Fp8Stats = fp8_cast::cast_stats;
     /// FP8 statistics of a high-precision tensor as if cast per tensor with `scale`.
-    fn uncast_stats(name: String, values: Values<'_>, format: Fp8Format, amax: f32, scale: f32) -> Fp8TensorStats
+    fn uncast_stats(name: String, values: Values<'_>, format: Fp8Format, amax: Deferred<f32>, scale: f32) -> Fp8Stats
         = cpu_uncast_stats;
     /// One AdamW update of a parameter and its moments.
     fn adamw(value: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], step: &crate::ops::AdamWStep) -> ()
@@ -278,20 +283,43 @@ pub(crate) fn check_delayed_update(bank: &SlotBank, slots: &[usize], formats: &[
     Ok(())
 }
 
-fn cpu_cast_stats(name: String, src: &[f32], cast: &Cast) -> Result<Fp8TensorStats> {
-    Ok(fp8_cast::cast_stats(name, src, cast))
+fn cpu_record_amax(bank: &mut SlotBank, slot: usize, amax: &Deferred<f32>) -> Result<()> {
+    check_slot(bank, slot)?;
+    bank.record_cast(slot, amax.get()?);
+    Ok(())
 }
 
-fn cpu_uncast_stats(name: String, values: &[f32], format: Fp8Format, amax: f32, scale: f32) -> Result<Fp8TensorStats> {
-    Ok(fp8_cast::uncast_stats(name, values, format, amax, scale))
+/// `record_amax`'s slot, checked once for every backend.
+pub(crate) fn check_slot(bank: &SlotBank, slot: usize) -> Result<()> {
+    match slot < bank.slots() {
+        true => Ok(()),
+        false => Err(Error::LengthMismatch {
+            what: "record_amax slot past the bank",
+            src: slot,
+            dst: bank.slots(),
+        }),
+    }
+}
+
+fn cpu_uncast_stats(
+    name: String,
+    values: &[f32],
+    format: Fp8Format,
+    amax: Deferred<f32>,
+    scale: f32,
+) -> Result<Fp8Stats> {
+    let amax = amax.get()?;
+    Ok(Fp8Stats::Ready(fp8_cast::uncast_stats(
+        name, values, format, amax, scale,
+    )))
 }
 
 fn cpu_residual_add(x: &[f32], f: &[f32], dtype: Dtype, out: &mut [f32]) -> Result<()> {
     crate::ops::elementwise::residual_add_into(x, f, dtype, out)
 }
 
-fn cpu_gemm_into(a: &Operand, b: &Operand, out: &mut [f32], params: &GemmParams) -> Result<GemmReport> {
-    crate::gemm::cpu::gemm(a, b, Output::F32(out), params)
+fn cpu_gemm_into(a: &Operand, b: &Operand, out: &mut [f32], params: &GemmParams) -> Result<Deferred<f32>> {
+    Ok(crate::gemm::cpu::gemm(a, b, Output::F32(out), params)?.amax.into())
 }
 
 fn cpu_round(values: &mut [f32], dtype: Dtype) -> Result<()> {
@@ -397,6 +425,24 @@ impl Backend {
     /// and shadow mode do not (shadow mode checks each parameter's update against its twin).
     pub(crate) fn holds_arenas(&self) -> bool {
         matches!(self, Backend::Cuda(_)) && cuda_ops::switches::arenas_enabled()
+    }
+
+    /// Whether a layer running on this backend's GPU keeps its delayed-scaling slot bank there
+    /// (a plain CUDA backend with `FP8_CUDA_DEVICE_BANKS=1`, not yet validated on a GPU; shadow
+    /// mode checks each record and update against its twin on host banks).
+    pub(crate) fn holds_slot_banks(&self) -> bool {
+        matches!(self, Backend::Cuda(_)) && cuda_ops::switches::device_banks_enabled()
+    }
+
+    /// Moves `bank` to this backend's GPU if it [holds slot banks](Self::holds_slot_banks)
+    /// (nothing otherwise, or if it is there already).
+    pub(crate) fn keep_slot_bank(&self, bank: &mut SlotBank) -> Result<()> {
+        let Backend::Cuda(k) = self else { return Ok(()) };
+        if !self.holds_slot_banks() {
+            return Ok(());
+        }
+        let (slots, len) = (bank.slots(), bank.history_len());
+        bank.keep_on(|host| cuda_ops::bank_on(k, host, slots, len))
     }
 
     /// The optimizer's arenas of `layout` on this backend's device ([`Self::holds_arenas`]).

@@ -6,12 +6,12 @@ use half::{bf16, f16};
 
 use super::contract::{Breach, Contract, GemmDtype, first_breach, first_breach_f32, gemm_tolerance};
 use super::gemm_check::{self, GemmResult};
-use super::{Cast, PlainMat};
+use super::{Cast, Fp8Stats, PlainMat};
 use crate::error::Result;
 use crate::format::Fp8Format;
 use crate::gemm::{GemmReport, Output};
 use crate::scaling::{Fp8TensorStats, SlotBank};
-use crate::tensor::device_values::{Values, ValuesMut};
+use crate::tensor::device_values::{Deferred, Values, ValuesMut};
 use crate::tensor::{QuantizedMatrix, Scales};
 
 /// One argument of an op, seen by the shadow runner.
@@ -405,6 +405,26 @@ impl Outcome for GemmReport {
     }
 }
 
+/// `gemm_into`'s amax, read where it was left (a failed read is NaN, a breach).
+impl Outcome for Deferred<f32> {
+    fn breach(&self, cpu: &Deferred<f32>, contract: Contract) -> Option<Breach> {
+        let read = |d: &Deferred<f32>| GemmReport {
+            amax: d.get().unwrap_or(f32::NAN),
+        };
+        read(self).breach(&read(cpu), contract)
+    }
+}
+
+/// Statistics compared finished (counts a GPU kept are read; a failed read is a breach).
+impl Outcome for Fp8Stats {
+    fn breach(&self, cpu: &Fp8Stats, contract: Contract) -> Option<Breach> {
+        match (self.finish(), cpu.finish()) {
+            (Ok(mine), Ok(theirs)) => mine.breach(&theirs, contract),
+            _ => Some(Breach::exact(0, f64::NAN, f64::NAN)),
+        }
+    }
+}
+
 impl Outcome for PlainMat {
     fn breach(&self, cpu: &PlainMat, contract: Contract) -> Option<Breach> {
         first_breach(contract, self.widened().into_iter(), cpu.widened().into_iter())
@@ -442,7 +462,8 @@ fn cast_values(c: &Cast) -> Vec<f64> {
     if let Some(col) = c.tensor.columnwise() {
         out.extend(matrix_values(col));
     }
-    out.extend([c.amax as f64, c.scale as f64]);
+    // An amax left on the GPU is read (a failed read is NaN, a breach).
+    out.extend([c.amax.get().unwrap_or(f32::NAN) as f64, c.scale as f64]);
     out
 }
 
@@ -459,7 +480,8 @@ impl Outcome for Cast {
         // The statistics counted during the cast (a GPU cast of a device source counts there;
         // the CPU's per-tensor casts always count): `cast_stats` reads them instead of the
         // source, so they are checked here, after the values, exactly.
-        match (self.counts, cpu.counts) {
+        let read = |c: &Option<Deferred<[u64; 4]>>| c.as_ref().map(|c| c.get().unwrap_or([u64::MAX; 4]));
+        match (read(&self.counts), read(&cpu.counts)) {
             (Some(mine), Some(theirs)) => (0..4)
                 .find(|&k| mine[k] != theirs[k])
                 .map(|k| Breach::exact(counted_from + k, mine[k] as f64, theirs[k] as f64)),

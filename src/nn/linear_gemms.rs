@@ -18,7 +18,7 @@
 use super::no_forward;
 use super::param::Parameter;
 use crate::amp::{Fp8Recipe, Precision};
-use crate::dispatch::{Backend, Cast, PlainMat, Values, ValuesMut, fp8_cast};
+use crate::dispatch::{Backend, Cast, Deferred, Fp8Stats, PlainMat, Values, ValuesMut, fp8_cast};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{FP8_K_MULTIPLE, GemmParams, Mat, Operand};
@@ -31,7 +31,7 @@ use crate::tensor::{DeviceKind, Dtype, HalfValues, Tensor};
 /// The weight's compute copies, made at one parameter version.
 enum WeightCopy {
     /// Row-wise `[out, in]` for forward, column-wise `[in, out]` for dgrad.
-    Fp8(Cast),
+    Fp8(Box<Cast>),
     /// `[out, in]` in the compute dtype; dgrad reads it transposed.
     Plain(PlainMat),
     /// None: a frozen weight held in 16 bits of the compute dtype is read as it is held
@@ -135,11 +135,12 @@ pub(crate) struct LinearGemms {
     weight: Option<(u64, WeightCopy)>,
     /// An installed FP8 weight copy's amax and statistics, recorded at its first training
     /// forward as the layer's own cast would be.
-    installed_stats: Option<(f32, Fp8TensorStats)>,
+    installed_stats: Option<(Deferred<f32>, Fp8Stats)>,
     saved: Option<(usize, SavedInput)>,
     /// The input scale of the last training forward, so a recompute casts the same codes.
     forward_input_scale: f32,
-    stats: [Option<Fp8TensorStats>; 5],
+    /// Finished when the step's statistics are collected (a GPU's counts stay there till then).
+    stats: [Option<Fp8Stats>; 5],
     backend: Backend,
     /// Delayed scaling updated once per optimizer step by the training step (which may
     /// max-reduce the amaxes across ranks first) instead of after every forward and backward.
@@ -210,13 +211,28 @@ impl LinearGemms {
         self.precision.compute_dtype()
     }
 
-    fn slot_scale(&self, role: TensorRole) -> f32 {
-        self.slots.as_ref().map_or(1.0, |s| s.scale(role_index(role)))
+    /// The scale a cast of `role` uses now (a bank on the GPU: as its last update left it,
+    /// waiting for that update only).
+    fn slot_scale(&self, role: TensorRole) -> Result<f32> {
+        self.slots.as_ref().map_or(Ok(1.0), |s| s.scale_now(role_index(role)))
     }
 
-    fn record(&mut self, role: TensorRole, amax: f32) {
+    /// Records a cast's or GEMM output's amax in its slot: folded in on the GPU for a bank kept
+    /// there, nothing read back.
+    fn record(&mut self, role: TensorRole, amax: &Deferred<f32>) -> Result<()> {
         if let Some(slots) = &mut self.slots {
-            slots.record_cast(role_index(role), amax);
+            self.backend.kernels().record_amax(slots, role_index(role), amax)?;
+        }
+        Ok(())
+    }
+
+    /// Takes the bank up to the GPU when the layer's tensors live there and the backend keeps
+    /// banks on it (`Backend::holds_slot_banks`); a host input brings it home.
+    fn place_slots(&mut self, input: DeviceKind) -> Result<()> {
+        let Some(slots) = &mut self.slots else { return Ok(()) };
+        match input {
+            DeviceKind::Cpu => slots.bring_home(),
+            DeviceKind::Cuda(_) => self.backend.keep_slot_bank(slots),
         }
     }
 
@@ -245,14 +261,15 @@ impl LinearGemms {
 
     /// Stats of a GEMM output kept in high precision: as if cast per tensor with the slot's scale
     /// (delayed) or the just-in-time scale of its amax (other recipes).
-    fn output_stats(&mut self, role: TensorRole, values: Values, amax: f32) -> Result<()> {
+    fn output_stats(&mut self, role: TensorRole, values: Values, amax: Deferred<f32>) -> Result<()> {
         let Precision::Fp8(recipe) = &self.precision else {
             return Ok(());
         };
         let format = recipe.format_for(role);
         let scale = match recipe {
-            Fp8Recipe::Delayed(_) => self.slot_scale(role),
-            _ => current_scale(amax, format.max_finite(), false, 0.0),
+            Fp8Recipe::Delayed(_) => self.slot_scale(role)?,
+            // (Current scaling's just-in-time scale needs the amax here: it comes back.)
+            _ => current_scale(amax.get()?, format.max_finite(), false, 0.0),
         };
         let stats = self
             .backend
@@ -282,7 +299,11 @@ impl LinearGemms {
         match &self.precision {
             Precision::Fp8(Fp8Recipe::Delayed(r)) => Some(WeightSliceCast::Fp8 {
                 format: r.format.for_role(TensorRole::Weight),
-                scale: self.slot_scale(TensorRole::Weight),
+                // (A bank on the GPU: as its last update left it, with `SlotBank::scale`'s panic.)
+                scale: self
+                    .slots
+                    .as_ref()
+                    .map_or(1.0, |s| s.scale(role_index(TensorRole::Weight))),
             }),
             Precision::Fp8(_) => None,
             _ => (self.dtype() != Dtype::F32).then_some(WeightSliceCast::Plain(self.dtype())),
@@ -322,9 +343,10 @@ impl LinearGemms {
         }
         let name = self.stat_name(TensorRole::Weight);
         let total = self.in_features * self.out_features;
-        let stats = fp8_cast::stats_from_counts(name, cast.tensor.format(), cast.amax, cast.scale, total, counts);
-        self.installed_stats = Some((cast.amax, stats));
-        self.weight = Some((version, WeightCopy::Fp8(cast)));
+        let amax = cast.amax.get()?;
+        let stats = fp8_cast::stats_from_counts(name, cast.tensor.format(), amax, cast.scale, total, counts);
+        self.installed_stats = Some((amax.into(), Fp8Stats::Ready(stats)));
+        self.weight = Some((version, WeightCopy::Fp8(Box::new(cast))));
         Ok(())
     }
 
@@ -332,7 +354,7 @@ impl LinearGemms {
     fn refresh_weight(&mut self, weight: &Parameter, replay: bool) -> Result<()> {
         if self.weight.as_ref().is_some_and(|(v, _)| *v == weight.version()) {
             if !replay && let Some((amax, stats)) = self.installed_stats.take() {
-                self.record(TensorRole::Weight, amax);
+                self.record(TensorRole::Weight, &amax)?;
                 self.stats[role_index(TensorRole::Weight)] = Some(stats);
             }
             return Ok(());
@@ -362,14 +384,14 @@ impl LinearGemms {
         let values = weight.op_values(&widened);
         let copy = match &self.precision {
             Precision::Fp8(recipe) => {
-                let scale = self.slot_scale(TensorRole::Weight);
+                let scale = self.slot_scale(TensorRole::Weight)?;
                 let cast = kernels.quantize(recipe, TensorRole::Weight, values, out, inp, scale)?;
                 if !replay {
-                    self.record(TensorRole::Weight, cast.amax);
+                    self.record(TensorRole::Weight, &cast.amax)?;
                     let name = self.stat_name(TensorRole::Weight);
                     self.stats[1] = Some(kernels.cast_stats(name, values, &cast)?);
                 }
-                WeightCopy::Fp8(cast)
+                WeightCopy::Fp8(Box::new(cast))
             }
             _ if stored => WeightCopy::Stored,
             // Else one compute copy, as for f32 values.
@@ -417,6 +439,7 @@ impl LinearGemms {
     ) -> Result<Tensor> {
         let x = input.values();
         self.check_tokens(rows)?;
+        self.place_slots(x.device())?;
         self.refresh_weight(weight, replay)?;
         let (inp, out) = (self.in_features, self.out_features);
         if x.len() != rows * inp {
@@ -433,7 +456,7 @@ impl LinearGemms {
         let input_scale = if replay {
             self.forward_input_scale
         } else {
-            self.slot_scale(TensorRole::Input)
+            self.slot_scale(TensorRole::Input)?
         };
         let (saved, report, input_cast) = match (&self.precision, copy) {
             (Precision::Fp8(recipe), WeightCopy::Fp8(w)) => {
@@ -450,7 +473,7 @@ impl LinearGemms {
                     true => None,
                     false => Some(kernels.cast_stats(self.stat_name(TensorRole::Input), x, &xq)?),
                 };
-                let amax = xq.amax;
+                let amax = xq.amax.clone();
                 let (format, _, columnwise) = xq.tensor.into_parts();
                 let columnwise =
                     columnwise.ok_or_else(|| internal(&self.layer, "the input cast made no column-wise copy"))?;
@@ -485,12 +508,12 @@ impl LinearGemms {
         };
         if let (false, Some((amax, stats))) = (replay, input_cast) {
             self.forward_input_scale = input_scale;
-            self.record(TensorRole::Input, amax);
+            self.record(TensorRole::Input, &amax)?;
             self.stats[0] = stats;
         }
         if !replay {
-            self.record(TensorRole::Output, report.amax);
-            self.output_stats(TensorRole::Output, y.values(), report.amax)?;
+            self.record(TensorRole::Output, &report)?;
+            self.output_stats(TensorRole::Output, y.values(), report)?;
             self.update(&TensorRole::FORWARD)?;
         }
         kernels.round(y.values_mut(), self.dtype())?;
@@ -522,6 +545,7 @@ impl LinearGemms {
                 ),
             });
         }
+        self.place_slots(dy.device())?;
         let backend = self.backend.clone();
         let kernels = backend.kernels();
         if let Some(db) = bias_grad {
@@ -540,7 +564,7 @@ impl LinearGemms {
         };
         let (dgrad_amax, output_grad_cast) = match (&self.precision, copy, &saved) {
             (Precision::Fp8(recipe), WeightCopy::Fp8(w), SavedInput::Fp8(x_format, xt)) => {
-                let scale = self.slot_scale(TensorRole::OutputGrad);
+                let scale = self.slot_scale(TensorRole::OutputGrad)?;
                 let dyq = kernels.quantize(recipe, TensorRole::OutputGrad, dy, rows, out, scale)?;
                 let dy_format = dyq.tensor.format();
                 let dgrad = kernels.gemm_into(
@@ -558,7 +582,7 @@ impl LinearGemms {
                     )?;
                 }
                 let stats = kernels.cast_stats(self.stat_name(TensorRole::OutputGrad), dy, &dyq)?;
-                (dgrad.amax, Some((dyq.amax, stats)))
+                (dgrad, Some((dyq.amax.clone(), stats)))
             }
             (_, copy @ (WeightCopy::Plain(_) | WeightCopy::Stored), SavedInput::Plain(x)) => {
                 // f32 operands are host matrices (the f32 GEMM's reference path): a device `dy`
@@ -586,7 +610,7 @@ impl LinearGemms {
                     let xt = x.operand_on(&backend, (inp, rows, true))?;
                     kernels.gemm_into(&dyt, &xt, dw, &accumulate)?;
                 }
-                (dgrad.amax, None)
+                (dgrad, None)
             }
             _ => {
                 return Err(internal(
@@ -599,10 +623,10 @@ impl LinearGemms {
             scratch::recycle(x);
         }
         if let Some((amax, stats)) = output_grad_cast {
-            self.record(TensorRole::OutputGrad, amax);
+            self.record(TensorRole::OutputGrad, &amax)?;
             self.stats[3] = Some(stats);
         }
-        self.record(TensorRole::InputGrad, dgrad_amax);
+        self.record(TensorRole::InputGrad, &dgrad_amax)?;
         self.output_stats(TensorRole::InputGrad, dx.values(), dgrad_amax)?;
         self.update(&TensorRole::BACKWARD)?;
         kernels.round(dx.values_mut(), self.dtype())?;
@@ -646,10 +670,11 @@ impl LinearGemms {
         self.update_per_step = on;
     }
 
-    /// Appends this step's amax of each of the five slots (nothing without delayed scaling).
+    /// Appends this step's amax of each of the five slots (nothing without delayed scaling; a
+    /// bank on the GPU is read there, one download).
     pub(crate) fn push_current_amaxes(&self, out: &mut Vec<f32>) {
         if let Some(slots) = &self.slots {
-            out.extend((0..ROLES.len()).map(|i| slots.current_amax(i)));
+            out.extend(slots.current_amaxes());
         }
     }
 
@@ -671,7 +696,19 @@ impl LinearGemms {
         self.update_now(&roles)
     }
 
+    /// This step's statistics, finished (counts and amaxes a GPU kept are read now: a few
+    /// values per cast, once per step).
+    ///
+    /// # Panics
+    /// If those reads fail (the GPU is gone), as `Parameter::value`.
     pub(crate) fn collect_stats(&self, out: &mut Vec<Fp8TensorStats>) {
-        out.extend(self.stats.iter().flatten().cloned());
+        out.extend(self.stats.iter().flatten().map(|s| {
+            s.finish().unwrap_or_else(|e| {
+                panic!(
+                    "FP8 statistics of '{}' could not come back from their GPU: {e}",
+                    self.layer
+                )
+            })
+        }));
     }
 }

@@ -4,24 +4,78 @@
 //! for its five slots; one `delayed_update` per bank per pass updates the
 //! forward or the backward ones. [`DelayedSlot`] stays the view checkpoints
 //! save and load, so their format does not change.
+//!
+//! A layer running on a GPU may keep its bank there ([`DeviceBank`]): casts and
+//! GEMMs fold their amax into it and the update runs in place, so no op waits
+//! to read an amax back (`docs/cuda-backend.md`, Slot banks on the device).
+//! Every host accessor still sees the whole bank: readers download it, writers
+//! bring it home first, and the layer takes it up again at its next pass.
+
+use std::any::Any;
+use std::fmt::Debug;
 
 use super::delayed::{DelayedSlot, update_in_place};
 use super::recipe::DelayedScaling;
+use crate::error::Result;
 use crate::format::Fp8Format;
 
+/// A bank's `scale[slots] | history[slots, len]` on a GPU, kept by that GPU's backend
+/// (`dispatch::cuda_ops::slot_bank`), authoritative while it is there. Its `scale_inv` stays
+/// the host's (set from the scale each cast used, which the host knows).
+pub(crate) trait DeviceBank: Debug + Send + Sync {
+    /// The GPU holding it.
+    fn ordinal(&self) -> usize;
+    /// `scale[slots] | history[slots, len]`, downloaded after every write queued to them.
+    fn read(&self) -> Result<Vec<f32>>;
+    /// Slot `slot`'s scale as the last update queued on the device left it, waiting for that
+    /// update only (its scales are copied out behind it); `None` before any update there.
+    fn updated_scale(&self, slot: usize) -> Result<Option<f32>>;
+    /// The backend's own type, to reach its buffer.
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
 /// `slots` delayed-scaling slots with histories of `len` amaxes each.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug)]
 pub struct SlotBank {
     len: usize,
     scale: Vec<f32>,
     scale_inv: Vec<f32>,
     history: Vec<f32>,
+    /// The bank on a GPU: its scales and histories there are the bank's (the host's history is
+    /// stale, its scales those before the device's first update).
+    device: Option<Box<dyn DeviceBank>>,
+}
+
+/// A copy in host memory (a bank on a GPU is downloaded).
+///
+/// # Panics
+/// If that download fails (the GPU is gone); `SlotBank::bring_home` returns the error.
+impl Clone for SlotBank {
+    fn clone(&self) -> Self {
+        let (scale, history) = self.host_state();
+        SlotBank {
+            len: self.len,
+            scale,
+            scale_inv: self.scale_inv.clone(),
+            history,
+            device: None,
+        }
+    }
+}
+
+/// Equal values, wherever they live.
+impl PartialEq for SlotBank {
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len && self.values() == other.values()
+    }
 }
 
 impl SlotBank {
-    /// Every value of the bank in a fixed order (scales, scale_invs, histories), for comparing two banks.
+    /// Every value of the bank in a fixed order (scales, scale_invs, histories), for comparing
+    /// two banks (a bank on a GPU is read there: panics as [`Clone`] if it cannot be).
     pub(crate) fn values(&self) -> Vec<f32> {
-        [&self.scale[..], &self.scale_inv[..], &self.history[..]].concat()
+        let (scale, history) = self.host_state();
+        [&scale[..], &self.scale_inv[..], &history[..]].concat()
     }
 
     /// Every slot as [`DelayedSlot::new`] makes it: scale 1, scale_inv 1, a history of zeros
@@ -33,6 +87,7 @@ impl SlotBank {
             scale: vec![1.0; slots],
             scale_inv: vec![1.0; slots],
             history: vec![0.0; slots * len],
+            device: None,
         }
     }
 
@@ -41,50 +96,94 @@ impl SlotBank {
         self.scale.len()
     }
 
+    /// Amaxes each slot's history holds.
+    pub(crate) fn history_len(&self) -> usize {
+        self.len
+    }
+
     /// The scale slot `i` casts with.
+    ///
+    /// # Panics
+    /// For a bank on a GPU whose last update cannot be read back (the GPU is gone);
+    /// `SlotBank::scale_now` returns the error.
     pub fn scale(&self, i: usize) -> f32 {
-        self.scale[i]
+        self.scale_now(i)
+            .unwrap_or_else(|e| panic!("a delayed-scaling scale could not come back from its GPU: {e}"))
     }
 
-    /// This step's amax of slot `i` so far (its `history[0]`).
+    /// [`Self::scale`], or the error of reading a device update's scale back.
+    pub(crate) fn scale_now(&self, i: usize) -> Result<f32> {
+        match &self.device {
+            Some(device) => Ok(device.updated_scale(i)?.unwrap_or(self.scale[i])),
+            None => Ok(self.scale[i]),
+        }
+    }
+
+    /// This step's amax of slot `i` so far (its `history[0]`; read from a bank on a GPU, with
+    /// the panic of [`Clone`]).
     pub fn current_amax(&self, i: usize) -> f32 {
-        self.history[i * self.len]
+        self.host_state().1[i * self.len]
     }
 
-    /// Overwrites the current amax of slot `i` (a cross-rank reduction's result).
+    /// This step's amax of every slot, in slot order (one read of a bank on a GPU).
+    pub(crate) fn current_amaxes(&self) -> Vec<f32> {
+        let (_, history) = self.host_state();
+        history.iter().step_by(self.len).copied().collect()
+    }
+
+    /// Overwrites the current amax of slot `i` (a cross-rank reduction's result). A bank on a
+    /// GPU comes home first (with the panic of [`Clone`]).
     pub fn set_current_amax(&mut self, i: usize, amax: f32) {
+        self.home();
         self.history[i * self.len] = amax;
     }
 
     /// What a cast of slot `i` leaves behind, as [`DelayedSlot::record_cast`]: the amax
-    /// max-accumulated into the slot's `history[0]`, `scale_inv = 1/scale`.
+    /// max-accumulated into the slot's `history[0]`, `scale_inv = 1/scale`. A bank on a GPU
+    /// comes home first (with the panic of [`Clone`]); the layers fold a device amax into it
+    /// there instead (`Kernels::record_amax`).
     pub fn record_cast(&mut self, i: usize, amax: f32) {
+        self.home();
         let first = &mut self.history[i * self.len];
         *first = first.max(amax);
         self.scale_inv[i] = 1.0 / self.scale[i];
     }
 
+    /// The host's half of a cast recorded on the device (its amax folded into `history[0]`
+    /// there): `scale_inv = 1/scale` of the scale the cast used.
+    pub(crate) fn recorded_on_device(&mut self, i: usize) -> Result<()> {
+        self.scale_inv[i] = 1.0 / self.scale_now(i)?;
+        Ok(())
+    }
+
     /// The delayed-scaling update of the slots `slots[k]`, slot `slots[k]` in `formats[k]`
-    /// (`docs/numerics.md`, delayed scaling): the same code as [`DelayedSlot::update`].
+    /// (`docs/numerics.md`, delayed scaling): the same code as [`DelayedSlot::update`]. A bank
+    /// on a GPU comes home first (with the panic of [`Clone`]); the layers update it there
+    /// instead (`Kernels::delayed_update`).
     pub fn update(&mut self, slots: &[usize], formats: &[Fp8Format], recipe: &DelayedScaling) {
+        self.home();
         for (&i, &format) in slots.iter().zip(formats) {
             let history = &mut self.history[i * self.len..(i + 1) * self.len];
             update_in_place(&mut self.scale[i], history, recipe, format);
         }
     }
 
-    /// A copy of slot `i` as a [`DelayedSlot`].
+    /// A copy of slot `i` as a [`DelayedSlot`] (read from a bank on a GPU, with the panic of
+    /// [`Clone`]).
     pub fn view(&self, i: usize) -> DelayedSlot {
+        let (scale, history) = self.host_state();
         DelayedSlot {
-            scale: self.scale[i],
+            scale: scale[i],
             scale_inv: self.scale_inv[i],
-            history: self.history[i * self.len..(i + 1) * self.len].to_vec(),
+            history: history[i * self.len..(i + 1) * self.len].to_vec(),
         }
     }
 
     /// Calls `f` on slot `i` as a [`DelayedSlot`] and stores what it leaves. A history of
-    /// another length is not stored (checkpoints refuse such a file before they get here).
+    /// another length is not stored (checkpoints refuse such a file before they get here). A
+    /// bank on a GPU comes home first (with the panic of [`Clone`]).
     pub fn with_slot<R>(&mut self, i: usize, f: impl FnOnce(&mut DelayedSlot) -> R) -> R {
+        self.home();
         let mut slot = self.view(i);
         let result = f(&mut slot);
         if slot.history.len() == self.len {
@@ -93,6 +192,98 @@ impl SlotBank {
             self.history[i * self.len..(i + 1) * self.len].copy_from_slice(&slot.history);
         }
         result
+    }
+
+    /// The GPU holding the bank, if it is on one.
+    pub(crate) fn device_ordinal(&self) -> Option<usize> {
+        self.device.as_ref().map(|d| d.ordinal())
+    }
+
+    /// The bank's copy on its GPU.
+    pub(crate) fn device_mut(&mut self) -> Option<&mut (dyn DeviceBank + 'static)> {
+        self.device.as_deref_mut()
+    }
+
+    /// Moves the bank to a GPU: `make` gets `scale[slots] | history[slots, len]` and returns
+    /// their copy there. Nothing to do if it is on a GPU already.
+    pub(crate) fn keep_on(&mut self, make: impl FnOnce(&[f32]) -> Result<Box<dyn DeviceBank>>) -> Result<()> {
+        if self.device.is_none() {
+            let layout = [&self.scale[..], &self.history[..]].concat();
+            self.device = Some(make(&layout)?);
+        }
+        Ok(())
+    }
+
+    /// Brings a bank kept on a GPU back into host memory (one download); the next pass on the
+    /// device takes it up again.
+    pub(crate) fn bring_home(&mut self) -> Result<()> {
+        if let Some(device) = &self.device {
+            let values = device.read()?;
+            let slots = self.slots();
+            if values.len() != slots * (1 + self.len) {
+                return Err(crate::error::Error::LengthMismatch {
+                    what: "slot bank read back from its GPU",
+                    src: values.len(),
+                    dst: slots * (1 + self.len),
+                });
+            }
+            self.scale.copy_from_slice(&values[..slots]);
+            self.history.copy_from_slice(&values[slots..]);
+            self.device = None;
+        }
+        Ok(())
+    }
+
+    /// [`Self::bring_home`] for the infallible host accessors.
+    fn home(&mut self) {
+        if let Err(e) = self.bring_home() {
+            panic!("delayed-scaling slots could not come back from their GPU: {e}");
+        }
+    }
+
+    /// The scales and histories wherever they live (a bank on a GPU read there).
+    fn host_state(&self) -> (Vec<f32>, Vec<f32>) {
+        let Some(device) = &self.device else {
+            return (self.scale.clone(), self.history.clone());
+        };
+        match device.read() {
+            Ok(values) if values.len() == self.slots() * (1 + self.len) => {
+                let (scale, history) = values.split_at(self.slots());
+                (scale.to_vec(), history.to_vec())
+            }
+            Ok(values) => panic!(
+                "delayed-scaling slots read back from their GPU hold {} values, not {}",
+                values.len(),
+                self.slots() * (1 + self.len)
+            ),
+            Err(e) => panic!("delayed-scaling slots could not be read from their GPU: {e}"),
+        }
+    }
+}
+
+/// A bank's device copy in host memory, for tests without a GPU: it plays the device's part
+/// (its own values, the scales of its last update).
+#[cfg(test)]
+#[derive(Debug)]
+pub(crate) struct HostBank {
+    pub(crate) ordinal: usize,
+    pub(crate) values: Vec<f32>,
+    pub(crate) updated: Option<Vec<f32>>,
+}
+
+#[cfg(test)]
+impl DeviceBank for HostBank {
+    fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+    fn read(&self) -> Result<Vec<f32>> {
+        Ok(self.values.clone())
+    }
+    fn updated_scale(&self, slot: usize) -> Result<Option<f32>> {
+        Ok(self.updated.as_ref().map(|s| s[slot]))
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
     }
 }
 
@@ -121,6 +312,92 @@ mod tests {
                 assert_eq!(bank.view(0), DelayedSlot::new(3), "slot 0 was never cast");
             }
         }
+    }
+
+    /// A bank of 3 slots with histories of 2 whose slots differ, moved to stand-in GPU 1.
+    fn bank_on_device() -> (SlotBank, Vec<f32>) {
+        let mut bank = SlotBank::new(3, 2);
+        for i in 0..3 {
+            bank.record_cast(i, 1.0 + i as f32);
+        }
+        let host = bank.clone();
+        bank.keep_on(|layout| {
+            Ok(Box::new(HostBank {
+                ordinal: 1,
+                values: layout.to_vec(),
+                updated: None,
+            }))
+        })
+        .unwrap();
+        assert_eq!(bank, host, "the device copy holds the host's values");
+        (bank, host.values())
+    }
+
+    /// The stand-in device copy, to play what kernels do there.
+    fn device(bank: &mut SlotBank) -> &mut HostBank {
+        bank.device_mut()
+            .unwrap()
+            .as_any_mut()
+            .downcast_mut::<HostBank>()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_bank_on_a_device_is_read_there_and_its_scales_follow_its_last_update() {
+        let (mut bank, _) = bank_on_device();
+        assert_eq!(bank.device_ordinal(), Some(1));
+        // Kernels fold an amax into slot 2's history[0] and update slot 0's scale there.
+        device(&mut bank).values[3 + 2 * 2] = 9.0;
+        device(&mut bank).values[0] = 5.0;
+        assert_eq!(bank.current_amax(2), 9.0, "read from the device");
+        assert_eq!(bank.current_amaxes(), vec![1.0, 2.0, 9.0]);
+        assert_eq!(bank.view(2).history, vec![9.0, 0.0]);
+        // Until an update's scales come back, casts use the host's scales.
+        assert_eq!(bank.scale(0), 1.0);
+        device(&mut bank).updated = Some(vec![5.0, 1.0, 1.0]);
+        assert_eq!(bank.scale(0), 5.0, "the update's scale, without bringing the bank home");
+        assert_eq!(bank.device_ordinal(), Some(1));
+        // A cast recorded there sets the host's scale_inv from the scale it used.
+        bank.recorded_on_device(0).unwrap();
+        assert_eq!(bank.view(0).scale_inv, 0.2);
+        // A clone is a host copy of the device's values.
+        let copy = bank.clone();
+        assert_eq!(copy.device_ordinal(), None);
+        assert_eq!(copy.view(2).history, vec![9.0, 0.0]);
+        assert_eq!(copy.scale(0), 5.0);
+        // Taking it up again while it is there keeps the device's copy.
+        bank.keep_on(|_| panic!("already on the device")).unwrap();
+        assert_eq!(bank.current_amax(2), 9.0);
+    }
+
+    #[test]
+    fn host_writers_bring_a_bank_home_with_the_devices_values() {
+        type Write = fn(&mut SlotBank);
+        let writers: [(&str, Write); 4] = [
+            ("record_cast", |b| b.record_cast(1, 0.5)),
+            ("set_current_amax", |b| b.set_current_amax(1, 2.0)),
+            ("update", |b| {
+                b.update(&[1], &[Fp8Format::E4M3], &DelayedScaling::default())
+            }),
+            ("with_slot", |b| b.with_slot(1, |_| ())),
+        ];
+        for (what, write) in writers {
+            let (mut bank, _) = bank_on_device();
+            device(&mut bank).values[3 + 2] = 7.0; // slot 1's history[0] on the device
+            let mut expected = bank.clone();
+            write(&mut expected);
+            write(&mut bank);
+            assert_eq!(bank.device_ordinal(), None, "{what}: home");
+            assert_eq!(bank, expected, "{what}: the device's values, then the write");
+        }
+    }
+
+    #[test]
+    fn a_bank_whose_device_copy_has_another_length_stays_there_with_an_error() {
+        let (mut bank, _) = bank_on_device();
+        device(&mut bank).values.pop();
+        assert!(bank.bring_home().is_err());
+        assert_eq!(bank.device_ordinal(), Some(1), "nothing half-copied");
     }
 
     #[test]

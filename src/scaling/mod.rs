@@ -19,6 +19,7 @@ mod recipe;
 mod state;
 mod stats;
 
+pub(crate) use bank::DeviceBank;
 pub use bank::SlotBank;
 pub use current::current_scale;
 pub use delayed::DelayedSlot;

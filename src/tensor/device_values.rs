@@ -111,6 +111,50 @@ impl CudaStorage {
     }
 }
 
+/// A small result an op left on its GPU (a cast's amax, its statistics' counts), kept there
+/// until the host reads it: a per-op read waits for the stream, so results that only the
+/// device or the end of the step needs are never read per op (`docs/cuda-backend.md`, Slot
+/// banks on the device).
+pub(crate) trait DeviceResult<T>: Debug + Send + Sync {
+    /// The GPU holding it.
+    fn ordinal(&self) -> usize;
+    /// The result, downloaded at the first read (after the work that writes it) and kept.
+    fn read(&self) -> Result<T>;
+    /// The backend's own type, to reach its buffer.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A result in host memory, or left on a GPU until read ([`DeviceResult`]).
+#[derive(Clone, Debug)]
+pub(crate) enum Deferred<T> {
+    Host(T),
+    Device(Arc<dyn DeviceResult<T>>),
+}
+
+impl<T: Copy> Deferred<T> {
+    /// The value: the host's, or downloaded once from the GPU.
+    pub(crate) fn get(&self) -> Result<T> {
+        match self {
+            Deferred::Host(v) => Ok(*v),
+            Deferred::Device(d) => d.read(),
+        }
+    }
+
+    /// The GPU holding it, if any.
+    pub(crate) fn ordinal(&self) -> Option<usize> {
+        match self {
+            Deferred::Host(_) => None,
+            Deferred::Device(d) => Some(d.ordinal()),
+        }
+    }
+}
+
+impl<T> From<T> for Deferred<T> {
+    fn from(value: T) -> Self {
+        Deferred::Host(value)
+    }
+}
+
 /// An op's input values: in host memory, or on a GPU.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Values<'a> {
@@ -288,6 +332,41 @@ impl DeviceArray for HostArray {
     }
 }
 
+/// A device result in host memory, for tests without a GPU: it counts its reads.
+#[cfg(test)]
+#[derive(Debug)]
+pub(crate) struct HostResult<T> {
+    pub(crate) ordinal: usize,
+    pub(crate) value: T,
+    pub(crate) reads: std::sync::atomic::AtomicUsize,
+}
+
+#[cfg(test)]
+impl<T: Copy + Debug + Send + Sync + 'static> HostResult<T> {
+    /// `value` as a result left on stand-in GPU `ordinal`.
+    pub(crate) fn deferred(ordinal: usize, value: T) -> Deferred<T> {
+        Deferred::Device(Arc::new(HostResult {
+            ordinal,
+            value,
+            reads: 0.into(),
+        }))
+    }
+}
+
+#[cfg(test)]
+impl<T: Copy + Debug + Send + Sync + 'static> DeviceResult<T> for HostResult<T> {
+    fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+    fn read(&self) -> Result<T> {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(self.value)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,6 +379,14 @@ mod tests {
         let array = storage.unique_mut(true).unwrap();
         let host = array.as_any_mut().downcast_mut::<HostArray>().unwrap();
         host.values.iter_mut().for_each(|x| *x = v);
+    }
+
+    #[test]
+    fn a_deferred_result_is_the_hosts_or_read_from_its_gpu() {
+        let host: Deferred<f32> = 2.5.into();
+        assert_eq!((host.get().unwrap(), host.ordinal()), (2.5, None));
+        let on_gpu = HostResult::deferred(3, [1u64, 2, 3, 4]);
+        assert_eq!((on_gpu.get().unwrap(), on_gpu.ordinal()), ([1, 2, 3, 4], Some(3)));
     }
 
     #[test]

@@ -401,7 +401,7 @@ fn fp8_copy(codes: Vec<u8>, out: usize, inp: usize, format: Fp8Format, scale: f3
     let columnwise = QuantizedMatrix::new(transposed, inp, out, Scales::PerTensor(1.0 / scale))?;
     Ok(Cast {
         tensor: QuantizedTensor::new(format, rowwise, Some(columnwise))?,
-        amax,
+        amax: amax.into(),
         scale,
         counts: None,
     })

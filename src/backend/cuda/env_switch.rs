@@ -21,6 +21,19 @@ pub(crate) fn resident_layers() -> bool {
     *ON.get_or_init(|| on("FP8_CUDA_RESIDENT"))
 }
 
+/// Whether the opt-in switch `var` is set to 1 (a path not yet validated on a GPU: off unless
+/// asked for; anything but 0 or 1 is reported and leaves it off).
+pub(crate) fn opted_in(var: &str) -> bool {
+    let value = std::env::var(var).ok();
+    match value.as_deref() {
+        None => false,
+        Some(v) => parse(Some(v)).unwrap_or_else(|bad| {
+            eprintln!("fp8-engine: warning: {var}={bad} is not 0 or 1; leaving it off");
+            false
+        }),
+    }
+}
+
 /// `None`, `1`: on; `0`: off; anything else is returned as the error.
 fn parse(value: Option<&str>) -> Result<bool, String> {
     match value.map(str::trim) {

@@ -132,18 +132,26 @@ pub fn gemm_host_with(
     params: &GemmParams,
 ) -> Result<GemmReport> {
     plan(a, b, &out, params)?;
-    gemm_to(device, kernel, a, b, Destination::Host(out), params)
+    let amax = gemm_to(device, kernel, a, b, Destination::Host(out), params)?;
+    Ok(GemmReport {
+        amax: match &amax {
+            Some(amax) => device.download(amax)?[0],
+            None => 0.0,
+        },
+    })
 }
 
 /// [`gemm_host`] into an f32 buffer of the device, written in place (`beta` reads what it
 /// holds): the output of an op whose result stays on the device. Operands as [`gemm_host`].
+/// Its amax (with `params.report_amax`) stays on the device, unread: the caller folds it
+/// into a slot bank there or reads it when it needs it.
 pub(crate) fn gemm_into_device(
     device: &CudaDevice,
     a: &Operand,
     b: &Operand,
     out: &mut DeviceBuffer<f32>,
     params: &GemmParams,
-) -> Result<GemmReport> {
+) -> Result<Option<DeviceBuffer<f32>>> {
     crate::gemm::plan_f32(a, b, out.len(), params)?;
     gemm_to(device, None, a, b, Destination::Device(out), params)
 }
@@ -157,7 +165,8 @@ enum Destination<'a> {
 }
 
 /// The GEMM of checked arguments (the caller ran [`plan`]): operands uploaded (or their
-/// mirrors read), the result written to `dest`.
+/// mirrors read), the result written to `dest`; the device buffer of its amax where
+/// `params.report_amax` asks for one.
 fn gemm_to(
     device: &CudaDevice,
     kernel: Option<GemmKernel>,
@@ -165,14 +174,14 @@ fn gemm_to(
     b: &Operand,
     dest: Destination,
     params: &GemmParams,
-) -> Result<GemmReport> {
+) -> Result<Option<DeviceBuffer<f32>>> {
     let a_dev = HostUpload::new(device, a)?;
     let b_dev = HostUpload::new(device, b)?;
     let bias = params
         .bias
         .map(|b| device.upload(b, MemoryCategory::Workspace))
         .transpose()?;
-    // Only a reported amax is reduced and read back (a stream sync).
+    // Only a reported amax is reduced (reading it back is a stream sync: the caller decides).
     let mut amax = match params.report_amax {
         true => Some(device.alloc_zeros::<f32>(1, MemoryCategory::Workspace)?),
         false => None,
@@ -200,12 +209,7 @@ fn gemm_to(
         }
         Destination::Host(out) => into_host(device, out, params.beta, &mut launch)?,
     }
-    Ok(GemmReport {
-        amax: match &amax {
-            Some(amax) => device.download(amax)?[0],
-            None => 0.0,
-        },
-    })
+    Ok(amax)
 }
 
 /// Runs `launch` into a device buffer for `out` (holding `out`'s values when `beta` reads

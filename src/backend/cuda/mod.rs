@@ -38,6 +38,7 @@ pub mod params;
 pub(crate) mod pool;
 pub mod quantize;
 pub mod rope;
+pub mod snapshot;
 pub mod staging;
 pub mod transfer_times;
 

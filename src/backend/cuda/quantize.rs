@@ -211,6 +211,17 @@ impl CudaDevice {
 
     /// `amax[0] = fmaxf(amax[0], max|src|)`; zero `amax` first for the amax of `src` alone. Twin of CPU `amax`.
     pub fn amax<T: DeviceElement>(&self, src: &DeviceBuffer<T>, amax: &mut DeviceBuffer<f32>) -> Result<()> {
+        self.amax_at(src, amax, 0)
+    }
+
+    /// [`Self::amax`] max-ed into `amax[at]` (a delayed-scaling slot's `history[0]` in a bank
+    /// on the device: the fold of a cast's amax, `fmaxf`, which drops a NaN as `f32::max`).
+    pub fn amax_at<T: DeviceElement>(
+        &self,
+        src: &DeviceBuffer<T>,
+        amax: &mut DeviceBuffer<f32>,
+        at: usize,
+    ) -> Result<()> {
         const K: &str = "amax";
         if src.is_empty() {
             return Ok(());
@@ -218,7 +229,7 @@ impl CudaDevice {
         let params = Fp8AmaxParams {
             src: src.address(self),
             len: src.len() as u64,
-            amax: address_at(self, K, amax, 0)?,
+            amax: address_at(self, K, amax, at)?,
         };
         let blocks = grid_stride_blocks(self, (src.len() as u64).div_ceil(16), THREADS as u64);
         launch(self, CAST, &format!("fp8_amax_{}", T::SUFFIX), blocks, params)
@@ -442,13 +453,58 @@ impl CudaDevice {
         if slots == 0 {
             return Ok(());
         }
+        let (history, scale) = (history.address_mut(self), scale.address_mut(self));
+        self.launch_delayed_update(history, scale, scaled_max, (slots, history_len), algo)
+    }
+
+    /// [`Self::delayed_update`] of slots `first..first + scaled_max.len()` of a bank kept whole on
+    /// the device, `scale[slots] | history[slots, history_len]` (`dispatch::cuda_ops::slot_bank`),
+    /// in place: no copy in or out.
+    pub fn delayed_update_in_bank(
+        &self,
+        bank: &mut DeviceBuffer<f32>,
+        (slots, history_len): (usize, usize),
+        first: usize,
+        scaled_max: &DeviceBuffer<f32>,
+        algo: AmaxComputeAlgo,
+    ) -> Result<()> {
+        const K: &str = "delayed_update";
+        let count = scaled_max.len();
+        let bad = |detail: String| Error::KernelArgs { kernel: K, detail };
+        if history_len == 0 {
+            return Err(bad("history_len must be at least 1".to_string()));
+        }
+        check(K, "bank", bank.len(), slots * (1 + history_len))?;
+        if first.checked_add(count).is_none_or(|end| end > slots) {
+            return Err(bad(format!("slots {first}..{first}+{count} outside a bank of {slots}")));
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        let base = bank.address_mut(self);
+        let scale = base + (first * size_of::<f32>()) as u64;
+        let history = base + ((slots + first * history_len) * size_of::<f32>()) as u64;
+        self.launch_delayed_update(history, scale, scaled_max, (count, history_len), algo)
+    }
+
+    /// `fp8_delayed_update` over `slots` slots whose histories start at device address
+    /// `history` and scales at `scale`.
+    fn launch_delayed_update(
+        &self,
+        history: u64,
+        scale: u64,
+        scaled_max: &DeviceBuffer<f32>,
+        (slots, history_len): (usize, usize),
+        algo: AmaxComputeAlgo,
+    ) -> Result<()> {
+        const K: &str = "delayed_update";
         let too_big = |what: &str, v: usize| Error::KernelArgs {
             kernel: K,
             detail: format!("{what} {v} exceeds 2^32-1"),
         };
         let params = Fp8DelayedUpdateParams {
-            history: history.address_mut(self),
-            scale: scale.address_mut(self),
+            history,
+            scale,
             scaled_max: scaled_max.address(self),
             slots: u32::try_from(slots).map_err(|_| too_big("slots", slots))?,
             history_len: u32::try_from(history_len).map_err(|_| too_big("history_len", history_len))?,

@@ -1,19 +1,20 @@
 //! Staged arms of the FP8 casts, the GEMM, the delayed-scaling update and the
 //! FP8 statistics (launchers in `backend::cuda::{quantize, gemm}`).
 
+use super::deferred::{DeviceCounts, DeviceScalar};
 use super::resident::staged_for;
-use super::{Lease, Staged, staged};
+use super::{Lease, Staged, slot_bank, staged};
 use crate::amp::Fp8Recipe;
 use crate::backend::cuda::gemm::{Fp8Mirror, UploadedScales, gemm_host, gemm_into_device, resident_mirror};
 use crate::backend::cuda::gemm_f32::gemm_f32_host;
 use crate::backend::cuda::{DeviceBuffer, StatsVerdict};
-use crate::dispatch::{Cast, CudaKernels, Values, ValuesMut, fp8_cast};
+use crate::dispatch::{Cast, CudaKernels, Deferred, Fp8Stats, Values, ValuesMut, fp8_cast};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{GemmParams, GemmReport, Operand, Output};
 use crate::memory::MemoryCategory;
 use crate::quantize::ScaleRule;
-use crate::scaling::{BlockDims, DelayedScaling, Fp8TensorStats, RecipeFormat, SlotBank, TensorRole};
+use crate::scaling::{BlockDims, DelayedScaling, RecipeFormat, SlotBank, TensorRole};
 use crate::tensor::{DeviceMirror, QuantizedMatrix, QuantizedTensor, ScaleKind, Scales};
 
 /// Both copies of a per-tensor cast with `scale` of `x` (the source on the device), and its amax.
@@ -61,7 +62,8 @@ fn per_tensor(
         )?),
         false => None,
     };
-    let amax = s.down_vec(&amax)?[0];
+    // The amax stays on the device until read (a bank there folds it in place).
+    let amax = DeviceScalar::deferred(s.device().info().ordinal, amax.into_buffer());
     let scales = Scales::PerTensor(inv);
     let (rowwise, columnwise) = match n > 0 && room_for_mirrors(s) {
         // Both copies stay on the device, for the GEMMs that read them.
@@ -87,13 +89,12 @@ fn per_tensor(
     })
 }
 
-/// `[saturated, underflow, nonzero, nonfinite]` of `x` counted on the device (4 counts come
-/// back instead of the values).
-fn device_counts(s: &Staged, x: &DeviceBuffer<f32>, verdict: StatsVerdict<'_>) -> Result<[u64; 4]> {
+/// `[saturated, underflow, nonzero, nonfinite]` of `x` counted on the device, left there until
+/// read (4 counts come back instead of the values, when the statistics are collected).
+fn device_counts(s: &Staged, x: &DeviceBuffer<f32>, verdict: StatsVerdict<'_>) -> Result<Deferred<[u64; 4]>> {
     let mut counts = s.zeros::<u32>(4)?;
     s.device().count_stats(x, verdict, &mut counts)?;
-    let c = s.down_vec(&counts)?;
-    Ok([c[0], c[1], c[2], c[3]].map(u64::from))
+    Ok(DeviceCounts::deferred(s.device().info().ordinal, counts.into_buffer()))
 }
 
 /// Free device memory kept for staging when casts keep mirrors: an eighth of the GPU.
@@ -334,11 +335,11 @@ pub(crate) fn gemm_into(
     b: &Operand,
     out: ValuesMut<'_>,
     params: &GemmParams,
-) -> Result<GemmReport> {
+) -> Result<Deferred<f32>> {
     const OP: &str = "gemm_into";
     let device_out = match out {
         // `gemm` checks the arguments itself.
-        ValuesMut::Host(host) => return gemm(k, a, b, Output::F32(host), params),
+        ValuesMut::Host(host) => return Ok(gemm(k, a, b, Output::F32(host), params)?.amax.into()),
         device => device,
     };
     crate::gemm::plan_f32(a, b, device_out.len(), params)?;
@@ -359,16 +360,21 @@ pub(crate) fn gemm_into(
             if !host.is_empty() {
                 s.device().write(&host, &mut d)?;
             }
-            report
+            report.amax.into()
         }
-        _ => gemm_into_device(s.device(), a, b, &mut d, params)?,
+        // The amax stays on the device until read (a bank there folds it in place).
+        _ => match gemm_into_device(s.device(), a, b, &mut d, params)? {
+            Some(amax) => DeviceScalar::deferred(s.device().info().ordinal, amax),
+            None => 0.0.into(),
+        },
     };
     // A device output is written in place: nothing to bring back.
     Ok(report)
 }
 
-/// The delayed-scaling update of `slots` in one launch: the chosen slots' histories and
-/// scales go up as one compact bank, come back and are stored in their slots.
+/// The delayed-scaling update of `slots` in one launch: on a bank kept on the device, in
+/// place there (`slot_bank`); otherwise the chosen slots' histories and scales go up as one
+/// compact bank, come back and are stored in their slots.
 pub(crate) fn delayed_update(
     k: &CudaKernels,
     bank: &mut SlotBank,
@@ -377,6 +383,9 @@ pub(crate) fn delayed_update(
     recipe: &DelayedScaling,
 ) -> Result<()> {
     crate::dispatch::check_delayed_update(bank, slots, formats)?;
+    if slot_bank::update_in_bank(k, bank, slots, formats, recipe)? {
+        return Ok(());
+    }
     let s = staged(k)?;
     if slots.is_empty() {
         return Ok(());
@@ -436,12 +445,12 @@ impl Compact {
 /// [`per_tensor`]): nothing to read. Otherwise counted by the reference code on the host: the
 /// codes are host copies already and a host source is read in place; a device source of a
 /// block or MXFP8 cast is downloaded to count (`docs/cuda-backend.md`, Device-resident tensors).
-pub(crate) fn cast_stats(k: &CudaKernels, name: String, src: Values<'_>, cast: &Cast) -> Result<Fp8TensorStats> {
+pub(crate) fn cast_stats(k: &CudaKernels, name: String, src: Values<'_>, cast: &Cast) -> Result<Fp8Stats> {
     staged_for(k, "cast_stats", [src.ordinal()])?;
     if let Some(stats) = fp8_cast::counted_stats(&name, src.len(), cast) {
         return Ok(stats);
     }
-    Ok(fp8_cast::cast_stats(name, &src.to_host()?, cast))
+    fp8_cast::cast_stats(name, &src.to_host()?, cast)
 }
 
 /// The statistics of a high-precision tensor as if cast per tensor: counted where the values
@@ -452,28 +461,23 @@ pub(crate) fn uncast_stats(
     name: String,
     values: Values<'_>,
     format: Fp8Format,
-    amax: f32,
+    amax: Deferred<f32>,
     scale: f32,
-) -> Result<Fp8TensorStats> {
+) -> Result<Fp8Stats> {
     const OP: &str = "uncast_stats";
-    let s = staged_for(k, OP, [values.ordinal()])?;
+    let s = staged_for(k, OP, [values.ordinal(), amax.ordinal()])?;
+    let on_host = |host: &[f32]| -> Result<Fp8Stats> {
+        let stats = fp8_cast::uncast_stats(name.clone(), host, format, amax.get()?, scale);
+        Ok(Fp8Stats::Ready(stats))
+    };
     match values {
-        Values::Host(host) => Ok(fp8_cast::uncast_stats(name, host, format, amax, scale)),
+        Values::Host(host) => on_host(host),
         // The device counters are 32-bit: 2^32 values or more are counted on the host.
-        Values::Device(_) if values.len() >= u32::MAX as usize => {
-            Ok(fp8_cast::uncast_stats(name, &values.to_host()?, format, amax, scale))
-        }
+        Values::Device(_) if values.len() >= u32::MAX as usize => on_host(&values.to_host()?),
         Values::Device(_) => {
             let x = s.input(OP, values)?;
             let counts = device_counts(&s, &x, StatsVerdict::Uncast { format, scale })?;
-            Ok(fp8_cast::stats_from_counts(
-                name,
-                format,
-                amax,
-                scale,
-                values.len(),
-                counts,
-            ))
+            Ok(Fp8Stats::counted(name, format, amax, scale, values.len(), counts))
         }
     }
 }

@@ -13,8 +13,10 @@
 
 mod arena;
 mod cast;
+mod deferred;
 mod layer;
 mod resident;
+mod slot_bank;
 pub(super) mod switches;
 mod train;
 mod transpose;
@@ -27,6 +29,7 @@ pub(super) use layer::{
     rmsnorm_forward, rope_backward, rope_forward, round, swiglu_backward, swiglu_forward,
 };
 pub(super) use resident::{new_values, upload};
+pub(super) use slot_bank::{bank_on, record_amax};
 pub(super) use train::{
     adamw, cross_entropy_backward, cross_entropy_forward, embedding_backward, embedding_forward, sum_squares,
     unscale_and_check,

@@ -1,7 +1,9 @@
 //! Off switches for the newer shortcuts of the staged CUDA path (`backend::cuda::env_switch`):
 //! `FP8_CUDA_ARENAS=0` keeps AdamW on the staged per-parameter ops, `FP8_CUDA_MIRRORS=0` makes
 //! casts keep no device mirrors (every GEMM uploads its operands). Unset or `1`: on.
-//! (`FP8_CUDA_RESIDENT` is read by `backend::cuda::env_switch::resident_layers`.)
+//! (`FP8_CUDA_RESIDENT` is read by `backend::cuda::env_switch::resident_layers`.) One opt-in
+//! switch, for a path not yet run on a GPU: `FP8_CUDA_DEVICE_BANKS=1` keeps the resident
+//! layers' delayed-scaling banks on the device.
 
 use std::sync::OnceLock;
 
@@ -17,4 +19,12 @@ pub(crate) fn arenas_enabled() -> bool {
 pub(crate) fn mirrors_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| env_switch::on("FP8_CUDA_MIRRORS"))
+}
+
+/// Whether resident layers keep their delayed-scaling slot banks on the GPU
+/// (`FP8_CUDA_DEVICE_BANKS=1`; off until a GPU run validates it: `docs/cuda-backend.md`, Slot
+/// banks on the device).
+pub(crate) fn device_banks_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| env_switch::opted_in("FP8_CUDA_DEVICE_BANKS"))
 }

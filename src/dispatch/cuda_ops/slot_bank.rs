@@ -1,0 +1,178 @@
+//! Delayed-scaling slot banks kept on the GPU (issue 15's scaling state on the device). A
+//! layer running resident moves its bank up once (`SlotBank::keep_on`); from then on:
+//!
+//! * a cast's or a GEMM's amax, left on the device ([`DeviceScalar`]), is folded into the
+//!   slot's `history[0]` there by the amax kernel (`fmaxf`: a NaN dropped as by `f32::max`,
+//!   so the same bits as `SlotBank::record_cast`);
+//! * the update runs in place on the bank (`fp8_delayed_update` over the slots' run), and
+//!   the new scales are copied into pinned memory behind it, so the next pass's casts wait
+//!   for that copy only, never for the stream.
+//!
+//! Nothing is read back per op (`docs/cuda-backend.md`, Slot banks on the device).
+
+use std::any::Any;
+
+use super::deferred::DeviceScalar;
+use super::resident::staged_for;
+use super::staged;
+use crate::backend::cuda::DeviceBuffer;
+use crate::backend::cuda::snapshot::PinnedSnapshot;
+use crate::dispatch::{CudaKernels, Deferred};
+use crate::error::{Error, Result};
+use crate::format::Fp8Format;
+use crate::memory::MemoryCategory;
+use crate::scaling::{DelayedScaling, DeviceBank, SlotBank};
+
+/// A bank's `scale[slots] | history[slots, len]` in one device buffer, and the pinned copy of
+/// the scales its last update left.
+#[derive(Debug)]
+pub(crate) struct CudaBank {
+    ordinal: usize,
+    slots: usize,
+    len: usize,
+    values: DeviceBuffer<f32>,
+    /// Made at the first update.
+    scales: Option<PinnedSnapshot>,
+}
+
+impl DeviceBank for CudaBank {
+    fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+    fn read(&self) -> Result<Vec<f32>> {
+        staged(&CudaKernels { ordinal: self.ordinal })?.down_vec(&self.values)
+    }
+    fn updated_scale(&self, slot: usize) -> Result<Option<f32>> {
+        let Some(scales) = &self.scales else { return Ok(None) };
+        Ok(scales.read()?.and_then(|s| s.get(slot).copied()))
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// `host` (`scale[slots] | history[slots, len]`) as a bank on `k`'s GPU.
+pub(crate) fn bank_on(k: &CudaKernels, host: &[f32], slots: usize, len: usize) -> Result<Box<dyn DeviceBank>> {
+    if host.len() != slots * (1 + len) {
+        return Err(Error::LengthMismatch {
+            what: "slot bank to the device",
+            src: host.len(),
+            dst: slots * (1 + len),
+        });
+    }
+    let s = staged(k)?;
+    // The scaling state: a few floats per layer, booked with the other small device state.
+    let values = s.device().upload(host, MemoryCategory::Workspace)?;
+    Ok(Box::new(CudaBank {
+        ordinal: k.ordinal,
+        slots,
+        len,
+        values,
+        scales: None,
+    }))
+}
+
+/// The bank's device copy as this backend's own.
+fn cuda_bank<'a>(device: &'a mut dyn DeviceBank, op: &'static str) -> Result<&'a mut CudaBank> {
+    device
+        .as_any_mut()
+        .downcast_mut::<CudaBank>()
+        .ok_or_else(|| Error::KernelArgs {
+            kernel: op,
+            detail: "the slot bank is not kept by the CUDA backend".into(),
+        })
+}
+
+/// [`crate::dispatch::Kernels::record_amax`] on a GPU: folded into a bank kept there; a bank
+/// in host memory takes the amax home (a read that waits for the stream).
+pub(crate) fn record_amax(k: &CudaKernels, bank: &mut SlotBank, slot: usize, amax: &Deferred<f32>) -> Result<()> {
+    const OP: &str = "record_amax";
+    crate::dispatch::check_slot(bank, slot)?;
+    let Some(device) = bank.device_mut() else {
+        staged_for(k, OP, [amax.ordinal()])?;
+        bank.record_cast(slot, amax.get()?);
+        return Ok(());
+    };
+    let s = staged_for(k, OP, [Some(device.ordinal()), amax.ordinal()])?;
+    let cuda = cuda_bank(device, OP)?;
+    let at = cuda.slots + slot * cuda.len;
+    match amax {
+        Deferred::Device(d) => {
+            let scalar = d
+                .as_any()
+                .downcast_ref::<DeviceScalar>()
+                .ok_or_else(|| Error::KernelArgs {
+                    kernel: OP,
+                    detail: "the amax is not a CUDA result".into(),
+                })?;
+            s.device().amax_at(scalar.buffer(), &mut cuda.values, at)?;
+        }
+        Deferred::Host(v) => {
+            let up = s.up(&[*v])?;
+            s.device().amax_at(&up, &mut cuda.values, at)?;
+        }
+    }
+    bank.recorded_on_device(slot)
+}
+
+/// The first slot and the count of `slots` if they are one ascending run (`first..first+n`),
+/// the layout the in-place update launches over; `None` otherwise.
+pub(crate) fn slot_run(slots: &[usize]) -> Option<(usize, usize)> {
+    let first = *slots.first()?;
+    let ascending = slots.iter().enumerate().all(|(j, &i)| i == first + j);
+    ascending.then_some((first, slots.len()))
+}
+
+/// [`crate::dispatch::Kernels::delayed_update`] of a bank kept on the GPU: in place, the new
+/// scales queued into pinned memory behind it. Slots that are not one run (no layer asks for
+/// that) bring the bank home for the staged update.
+pub(crate) fn update_in_bank(
+    k: &CudaKernels,
+    bank: &mut SlotBank,
+    slots: &[usize],
+    formats: &[Fp8Format],
+    recipe: &DelayedScaling,
+) -> Result<bool> {
+    const OP: &str = "delayed_update";
+    let Some(ordinal) = bank.device_ordinal() else {
+        return Ok(false);
+    };
+    let Some((first, _)) = slot_run(slots) else {
+        bank.bring_home()?;
+        return Ok(false);
+    };
+    let s = staged_for(k, OP, [Some(ordinal)])?;
+    let scaled_max: Vec<f32> = formats.iter().map(|&f| recipe.scaled_max(f)).collect();
+    let max_d = s.up(&scaled_max)?;
+    let device = bank.device_mut().expect("checked above");
+    let cuda = cuda_bank(device, OP)?;
+    s.device().delayed_update_in_bank(
+        &mut cuda.values,
+        (cuda.slots, cuda.len),
+        first,
+        &max_d,
+        recipe.amax_compute_algo,
+    )?;
+    if cuda.scales.is_none() {
+        cuda.scales = Some(PinnedSnapshot::new(s.device(), cuda.slots)?);
+    }
+    let scales = cuda.scales.as_mut().expect("made above");
+    scales.queue(s.device(), &cuda.values)?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_ascending_run_of_slots_updates_in_place() {
+        assert_eq!(slot_run(&[0, 1, 2]), Some((0, 3)));
+        assert_eq!(slot_run(&[3, 4]), Some((3, 2)));
+        assert_eq!(slot_run(&[2]), Some((2, 1)));
+        assert_eq!(slot_run(&[]), None);
+        assert_eq!(slot_run(&[0, 2]), None);
+        assert_eq!(slot_run(&[1, 0]), None);
+        assert_eq!(slot_run(&[3, 3]), None);
+    }
+}
