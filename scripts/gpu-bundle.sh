@@ -84,11 +84,12 @@ case $part in
     train) suffix="-train" ;;
     profile) suffix="-profile" ;;
     fresh) suffix="-fresh" ;;
+    banks) suffix="-banks" ;;
     finetune) suffix="-finetune" ;;
     finetune_7b) suffix="-finetune_7b" ;;
     finetune_13b) suffix="-finetune_13b" ;;
     all) suffix="-all" ;;
-    *) echo "usage: run.sh [kernels|benches|layers|train|profile|fresh|finetune|finetune_7b|finetune_13b|all]" >&2; exit 2 ;;
+    *) echo "usage: run.sh [kernels|benches|layers|train|profile|fresh|banks|finetune|finetune_7b|finetune_13b|all]" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")"
 # The library's unit tests and the fp8 tool travel gzipped (the bundle's size limit),
@@ -304,6 +305,7 @@ step gpu_layers 60 ./gpu_layers
 step gpu_train 60 ./gpu_train
 step gpu_llama 30 ./gpu_llama
 part_fresh_rest
+part_banks
 train_large
 part_layers_bench
 }
@@ -342,6 +344,29 @@ for p in fp32 bf16 fp8-delayed; do
     fi
 done
 exit $fail'
+}
+# Slot banks on the device (FP8_CUDA_DEVICE_BANKS=1: opt-in, not yet run on a GPU). The device
+# tests with the banks of device-fed layers kept there, against host-fed layers whose banks
+# stay home (same bits); `fp8 train` fp8-delayed with and without them (every step's loss,
+# gradient norm and FP8 statistics the same; tokens/s of both); the issue's layer with them.
+part_banks() {
+step device_values_banks 30 env FP8_CUDA_DEVICE_BANKS=1 "$lib_tests" dispatch::device_values_tests:: \
+    dispatch::gqa_device_tests:: --test-threads=1 --nocapture
+gpu_step step_out train_banks 45 train-banks.txt bash -c '
+for run in host device; do
+    dir=$(mktemp -d); eval "dir_$run=$dir"
+    env $([[ $run == device ]] && echo FP8_CUDA_DEVICE_BANKS=1) ./fp8 train --device cuda --steps 60 --micro-batches 2 \
+        --compare fp8-delayed --quiet --out "$dir" > "$dir/log" 2>&1 || { echo "$run: failed"; tail -n 3 "$dir/log"; exit 1; }
+    echo "banks on the $run: $(tr -d " \n" < "$dir/summary.json" | grep -o "tokens_per_s\":[0-9.]*" | head -1) "
+done
+strip() { sed -E "s/\"tokens_per_s\":[0-9.eE+-]+,?//g" "$1/fp8-delayed/metrics.jsonl"; }
+if diff <(strip "$dir_host") <(strip "$dir_device") > /dev/null; then
+    echo "fp8-delayed: every step the same (loss, gradient norm, FP8 statistics)"
+else
+    echo "fp8-delayed: the run with device banks differs:"; diff <(strip "$dir_host") <(strip "$dir_device") | head -c 800; echo; exit 1
+fi'
+gpu_step step_out bench_layer_banks 60 bench-layer-banks.txt env FP8_CUDA_DEVICE_BANKS=1 ./fp8 bench layer \
+    --device cuda --hidden 4096 --heads 32 --ffn 16384 --seq 2048 --batch 2 --runs 2 --precision bf16,fp8-delayed --breakdown
 }
 # end of part
 # part: train
@@ -440,11 +465,12 @@ case $part in
     layers) part_layers_checks; part_layers_bench ;;
     train) part_train ;;
     fresh) part_fresh ;;
+    banks) part_banks ;;
     finetune) part_finetune ;;
     finetune_7b) part_finetune_7b ;;
     finetune_13b) part_finetune_13b ;;
     profile) part_profile ;;
-    all) part_kernels; part_benches; part_layers_checks; part_train; part_layers_bench; part_fresh_rest; part_profile ;; # the long layer bench before the optional profiles
+    all) part_kernels; part_benches; part_layers_checks; part_train; part_layers_bench; part_fresh_rest; part_banks; part_profile ;; # the long layer bench before the optional profiles
 esac
 
 say "result: $([[ $status == 0 ]] && echo "no failures" || echo FAILURES)"

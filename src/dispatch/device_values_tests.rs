@@ -1104,6 +1104,111 @@ fn micro_batches_accumulate_gradients_on_the_device() {
     );
 }
 
+/// On GPU 0 with `FP8_CUDA_DEVICE_BANKS=1`: a delayed-scaling linear fed device tensors keeps
+/// its slot bank on the device (amaxes folded there, the update in place, its scales read back
+/// behind the update) with the bits of the same layer fed host tensors, whose bank stays in
+/// host memory: outputs, gradients, slots and statistics over passes with an update each, then
+/// a step of two micro-batches updated once (`update_per_step`), then a recompute.
+#[test]
+fn slot_banks_on_the_device_match_host_banks() {
+    use crate::amp::Precision;
+    use crate::nn::{Linear, Module};
+    const TEST: &str = "slot_banks_on_the_device_match_host_banks";
+    if skipped_without_a_gpu(TEST) {
+        return;
+    }
+    if !super::cuda_ops::switches::device_banks_enabled() {
+        println!("{TEST}: skipped: FP8_CUDA_DEVICE_BANKS is not 1");
+        return;
+    }
+    let (rows, inp, out) = (64, 128, 96);
+    let precision: Precision = "fp8-delayed".parse().unwrap();
+    let mut staged = Linear::new("fc", inp, out, true, &precision, 5).unwrap();
+    let mut resident = Linear::new("fc", inp, out, true, &precision, 5).unwrap();
+    staged.to_device(DeviceKind::Cuda(0)).unwrap();
+    resident.to_device(DeviceKind::Cuda(0)).unwrap();
+    let bank_of = |l: &mut Linear| {
+        let mut at = None;
+        l.visit_gemms(&mut |g| at = g.slots_device());
+        at
+    };
+    let data = |pass: usize| {
+        let x = Tensor::new(ramp(rows * inp, pass as f32 * 0.9 + 0.2), rows, inp).unwrap();
+        let scale = 10f32.powi(pass as i32 - 1);
+        let dy = ramp(rows * out, pass as f32 + 0.7).iter().map(|v| v * scale).collect();
+        (x, Tensor::new(dy, rows, out).unwrap())
+    };
+    let gpu = Backend::on(DeviceKind::Cuda(0));
+    let mut last_scales = String::new();
+    for pass in 0..3 {
+        let (x, dy) = data(pass);
+        let (xd, dyd) = (gpu.to_device(&x).unwrap(), gpu.to_device(&dy).unwrap());
+        let (y, yd) = (staged.forward(&x).unwrap(), resident.forward(&xd).unwrap());
+        assert_eq!(bank_of(&mut resident), Some(0), "pass {pass}: the bank went up");
+        assert_eq!(
+            bank_of(&mut staged),
+            None,
+            "pass {pass}: a host input's bank stays home"
+        );
+        assert_eq!(bits(&y), bits(&yd), "pass {pass}: forward");
+        let (dx, dxd) = (staged.backward(&dy).unwrap(), resident.backward(&dyd).unwrap());
+        assert_eq!(
+            bank_of(&mut resident),
+            Some(0),
+            "pass {pass}: still there after backward"
+        );
+        assert_eq!(bits(&dx), bits(&dxd), "pass {pass}: backward");
+        // (Reading the slots brings the bank home; the next pass takes it up again.)
+        let (want, got) = (state(&mut staged), state(&mut resident));
+        assert_eq!(want, got, "pass {pass}: gradients, slots, statistics");
+        assert_ne!(got.1, last_scales, "pass {pass}: the update moved the slots");
+        last_scales = got.1;
+    }
+    // One step of two micro-batches, the update once at its end.
+    for l in [&mut staged, &mut resident] {
+        l.visit_gemms(&mut |g| g.set_update_per_step(true));
+    }
+    for micro in 0..2 {
+        let (x, dy) = data(3 + micro);
+        let (xd, dyd) = (gpu.to_device(&x).unwrap(), gpu.to_device(&dy).unwrap());
+        let (y, yd) = (staged.forward(&x).unwrap(), resident.forward(&xd).unwrap());
+        assert_eq!(bits(&y), bits(&yd), "micro-batch {micro}: forward");
+        let (dx, dxd) = (staged.backward(&dy).unwrap(), resident.backward(&dyd).unwrap());
+        assert_eq!(bits(&dx), bits(&dxd), "micro-batch {micro}: backward");
+    }
+    assert_eq!(
+        bank_of(&mut resident),
+        Some(0),
+        "the micro-batches folded their amaxes there"
+    );
+    for l in [&mut staged, &mut resident] {
+        let mut result = Ok(());
+        l.visit_gemms(&mut |g| result = result.clone().and(g.update_step()));
+        result.unwrap();
+    }
+    assert_eq!(state(&mut staged), state(&mut resident), "the step's update");
+    // A recompute in backward casts with the forward's input scale and records nothing.
+    for l in [&mut staged, &mut resident] {
+        l.visit_gemms(&mut |g| g.set_update_per_step(false));
+    }
+    let (x, dy) = data(5);
+    let (xd, dyd) = (gpu.to_device(&x).unwrap(), gpu.to_device(&dy).unwrap());
+    staged.forward(&x).unwrap();
+    resident.forward(&xd).unwrap();
+    let (y, yd) = (
+        staged.forward_pass(&x, true).unwrap(),
+        resident.forward_pass(&xd, true).unwrap(),
+    );
+    assert_eq!(bits(&y), bits(&yd), "recompute");
+    let (dx, dxd) = (staged.backward(&dy).unwrap(), resident.backward(&dyd).unwrap());
+    assert_eq!(bits(&dx), bits(&dxd), "backward after the recompute");
+    assert_eq!(state(&mut staged), state(&mut resident), "after the recompute");
+    println!(
+        "{TEST}: fp8-delayed: same outputs, gradients, slots and statistics over 3 passes, a 2-micro-batch step \
+         and a recompute"
+    );
+}
+
 /// On GPU 0: AdamW over the device arenas updates master values kept on the device in place
 /// (a copy on the device each way) and host ones through the host, with the bits of the same
 /// steps on a module whose values all live in host memory.

@@ -690,6 +690,12 @@ impl LinearGemms {
         }
     }
 
+    /// The GPU holding the delayed-scaling bank, if it is kept on one (tests).
+    #[cfg(test)]
+    pub(crate) fn slots_device(&self) -> Option<usize> {
+        self.slots.as_ref().and_then(SlotBank::device_ordinal)
+    }
+
     /// The delayed update of all five slots (forward and backward roles) at the end of a step.
     pub(crate) fn update_step(&mut self) -> Result<()> {
         let roles: Vec<TensorRole> = ROLES.iter().map(|(role, _)| *role).collect();
