@@ -28,7 +28,8 @@ pub(crate) trait DeviceBank: Debug + Send + Sync {
     /// `scale[slots] | history[slots, len]`, downloaded after every write queued to them.
     fn read(&self) -> Result<Vec<f32>>;
     /// Slot `slot`'s scale as the last update queued on the device left it, waiting for that
-    /// update only (its scales are copied out behind it); `None` before any update there.
+    /// update only if it changed the slot (its scales are copied out behind it); `None`: the
+    /// host's scale holds.
     fn updated_scale(&self, slot: usize) -> Result<Option<f32>>;
     /// The backend's own type, to reach its buffer.
     fn as_any_mut(&mut self) -> &mut dyn Any;

@@ -11,6 +11,8 @@
 //! Nothing is read back per op (`docs/cuda-backend.md`, Slot banks on the device).
 
 use std::any::Any;
+use std::ops::Range;
+use std::sync::Mutex;
 
 use super::deferred::DeviceScalar;
 use super::resident::staged_for;
@@ -32,7 +34,17 @@ pub(crate) struct CudaBank {
     len: usize,
     values: DeviceBuffer<f32>,
     /// Made at the first update.
-    scales: Option<PinnedSnapshot>,
+    snapshot: Option<PinnedSnapshot>,
+    scales: Mutex<KnownScales>,
+}
+
+/// The scales the host has read, and the slots updates changed since (whose reads wait for
+/// the last snapshot): the backward's casts do not wait for the forward's update, which left
+/// their slots alone.
+#[derive(Debug)]
+struct KnownScales {
+    known: Vec<f32>,
+    stale: Range<usize>,
 }
 
 impl DeviceBank for CudaBank {
@@ -43,8 +55,19 @@ impl DeviceBank for CudaBank {
         staged(&CudaKernels { ordinal: self.ordinal })?.down_vec(&self.values)
     }
     fn updated_scale(&self, slot: usize) -> Result<Option<f32>> {
-        let Some(scales) = &self.scales else { return Ok(None) };
-        Ok(scales.read()?.and_then(|s| s.get(slot).copied()))
+        let mut scales = self.scales.lock().unwrap_or_else(|p| p.into_inner());
+        if scales.stale.contains(&slot) {
+            let snapshot = self.snapshot.as_ref().and_then(|s| s.read().transpose());
+            let Some(latest) = snapshot.transpose()? else {
+                return Err(Error::KernelArgs {
+                    kernel: "delayed_update",
+                    detail: "a slot bank's update left no copy of its scales".into(),
+                });
+            };
+            scales.known.copy_from_slice(&latest[..self.slots]);
+            scales.stale = 0..0;
+        }
+        Ok(scales.known.get(slot).copied())
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
@@ -68,7 +91,11 @@ pub(crate) fn bank_on(k: &CudaKernels, host: &[f32], slots: usize, len: usize) -
         slots,
         len,
         values,
-        scales: None,
+        snapshot: None,
+        scales: Mutex::new(KnownScales {
+            known: host[..slots].to_vec(),
+            stale: 0..0,
+        }),
     }))
 }
 
@@ -137,7 +164,7 @@ pub(crate) fn update_in_bank(
     let Some(ordinal) = bank.device_ordinal() else {
         return Ok(false);
     };
-    let Some((first, _)) = slot_run(slots) else {
+    let Some((first, count)) = slot_run(slots) else {
         bank.bring_home()?;
         return Ok(false);
     };
@@ -153,17 +180,36 @@ pub(crate) fn update_in_bank(
         &max_d,
         recipe.amax_compute_algo,
     )?;
-    if cuda.scales.is_none() {
-        cuda.scales = Some(PinnedSnapshot::new(s.device(), cuda.slots)?);
+    if cuda.snapshot.is_none() {
+        cuda.snapshot = Some(PinnedSnapshot::new(s.device(), cuda.slots)?);
     }
-    let scales = cuda.scales.as_mut().expect("made above");
-    scales.queue(s.device(), &cuda.values)?;
+    let snapshot = cuda.snapshot.as_mut().expect("made above");
+    snapshot.queue(s.device(), &cuda.values)?;
+    let scales = cuda.scales.get_mut().unwrap_or_else(|p| p.into_inner());
+    scales.stale = covering(&scales.stale, first..first + count);
     Ok(true)
+}
+
+/// The smallest range holding both (an empty one holds nothing).
+fn covering(a: &Range<usize>, b: Range<usize>) -> Range<usize> {
+    match (a.is_empty(), b.is_empty()) {
+        (true, _) => b,
+        (_, true) => a.clone(),
+        _ => a.start.min(b.start)..a.end.max(b.end),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stale_slots_cover_every_update_not_yet_read() {
+        assert_eq!(covering(&(0..0), 0..3), 0..3);
+        assert_eq!(covering(&(0..3), 3..5), 0..5);
+        assert_eq!(covering(&(3..5), 0..0), 3..5);
+        assert_eq!(covering(&(1..2), 3..4), 1..4);
+    }
 
     #[test]
     fn only_an_ascending_run_of_slots_updates_in_place() {
