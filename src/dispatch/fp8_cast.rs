@@ -322,14 +322,14 @@ pub(crate) fn cast_stats(name: String, src: &[f32], cast: &Cast) -> Result<Fp8St
 /// when read from counts left on a GPU.
 pub(crate) fn counted_stats(name: &str, len: usize, cast: &Cast) -> Option<Fp8Stats> {
     let counts = cast.counts.clone().filter(|_| len == cast.tensor.rowwise().len())?;
-    Some(Fp8Stats::counted(
-        name.to_string(),
-        cast.tensor.format(),
-        cast.amax.clone(),
-        cast.scale,
-        len,
+    Some(Fp8Stats::counted(Counted {
+        name: name.to_string(),
+        format: cast.tensor.format(),
+        amax: cast.amax.clone(),
+        scale: cast.scale,
+        total: len,
         counts,
-    ))
+    }))
 }
 
 /// The statistics of one cast or high-precision GEMM output: finished, or still counts and an
@@ -338,38 +338,26 @@ pub(crate) fn counted_stats(name: &str, len: usize, cast: &Cast) -> Option<Fp8St
 #[derive(Clone, Debug)]
 pub(crate) enum Fp8Stats {
     Ready(Fp8TensorStats),
-    Counted {
-        name: String,
-        format: Fp8Format,
-        amax: Deferred<f32>,
-        scale: f32,
-        total: usize,
-        counts: Deferred<[u64; 4]>,
-    },
+    Counted(Counted),
+}
+
+/// What [`stats_from_counts`] finishes, some of it possibly on a GPU.
+#[derive(Clone, Debug)]
+pub(crate) struct Counted {
+    pub name: String,
+    pub format: Fp8Format,
+    pub amax: Deferred<f32>,
+    pub scale: f32,
+    pub total: usize,
+    pub counts: Deferred<[u64; 4]>,
 }
 
 impl Fp8Stats {
-    /// [`stats_from_counts`] of `counts` and `amax`: at once if both are host values.
-    pub(crate) fn counted(
-        name: String,
-        format: Fp8Format,
-        amax: Deferred<f32>,
-        scale: f32,
-        total: usize,
-        counts: Deferred<[u64; 4]>,
-    ) -> Self {
-        match (&amax, &counts) {
-            (Deferred::Host(a), Deferred::Host(c)) => {
-                Fp8Stats::Ready(stats_from_counts(name, format, *a, scale, total, *c))
-            }
-            _ => Fp8Stats::Counted {
-                name,
-                format,
-                amax,
-                scale,
-                total,
-                counts,
-            },
+    /// `c` finished at once if its amax and counts are host values.
+    pub(crate) fn counted(c: Counted) -> Self {
+        match (&c.amax, &c.counts) {
+            (Deferred::Host(_), Deferred::Host(_)) => Fp8Stats::Ready(c.finish().expect("host values read")),
+            _ => Fp8Stats::Counted(c),
         }
     }
 
@@ -377,22 +365,22 @@ impl Fp8Stats {
     pub(crate) fn finish(&self) -> Result<Fp8TensorStats> {
         match self {
             Fp8Stats::Ready(stats) => Ok(stats.clone()),
-            Fp8Stats::Counted {
-                name,
-                format,
-                amax,
-                scale,
-                total,
-                counts,
-            } => Ok(stats_from_counts(
-                name.clone(),
-                *format,
-                amax.get()?,
-                *scale,
-                *total,
-                counts.get()?,
-            )),
+            Fp8Stats::Counted(c) => c.finish(),
         }
+    }
+}
+
+impl Counted {
+    fn finish(&self) -> Result<Fp8TensorStats> {
+        let (amax, counts) = (self.amax.get()?, self.counts.get()?);
+        Ok(stats_from_counts(
+            self.name.clone(),
+            self.format,
+            amax,
+            self.scale,
+            self.total,
+            counts,
+        ))
     }
 }
 
@@ -496,7 +484,7 @@ mod tests {
             ..cpu
         };
         let deferred = cast_stats("x".into(), &src, &on_device).unwrap();
-        assert!(matches!(deferred, Fp8Stats::Counted { .. }));
+        assert!(matches!(deferred, Fp8Stats::Counted(_)));
         assert_eq!(amax.reads.load(Ordering::Relaxed), 0, "nothing read per op");
         assert_eq!(count_reads.reads.load(Ordering::Relaxed), 0);
         assert_eq!(deferred.finish().unwrap(), want, "the same statistics when read");

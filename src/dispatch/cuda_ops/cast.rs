@@ -477,7 +477,14 @@ pub(crate) fn uncast_stats(
         Values::Device(_) => {
             let x = s.input(OP, values)?;
             let counts = device_counts(&s, &x, StatsVerdict::Uncast { format, scale })?;
-            Ok(Fp8Stats::counted(name, format, amax, scale, values.len(), counts))
+            Ok(Fp8Stats::counted(fp8_cast::Counted {
+                name,
+                format,
+                amax,
+                scale,
+                total: values.len(),
+                counts,
+            }))
         }
     }
 }
