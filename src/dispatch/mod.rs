@@ -435,14 +435,19 @@ impl Backend {
     }
 
     /// Moves `bank` to this backend's GPU if it [holds slot banks](Self::holds_slot_banks)
-    /// (nothing otherwise, or if it is there already).
+    /// (nothing to do if it is there already); otherwise, or from another GPU, brings it home.
     pub(crate) fn keep_slot_bank(&self, bank: &mut SlotBank) -> Result<()> {
-        let Backend::Cuda(k) = self else { return Ok(()) };
-        if !self.holds_slot_banks() {
-            return Ok(());
+        let ordinal = match self {
+            Backend::Cuda(k) if self.holds_slot_banks() => k.ordinal,
+            _ => return bank.bring_home(),
+        };
+        if bank.device_ordinal().is_some_and(|o| o != ordinal) {
+            bank.bring_home()?;
         }
         let (slots, len) = (bank.slots(), bank.history_len());
-        bank.keep_on(|host| cuda_ops::bank_on(k, host, slots, len))
+        bank.keep_on(ordinal, |host| {
+            cuda_ops::bank_on(&CudaKernels { ordinal }, host, slots, len)
+        })
     }
 
     /// The optimizer's arenas of `layout` on this backend's device ([`Self::holds_arenas`]).

@@ -227,12 +227,13 @@ impl LinearGemms {
     }
 
     /// Takes the bank up to the GPU when the layer's tensors live there and the backend keeps
-    /// banks on it (`Backend::holds_slot_banks`); a host input brings it home.
+    /// banks on it (`Backend::holds_slot_banks`); anything else (a host input, shadow mode, a
+    /// backend moved to another device) brings it home.
     fn place_slots(&mut self, input: DeviceKind) -> Result<()> {
         let Some(slots) = &mut self.slots else { return Ok(()) };
-        match input {
-            DeviceKind::Cpu => slots.bring_home(),
-            DeviceKind::Cuda(_) => self.backend.keep_slot_bank(slots),
+        match input == self.backend.device() && input != DeviceKind::Cpu {
+            true => self.backend.keep_slot_bank(slots),
+            false => slots.bring_home(),
         }
     }
 

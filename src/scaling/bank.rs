@@ -27,6 +27,9 @@ pub(crate) trait DeviceBank: Debug + Send + Sync {
     fn ordinal(&self) -> usize;
     /// `scale[slots] | history[slots, len]`, downloaded after every write queued to them.
     fn read(&self) -> Result<Vec<f32>>;
+    /// Overwrites the copy with `host` (`scale[slots] | history[slots, len]`): a bank that came
+    /// home goes up again into the buffers it had.
+    fn reload(&mut self, host: &[f32]) -> Result<()>;
     /// Slot `slot`'s scale as the last update queued on the device left it, waiting for that
     /// update only if it changed the slot (its scales are copied out behind it); `None`: the
     /// host's scale holds.
@@ -42,9 +45,11 @@ pub struct SlotBank {
     scale: Vec<f32>,
     scale_inv: Vec<f32>,
     history: Vec<f32>,
-    /// The bank on a GPU: its scales and histories there are the bank's (the host's history is
-    /// stale, its scales those before the device's first update).
+    /// The bank's copy on a GPU. While `on_device`, its scales and histories there are the
+    /// bank's (the host's history is stale, its scales those before the device's first
+    /// update); after the bank came home it is kept to go up into again.
     device: Option<Box<dyn DeviceBank>>,
+    on_device: bool,
 }
 
 /// A copy in host memory (a bank on a GPU is downloaded).
@@ -60,6 +65,7 @@ impl Clone for SlotBank {
             scale_inv: self.scale_inv.clone(),
             history,
             device: None,
+            on_device: false,
         }
     }
 }
@@ -89,6 +95,7 @@ impl SlotBank {
             scale_inv: vec![1.0; slots],
             history: vec![0.0; slots * len],
             device: None,
+            on_device: false,
         }
     }
 
@@ -114,7 +121,7 @@ impl SlotBank {
 
     /// [`Self::scale`], or the error of reading a device update's scale back.
     pub(crate) fn scale_now(&self, i: usize) -> Result<f32> {
-        match &self.device {
+        match self.live_device() {
             Some(device) => Ok(device.updated_scale(i)?.unwrap_or(self.scale[i])),
             None => Ok(self.scale[i]),
         }
@@ -197,28 +204,44 @@ impl SlotBank {
 
     /// The GPU holding the bank, if it is on one.
     pub(crate) fn device_ordinal(&self) -> Option<usize> {
-        self.device.as_ref().map(|d| d.ordinal())
+        self.live_device().map(|d| d.ordinal())
     }
 
-    /// The bank's copy on its GPU.
+    /// The bank's copy on its GPU, while the bank is there.
     pub(crate) fn device_mut(&mut self) -> Option<&mut (dyn DeviceBank + 'static)> {
-        self.device.as_deref_mut()
+        match self.on_device {
+            true => self.device.as_deref_mut(),
+            false => None,
+        }
     }
 
-    /// Moves the bank to a GPU: `make` gets `scale[slots] | history[slots, len]` and returns
-    /// their copy there. Nothing to do if it is on a GPU already.
-    pub(crate) fn keep_on(&mut self, make: impl FnOnce(&[f32]) -> Result<Box<dyn DeviceBank>>) -> Result<()> {
-        if self.device.is_none() {
-            let layout = [&self.scale[..], &self.history[..]].concat();
-            self.device = Some(make(&layout)?);
+    fn live_device(&self) -> Option<&dyn DeviceBank> {
+        self.device.as_deref().filter(|_| self.on_device)
+    }
+
+    /// Moves the bank to GPU `ordinal`: into the copy it had there, or into the one `make` returns
+    /// from `scale[slots] | history[slots, len]`. Nothing to do if it is there already.
+    pub(crate) fn keep_on(
+        &mut self,
+        ordinal: usize,
+        make: impl FnOnce(&[f32]) -> Result<Box<dyn DeviceBank>>,
+    ) -> Result<()> {
+        if self.on_device {
+            return Ok(());
         }
+        let layout = [&self.scale[..], &self.history[..]].concat();
+        match &mut self.device {
+            Some(device) if device.ordinal() == ordinal => device.reload(&layout)?,
+            _ => self.device = Some(make(&layout)?),
+        }
+        self.on_device = true;
         Ok(())
     }
 
     /// Brings a bank kept on a GPU back into host memory (one download); the next pass on the
     /// device takes it up again.
     pub(crate) fn bring_home(&mut self) -> Result<()> {
-        if let Some(device) = &self.device {
+        if let Some(device) = self.live_device() {
             let values = device.read()?;
             let slots = self.slots();
             if values.len() != slots * (1 + self.len) {
@@ -230,7 +253,7 @@ impl SlotBank {
             }
             self.scale.copy_from_slice(&values[..slots]);
             self.history.copy_from_slice(&values[slots..]);
-            self.device = None;
+            self.on_device = false;
         }
         Ok(())
     }
@@ -244,7 +267,7 @@ impl SlotBank {
 
     /// The scales and histories wherever they live (a bank on a GPU read there).
     fn host_state(&self) -> (Vec<f32>, Vec<f32>) {
-        let Some(device) = &self.device else {
+        let Some(device) = self.live_device() else {
             return (self.scale.clone(), self.history.clone());
         };
         match device.read() {
@@ -279,6 +302,11 @@ impl DeviceBank for HostBank {
     }
     fn read(&self) -> Result<Vec<f32>> {
         Ok(self.values.clone())
+    }
+    fn reload(&mut self, host: &[f32]) -> Result<()> {
+        self.values = host.to_vec();
+        self.updated = None;
+        Ok(())
     }
     fn updated_scale(&self, slot: usize) -> Result<Option<f32>> {
         Ok(self.updated.as_ref().map(|s| s[slot]))
@@ -322,7 +350,7 @@ mod tests {
             bank.record_cast(i, 1.0 + i as f32);
         }
         let host = bank.clone();
-        bank.keep_on(|layout| {
+        bank.keep_on(1, |layout| {
             Ok(Box::new(HostBank {
                 ordinal: 1,
                 values: layout.to_vec(),
@@ -367,8 +395,27 @@ mod tests {
         assert_eq!(copy.view(2).history, vec![9.0, 0.0]);
         assert_eq!(copy.scale(0), 5.0);
         // Taking it up again while it is there keeps the device's copy.
-        bank.keep_on(|_| panic!("already on the device")).unwrap();
+        bank.keep_on(1, |_| panic!("already on the device")).unwrap();
         assert_eq!(bank.current_amax(2), 9.0);
+        // Home, then up again: into the copy it had, with the host's values.
+        bank.bring_home().unwrap();
+        assert_eq!(bank.device_ordinal(), None);
+        bank.set_current_amax(0, 4.0);
+        let home = bank.values();
+        bank.keep_on(1, |_| panic!("the old copy is reused")).unwrap();
+        assert_eq!((bank.device_ordinal(), bank.values()), (Some(1), home));
+        assert_eq!(device(&mut bank).updated, None, "the reload forgot the old update");
+        // Another GPU gets a copy of its own.
+        bank.bring_home().unwrap();
+        bank.keep_on(2, |layout| {
+            Ok(Box::new(HostBank {
+                ordinal: 2,
+                values: layout.to_vec(),
+                updated: None,
+            }))
+        })
+        .unwrap();
+        assert_eq!(bank.device_ordinal(), Some(2));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::PinnedHostSlice;
+use cudarc::driver::{CudaEvent, PinnedHostSlice};
 
 use super::error::CudaResultExt;
 use super::{CudaDevice, DeviceBuffer};
@@ -15,6 +15,9 @@ use crate::error::{Error, Result};
 #[derive(Debug)]
 pub struct PinnedSnapshot {
     pinned: PinnedHostSlice<f32>,
+    /// Recorded after each copy (its own, not the pinned memory's event, which cudarc records
+    /// only while it tracks stream synchronization).
+    done: CudaEvent,
     queued: bool,
 }
 
@@ -24,7 +27,18 @@ impl PinnedSnapshot {
         let ctx: &Arc<_> = device.context();
         // SAFETY: the values are only read after a copy wrote them (`queued`).
         let pinned = unsafe { ctx.alloc_pinned_with_flags::<f32>(len.max(1), 0) }.call("cuMemHostAlloc")?;
-        Ok(PinnedSnapshot { pinned, queued: false })
+        let done = ctx.new_event(None).call("cuEventCreate")?;
+        Ok(PinnedSnapshot {
+            pinned,
+            done,
+            queued: false,
+        })
+    }
+
+    /// Forgets the last copy (an update is about to change what it copied): [`Self::read`]
+    /// says `None` until the next [`Self::queue`].
+    pub fn invalidate(&mut self) {
+        self.queued = false;
     }
 
     /// Queues the copy of `src[..len]` in stream order (after the work queued before it); the
@@ -43,15 +57,25 @@ impl PinnedSnapshot {
             .stream()
             .memcpy_dtoh(&view, &mut self.pinned)
             .call("cuMemcpyDtoHAsync")?;
+        self.done.record(device.stream()).call("cuEventRecord")?;
         self.queued = true;
         Ok(())
     }
 
-    /// The values of the last queued copy, once it completed (`None` before any copy).
+    /// The values of the last queued copy, once it completed (`None` before any copy, or after
+    /// [`Self::invalidate`]).
     pub fn read(&self) -> Result<Option<&[f32]>> {
-        match self.queued {
-            true => Ok(Some(self.pinned.as_slice().call("cuEventSynchronize")?)),
-            false => Ok(None),
+        if !self.queued {
+            return Ok(None);
         }
+        self.done.synchronize().call("cuEventSynchronize")?;
+        Ok(Some(self.pinned.as_slice().call("cuEventSynchronize")?))
+    }
+}
+
+impl Drop for PinnedSnapshot {
+    fn drop(&mut self) {
+        // A copy may still write the pinned memory: wait before cudarc frees it.
+        let _ = self.done.synchronize();
     }
 }

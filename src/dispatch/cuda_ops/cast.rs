@@ -16,12 +16,13 @@ use crate::memory::MemoryCategory;
 use crate::quantize::ScaleRule;
 use crate::scaling::{BlockDims, DelayedScaling, RecipeFormat, SlotBank, TensorRole};
 use crate::tensor::{DeviceMirror, QuantizedMatrix, QuantizedTensor, ScaleKind, Scales};
+use std::sync::Arc;
 
 /// Both copies of a per-tensor cast with `scale` of `x` (the source on the device), and its amax.
 /// `count`: the cast's statistics are counted on the device too (a source that lives there,
 /// which [`cast_stats`] would otherwise download to count).
 fn per_tensor(
-    s: &Staged,
+    s: &Arc<Staged>,
     x: &DeviceBuffer<f32>,
     (rows, cols): (usize, usize),
     format: Fp8Format,
@@ -63,7 +64,7 @@ fn per_tensor(
         false => None,
     };
     // The amax stays on the device until read (a bank there folds it in place).
-    let amax = DeviceScalar::deferred(s.device().info().ordinal, amax.into_buffer());
+    let amax = DeviceScalar::deferred(s, s.device().info().ordinal, amax.into_buffer());
     let scales = Scales::PerTensor(inv);
     let (rowwise, columnwise) = match n > 0 && room_for_mirrors(s) {
         // Both copies stay on the device, for the GEMMs that read them.
@@ -91,10 +92,14 @@ fn per_tensor(
 
 /// `[saturated, underflow, nonzero, nonfinite]` of `x` counted on the device, left there until
 /// read (4 counts come back instead of the values, when the statistics are collected).
-fn device_counts(s: &Staged, x: &DeviceBuffer<f32>, verdict: StatsVerdict<'_>) -> Result<Deferred<[u64; 4]>> {
+fn device_counts(s: &Arc<Staged>, x: &DeviceBuffer<f32>, verdict: StatsVerdict<'_>) -> Result<Deferred<[u64; 4]>> {
     let mut counts = s.zeros::<u32>(4)?;
     s.device().count_stats(x, verdict, &mut counts)?;
-    Ok(DeviceCounts::deferred(s.device().info().ordinal, counts.into_buffer()))
+    Ok(DeviceCounts::deferred(
+        s,
+        s.device().info().ordinal,
+        counts.into_buffer(),
+    ))
 }
 
 /// Free device memory kept for staging when casts keep mirrors: an eighth of the GPU.
@@ -326,9 +331,9 @@ pub(crate) fn gemm(k: &CudaKernels, a: &Operand, b: &Operand, out: Output, param
 
 /// [`gemm`] into f32 values wherever they live: host values take [`gemm`]'s staged path; a
 /// device output is written in place (f32 operands: the cuBLASLt reference path's result,
-/// whose epilogue runs on the host, goes up into it). A reported amax comes back to the host
-/// (one 4-byte read per GEMM, until the slot banks live on the device); callers that drop it
-/// turn it off (`GemmParams::report_amax`).
+/// whose epilogue runs on the host, goes up into it). A reported amax of a device output stays
+/// on the device until read (a slot bank there folds it in place: `slot_bank`); callers that
+/// drop it turn it off (`GemmParams::report_amax`).
 pub(crate) fn gemm_into(
     k: &CudaKernels,
     a: &Operand,
@@ -364,7 +369,7 @@ pub(crate) fn gemm_into(
         }
         // The amax stays on the device until read (a bank there folds it in place).
         _ => match gemm_into_device(s.device(), a, b, &mut d, params)? {
-            Some(amax) => DeviceScalar::deferred(s.device().info().ordinal, amax),
+            Some(amax) => DeviceScalar::deferred(&s, s.device().info().ordinal, amax),
             None => 0.0.into(),
         },
     };

@@ -6,33 +6,66 @@
 use std::any::Any;
 use std::sync::{Arc, OnceLock};
 
-use super::staged;
+use super::{Pooled, Staged};
 use crate::backend::cuda::DeviceBuffer;
-use crate::dispatch::CudaKernels;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::tensor::device_values::{Deferred, DeviceResult};
+
+/// A small device buffer (work already queued writes it) read once, then kept; given back to
+/// the staging pool when dropped, as a leased buffer would be.
+struct Small<T: Pooled> {
+    staged: Arc<Staged>,
+    buffer: Option<DeviceBuffer<T>>,
+}
+
+impl<T: Pooled> std::fmt::Debug for Small<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Small({} values)", self.buffer.as_ref().map_or(0, |b| b.len()))
+    }
+}
+
+impl<T: Pooled> Small<T> {
+    fn buffer(&self) -> &DeviceBuffer<T> {
+        self.buffer.as_ref().expect("held until dropped")
+    }
+
+    fn download(&self) -> Result<Vec<T>> {
+        self.staged.down_vec(self.buffer())
+    }
+}
+
+impl<T: Pooled> Drop for Small<T> {
+    fn drop(&mut self) {
+        if let Some(buffer) = self.buffer.take() {
+            self.staged.recycle(buffer);
+        }
+    }
+}
 
 /// One f32 on a GPU (an amax), read once.
 #[derive(Debug)]
 pub(crate) struct DeviceScalar {
     ordinal: usize,
-    buffer: DeviceBuffer<f32>,
+    small: Small<f32>,
     read: OnceLock<f32>,
 }
 
 impl DeviceScalar {
     /// `buffer` (one value, written by work already queued) left on GPU `ordinal`.
-    pub(crate) fn deferred(ordinal: usize, buffer: DeviceBuffer<f32>) -> Deferred<f32> {
+    pub(crate) fn deferred(staged: &Arc<Staged>, ordinal: usize, buffer: DeviceBuffer<f32>) -> Deferred<f32> {
         Deferred::Device(Arc::new(DeviceScalar {
             ordinal,
-            buffer,
+            small: Small {
+                staged: staged.clone(),
+                buffer: Some(buffer),
+            },
             read: OnceLock::new(),
         }))
     }
 
     /// Its buffer, for a kernel that reads it (the fold into a bank).
     pub(crate) fn buffer(&self) -> &DeviceBuffer<f32> {
-        &self.buffer
+        self.small.buffer()
     }
 }
 
@@ -44,8 +77,7 @@ impl DeviceResult<f32> for DeviceScalar {
         if let Some(&v) = self.read.get() {
             return Ok(v);
         }
-        let s = staged(&CudaKernels { ordinal: self.ordinal })?;
-        let v = s.down_vec(&self.buffer)?.first().copied().unwrap_or(0.0);
+        let v = self.small.download()?.first().copied().unwrap_or(0.0);
         Ok(*self.read.get_or_init(|| v))
     }
     fn as_any(&self) -> &dyn Any {
@@ -57,16 +89,19 @@ impl DeviceResult<f32> for DeviceScalar {
 #[derive(Debug)]
 pub(crate) struct DeviceCounts {
     ordinal: usize,
-    buffer: DeviceBuffer<u32>,
+    small: Small<u32>,
     read: OnceLock<[u64; 4]>,
 }
 
 impl DeviceCounts {
     /// `buffer` (four counters, written by work already queued) left on GPU `ordinal`.
-    pub(crate) fn deferred(ordinal: usize, buffer: DeviceBuffer<u32>) -> Deferred<[u64; 4]> {
+    pub(crate) fn deferred(staged: &Arc<Staged>, ordinal: usize, buffer: DeviceBuffer<u32>) -> Deferred<[u64; 4]> {
         Deferred::Device(Arc::new(DeviceCounts {
             ordinal,
-            buffer,
+            small: Small {
+                staged: staged.clone(),
+                buffer: Some(buffer),
+            },
             read: OnceLock::new(),
         }))
     }
@@ -80,12 +115,11 @@ impl DeviceResult<[u64; 4]> for DeviceCounts {
         if let Some(&v) = self.read.get() {
             return Ok(v);
         }
-        let s = staged(&CudaKernels { ordinal: self.ordinal })?;
-        let c = s.down_vec(&self.buffer)?;
+        let c = self.small.download()?;
         let counts = match c[..] {
             [a, b, n, f] => [a, b, n, f].map(u64::from),
             _ => {
-                return Err(crate::error::Error::LengthMismatch {
+                return Err(Error::LengthMismatch {
                     what: "statistics counters read back",
                     src: c.len(),
                     dst: 4,

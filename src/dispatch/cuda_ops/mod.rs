@@ -150,13 +150,7 @@ impl<T: Pooled> Lease<'_, T> {
 impl<T: Pooled> Drop for Lease<'_, T> {
     fn drop(&mut self) {
         if let Some(buffer) = self.buffer.take() {
-            // Work is ordered on the one stream, so a later op's use of this buffer runs after
-            // every kernel of this op that reads or writes it.
-            let rejected = T::pool(self.staged)
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .give(buffer.len(), buffer);
-            drop(rejected);
+            self.staged.recycle(buffer);
         }
     }
 }
@@ -188,6 +182,17 @@ impl Staged {
             buffer: Some(buffer),
             staged: self,
         })
+    }
+
+    /// Gives `buffer` back to the pool (dropped if the pool is full). Work is ordered on the one
+    /// stream, so a later op's use of it runs after every kernel queued before that reads or
+    /// writes it.
+    pub(crate) fn recycle<T: Pooled>(&self, buffer: DeviceBuffer<T>) {
+        let rejected = T::pool(self)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .give(buffer.len(), buffer);
+        drop(rejected);
     }
 
     /// A buffer holding a copy of `host`.

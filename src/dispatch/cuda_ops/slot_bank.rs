@@ -54,6 +54,15 @@ impl DeviceBank for CudaBank {
     fn read(&self) -> Result<Vec<f32>> {
         staged(&CudaKernels { ordinal: self.ordinal })?.down_vec(&self.values)
     }
+    fn reload(&mut self, host: &[f32]) -> Result<()> {
+        check_layout(host, self.slots, self.len)?;
+        let s = staged(&CudaKernels { ordinal: self.ordinal })?;
+        s.device().write_at(host, &mut self.values, 0)?;
+        let scales = self.scales.get_mut().unwrap_or_else(|p| p.into_inner());
+        scales.known.copy_from_slice(&host[..self.slots]);
+        scales.stale = 0..0;
+        Ok(())
+    }
     fn updated_scale(&self, slot: usize) -> Result<Option<f32>> {
         let mut scales = self.scales.lock().unwrap_or_else(|p| p.into_inner());
         if scales.stale.contains(&slot) {
@@ -76,13 +85,7 @@ impl DeviceBank for CudaBank {
 
 /// `host` (`scale[slots] | history[slots, len]`) as a bank on `k`'s GPU.
 pub(crate) fn bank_on(k: &CudaKernels, host: &[f32], slots: usize, len: usize) -> Result<Box<dyn DeviceBank>> {
-    if host.len() != slots * (1 + len) {
-        return Err(Error::LengthMismatch {
-            what: "slot bank to the device",
-            src: host.len(),
-            dst: slots * (1 + len),
-        });
-    }
+    check_layout(host, slots, len)?;
     let s = staged(k)?;
     // The scaling state: a few floats per layer, booked with the other small device state.
     let values = s.device().upload(host, MemoryCategory::Workspace)?;
@@ -97,6 +100,18 @@ pub(crate) fn bank_on(k: &CudaKernels, host: &[f32], slots: usize, len: usize) -
             stale: 0..0,
         }),
     }))
+}
+
+/// `host` holds `scale[slots] | history[slots, len]`.
+fn check_layout(host: &[f32], slots: usize, len: usize) -> Result<()> {
+    match host.len() == slots * (1 + len) {
+        true => Ok(()),
+        false => Err(Error::LengthMismatch {
+            what: "slot bank to the device",
+            src: host.len(),
+            dst: slots * (1 + len),
+        }),
+    }
 }
 
 /// The bank's device copy as this backend's own.
@@ -134,10 +149,13 @@ pub(crate) fn record_amax(k: &CudaKernels, bank: &mut SlotBank, slot: usize, ama
                 })?;
             s.device().amax_at(scalar.buffer(), &mut cuda.values, at)?;
         }
-        Deferred::Host(v) => {
+        // `history[0]` is never negative, so `f32::max` with a host amax that is not
+        // positive (0, NaN) keeps it: only a positive one goes up to be folded in.
+        Deferred::Host(v) if *v > 0.0 => {
             let up = s.up(&[*v])?;
             s.device().amax_at(&up, &mut cuda.values, at)?;
         }
+        Deferred::Host(_) => {}
     }
     bank.recorded_on_device(slot)
 }
@@ -173,6 +191,16 @@ pub(crate) fn update_in_bank(
     let max_d = s.up(&scaled_max)?;
     let device = bank.device_mut().expect("checked above");
     let cuda = cuda_bank(device, OP)?;
+    // The pinned copy first: once the update is queued, its scales must reach the host.
+    if cuda.snapshot.is_none() {
+        cuda.snapshot = Some(PinnedSnapshot::new(s.device(), cuda.slots)?);
+    }
+    // Stale before the launch: whatever fails below, these slots' scales are read from the
+    // device (a failed copy is an error at that read, never an old scale).
+    let scales = cuda.scales.get_mut().unwrap_or_else(|p| p.into_inner());
+    scales.stale = covering(&scales.stale, first..first + count);
+    let snapshot = cuda.snapshot.as_mut().expect("made above");
+    snapshot.invalidate();
     s.device().delayed_update_in_bank(
         &mut cuda.values,
         (cuda.slots, cuda.len),
@@ -180,13 +208,7 @@ pub(crate) fn update_in_bank(
         &max_d,
         recipe.amax_compute_algo,
     )?;
-    if cuda.snapshot.is_none() {
-        cuda.snapshot = Some(PinnedSnapshot::new(s.device(), cuda.slots)?);
-    }
-    let snapshot = cuda.snapshot.as_mut().expect("made above");
     snapshot.queue(s.device(), &cuda.values)?;
-    let scales = cuda.scales.get_mut().unwrap_or_else(|p| p.into_inner());
-    scales.stale = covering(&scales.stale, first..first + count);
     Ok(true)
 }
 
