@@ -11,7 +11,7 @@ const FAMILIES: [(&str, &[&str]); 11] = [
     ("FP8 casts (quantize)", &["quantize"]),
     (
         "FP8 statistics, scaling",
-        &["cast_stats", "uncast_stats", "delayed_update"],
+        &["cast_stats", "uncast_stats", "record_amax", "delayed_update"],
     ),
     (
         "dtype conversions, transposes, roundings, column copies",
