@@ -113,6 +113,12 @@ impl Device {
         matches!(self, Device::Cuda(_)) && crate::backend::cuda::env_switch::resident_layers()
     }
 
+    /// Whether resident layers on this device keep their delayed-scaling slot banks on it
+    /// (`FP8_CUDA_DEVICE_BANKS=1`, opt-in until a GPU run validates it). Always false on the CPU.
+    pub fn device_slot_banks(&self) -> bool {
+        self.resident_layers() && crate::dispatch::device_banks_enabled()
+    }
+
     /// A short description: "cpu" or "cuda:0 (NVIDIA H100 ..., sm_90)".
     pub fn describe(&self) -> String {
         match self {

@@ -356,6 +356,12 @@ impl<T: Twin> Saved<T> {
     }
 }
 
+/// Whether CUDA backends keep resident layers' slot banks on their GPU
+/// (`FP8_CUDA_DEVICE_BANKS=1`; [`Backend::holds_slot_banks`]).
+pub(crate) fn device_banks_enabled() -> bool {
+    cuda_ops::switches::device_banks_enabled()
+}
+
 /// The CPU reference backend.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct CpuKernels;

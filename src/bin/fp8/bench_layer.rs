@@ -166,6 +166,7 @@ pub fn run(args: &LayerArgs, json: bool) -> Result<(), CliError> {
             .collect();
         let doc = serde_json::json!({
             "device": device.describe(), "staged": on_gpu && !device.resident_layers(), "resident": device.resident_layers(),
+            "device_slot_banks": device.device_slot_banks(),
             "sync_ops": args.sync_ops, "layer": {"hidden": args.hidden, "heads": args.heads, "ffn": args.ffn,
             "seq": args.seq, "batch": args.batch}, "runs": args.runs, "results": items,
         });
@@ -189,6 +190,12 @@ pub fn run(args: &LayerArgs, json: bool) -> Result<(), CliError> {
             );
         } else if on_gpu {
             println!("(staged CUDA ops: the times include every host<->device copy of every op)");
+        }
+        if device.device_slot_banks() {
+            println!(
+                "(FP8_CUDA_DEVICE_BANKS=1: delayed-scaling banks on the GPU, amaxes folded and updates run \
+                 there, nothing read back per op)"
+            );
         }
         if on_gpu && args.sync_ops {
             println!(
