@@ -116,7 +116,7 @@ impl Device {
     /// Whether resident layers on this device keep their delayed-scaling slot banks on it
     /// (`FP8_CUDA_DEVICE_BANKS=1`, opt-in until a GPU run validates it). Always false on the CPU.
     pub fn device_slot_banks(&self) -> bool {
-        self.resident_layers() && crate::dispatch::device_banks_enabled()
+        self.resident_layers() && crate::backend::cuda::env_switch::device_slot_banks()
     }
 
     /// A short description: "cpu" or "cuda:0 (NVIDIA H100 ..., sm_90)".

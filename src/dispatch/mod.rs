@@ -356,10 +356,11 @@ impl<T: Twin> Saved<T> {
     }
 }
 
-/// Whether CUDA backends keep resident layers' slot banks on their GPU
-/// (`FP8_CUDA_DEVICE_BANKS=1`; [`Backend::holds_slot_banks`]).
-pub(crate) fn device_banks_enabled() -> bool {
-    cuda_ops::switches::device_banks_enabled()
+/// Reads the results a GPU still holds among `scalars` and `counts` (FP8 statistics: amaxes and
+/// counts) with one download per GPU and element type, so that reading each afterwards waits for
+/// nothing. Results in host memory, or of a stand-in, are left as they are.
+pub(crate) fn read_deferred(scalars: &[Deferred<f32>], counts: &[Deferred<[u64; 4]>]) -> Result<()> {
+    cuda_ops::read_all(scalars, counts)
 }
 
 /// The CPU reference backend.

@@ -703,6 +703,17 @@ impl LinearGemms {
         self.update_now(&roles)
     }
 
+    /// Appends the amaxes and counts this step's statistics still leave on a GPU (so that the
+    /// whole model's are read in one go: `train::fp8_stats_reads`).
+    pub(crate) fn pending_stats(&self, scalars: &mut Vec<Deferred<f32>>, counts: &mut Vec<Deferred<[u64; 4]>>) {
+        for s in self.stats.iter().flatten() {
+            if let Fp8Stats::Counted(c) = s {
+                scalars.push(c.amax.clone());
+                counts.push(c.counts.clone());
+            }
+        }
+    }
+
     /// This step's statistics, finished (counts and amaxes a GPU kept are read now: a few
     /// values per cast, once per step).
     ///

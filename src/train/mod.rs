@@ -24,6 +24,7 @@ pub mod amax_sync;
 pub mod checkpoint;
 pub mod clip;
 pub mod data_parallel;
+pub mod fp8_stats_reads;
 pub mod gpu_preflight;
 pub mod grad_overlap;
 pub mod grad_sync;

@@ -393,13 +393,15 @@ pub fn run_model(
         }
         let outcome = checked.finish(&mut scaler, lr);
         account_static(&ledger, model, precision, &optimizer);
+        // The statistics' reads from a GPU (one download per element type) count in the step.
+        crate::train::fp8_stats_reads::read_pending_stats(model)?;
+        let mut fp8: Vec<Fp8TensorStats> = Vec::new();
+        model.collect_fp8_stats(&mut fp8);
         let elapsed = started.elapsed().as_secs_f64();
         skipped += u64::from(outcome.skipped);
         tokens += step_tokens as u64;
         seconds += elapsed;
         last_loss = losses.mean;
-        let mut fp8: Vec<Fp8TensorStats> = Vec::new();
-        model.collect_fp8_stats(&mut fp8);
         last_micro_batch_stats(collective, &mut fp8)?;
         let record = StepMetrics {
             step: progress.step,

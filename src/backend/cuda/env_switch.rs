@@ -21,6 +21,14 @@ pub(crate) fn resident_layers() -> bool {
     *ON.get_or_init(|| on("FP8_CUDA_RESIDENT"))
 }
 
+/// Whether resident layers keep their delayed-scaling slot banks on the GPU
+/// (`FP8_CUDA_DEVICE_BANKS=1`, read once; off until a GPU run validates it:
+/// `docs/cuda-backend.md`, slot banks on the device).
+pub(crate) fn device_slot_banks() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| opted_in("FP8_CUDA_DEVICE_BANKS"))
+}
+
 /// Whether the opt-in switch `var` is set to 1 (a path not yet validated on a GPU: off unless
 /// asked for; anything but 0 or 1 is reported and leaves it off).
 pub(crate) fn opted_in(var: &str) -> bool {

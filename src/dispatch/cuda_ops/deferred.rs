@@ -4,10 +4,12 @@
 //! for the step's statistics (`docs/cuda-backend.md`, Slot banks on the device).
 
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
-use super::{Pooled, Staged};
+use super::{Pooled, Staged, staged};
 use crate::backend::cuda::DeviceBuffer;
+use crate::dispatch::CudaKernels;
 use crate::error::{Error, Result};
 use crate::tensor::device_values::{Deferred, DeviceResult};
 
@@ -131,4 +133,56 @@ impl DeviceResult<[u64; 4]> for DeviceCounts {
     fn as_any(&self) -> &dyn Any {
         self
     }
+}
+
+/// Reads every CUDA result of `scalars` and `counts` not read yet with one download per GPU and
+/// element type (device-to-device copies gather them into one buffer first), instead of one
+/// stream sync each: a step's statistics at once. Results of other kinds are left to their own
+/// reads.
+pub(crate) fn read_all(scalars: &[Deferred<f32>], counts: &[Deferred<[u64; 4]>]) -> Result<()> {
+    let mut by_gpu: BTreeMap<usize, (Vec<&DeviceScalar>, Vec<&DeviceCounts>)> = BTreeMap::new();
+    for d in scalars {
+        if let Deferred::Device(r) = d
+            && let Some(scalar) = r.as_any().downcast_ref::<DeviceScalar>()
+            && scalar.read.get().is_none()
+        {
+            by_gpu.entry(scalar.ordinal).or_default().0.push(scalar);
+        }
+    }
+    for d in counts {
+        if let Deferred::Device(r) = d
+            && let Some(count) = r.as_any().downcast_ref::<DeviceCounts>()
+            && count.read.get().is_none()
+        {
+            by_gpu.entry(count.ordinal).or_default().1.push(count);
+        }
+    }
+    for (ordinal, (scalars, counts)) in by_gpu {
+        let s = staged(&CudaKernels { ordinal })?;
+        let values = gathered(&s, scalars.iter().map(|r| r.small.buffer()))?;
+        for (r, &v) in scalars.iter().zip(&values) {
+            let _ = r.read.set(v);
+        }
+        let values = gathered(&s, counts.iter().map(|r| r.small.buffer()))?;
+        for (r, c) in counts.iter().zip(values.chunks_exact(4)) {
+            let _ = r.read.set([c[0], c[1], c[2], c[3]].map(u64::from));
+        }
+    }
+    Ok(())
+}
+
+/// `buffers` copied one after the other into one device buffer and downloaded (one sync).
+fn gathered<'a, T: Pooled + 'a>(s: &Staged, buffers: impl Iterator<Item = &'a DeviceBuffer<T>>) -> Result<Vec<T>> {
+    let buffers: Vec<_> = buffers.collect();
+    let total = buffers.iter().map(|b| b.len()).sum();
+    if total == 0 {
+        return Ok(Vec::new());
+    }
+    let mut all = s.scratch::<T>(total)?;
+    let mut at = 0;
+    for b in buffers {
+        s.device().copy_at(b, &mut all, at)?;
+        at += b.len();
+    }
+    s.down_vec(&all)
 }

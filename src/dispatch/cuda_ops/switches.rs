@@ -22,9 +22,7 @@ pub(crate) fn mirrors_enabled() -> bool {
 }
 
 /// Whether resident layers keep their delayed-scaling slot banks on the GPU
-/// (`FP8_CUDA_DEVICE_BANKS=1`; off until a GPU run validates it: `docs/cuda-backend.md`, Slot
-/// banks on the device).
+/// (`FP8_CUDA_DEVICE_BANKS=1`: `env_switch::device_slot_banks`).
 pub(crate) fn device_banks_enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| env_switch::opted_in("FP8_CUDA_DEVICE_BANKS"))
+    env_switch::device_slot_banks()
 }
