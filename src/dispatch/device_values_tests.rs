@@ -1108,7 +1108,8 @@ fn micro_batches_accumulate_gradients_on_the_device() {
 /// its slot bank on the device (amaxes folded there, the update in place, its scales read back
 /// behind the update) with the bits of the same layer fed host tensors, whose bank stays in
 /// host memory: outputs, gradients, slots and statistics over passes with an update each, then
-/// a step of two micro-batches updated once (`update_per_step`), then a recompute.
+/// (after a change of both banks at home) a step of two micro-batches updated once
+/// (`update_per_step`), then a recompute; the statistics read in one go as the trainer does.
 #[test]
 fn slot_banks_on_the_device_match_host_banks() {
     use crate::amp::Precision;
@@ -1162,9 +1163,20 @@ fn slot_banks_on_the_device_match_host_banks() {
         );
         assert_eq!(bits(&dx), bits(&dxd), "pass {pass}: backward");
     }
+    // The trainer's one-go read of the statistics (gathered on the device) first.
+    let read_all = crate::train::fp8_stats_reads::read_pending_stats;
+    read_all(&mut resident).unwrap();
     let (want, got) = (state(&mut staged), state(&mut resident));
     assert_eq!(want, got, "after 3 passes: gradients, slots, statistics");
     assert_ne!(got.1, start, "the updates moved the slots");
+    // Both banks are home now: changed there (as a checkpoint load or an evaluation's restore
+    // does), the device bank must go up again with the host's values and scales.
+    for l in [&mut staged, &mut resident] {
+        l.visit_fp8_slots(&mut |_, slot| {
+            slot.scale *= 0.5;
+            slot.history[0] = 3.0;
+        });
+    }
     // One step of two micro-batches, the update once at its end.
     for l in [&mut staged, &mut resident] {
         l.visit_gemms(&mut |g| g.set_update_per_step(true));
@@ -1187,6 +1199,7 @@ fn slot_banks_on_the_device_match_host_banks() {
         l.visit_gemms(&mut |g| result = result.clone().and(g.update_step()));
         result.unwrap();
     }
+    read_all(&mut resident).unwrap();
     assert_eq!(state(&mut staged), state(&mut resident), "the step's update");
     // A recompute in backward casts with the forward's input scale and records nothing.
     for l in [&mut staged, &mut resident] {
@@ -1203,6 +1216,7 @@ fn slot_banks_on_the_device_match_host_banks() {
     assert_eq!(bits(&y), bits(&yd), "recompute");
     let (dx, dxd) = (staged.backward(&dy).unwrap(), resident.backward(&dyd).unwrap());
     assert_eq!(bits(&dx), bits(&dxd), "backward after the recompute");
+    read_all(&mut resident).unwrap();
     assert_eq!(state(&mut staged), state(&mut resident), "after the recompute");
     println!(
         "{TEST}: fp8-delayed: same outputs, gradients, slots and statistics over 3 passes, a 2-micro-batch step \

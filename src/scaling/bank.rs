@@ -220,15 +220,18 @@ impl SlotBank {
     }
 
     /// Moves the bank to GPU `ordinal`: into the copy it had there, or into the one `make` returns
-    /// from `scale[slots] | history[slots, len]`. Nothing to do if it is there already.
+    /// from `scale[slots] | history[slots, len]` (a bank on another GPU comes home first).
+    /// Nothing to do if it is there already.
     pub(crate) fn keep_on(
         &mut self,
         ordinal: usize,
         make: impl FnOnce(&[f32]) -> Result<Box<dyn DeviceBank>>,
     ) -> Result<()> {
-        if self.on_device {
+        if self.on_device && self.device.as_ref().is_some_and(|d| d.ordinal() == ordinal) {
             return Ok(());
         }
+        // On another GPU: home first, then up.
+        self.bring_home()?;
         let layout = [&self.scale[..], &self.history[..]].concat();
         match &mut self.device {
             Some(device) if device.ordinal() == ordinal => device.reload(&layout)?,
@@ -405,8 +408,8 @@ mod tests {
         bank.keep_on(1, |_| panic!("the old copy is reused")).unwrap();
         assert_eq!((bank.device_ordinal(), bank.values()), (Some(1), home));
         assert_eq!(device(&mut bank).updated, None, "the reload forgot the old update");
-        // Another GPU gets a copy of its own.
-        bank.bring_home().unwrap();
+        // Another GPU gets a copy of its own, of the values the first one held.
+        device(&mut bank).values[3] = 6.0; // slot 0's history[0] on GPU 1
         bank.keep_on(2, |layout| {
             Ok(Box::new(HostBank {
                 ordinal: 2,
@@ -416,6 +419,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!(bank.device_ordinal(), Some(2));
+        assert_eq!(bank.current_amax(0), 6.0);
     }
 
     #[test]

@@ -159,11 +159,11 @@ pub(crate) fn read_all(scalars: &[Deferred<f32>], counts: &[Deferred<[u64; 4]>])
     }
     for (ordinal, (scalars, counts)) in by_gpu {
         let s = staged(&CudaKernels { ordinal })?;
-        let values = gathered(&s, scalars.iter().map(|r| r.small.buffer()))?;
+        let values = gathered(&s, scalars.iter().map(|r| r.small.buffer()), 1)?;
         for (r, &v) in scalars.iter().zip(&values) {
             let _ = r.read.set(v);
         }
-        let values = gathered(&s, counts.iter().map(|r| r.small.buffer()))?;
+        let values = gathered(&s, counts.iter().map(|r| r.small.buffer()), 4)?;
         for (r, c) in counts.iter().zip(values.chunks_exact(4)) {
             let _ = r.read.set([c[0], c[1], c[2], c[3]].map(u64::from));
         }
@@ -171,9 +171,21 @@ pub(crate) fn read_all(scalars: &[Deferred<f32>], counts: &[Deferred<[u64; 4]>])
     Ok(())
 }
 
-/// `buffers` copied one after the other into one device buffer and downloaded (one sync).
-fn gathered<'a, T: Pooled + 'a>(s: &Staged, buffers: impl Iterator<Item = &'a DeviceBuffer<T>>) -> Result<Vec<T>> {
+/// `buffers` (of `each` values) copied one after the other into one device buffer and
+/// downloaded (one sync).
+fn gathered<'a, T: Pooled + 'a>(
+    s: &Staged,
+    buffers: impl Iterator<Item = &'a DeviceBuffer<T>>,
+    each: usize,
+) -> Result<Vec<T>> {
     let buffers: Vec<_> = buffers.collect();
+    if let Some(b) = buffers.iter().find(|b| b.len() != each) {
+        return Err(Error::LengthMismatch {
+            what: "a device result read with others",
+            src: b.len(),
+            dst: each,
+        });
+    }
     let total = buffers.iter().map(|b| b.len()).sum();
     if total == 0 {
         return Ok(Vec::new());

@@ -149,9 +149,9 @@ pub(crate) fn record_amax(k: &CudaKernels, bank: &mut SlotBank, slot: usize, ama
                 })?;
             s.device().amax_at(scalar.buffer(), &mut cuda.values, at)?;
         }
-        // `history[0]` is never negative, so `f32::max` with a host amax that is not
-        // positive (0, NaN) keeps it: only a positive one goes up to be folded in.
-        Deferred::Host(v) if *v > 0.0 => {
+        // The fold takes |v|; `f32::max` drops a NaN and keeps a `history[0]` (never below
+        // zero on a device) against a negative value: those are not folded.
+        Deferred::Host(v) if *v >= 0.0 => {
             let up = s.up(&[*v])?;
             s.device().amax_at(&up, &mut cuda.values, at)?;
         }
