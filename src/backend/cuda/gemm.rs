@@ -132,7 +132,7 @@ pub fn gemm_host_with(
     params: &GemmParams,
 ) -> Result<GemmReport> {
     plan(a, b, &out, params)?;
-    let amax = gemm_to(device, kernel, a, b, Destination::Host(out), params)?;
+    let amax = gemm_to(device, kernel, a, b, Destination::Host(out), params, None)?;
     Ok(GemmReport {
         amax: match &amax {
             Some(amax) => device.download(amax)?[0],
@@ -143,17 +143,19 @@ pub fn gemm_host_with(
 
 /// [`gemm_host`] into an f32 buffer of the device, written in place (`beta` reads what it
 /// holds): the output of an op whose result stays on the device. Operands as [`gemm_host`].
-/// Its amax (with `params.report_amax`) stays on the device, unread: the caller folds it
-/// into a slot bank there or reads it when it needs it.
+/// Its amax (with `params.report_amax`) stays on the device, unread, in `amax` (one zeroed
+/// value; a new buffer if `None`): the caller folds it into a slot bank there or reads it when
+/// it needs it.
 pub(crate) fn gemm_into_device(
     device: &CudaDevice,
     a: &Operand,
     b: &Operand,
     out: &mut DeviceBuffer<f32>,
     params: &GemmParams,
+    amax: Option<DeviceBuffer<f32>>,
 ) -> Result<Option<DeviceBuffer<f32>>> {
     crate::gemm::plan_f32(a, b, out.len(), params)?;
-    gemm_to(device, None, a, b, Destination::Device(out), params)
+    gemm_to(device, None, a, b, Destination::Device(out), params, amax)
 }
 
 /// Where [`gemm_to`] writes.
@@ -174,6 +176,7 @@ fn gemm_to(
     b: &Operand,
     dest: Destination,
     params: &GemmParams,
+    amax_buffer: Option<DeviceBuffer<f32>>,
 ) -> Result<Option<DeviceBuffer<f32>>> {
     let a_dev = HostUpload::new(device, a)?;
     let b_dev = HostUpload::new(device, b)?;
@@ -182,9 +185,10 @@ fn gemm_to(
         .map(|b| device.upload(b, MemoryCategory::Workspace))
         .transpose()?;
     // Only a reported amax is reduced (reading it back is a stream sync: the caller decides).
-    let mut amax = match params.report_amax {
-        true => Some(device.alloc_zeros::<f32>(1, MemoryCategory::Workspace)?),
-        false => None,
+    let mut amax = match (params.report_amax, amax_buffer) {
+        (true, Some(given)) if given.len() == 1 => Some(given),
+        (true, _) => Some(device.alloc_zeros::<f32>(1, MemoryCategory::Workspace)?),
+        (false, _) => None,
     };
     let a_op = a_dev.operand();
     let b_op = b_dev.operand();

@@ -368,13 +368,22 @@ pub(crate) fn gemm_into(
             report.amax.into()
         }
         // The amax stays on the device until read (a bank there folds it in place).
-        _ => match gemm_into_device(s.device(), a, b, &mut d, params)? {
+        // A zeroed amax from the pool (given back there when the result is dropped).
+        _ => match gemm_into_device(s.device(), a, b, &mut d, params, leased_amax(&s, params)?)? {
             Some(amax) => DeviceScalar::deferred(&s, s.device().info().ordinal, amax),
             None => 0.0.into(),
         },
     };
     // A device output is written in place: nothing to bring back.
     Ok(report)
+}
+
+/// One zeroed value from the pool for a GEMM's amax, if it reports one.
+fn leased_amax(s: &Staged, params: &GemmParams) -> Result<Option<DeviceBuffer<f32>>> {
+    match params.report_amax {
+        true => Ok(Some(s.zeros::<f32>(1)?.into_buffer())),
+        false => Ok(None),
+    }
 }
 
 /// The delayed-scaling update of `slots` in one launch: on a bank kept on the device, in
