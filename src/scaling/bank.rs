@@ -346,6 +346,15 @@ mod tests {
         }
     }
 
+    /// `layout` as a bank's copy on stand-in GPU `ordinal`.
+    fn stand_in(ordinal: usize, layout: &[f32]) -> Result<Box<dyn DeviceBank>> {
+        Ok(Box::new(HostBank {
+            ordinal,
+            values: layout.to_vec(),
+            updated: None,
+        }))
+    }
+
     /// A bank of 3 slots with histories of 2 whose slots differ, moved to stand-in GPU 1.
     fn bank_on_device() -> (SlotBank, Vec<f32>) {
         let mut bank = SlotBank::new(3, 2);
@@ -353,14 +362,7 @@ mod tests {
             bank.record_cast(i, 1.0 + i as f32);
         }
         let host = bank.clone();
-        bank.keep_on(1, |layout| {
-            Ok(Box::new(HostBank {
-                ordinal: 1,
-                values: layout.to_vec(),
-                updated: None,
-            }))
-        })
-        .unwrap();
+        bank.keep_on(1, |layout| stand_in(1, layout)).unwrap();
         assert_eq!(bank, host, "the device copy holds the host's values");
         (bank, host.values())
     }
@@ -410,14 +412,7 @@ mod tests {
         assert_eq!(device(&mut bank).updated, None, "the reload forgot the old update");
         // Another GPU gets a copy of its own, of the values the first one held.
         device(&mut bank).values[3] = 6.0; // slot 0's history[0] on GPU 1
-        bank.keep_on(2, |layout| {
-            Ok(Box::new(HostBank {
-                ordinal: 2,
-                values: layout.to_vec(),
-                updated: None,
-            }))
-        })
-        .unwrap();
+        bank.keep_on(2, |layout| stand_in(2, layout)).unwrap();
         assert_eq!(bank.device_ordinal(), Some(2));
         assert_eq!(bank.current_amax(0), 6.0);
     }
