@@ -1118,7 +1118,7 @@ fn slot_banks_on_the_device_match_host_banks() {
     if skipped_without_a_gpu(TEST) {
         return;
     }
-    if !super::cuda_ops::switches::device_banks_enabled() {
+    if !crate::backend::cuda::env_switch::device_slot_banks() {
         println!("{TEST}: skipped: FP8_CUDA_DEVICE_BANKS is not 1");
         return;
     }

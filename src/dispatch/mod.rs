@@ -438,19 +438,17 @@ impl Backend {
     /// (a plain CUDA backend with `FP8_CUDA_DEVICE_BANKS=1`, not yet validated on a GPU; shadow
     /// mode checks each record and update against its twin on host banks).
     pub(crate) fn holds_slot_banks(&self) -> bool {
-        matches!(self, Backend::Cuda(_)) && cuda_ops::switches::device_banks_enabled()
+        matches!(self, Backend::Cuda(_)) && crate::backend::cuda::env_switch::device_slot_banks()
     }
 
     /// Moves `bank` to this backend's GPU if it [holds slot banks](Self::holds_slot_banks)
-    /// (nothing to do if it is there already); otherwise, or from another GPU, brings it home.
+    /// (nothing to do if it is there already; from another GPU it comes home first:
+    /// `SlotBank::keep_on`); otherwise brings it home.
     pub(crate) fn keep_slot_bank(&self, bank: &mut SlotBank) -> Result<()> {
         let ordinal = match self {
             Backend::Cuda(k) if self.holds_slot_banks() => k.ordinal,
             _ => return bank.bring_home(),
         };
-        if bank.device_ordinal().is_some_and(|o| o != ordinal) {
-            bank.bring_home()?;
-        }
         let (slots, len) = (bank.slots(), bank.history_len());
         bank.keep_on(ordinal, |host| {
             cuda_ops::bank_on(&CudaKernels { ordinal }, host, slots, len)

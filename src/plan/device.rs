@@ -122,12 +122,7 @@ mod tests {
 
     #[test]
     fn a_fine_tune_counts_what_it_trains() {
-        let c = HfConfig::from_json(
-            r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
-                "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 2,
-                "vocab_size": 50}"#,
-        )
-        .unwrap();
+        let c = crate::plan::lora::tests::tiny_gqa_config();
         let settings = |precision: &str, base, lora| PlanSettings {
             precision: precision.parse().unwrap(),
             base,

@@ -44,7 +44,7 @@ pub fn lora_parameter_count(c: &HfConfig, lora: &LoraPlan) -> u128 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -59,14 +59,19 @@ mod tests {
         assert!(parse_targets("").is_err());
     }
 
-    #[test]
-    fn gqa_targets_use_the_key_value_width() {
-        let c = HfConfig::from_json(
+    /// A 3-layer Llama with grouped queries (8 heads over 2 key-value heads), 64 wide.
+    pub(crate) fn tiny_gqa_config() -> HfConfig {
+        HfConfig::from_json(
             r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
                 "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 2,
                 "vocab_size": 50}"#,
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn gqa_targets_use_the_key_value_width() {
+        let c = tiny_gqa_config();
         let lora = LoraPlan {
             rank: 4,
             targets: parse_targets("k_proj,down_proj").unwrap(),

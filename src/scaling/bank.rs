@@ -245,20 +245,25 @@ impl SlotBank {
     /// device takes it up again.
     pub(crate) fn bring_home(&mut self) -> Result<()> {
         if let Some(device) = self.live_device() {
-            let values = device.read()?;
-            let slots = self.slots();
-            if values.len() != slots * (1 + self.len) {
-                return Err(crate::error::Error::LengthMismatch {
-                    what: "slot bank read back from its GPU",
-                    src: values.len(),
-                    dst: slots * (1 + self.len),
-                });
-            }
-            self.scale.copy_from_slice(&values[..slots]);
-            self.history.copy_from_slice(&values[slots..]);
+            (self.scale, self.history) = self.read_device(device)?;
             self.on_device = false;
         }
         Ok(())
+    }
+
+    /// `device`'s scales and histories, downloaded (a read of another length is an error).
+    fn read_device(&self, device: &dyn DeviceBank) -> Result<(Vec<f32>, Vec<f32>)> {
+        let mut values = device.read()?;
+        let want = self.slots() * (1 + self.len);
+        if values.len() != want {
+            return Err(crate::error::Error::LengthMismatch {
+                what: "slot bank read back from its GPU",
+                src: values.len(),
+                dst: want,
+            });
+        }
+        let history = values.split_off(self.slots());
+        Ok((values, history))
     }
 
     /// [`Self::bring_home`] for the infallible host accessors.
@@ -273,18 +278,8 @@ impl SlotBank {
         let Some(device) = self.live_device() else {
             return (self.scale.clone(), self.history.clone());
         };
-        match device.read() {
-            Ok(values) if values.len() == self.slots() * (1 + self.len) => {
-                let (scale, history) = values.split_at(self.slots());
-                (scale.to_vec(), history.to_vec())
-            }
-            Ok(values) => panic!(
-                "delayed-scaling slots read back from their GPU hold {} values, not {}",
-                values.len(),
-                self.slots() * (1 + self.len)
-            ),
-            Err(e) => panic!("delayed-scaling slots could not be read from their GPU: {e}"),
-        }
+        self.read_device(device)
+            .unwrap_or_else(|e| panic!("delayed-scaling slots could not be read from their GPU: {e}"))
     }
 }
 

@@ -1,14 +1,28 @@
 //! Off switches read from the environment (`FP8_CUDA_ARENAS`, `FP8_CUDA_MIRRORS`,
 //! `FP8_CUDA_PINNED`, `FP8_CUDA_RESIDENT`, `FP8_CUDA_ATTENTION_MMA`), so a GPU session can pin a
 //! failure or a slowdown on one path without a rebuild. Unset or `1`: on; `0`: off; anything
-//! else is reported once and leaves the switch on.
+//! else is reported once and leaves the switch on. One opt-in switch for a path not yet run on
+//! a GPU, `FP8_CUDA_DEVICE_BANKS`, is off unless set to `1`.
 
 /// Whether switch `var` is on (read on every call: callers keep the answer in a `OnceLock`).
 pub(crate) fn on(var: &str) -> bool {
-    let value = std::env::var(var).ok();
-    parse(value.as_deref()).unwrap_or_else(|bad| {
-        eprintln!("fp8-engine: warning: {var}={bad} is not 0 or 1; leaving it on");
-        true
+    read(var, true)
+}
+
+/// Whether the opt-in switch `var` is set to 1 (a path not yet validated on a GPU).
+fn opted_in(var: &str) -> bool {
+    read(var, false)
+}
+
+/// Switch `var`: `1` on, `0` off, unset `unset`; anything else is reported and gives `unset`.
+fn read(var: &str, unset: bool) -> bool {
+    let Ok(value) = std::env::var(var) else {
+        return unset;
+    };
+    parse(Some(&value)).unwrap_or_else(|bad| {
+        let state = if unset { "on" } else { "off" };
+        eprintln!("fp8-engine: warning: {var}={bad} is not 0 or 1; leaving it {state}");
+        unset
     })
 }
 
@@ -27,19 +41,6 @@ pub(crate) fn resident_layers() -> bool {
 pub(crate) fn device_slot_banks() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| opted_in("FP8_CUDA_DEVICE_BANKS"))
-}
-
-/// Whether the opt-in switch `var` is set to 1 (a path not yet validated on a GPU: off unless
-/// asked for; anything but 0 or 1 is reported and leaves it off).
-pub(crate) fn opted_in(var: &str) -> bool {
-    let value = std::env::var(var).ok();
-    match value.as_deref() {
-        None => false,
-        Some(v) => parse(Some(v)).unwrap_or_else(|bad| {
-            eprintln!("fp8-engine: warning: {var}={bad} is not 0 or 1; leaving it off");
-            false
-        }),
-    }
 }
 
 /// `None`, `1`: on; `0`: off; anything else is returned as the error.

@@ -64,7 +64,7 @@ fn per_tensor(
         false => None,
     };
     // The amax stays on the device until read (a bank there folds it in place).
-    let amax = DeviceScalar::deferred(s, s.device().info().ordinal, amax.into_buffer());
+    let amax = DeviceScalar::deferred(s, amax.into_buffer());
     let scales = Scales::PerTensor(inv);
     let (rowwise, columnwise) = match n > 0 && room_for_mirrors(s) {
         // Both copies stay on the device, for the GEMMs that read them.
@@ -95,11 +95,7 @@ fn per_tensor(
 fn device_counts(s: &Arc<Staged>, x: &DeviceBuffer<f32>, verdict: StatsVerdict<'_>) -> Result<Deferred<[u64; 4]>> {
     let mut counts = s.zeros::<u32>(4)?;
     s.device().count_stats(x, verdict, &mut counts)?;
-    Ok(DeviceCounts::deferred(
-        s,
-        s.device().info().ordinal,
-        counts.into_buffer(),
-    ))
+    Ok(DeviceCounts::deferred(s, counts.into_buffer()))
 }
 
 /// Free device memory kept for staging when casts keep mirrors: an eighth of the GPU.
@@ -370,7 +366,7 @@ pub(crate) fn gemm_into(
         // The amax stays on the device until read (a bank there folds it in place).
         // A zeroed amax from the pool (given back there when the result is dropped).
         _ => match gemm_into_device(s.device(), a, b, &mut d, params, leased_amax(&s, params)?)? {
-            Some(amax) => DeviceScalar::deferred(&s, s.device().info().ordinal, amax),
+            Some(amax) => DeviceScalar::deferred(&s, amax),
             None => 0.0.into(),
         },
     };

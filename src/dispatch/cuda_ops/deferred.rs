@@ -7,36 +7,75 @@ use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
-use super::{Pooled, Staged, staged};
+use super::{Pooled, Staged};
 use crate::backend::cuda::DeviceBuffer;
-use crate::dispatch::CudaKernels;
 use crate::error::{Error, Result};
 use crate::tensor::device_values::{Deferred, DeviceResult};
 
-/// A small device buffer (work already queued writes it) read once, then kept; given back to
-/// the staging pool when dropped, as a leased buffer would be.
-struct Small<T: Pooled> {
+/// A small device buffer (work already queued writes it) read once as a `V`, then kept; given
+/// back to the staging pool when dropped, as a leased buffer would be.
+pub(crate) struct OnDevice<T: Pooled, V> {
     staged: Arc<Staged>,
     buffer: Option<DeviceBuffer<T>>,
+    read: OnceLock<V>,
 }
 
-impl<T: Pooled> std::fmt::Debug for Small<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Small({} values)", self.buffer.as_ref().map_or(0, |b| b.len()))
+/// One f32 on a GPU: an amax.
+pub(crate) type DeviceScalar = OnDevice<f32, f32>;
+/// `[saturated, underflow, nonzero, nonfinite]` counted on a GPU in 32-bit counters.
+pub(crate) type DeviceCounts = OnDevice<u32, [u64; 4]>;
+
+/// How a result's device values become its host value.
+pub(crate) trait FromDevice<T>: Sized {
+    /// Values in the device buffer of one result.
+    const LEN: usize;
+    /// The result from its `LEN` downloaded values.
+    fn from_device(values: &[T]) -> Self;
+}
+
+impl FromDevice<f32> for f32 {
+    const LEN: usize = 1;
+    fn from_device(values: &[f32]) -> f32 {
+        values[0]
     }
 }
 
-impl<T: Pooled> Small<T> {
-    fn buffer(&self) -> &DeviceBuffer<T> {
+impl FromDevice<u32> for [u64; 4] {
+    const LEN: usize = 4;
+    fn from_device(c: &[u32]) -> [u64; 4] {
+        [c[0], c[1], c[2], c[3]].map(u64::from)
+    }
+}
+
+impl<T: Pooled, V> std::fmt::Debug for OnDevice<T, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OnDevice(cuda:{})", self.ordinal())
+    }
+}
+
+impl<T: Pooled + 'static, V: FromDevice<T> + Copy + Send + Sync + 'static> OnDevice<T, V> {
+    /// `buffer` (written by work already queued on `staged`'s GPU) left there until read.
+    pub(crate) fn deferred(staged: &Arc<Staged>, buffer: DeviceBuffer<T>) -> Deferred<V> {
+        Deferred::Device(Arc::new(OnDevice {
+            staged: staged.clone(),
+            buffer: Some(buffer),
+            read: OnceLock::new(),
+        }))
+    }
+}
+
+impl<T: Pooled, V> OnDevice<T, V> {
+    /// Its buffer, for a kernel that reads it (the fold into a bank).
+    pub(crate) fn buffer(&self) -> &DeviceBuffer<T> {
         self.buffer.as_ref().expect("held until dropped")
     }
 
-    fn download(&self) -> Result<Vec<T>> {
-        self.staged.down_vec(self.buffer())
+    fn ordinal(&self) -> usize {
+        self.staged.device().info().ordinal
     }
 }
 
-impl<T: Pooled> Drop for Small<T> {
+impl<T: Pooled, V> Drop for OnDevice<T, V> {
     fn drop(&mut self) {
         if let Some(buffer) = self.buffer.take() {
             self.staged.recycle(buffer);
@@ -44,94 +83,31 @@ impl<T: Pooled> Drop for Small<T> {
     }
 }
 
-/// One f32 on a GPU (an amax), read once.
-#[derive(Debug)]
-pub(crate) struct DeviceScalar {
-    ordinal: usize,
-    small: Small<f32>,
-    read: OnceLock<f32>,
-}
-
-impl DeviceScalar {
-    /// `buffer` (one value, written by work already queued) left on GPU `ordinal`.
-    pub(crate) fn deferred(staged: &Arc<Staged>, ordinal: usize, buffer: DeviceBuffer<f32>) -> Deferred<f32> {
-        Deferred::Device(Arc::new(DeviceScalar {
-            ordinal,
-            small: Small {
-                staged: staged.clone(),
-                buffer: Some(buffer),
-            },
-            read: OnceLock::new(),
-        }))
-    }
-
-    /// Its buffer, for a kernel that reads it (the fold into a bank).
-    pub(crate) fn buffer(&self) -> &DeviceBuffer<f32> {
-        self.small.buffer()
-    }
-}
-
-impl DeviceResult<f32> for DeviceScalar {
+impl<T: Pooled + 'static, V: FromDevice<T> + Copy + Send + Sync + 'static> DeviceResult<V> for OnDevice<T, V> {
     fn ordinal(&self) -> usize {
-        self.ordinal
+        OnDevice::ordinal(self)
     }
-    fn read(&self) -> Result<f32> {
+    fn read(&self) -> Result<V> {
         if let Some(&v) = self.read.get() {
             return Ok(v);
         }
-        let v = self.small.download()?.first().copied().unwrap_or(0.0);
-        Ok(*self.read.get_or_init(|| v))
+        let values = self.staged.down_vec(self.buffer())?;
+        check_len(values.len(), V::LEN)?;
+        Ok(*self.read.get_or_init(|| V::from_device(&values)))
     }
     fn as_any(&self) -> &dyn Any {
         self
     }
 }
 
-/// `[saturated, underflow, nonzero, nonfinite]` counted on a GPU in 32-bit counters, read once.
-#[derive(Debug)]
-pub(crate) struct DeviceCounts {
-    ordinal: usize,
-    small: Small<u32>,
-    read: OnceLock<[u64; 4]>,
-}
-
-impl DeviceCounts {
-    /// `buffer` (four counters, written by work already queued) left on GPU `ordinal`.
-    pub(crate) fn deferred(staged: &Arc<Staged>, ordinal: usize, buffer: DeviceBuffer<u32>) -> Deferred<[u64; 4]> {
-        Deferred::Device(Arc::new(DeviceCounts {
-            ordinal,
-            small: Small {
-                staged: staged.clone(),
-                buffer: Some(buffer),
-            },
-            read: OnceLock::new(),
-        }))
-    }
-}
-
-impl DeviceResult<[u64; 4]> for DeviceCounts {
-    fn ordinal(&self) -> usize {
-        self.ordinal
-    }
-    fn read(&self) -> Result<[u64; 4]> {
-        if let Some(&v) = self.read.get() {
-            return Ok(v);
-        }
-        let c = self.small.download()?;
-        let counts = match c[..] {
-            [a, b, n, f] => [a, b, n, f].map(u64::from),
-            _ => {
-                return Err(Error::LengthMismatch {
-                    what: "statistics counters read back",
-                    src: c.len(),
-                    dst: 4,
-                });
-            }
-        };
-        Ok(*self.read.get_or_init(|| counts))
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
+fn check_len(got: usize, want: usize) -> Result<()> {
+    match got == want {
+        true => Ok(()),
+        false => Err(Error::LengthMismatch {
+            what: "a device result read back",
+            src: got,
+            dst: want,
+        }),
     }
 }
 
@@ -140,61 +116,36 @@ impl DeviceResult<[u64; 4]> for DeviceCounts {
 /// stream sync each: a step's statistics at once. Results of other kinds are left to their own
 /// reads.
 pub(crate) fn read_all(scalars: &[Deferred<f32>], counts: &[Deferred<[u64; 4]>]) -> Result<()> {
-    let mut by_gpu: BTreeMap<usize, (Vec<&DeviceScalar>, Vec<&DeviceCounts>)> = BTreeMap::new();
-    for d in scalars {
+    read_gathered::<f32, f32>(scalars)?;
+    read_gathered::<u32, [u64; 4]>(counts)
+}
+
+/// [`read_all`] of one kind of result.
+fn read_gathered<T: Pooled + 'static, V: FromDevice<T> + Copy + Send + Sync + 'static>(
+    results: &[Deferred<V>],
+) -> Result<()> {
+    let mut by_gpu: BTreeMap<usize, Vec<&OnDevice<T, V>>> = BTreeMap::new();
+    for d in results {
         if let Deferred::Device(r) = d
-            && let Some(scalar) = r.as_any().downcast_ref::<DeviceScalar>()
-            && scalar.read.get().is_none()
+            && let Some(r) = r.as_any().downcast_ref::<OnDevice<T, V>>()
+            && r.read.get().is_none()
         {
-            by_gpu.entry(scalar.ordinal).or_default().0.push(scalar);
+            by_gpu.entry(r.ordinal()).or_default().push(r);
         }
     }
-    for d in counts {
-        if let Deferred::Device(r) = d
-            && let Some(count) = r.as_any().downcast_ref::<DeviceCounts>()
-            && count.read.get().is_none()
-        {
-            by_gpu.entry(count.ordinal).or_default().1.push(count);
+    for unread in by_gpu.values() {
+        for r in unread {
+            check_len(r.buffer().len(), V::LEN)?;
         }
-    }
-    for (ordinal, (scalars, counts)) in by_gpu {
-        let s = staged(&CudaKernels { ordinal })?;
-        let values = gathered(&s, scalars.iter().map(|r| r.small.buffer()), 1)?;
-        for (r, &v) in scalars.iter().zip(&values) {
-            let _ = r.read.set(v);
+        let s = &unread[0].staged;
+        let mut all = s.scratch::<T>(unread.len() * V::LEN)?;
+        for (i, r) in unread.iter().enumerate() {
+            s.device().copy_at(r.buffer(), &mut all, i * V::LEN)?;
         }
-        let values = gathered(&s, counts.iter().map(|r| r.small.buffer()), 4)?;
-        for (r, c) in counts.iter().zip(values.chunks_exact(4)) {
-            let _ = r.read.set([c[0], c[1], c[2], c[3]].map(u64::from));
+        let values = s.down_vec(&all)?;
+        for (r, v) in unread.iter().zip(values.chunks_exact(V::LEN)) {
+            let _ = r.read.set(V::from_device(v));
         }
     }
     Ok(())
-}
-
-/// `buffers` (of `each` values) copied one after the other into one device buffer and
-/// downloaded (one sync).
-fn gathered<'a, T: Pooled + 'a>(
-    s: &Staged,
-    buffers: impl Iterator<Item = &'a DeviceBuffer<T>>,
-    each: usize,
-) -> Result<Vec<T>> {
-    let buffers: Vec<_> = buffers.collect();
-    if let Some(b) = buffers.iter().find(|b| b.len() != each) {
-        return Err(Error::LengthMismatch {
-            what: "a device result read with others",
-            src: b.len(),
-            dst: each,
-        });
-    }
-    let total = buffers.iter().map(|b| b.len()).sum();
-    if total == 0 {
-        return Ok(Vec::new());
-    }
-    let mut all = s.scratch::<T>(total)?;
-    let mut at = 0;
-    for b in buffers {
-        s.device().copy_at(b, &mut all, at)?;
-        at += b.len();
-    }
-    s.down_vec(&all)
 }

@@ -1,9 +1,8 @@
 //! Off switches for the newer shortcuts of the staged CUDA path (`backend::cuda::env_switch`):
 //! `FP8_CUDA_ARENAS=0` keeps AdamW on the staged per-parameter ops, `FP8_CUDA_MIRRORS=0` makes
 //! casts keep no device mirrors (every GEMM uploads its operands). Unset or `1`: on.
-//! (`FP8_CUDA_RESIDENT` is read by `backend::cuda::env_switch::resident_layers`.) One opt-in
-//! switch, for a path not yet run on a GPU: `FP8_CUDA_DEVICE_BANKS=1` keeps the resident
-//! layers' delayed-scaling banks on the device.
+//! (`FP8_CUDA_RESIDENT` is read by `backend::cuda::env_switch::resident_layers`, the opt-in
+//! `FP8_CUDA_DEVICE_BANKS=1` by `env_switch::device_slot_banks`.)
 
 use std::sync::OnceLock;
 
@@ -19,10 +18,4 @@ pub(crate) fn arenas_enabled() -> bool {
 pub(crate) fn mirrors_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| env_switch::on("FP8_CUDA_MIRRORS"))
-}
-
-/// Whether resident layers keep their delayed-scaling slot banks on the GPU
-/// (`FP8_CUDA_DEVICE_BANKS=1`: `env_switch::device_slot_banks`).
-pub(crate) fn device_banks_enabled() -> bool {
-    env_switch::device_slot_banks()
 }
