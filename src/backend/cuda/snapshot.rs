@@ -41,8 +41,8 @@ impl PinnedSnapshot {
         self.queued = false;
     }
 
-    /// Queues the copy of `src[..len]` in stream order (after the work queued before it); the
-    /// pinned memory records its own event after the copy. Returns at once.
+    /// Queues the copy of `src[..len]` in stream order (after the work queued before it) and
+    /// records `done` behind it. Returns at once.
     pub fn queue(&mut self, device: &CudaDevice, src: &DeviceBuffer<f32>) -> Result<()> {
         let len = self.pinned.len();
         if src.len() < len {
