@@ -109,6 +109,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) fp8_count_stats(const Fp8S
     const float* src = reinterpret_cast<const float*>(p.src);
     const uint8_t* codes = reinterpret_cast<const uint8_t*>(p.codes);
     const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    // A scale left on the device by current scaling: the host's `max * (1 / scale)` limit.
+    float limit = p.limit, scale_of = p.scale;
+    if (p.scale_at != 0) {
+        scale_of = *reinterpret_cast<const float*>(p.scale_at);
+        limit = __fmul_rn(p.max, __fdiv_rn(1.0f, scale_of));
+    }
     uint32_t c[4] = {0u, 0u, 0u, 0u}; // saturated, underflow, nonzero, nonfinite
     for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < p.len; i += stride) {
         const float x = src[i];
@@ -118,9 +124,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) fp8_count_stats(const Fp8S
         if (codes != nullptr) {
             // E4M3 and E5M2 codes decode to zero exactly when their magnitude bits are 0.
             flushed = (codes[i] & 0x7Fu) == 0u;
-            saturates = fabsf(x) > p.limit;
+            saturates = fabsf(x) > limit;
         } else {
-            const float scaled = fabsf(__fmul_rn(x, p.scale));
+            const float scaled = fabsf(__fmul_rn(x, scale_of));
             flushed = scaled <= p.half_min;
             saturates = scaled > p.max;
         }
@@ -135,6 +141,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) fp8_count_stats(const Fp8S
         for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
         if ((threadIdx.x & 31) == 0 && v != 0u) atomicAdd(reinterpret_cast<unsigned int*>(p.counts) + k, v);
     }
+}
+
+// Current scaling's scale of an amax left on the device (twin: ScaleRule::scale), so a cast
+// reads it by address and nothing comes back to the host in between. One thread works.
+extern "C" __global__ void __launch_bounds__(THREADS) fp8_current_scale(const Fp8CurrentScaleParams p) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const float amax = *reinterpret_cast<const float*>(p.amax);
+    *reinterpret_cast<float*>(p.scale) = current_scale(amax, fp8_max(p.format), p.power_2_scale != 0, p.amax_epsilon);
 }
 
 // max|x| of a flat tensor, max-ed into *amax.

@@ -273,7 +273,10 @@ fn check_cast<T: DeviceElement>(ctx: &mut Ctx, rows: usize, cols: usize, format:
     gpu(ctx.gpu.amax(&d_src, &mut amax))?;
     let amax_gpu = ctx.down(&amax)[0];
     same_f32("current amax", &[amax_gpu], &[amax_cpu])?;
-    let d_scale = ctx.up(&[rule.scale(amax_gpu)]);
+    // The scale made on the device from the amax there (nothing read back in a real cast).
+    let mut d_scale = ctx.poison_f32(1);
+    gpu(ctx.gpu.current_scale(&amax, &rule, &mut d_scale))?;
+    same_f32("current scale", &ctx.down(&d_scale), &[rule.scale(amax_cpu)])?;
     let (mut q, mut scale_inv) = (ctx.poison_u8(src.len()), ctx.poison_f32(1));
     gpu(ctx.gpu.cast_amax(
         &d_src,
@@ -300,6 +303,50 @@ fn check_cast<T: DeviceElement>(ctx: &mut Ctx, rows: usize, cols: usize, format:
         DequantScales::PerTensor(&scale_inv),
         tensor.rowwise(),
     )
+}
+
+/// `fp8_current_scale` against `ScaleRule::scale` on the amaxes where the rule branches:
+/// zero, NaN, infinities, subnormals, the epsilon's edge, a scale that overflows to FLT_MAX,
+/// and random ones, in both formats, with and without the power-of-two floor.
+fn check_current_scale(ctx: &mut Ctx) -> Check {
+    let mut amaxes = vec![
+        0.0,
+        -0.0,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::from_bits(1),
+        1e-40,
+        f32::MIN_POSITIVE,
+        1e-12,
+        1.0,
+        448.0,
+        57344.0,
+        f32::MAX,
+    ];
+    amaxes.extend((0..32).map(|_| 10f32.powf(ctx.rng.random_range(-30.0..30.0))));
+    for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+        for power_2_scale in [false, true] {
+            for amax_epsilon in [0.0, 1e-12, 1.0] {
+                let rule = ScaleRule {
+                    format,
+                    power_2_scale,
+                    amax_epsilon,
+                };
+                for &amax in &amaxes {
+                    let d_amax = ctx.up(&[amax]);
+                    let mut d_scale = ctx.poison_f32(1);
+                    gpu(ctx.gpu.current_scale(&d_amax, &rule, &mut d_scale))?;
+                    same_f32(
+                        &format!("current scale of {amax:e} ({rule:?})"),
+                        &ctx.down(&d_scale),
+                        &[rule.scale(amax)],
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn check_1x128<T: DeviceElement>(ctx: &mut Ctx, rows: usize, cols: usize, format: Fp8Format) -> Check {
@@ -528,6 +575,7 @@ fn main() -> ExitCode {
     for_types(&mut ctx, "mxfp8", &mut results, &typed!(check_mxfp8));
     for_types(&mut ctx, "128x128", &mut results, &typed!(check_128x128));
     results.push(("rejected rules".to_string(), check_rejected_rules(&mut ctx)));
+    results.push(("current scale".to_string(), check_current_scale(&mut ctx)));
     for (slots, len) in [(1, 1), (3, 2), (37, 1024), (100, 33), (5, 65)] {
         for algo in [AmaxComputeAlgo::Max, AmaxComputeAlgo::MostRecent] {
             results.push((

@@ -88,7 +88,8 @@ typedef struct Fp8AmaxParams {
 /* FP8 statistics counted on the device: counts[0..4] += [saturated, underflow, nonzero,
    nonfinite] of an f32 tensor. With codes (a per-tensor cast): saturated when |x| > limit,
    flushed when the code's magnitude bits are 0; without (a value kept in high precision):
-   the scaled magnitude |x * scale| decides, > max or <= half_min. */
+   the scaled magnitude |x * scale| decides, > max or <= half_min. A scale computed on the
+   device (current scaling) is read at scale_at: with codes, limit = max * (1 / scale). */
 typedef struct Fp8StatsParams {
     uint64_t src;    /* f32 [len] */
     uint64_t codes;  /* u8 [len] or 0 */
@@ -96,9 +97,20 @@ typedef struct Fp8StatsParams {
     uint64_t len;
     float limit;     /* with codes: max_finite * scale_inv */
     float scale;     /* without codes */
-    float max;       /* without codes: max_finite */
+    float max;       /* max_finite */
     float half_min;  /* without codes: half the smallest subnormal */
+    uint64_t scale_at; /* device f32 scale replacing limit and scale, or 0 */
 } Fp8StatsParams;
+
+/* Current scaling's scale of an amax on the device (spec 4.2, ScaleRule::scale). */
+typedef struct Fp8CurrentScaleParams {
+    uint64_t amax;  /* device f32 */
+    uint64_t scale; /* device f32, receives the scale */
+    uint32_t format; /* FP8_FORMAT_* */
+    uint32_t power_2_scale;
+    float amax_epsilon;
+    uint32_t pad0;
+} Fp8CurrentScaleParams;
 
 /* Fp8GemmScales: how the GEMM applies its inputs' scale_inv (spec 5). */
 #define FP8_GEMM_SCALES_NONE 0u                 /* plain bf16/f16 inputs */

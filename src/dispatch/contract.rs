@@ -61,7 +61,7 @@ pub(crate) fn attention(dtype: Dtype) -> Contract<'static> {
 pub(crate) fn contract(op: &str) -> Contract<'static> {
     match op {
         "quantize" | "transpose_fp8" | "convert" | "convert_transposed" | "delayed_update" | "record_amax"
-        | "cast_stats" | "uncast_stats" | "residual_add" | "multiply" | "round" | "copy_columns"
+        | "current_scale" | "cast_stats" | "uncast_stats" | "residual_add" | "multiply" | "round" | "copy_columns"
         | "embedding_forward" | "unscale_and_check" | "rope_forward" | "rope_backward" => Contract::Exact,
         // K and the operands are the call's: the shadow runner sets them ([`Contract::for_gemm`]).
         "gemm" | "gemm_into" => Contract::Gemm { k: 0, call: None },

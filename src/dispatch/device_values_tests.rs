@@ -808,11 +808,11 @@ fn statistics_counted_on_the_device_match_the_host_counts() {
     for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
         for scale in [2.0, 1e-3] {
             let on_host = k
-                .uncast_stats("y".into(), Values::Host(&x), format, 7.0.into(), scale)
+                .uncast_stats("y".into(), Values::Host(&x), format, 7.0.into(), scale.into())
                 .and_then(|s| s.finish())
                 .unwrap();
             let on_device = k
-                .uncast_stats("y".into(), xd.values(), format, 7.0.into(), scale)
+                .uncast_stats("y".into(), xd.values(), format, 7.0.into(), scale.into())
                 .and_then(|s| s.finish())
                 .unwrap();
             assert_eq!(on_host, on_device, "{format:?} scale {scale}: uncast statistics");
@@ -822,6 +822,94 @@ fn statistics_counted_on_the_device_match_the_host_counts() {
         "statistics_counted_on_the_device_match_the_host_counts: cast (4 recipes x 2 roles) and uncast (2 formats \
          x 2 scales) statistics: same counts"
     );
+}
+
+/// On GPU 0: current scaling of a device source makes its amax and its scale on the device,
+/// and the cast, its statistics and a GEMM output's statistics by the scale of a device amax
+/// read nothing back; read when asked, each is the CPU twin's.
+#[test]
+fn current_scaling_reads_nothing_back_per_cast() {
+    use super::Deferred;
+    use crate::backend::cuda::transfer_times::{self, Transfer};
+    use crate::scaling::TensorRole;
+    const TEST: &str = "current_scaling_reads_nothing_back_per_cast";
+    if skipped_without_a_gpu(TEST) {
+        return;
+    }
+    if !crate::backend::cuda::env_switch::resident_layers() || !super::cuda_ops::switches::mirrors_enabled() {
+        println!("{TEST}: skipped: staged casts (FP8_CUDA_RESIDENT=0 or FP8_CUDA_MIRRORS=0) download their codes");
+        return;
+    }
+    let gpu = Backend::on(DeviceKind::Cuda(0));
+    let k = CudaKernels { ordinal: 0 };
+    let (rows, cols) = (48, 336);
+    let x = stats_probe(rows * cols);
+    let xd = gpu.to_device(&Tensor::new(x.clone(), rows, cols).unwrap()).unwrap();
+    let recipe = fp8_recipe("fp8-current");
+    // Downloads made by `f` on this thread.
+    let downloads = |f: &mut dyn FnMut()| {
+        transfer_times::enable(true);
+        let _ = transfer_times::take();
+        f();
+        let calls = transfer_times::take()[Transfer::DeviceToHost.index()].calls;
+        transfer_times::enable(false);
+        calls
+    };
+    for role in [TensorRole::Input, TensorRole::OutputGrad] {
+        let cpu = CpuKernels
+            .quantize(&recipe, role, Values::Host(&x), rows, cols, 1.0)
+            .unwrap();
+        let cpu_stats = CpuKernels.cast_stats("x".into(), Values::Host(&x), &cpu).unwrap();
+        let (mut cast, mut stats) = (None, None);
+        let reads = downloads(&mut || {
+            let c = k.quantize(&recipe, role, xd.values(), rows, cols, 1.0).unwrap();
+            stats = Some(k.cast_stats("x".into(), xd.values(), &c).unwrap());
+            cast = Some(c);
+        });
+        let (cast, stats) = (cast.unwrap(), stats.unwrap());
+        assert_eq!(
+            reads, 0,
+            "{role:?}: the amax, scale, codes and counts stay on the device"
+        );
+        assert!(
+            matches!(cast.scale, Deferred::Device(_)),
+            "{role:?}: the scale is made there"
+        );
+        assert!(
+            !cast.tensor.rowwise().scales_on_host(),
+            "{role:?}: scale_inv stays there"
+        );
+        assert_eq!(cast.scale.get().unwrap().to_bits(), cpu.scale.get().unwrap().to_bits());
+        assert_eq!(cast.tensor, cpu.tensor, "{role:?}: the twin's codes and scale_inv");
+        assert_eq!(
+            stats.finish().unwrap(),
+            cpu_stats.finish().unwrap(),
+            "{role:?}: statistics"
+        );
+        // A GEMM output's statistics by current scaling: the scale of a device amax, made there.
+        let format = recipe.format_for(role);
+        let (mut scale, mut uncast) = (None, None);
+        let reads = downloads(&mut || {
+            let sc = k.current_scale(cast.amax.clone(), format, false, 0.0).unwrap();
+            uncast = Some(
+                k.uncast_stats("y".into(), xd.values(), format, cast.amax.clone(), sc.clone())
+                    .unwrap(),
+            );
+            scale = Some(sc);
+        });
+        assert_eq!(reads, 0, "{role:?}: a GEMM output's statistics read nothing back");
+        let amax = cpu.amax.get().unwrap();
+        let want_scale = CpuKernels.current_scale(amax.into(), format, false, 0.0).unwrap();
+        assert_eq!(
+            scale.unwrap().get().unwrap().to_bits(),
+            want_scale.get().unwrap().to_bits()
+        );
+        let want = CpuKernels
+            .uncast_stats("y".into(), Values::Host(&x), format, amax.into(), want_scale)
+            .unwrap();
+        assert_eq!(uncast.unwrap().finish().unwrap(), want.finish().unwrap(), "{role:?}");
+    }
+    println!("{TEST}: current casts (2 roles) and GEMM-output statistics: no downloads, the twin's bits when read");
 }
 
 /// On GPU 0: a `Linear` fed device tensors keeps its output and input gradient on the device
@@ -1351,12 +1439,12 @@ fn shadow_mode_checks_the_counts_a_cast_made() {
         .expect("a CPU per-tensor cast counts")
         .get()
         .unwrap();
-    // The same cast (the struct update copies amax and scale, so `cpu` stays whole).
+    // The same cast (`cpu` stays whole).
     let same = super::Cast {
         tensor: cpu.tensor.clone(),
         counts: Some(counts.into()),
         amax: cpu.amax.clone(),
-        ..cpu
+        scale: cpu.scale.clone(),
     };
     let contract = super::contract::contract("quantize");
     assert_eq!(same.breach(&cpu, contract), None);

@@ -25,8 +25,9 @@ pub(crate) struct Cast {
     pub amax: Deferred<f32>,
     /// The per-tensor scale itself (delayed: the slot's; current: the one computed from the
     /// amax), never derived back from `scale_inv`, whose reciprocal may be one ulp off.
-    /// Block recipes: the largest block scale, `1 / smallest scale_inv`.
-    pub scale: f32,
+    /// Block recipes: the largest block scale, `1 / smallest scale_inv`. A GPU's current
+    /// scale is computed there and stays there until read, like the amax.
+    pub scale: Deferred<f32>,
     /// `[saturated, underflow, nonzero, nonfinite]` counted during the cast (CPU per-tensor
     /// casts, GPU per-tensor casts of device sources: left there), so [`cast_stats`] need not
     /// read the source again; `None`: counted there.
@@ -45,7 +46,7 @@ pub(crate) fn cast(
     let (tensor, amax, scale, counts) = match recipe {
         Fp8Recipe::Delayed(r) => {
             let (tensor, amax, counts) = per_tensor_counted(src, rows, cols, r.format.for_role(role), delayed_scale)?;
-            (tensor, amax, delayed_scale, Some(counts.into()))
+            (tensor, amax, delayed_scale.into(), Some(counts.into()))
         }
         Fp8Recipe::Current(r) => {
             // `quantize_current`, with the scale kept for the statistics.
@@ -53,7 +54,7 @@ pub(crate) fn cast(
             rule.validate()?;
             let scale = rule.scale(amax(src));
             let (tensor, amax, counts) = per_tensor_counted(src, rows, cols, rule.format, scale)?;
-            (tensor, amax, scale, Some(counts.into()))
+            (tensor, amax, scale.into(), Some(counts.into()))
         }
         Fp8Recipe::Block(r) => {
             let rule = ScaleRule::block(r, role);
@@ -116,7 +117,7 @@ pub(crate) fn block_cast(tensor: QuantizedTensor, amax: f32) -> Cast {
     Cast {
         tensor,
         amax: amax.into(),
-        scale,
+        scale: scale.into(),
         counts: None,
     }
 }
@@ -313,8 +314,8 @@ pub(crate) fn cast_stats(name: String, src: &[f32], cast: &Cast) -> Result<Fp8St
             counts
         })
         .reduce(Counts::default, Counts::sum);
-    let amax = cast.amax.get()?;
-    Ok(Fp8Stats::Ready(counts.finish(name, format, amax, cast.scale, total)))
+    let (amax, scale) = (cast.amax.get()?, cast.scale.get()?);
+    Ok(Fp8Stats::Ready(counts.finish(name, format, amax, scale, total)))
 }
 
 /// The statistics of a cast of a `len`-element source from the counts made during the cast,
@@ -326,7 +327,7 @@ pub(crate) fn counted_stats(name: &str, len: usize, cast: &Cast) -> Option<Fp8St
         name: name.to_string(),
         format: cast.tensor.format(),
         amax: cast.amax.clone(),
-        scale: cast.scale,
+        scale: cast.scale.clone(),
         total: len,
         counts,
     }))
@@ -347,16 +348,18 @@ pub(crate) struct Counted {
     pub name: String,
     pub format: Fp8Format,
     pub amax: Deferred<f32>,
-    pub scale: f32,
+    pub scale: Deferred<f32>,
     pub total: usize,
     pub counts: Deferred<[u64; 4]>,
 }
 
 impl Fp8Stats {
-    /// `c` finished at once if its amax and counts are host values.
+    /// `c` finished at once if its amax, scale and counts are host values.
     pub(crate) fn counted(c: Counted) -> Self {
-        match (&c.amax, &c.counts) {
-            (Deferred::Host(_), Deferred::Host(_)) => Fp8Stats::Ready(c.finish().expect("host values read")),
+        match (&c.amax, &c.scale, &c.counts) {
+            (Deferred::Host(_), Deferred::Host(_), Deferred::Host(_)) => {
+                Fp8Stats::Ready(c.finish().expect("host values read"))
+            }
             _ => Fp8Stats::Counted(c),
         }
     }
@@ -372,12 +375,12 @@ impl Fp8Stats {
 
 impl Counted {
     fn finish(&self) -> Result<Fp8TensorStats> {
-        let (amax, counts) = (self.amax.get()?, self.counts.get()?);
+        let (amax, scale, counts) = (self.amax.get()?, self.scale.get()?, self.counts.get()?);
         Ok(stats_from_counts(
             self.name.clone(),
             self.format,
             amax,
-            self.scale,
+            scale,
             self.total,
             counts,
         ))
@@ -478,17 +481,25 @@ mod tests {
             value: counts,
             reads: 0.into(),
         });
+        // (A current scale computed on the GPU stays there too.)
+        let scale = Arc::new(HostResult {
+            ordinal: 0,
+            value: cpu.scale.get().unwrap(),
+            reads: 0.into(),
+        });
         let on_device = Cast {
             amax: Deferred::Device(amax.clone()),
+            scale: Deferred::Device(scale.clone()),
             counts: Some(Deferred::Device(count_reads.clone())),
             ..cpu
         };
         let deferred = cast_stats("x".into(), &src, &on_device).unwrap();
         assert!(matches!(deferred, Fp8Stats::Counted(_)));
-        assert_eq!(amax.reads.load(Ordering::Relaxed), 0, "nothing read per op");
+        let reads = || [&amax, &scale].map(|r| r.reads.load(Ordering::Relaxed));
+        assert_eq!(reads(), [0, 0], "nothing read per op");
         assert_eq!(count_reads.reads.load(Ordering::Relaxed), 0);
         assert_eq!(deferred.finish().unwrap(), want, "the same statistics when read");
-        assert_eq!(amax.reads.load(Ordering::Relaxed), 1);
+        assert_eq!(reads(), [1, 1]);
         assert_eq!(count_reads.reads.load(Ordering::Relaxed), 1);
         // Uncast statistics with a device amax: the CPU reads it to finish at once.
         let amax_d = HostResult::deferred(0, 3.5f32);
@@ -498,12 +509,47 @@ mod tests {
             crate::dispatch::Values::Host(&src),
             Fp8Format::E4M3,
             amax_d,
-            2.0,
+            2.0.into(),
         )
         .unwrap()
         .finish()
         .unwrap();
         assert_eq!(stats, uncast_stats("y".into(), &src, Fp8Format::E4M3, 3.5, 2.0));
+    }
+
+    #[test]
+    fn the_current_scale_op_is_the_recipes_rule_of_the_amax() {
+        use crate::dispatch::{CpuKernels, Kernels};
+        use crate::quantize::ScaleRule;
+        for format in [Fp8Format::E4M3, Fp8Format::E5M2] {
+            for (power_2_scale, amax_epsilon) in [(false, 0.0), (true, 0.0), (false, 1.0), (true, 1e-12)] {
+                let rule = ScaleRule {
+                    format,
+                    power_2_scale,
+                    amax_epsilon,
+                };
+                for amax in [0.0, f32::NAN, f32::INFINITY, 1e-40, 0.3, 3.0, 1e30, f32::MAX] {
+                    // A device amax (a stand-in here) is read by the CPU arm.
+                    let on_device = HostResult::deferred(1, amax);
+                    for a in [amax.into(), on_device] {
+                        let got = CpuKernels
+                            .current_scale(a, format, power_2_scale, amax_epsilon)
+                            .unwrap();
+                        assert_eq!(
+                            got.get().unwrap().to_bits(),
+                            rule.scale(amax).to_bits(),
+                            "{rule:?} {amax}"
+                        );
+                    }
+                }
+            }
+        }
+        for bad in [-1.0, f32::NAN, f32::INFINITY] {
+            let err = CpuKernels
+                .current_scale(1.0.into(), Fp8Format::E4M3, false, bad)
+                .unwrap_err();
+            assert!(matches!(err, crate::error::Error::InvalidRecipe { .. }), "{err}");
+        }
     }
 
     /// The element-by-element definition the parallel counts must reproduce.

@@ -248,8 +248,12 @@ kernels! {
     /// FP8 statistics of a cast.
     fn cast_stats(name: String, src: Values<'_>, cast: &Cast) -> Fp8Stats = fp8_cast::cast_stats;
     /// FP8 statistics of a high-precision tensor as if cast per tensor with `scale`.
-    fn uncast_stats(name: String, values: Values<'_>, format: Fp8Format, amax: Deferred<f32>, scale: f32) -> Fp8Stats
-        = cpu_uncast_stats;
+    fn uncast_stats(name: String, values: Values<'_>, format: Fp8Format, amax: Deferred<f32>, scale: Deferred<f32>)
+        -> Fp8Stats = cpu_uncast_stats;
+    /// Current scaling's scale of `amax` in `format` (`ScaleRule::scale`, `docs/numerics.md`):
+    /// an amax left on a GPU gives a scale computed and left there (nothing read back).
+    fn current_scale(amax: Deferred<f32>, format: Fp8Format, power_2: bool, epsilon: f32) -> Deferred<f32>
+        = cpu_current_scale;
     /// One AdamW update of a parameter and its moments.
     fn adamw(value: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], step: &crate::ops::AdamWStep) -> ()
         = crate::ops::adamw_update;
@@ -306,12 +310,27 @@ fn cpu_uncast_stats(
     values: &[f32],
     format: Fp8Format,
     amax: Deferred<f32>,
-    scale: f32,
+    scale: Deferred<f32>,
 ) -> Result<Fp8Stats> {
-    let amax = amax.get()?;
+    let (amax, scale) = (amax.get()?, scale.get()?);
     Ok(Fp8Stats::Ready(fp8_cast::uncast_stats(
         name, values, format, amax, scale,
     )))
+}
+
+fn cpu_current_scale(amax: Deferred<f32>, format: Fp8Format, power_2: bool, epsilon: f32) -> Result<Deferred<f32>> {
+    Ok(current_rule(format, power_2, epsilon)?.scale(amax.get()?).into())
+}
+
+/// The rule of [`Kernels::current_scale`], checked once for every backend.
+pub(crate) fn current_rule(format: Fp8Format, power_2: bool, epsilon: f32) -> Result<crate::quantize::ScaleRule> {
+    let rule = crate::quantize::ScaleRule {
+        format,
+        power_2_scale: power_2,
+        amax_epsilon: epsilon,
+    };
+    rule.validate()?;
+    Ok(rule)
 }
 
 fn cpu_residual_add(x: &[f32], f: &[f32], dtype: Dtype, out: &mut [f32]) -> Result<()> {

@@ -405,13 +405,17 @@ impl Outcome for GemmReport {
     }
 }
 
-/// `gemm_into`'s amax, read where it was left (a failed read is NaN, a breach).
+/// `gemm_into`'s amax (by the GEMM's contract) or a current scale (exact), read where it was
+/// left (a failed read is NaN, a breach).
 impl Outcome for Deferred<f32> {
     fn breach(&self, cpu: &Deferred<f32>, contract: Contract) -> Option<Breach> {
         let read = |d: &Deferred<f32>| GemmReport {
             amax: d.get().unwrap_or(f32::NAN),
         };
-        read(self).breach(&read(cpu), contract)
+        match contract {
+            Contract::Exact => first_breach_f32(contract, &[read(self).amax], &[read(cpu).amax]),
+            _ => read(self).breach(&read(cpu), contract),
+        }
     }
 }
 
@@ -463,7 +467,9 @@ fn cast_values(c: &Cast) -> Vec<f64> {
         out.extend(matrix_values(col));
     }
     // An amax left on the GPU is read (a failed read is NaN, a breach).
-    out.extend([c.amax.get().unwrap_or(f32::NAN) as f64, c.scale as f64]);
+    // So is a scale (current scaling's, computed there).
+    let read = |d: &Deferred<f32>| d.get().unwrap_or(f32::NAN) as f64;
+    out.extend([read(&c.amax), read(&c.scale)]);
     out
 }
 

@@ -399,7 +399,7 @@ fn plan_output(
                     "FP8 GEMM {m}x{n}x{k}: K must be a multiple of {FP8_K_MULTIPLE}"
                 )));
             }
-            match (qa.scales().kind(), qb.scales().kind()) {
+            match (qa.scale_kind(), qb.scale_kind()) {
                 (ScaleKind::PerTensor, ScaleKind::PerTensor) => ScalePair::PerTensor,
                 (ScaleKind::Block1x128, ScaleKind::Block128x128) => ScalePair::Block1x128By128x128,
                 (ScaleKind::Block1x128, ScaleKind::Block1x128) => ScalePair::Block1x128By1x128,

@@ -130,7 +130,7 @@ impl FrozenFp8Weight {
                         "segment {}x{} with {:?} scales does not fit a {} weight with {in_features} inputs",
                         s.rows(),
                         s.cols(),
-                        s.scales().kind(),
+                        s.scale_kind(),
                         scaling.name()
                     ),
                 });

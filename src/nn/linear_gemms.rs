@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{FP8_K_MULTIPLE, GemmParams, Mat, Operand};
 use crate::scaling::Fp8TensorStats;
-use crate::scaling::{DelayedSlot, SlotBank, TensorRole, current_scale};
+use crate::scaling::{DelayedSlot, SlotBank, TensorRole};
 use crate::tensor::QuantizedMatrix;
 use crate::tensor::scratch;
 use crate::tensor::{DeviceKind, Dtype, HalfValues, Tensor};
@@ -268,9 +268,9 @@ impl LinearGemms {
         };
         let format = recipe.format_for(role);
         let scale = match recipe {
-            Fp8Recipe::Delayed(_) => self.slot_scale(role)?,
-            // (Current scaling's just-in-time scale needs the amax here: it comes back.)
-            _ => current_scale(amax.get()?, format.max_finite(), false, 0.0),
+            Fp8Recipe::Delayed(_) => self.slot_scale(role)?.into(),
+            // The just-in-time scale of the amax, made where the amax is (on a GPU: left there).
+            _ => self.backend.kernels().current_scale(amax.clone(), format, false, 0.0)?,
         };
         let stats = self
             .backend
@@ -333,9 +333,10 @@ impl LinearGemms {
     /// `[saturated, underflow, nonzero, nonfinite]` counts: the first training forward records
     /// the weight amax and sets the statistics, as the layer's own cast would.
     pub(crate) fn install_fp8_weight(&mut self, version: u64, cast: Cast, counts: [u64; 4]) -> Result<()> {
+        let cast_scale = cast.scale.get()?;
         let fits = cast.tensor.shape() == [self.out_features, self.in_features]
             && matches!(self.weight_slice_cast(), Some(WeightSliceCast::Fp8 { format, scale })
-                if format == cast.tensor.format() && scale == cast.scale);
+                if format == cast.tensor.format() && scale == cast_scale);
         if !fits {
             return Err(internal(
                 &self.layer,
@@ -345,7 +346,7 @@ impl LinearGemms {
         let name = self.stat_name(TensorRole::Weight);
         let total = self.in_features * self.out_features;
         let amax = cast.amax.get()?;
-        let stats = fp8_cast::stats_from_counts(name, cast.tensor.format(), amax, cast.scale, total, counts);
+        let stats = fp8_cast::stats_from_counts(name, cast.tensor.format(), amax, cast_scale, total, counts);
         self.installed_stats = Some((amax.into(), Fp8Stats::Ready(stats)));
         self.weight = Some((version, WeightCopy::Fp8(Box::new(cast))));
         Ok(())
@@ -708,7 +709,7 @@ impl LinearGemms {
     pub(crate) fn pending_stats(&self, scalars: &mut Vec<Deferred<f32>>, counts: &mut Vec<Deferred<[u64; 4]>>) {
         for s in self.stats.iter().flatten() {
             if let Fp8Stats::Counted(c) = s {
-                scalars.push(c.amax.clone());
+                scalars.extend([c.amax.clone(), c.scale.clone()]);
                 counts.push(c.counts.clone());
             }
         }

@@ -121,7 +121,7 @@ pub(crate) fn dequantize_matrix<T: HighPrecision>(
     dst: &mut [T],
 ) -> Result<()> {
     let (src, rows, cols) = (matrix.data(), matrix.rows(), matrix.cols());
-    let kind = matrix.scales().kind();
+    let kind = matrix.scale_kind();
     match matrix.scales() {
         Scales::PerTensor(scale_inv) => dequantize_per_tensor(src, format, *scale_inv, dst),
         Scales::Block1x128(scale_inv) | Scales::Block128x128(scale_inv) => {

@@ -32,6 +32,7 @@ use std::sync::{Arc, OnceLock};
 use crate::convert::HighPrecision;
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
+use device_values::Deferred;
 
 /// Where FP8 codes live.
 #[derive(Clone, Debug)]
@@ -90,13 +91,24 @@ impl PartialEq for DeviceMirror {
     }
 }
 
+/// Where a matrix's scales live.
+#[derive(Clone, Debug)]
+enum ScaleStorage {
+    /// Host memory.
+    Cpu(Scales),
+    /// One per-tensor `scale_inv` a device op computed and left on its GPU (current scaling's
+    /// scale, made there from the amax): read at the first host read, then kept. The GEMMs
+    /// read the mirror's copy, so a pass never waits for it.
+    PerTensorOnDevice(Deferred<f32>, OnceLock<Scales>),
+}
+
 /// One orientation of a quantized tensor: `rows x cols` FP8 codes, row-major, with their scales.
 #[derive(Clone, Debug)]
 pub struct QuantizedMatrix {
     data: CodeStorage,
     rows: usize,
     cols: usize,
-    scales: Scales,
+    scales: ScaleStorage,
     /// The same codes and scales on a GPU, where a device op made them (shared by clones).
     mirror: Option<Arc<DeviceMirror>>,
 }
@@ -104,7 +116,7 @@ pub struct QuantizedMatrix {
 impl PartialEq for QuantizedMatrix {
     /// Codes, shape and scales; a device mirror of them is a cache and is not compared.
     fn eq(&self, other: &Self) -> bool {
-        (self.data(), self.rows, self.cols, &self.scales) == (other.data(), other.rows, other.cols, &other.scales)
+        (self.data(), self.rows, self.cols, self.scales()) == (other.data(), other.rows, other.cols, other.scales())
     }
 }
 
@@ -141,7 +153,7 @@ impl QuantizedMatrix {
             data: CodeStorage::Cpu(data),
             rows,
             cols,
-            scales,
+            scales: ScaleStorage::Cpu(scales),
             mirror: None,
         })
     }
@@ -151,19 +163,48 @@ impl QuantizedMatrix {
     /// ([`Self::data`]). `scales` are the host copy of the mirror's; `mirror` must read back.
     pub(crate) fn held_on_device(rows: usize, cols: usize, scales: Scales, mirror: DeviceMirror) -> Result<Self> {
         let (scale_rows, scale_cols) = scales.kind().scale_shape(rows, cols);
-        if mirror.read_back.is_none() {
-            return Err(Error::Unsupported {
-                op: "codes held on a device without a way back",
-                device: format!("cuda:{}", mirror.ordinal),
-            });
-        }
-        if rows.checked_mul(cols).is_none() || scales.len() != scale_rows * scale_cols {
+        if scales.len() != scale_rows * scale_cols {
             return Err(Error::ShapeMismatch {
                 what: "scales of device codes",
                 rows: scale_rows,
                 cols: scale_cols,
                 expected: scale_rows * scale_cols,
                 got: scales.len(),
+            });
+        }
+        Self::held(rows, cols, ScaleStorage::Cpu(scales), mirror)
+    }
+
+    /// [`Self::held_on_device`] with a per-tensor `scale_inv` that is itself still on the GPU
+    /// (a scale computed there): read at the first host read of the scales ([`Self::scales`]).
+    pub(crate) fn held_with_device_scale(
+        rows: usize,
+        cols: usize,
+        scale_inv: Deferred<f32>,
+        mirror: DeviceMirror,
+    ) -> Result<Self> {
+        Self::held(
+            rows,
+            cols,
+            ScaleStorage::PerTensorOnDevice(scale_inv, OnceLock::new()),
+            mirror,
+        )
+    }
+
+    fn held(rows: usize, cols: usize, scales: ScaleStorage, mirror: DeviceMirror) -> Result<Self> {
+        if mirror.read_back.is_none() {
+            return Err(Error::Unsupported {
+                op: "codes held on a device without a way back",
+                device: format!("cuda:{}", mirror.ordinal),
+            });
+        }
+        if rows.checked_mul(cols).is_none() {
+            return Err(Error::ShapeMismatch {
+                what: "device codes",
+                rows,
+                cols,
+                expected: usize::MAX,
+                got: usize::MAX,
             });
         }
         Ok(QuantizedMatrix {
@@ -218,12 +259,13 @@ impl QuantizedMatrix {
 
     /// Bytes held: one per code plus the scales (4 per f32 scale, 1 per E8M0 exponent).
     pub fn bytes(&self) -> usize {
-        self.len()
-            + match &self.scales {
-                Scales::PerTensor(_) => 4,
-                Scales::Block1x128(s) | Scales::Block128x128(s) => 4 * s.len(),
-                Scales::Mxfp8(e) => e.len(),
-            }
+        let kind = self.scale_kind();
+        let (scale_rows, scale_cols) = kind.scale_shape(self.rows, self.cols);
+        let per_scale = match kind {
+            ScaleKind::Mxfp8 => 1,
+            _ => 4,
+        };
+        self.len() + per_scale * scale_rows * scale_cols
     }
 
     /// The FP8 codes, row-major. Codes held on a GPU are read back the first time.
@@ -259,19 +301,47 @@ impl QuantizedMatrix {
         self.cols
     }
 
-    /// The scales in their compact layout.
+    /// The scales in their compact layout. A per-tensor scale left on a GPU is read back the
+    /// first time.
+    ///
+    /// # Panics
+    /// If that read fails (the GPU is gone), as [`Self::data`].
     pub fn scales(&self) -> &Scales {
-        &self.scales
+        match &self.scales {
+            ScaleStorage::Cpu(scales) => scales,
+            ScaleStorage::PerTensorOnDevice(scale_inv, host) => host.get_or_init(|| match scale_inv.get() {
+                Ok(s) => Scales::PerTensor(s),
+                Err(e) => panic!("a per-tensor scale could not come back from its GPU: {e}"),
+            }),
+        }
+    }
+
+    /// How the copy is scaled (never reads a scale left on a GPU).
+    pub fn scale_kind(&self) -> ScaleKind {
+        match &self.scales {
+            ScaleStorage::Cpu(scales) => scales.kind(),
+            ScaleStorage::PerTensorOnDevice(..) => ScaleKind::PerTensor,
+        }
+    }
+
+    /// Whether the scales are in host memory (a scale left on a GPU is read back at the first
+    /// [`Self::scales`]).
+    pub fn scales_on_host(&self) -> bool {
+        match &self.scales {
+            ScaleStorage::Cpu(_) => true,
+            ScaleStorage::PerTensorOnDevice(_, host) => host.get().is_some(),
+        }
     }
 
     /// Takes the codes and scales apart.
     pub fn into_parts(self) -> (Vec<u8>, Scales) {
+        let scales = self.scales().clone();
         if let CodeStorage::Cuda(_) = self.data {
             self.data();
         }
         match self.data {
-            CodeStorage::Cpu(codes) => (codes, self.scales),
-            CodeStorage::Cuda(host) => (host.into_inner().expect("read back just above"), self.scales),
+            CodeStorage::Cpu(codes) => (codes, scales),
+            CodeStorage::Cuda(host) => (host.into_inner().expect("read back just above"), scales),
         }
     }
 
@@ -306,13 +376,13 @@ impl QuantizedTensor {
                     got: col.len(),
                 });
             }
-            if col.scales.kind() != rowwise.scales.kind() {
+            if col.scale_kind() != rowwise.scale_kind() {
                 return Err(Error::InvalidTensor {
                     name: "column-wise copy".to_string(),
                     reason: format!(
                         "scaled {:?} but the row-wise copy is {:?}",
-                        col.scales.kind(),
-                        rowwise.scales.kind()
+                        col.scale_kind(),
+                        rowwise.scale_kind()
                     ),
                 });
             }
@@ -336,7 +406,7 @@ impl QuantizedTensor {
 
     /// How the tensor is scaled.
     pub fn scale_kind(&self) -> ScaleKind {
-        self.rowwise.scales.kind()
+        self.rowwise.scale_kind()
     }
 
     /// The row-wise copy (`[rows, cols]`).
@@ -429,6 +499,43 @@ mod tests {
             .unwrap()
             .into_parts();
         assert_eq!((parts, scales), (codes, Scales::PerTensor(0.5)));
+    }
+
+    #[test]
+    fn a_per_tensor_scale_left_on_a_device_is_read_at_the_first_host_read() {
+        use device_values::HostResult;
+        let codes = vec![1, 2, 3, 4, 5, 6];
+        let scale_inv = Arc::new(HostResult {
+            ordinal: 2,
+            value: 0.25f32,
+            reads: 0.into(),
+        });
+        let reads = || scale_inv.reads.load(std::sync::atomic::Ordering::Relaxed);
+        let held =
+            QuantizedMatrix::held_with_device_scale(2, 3, Deferred::Device(scale_inv.clone()), stand_in(codes.clone()))
+                .unwrap();
+        // Kind, size, codes and a tensor of it need no scale.
+        assert_eq!(
+            (held.scale_kind(), held.bytes(), held.data()),
+            (ScaleKind::PerTensor, 10, &codes[..])
+        );
+        let tensor = QuantizedTensor::new(Fp8Format::E4M3, held.clone(), None).unwrap();
+        assert_eq!(tensor.scale_kind(), ScaleKind::PerTensor);
+        assert!(!held.scales_on_host());
+        assert_eq!(reads(), 0, "nothing read yet");
+        assert_eq!(held.scales(), &Scales::PerTensor(0.25));
+        assert_eq!(held.scales(), &Scales::PerTensor(0.25));
+        assert!(held.scales_on_host());
+        assert_eq!(reads(), 1, "read once, then kept");
+        let host = QuantizedMatrix::new(codes.clone(), 2, 3, Scales::PerTensor(0.25)).unwrap();
+        assert_eq!(
+            tensor.rowwise(),
+            &host,
+            "equal to the host matrix of the same codes and scale"
+        );
+        assert_eq!(held.clone().into_parts(), (codes, Scales::PerTensor(0.25)));
+        let other = QuantizedMatrix::new(vec![0; 6], 2, 3, Scales::PerTensor(0.5)).unwrap();
+        assert_ne!(held, other, "scales are compared once read");
     }
 
     #[test]

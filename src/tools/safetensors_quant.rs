@@ -212,7 +212,7 @@ fn quantize_values<T: HighPrecision>(
 fn quantized_outputs(t: QuantizedTensor) -> (OutTensor<'static>, OutTensor<'static>) {
     let [rows, cols] = t.shape();
     let (format, rowwise, _) = t.into_parts();
-    let kind = rowwise.scales().kind();
+    let kind = rowwise.scale_kind();
     let (scale_rows, scale_cols) = kind.scale_shape(rows, cols);
     let (data, scales) = rowwise.into_parts();
     let data = OutTensor {

@@ -402,7 +402,7 @@ fn fp8_copy(codes: Vec<u8>, out: usize, inp: usize, format: Fp8Format, scale: f3
     Ok(Cast {
         tensor: QuantizedTensor::new(format, rowwise, Some(columnwise))?,
         amax: amax.into(),
-        scale,
+        scale: scale.into(),
         counts: None,
     })
 }

@@ -45,4 +45,4 @@ pub mod transfer_times;
 pub use buffer::{DeviceBuffer, DeviceElement};
 pub use context::{CudaDevice, GpuInfo, discover, driver_present, driver_version};
 pub use error::describe_error_flag;
-pub use quantize::{DequantScales, StatsVerdict};
+pub use quantize::{DequantScales, ScaleAt, StatsVerdict};

@@ -185,10 +185,11 @@ pub struct Fp8StatsParams {
     pub scale: f32,
     pub max: f32,
     pub half_min: f32,
+    pub scale_at: u64,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of Fp8StatsParams"][::core::mem::size_of::<Fp8StatsParams>() - 48usize];
+    ["Size of Fp8StatsParams"][::core::mem::size_of::<Fp8StatsParams>() - 56usize];
     ["Alignment of Fp8StatsParams"][::core::mem::align_of::<Fp8StatsParams>() - 8usize];
     ["Offset of field: Fp8StatsParams::src"][::core::mem::offset_of!(Fp8StatsParams, src) - 0usize];
     ["Offset of field: Fp8StatsParams::codes"][::core::mem::offset_of!(Fp8StatsParams, codes) - 8usize];
@@ -198,6 +199,31 @@ const _: () = {
     ["Offset of field: Fp8StatsParams::scale"][::core::mem::offset_of!(Fp8StatsParams, scale) - 36usize];
     ["Offset of field: Fp8StatsParams::max"][::core::mem::offset_of!(Fp8StatsParams, max) - 40usize];
     ["Offset of field: Fp8StatsParams::half_min"][::core::mem::offset_of!(Fp8StatsParams, half_min) - 44usize];
+    ["Offset of field: Fp8StatsParams::scale_at"][::core::mem::offset_of!(Fp8StatsParams, scale_at) - 48usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct Fp8CurrentScaleParams {
+    pub amax: u64,
+    pub scale: u64,
+    pub format: u32,
+    pub power_2_scale: u32,
+    pub amax_epsilon: f32,
+    pub pad0: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Fp8CurrentScaleParams"][::core::mem::size_of::<Fp8CurrentScaleParams>() - 32usize];
+    ["Alignment of Fp8CurrentScaleParams"][::core::mem::align_of::<Fp8CurrentScaleParams>() - 8usize];
+    ["Offset of field: Fp8CurrentScaleParams::amax"][::core::mem::offset_of!(Fp8CurrentScaleParams, amax) - 0usize];
+    ["Offset of field: Fp8CurrentScaleParams::scale"][::core::mem::offset_of!(Fp8CurrentScaleParams, scale) - 8usize];
+    ["Offset of field: Fp8CurrentScaleParams::format"]
+        [::core::mem::offset_of!(Fp8CurrentScaleParams, format) - 16usize];
+    ["Offset of field: Fp8CurrentScaleParams::power_2_scale"]
+        [::core::mem::offset_of!(Fp8CurrentScaleParams, power_2_scale) - 20usize];
+    ["Offset of field: Fp8CurrentScaleParams::amax_epsilon"]
+        [::core::mem::offset_of!(Fp8CurrentScaleParams, amax_epsilon) - 24usize];
+    ["Offset of field: Fp8CurrentScaleParams::pad0"][::core::mem::offset_of!(Fp8CurrentScaleParams, pad0) - 28usize];
 };
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]

@@ -21,17 +21,30 @@ pub enum DequantScales<'a> {
     Mxfp8(&'a DeviceBuffer<u8>),
 }
 
+/// A scale the statistics judge by: a host value, or one a kernel left on the device (current
+/// scaling's, read there by address).
+#[derive(Clone, Copy, Debug)]
+pub enum ScaleAt<'a> {
+    Host(f32),
+    Device(&'a DeviceBuffer<f32>),
+}
+
 /// What [`CudaDevice::count_stats`] judges each element against.
 #[derive(Clone, Copy, Debug)]
 pub enum StatsVerdict<'a> {
-    /// A per-tensor cast: its codes, saturated above `limit` (`max_finite * scale_inv`, the
-    /// stored `scale_inv`, as the CPU statistics).
-    Cast { codes: &'a DeviceBuffer<u8>, limit: f32 },
+    /// A per-tensor cast to `format` with `scale`: its codes, saturated above `max_finite *
+    /// (1 / scale)` (the stored `scale_inv`, as the CPU statistics).
+    Cast {
+        codes: &'a DeviceBuffer<u8>,
+        format: Fp8Format,
+        scale: ScaleAt<'a>,
+    },
     /// A value kept in high precision, judged as if cast to `format` with `scale`.
-    Uncast { format: Fp8Format, scale: f32 },
+    Uncast { format: Fp8Format, scale: ScaleAt<'a> },
 }
 
-/// The thresholds of `Fp8StatsParams` for a verdict.
+/// The thresholds of `Fp8StatsParams` for a verdict (a device scale's own are made by the
+/// kernel from `max`).
 #[derive(Debug, PartialEq)]
 struct StatsFields {
     limit: f32,
@@ -42,21 +55,34 @@ struct StatsFields {
 
 impl StatsFields {
     fn of(verdict: StatsVerdict<'_>) -> Self {
+        let host = |scale: ScaleAt<'_>| match scale {
+            ScaleAt::Host(s) => Some(s),
+            ScaleAt::Device(_) => None,
+        };
         match verdict {
-            StatsVerdict::Cast { limit, .. } => StatsFields {
-                limit,
+            // `fp8_cast::cast_stats`'s limit: max * the stored scale_inv (`1 / scale`).
+            StatsVerdict::Cast { format, scale, .. } => StatsFields {
+                limit: host(scale).map_or(0.0, |s| format.max_finite() * (1.0 / s)),
                 scale: 1.0,
-                max: 0.0,
+                max: format.max_finite(),
                 half_min: 0.0,
             },
             // `uncast_stats`'s thresholds: the largest finite value and half the smallest
             // subnormal (code 1), below which a value rounds to zero.
             StatsVerdict::Uncast { format, scale } => StatsFields {
                 limit: 0.0,
-                scale,
+                scale: host(scale).unwrap_or(1.0),
                 max: format.max_finite(),
                 half_min: format.decode(1) * 0.5,
             },
+        }
+    }
+}
+
+impl StatsVerdict<'_> {
+    fn scale(&self) -> ScaleAt<'_> {
+        match *self {
+            StatsVerdict::Cast { scale, .. } | StatsVerdict::Uncast { scale, .. } => scale,
         }
     }
 }
@@ -204,6 +230,13 @@ impl CudaDevice {
             scale: fields.scale,
             max: fields.max,
             half_min: fields.half_min,
+            scale_at: match verdict.scale() {
+                ScaleAt::Host(_) => 0,
+                ScaleAt::Device(scale) => {
+                    check(K, "scale", scale.len(), 1)?;
+                    scale.address(self)
+                }
+            },
         };
         let blocks = grid_stride_blocks(self, src.len() as u64, THREADS as u64);
         launch(self, CAST, "fp8_count_stats", blocks, params)
@@ -233,6 +266,30 @@ impl CudaDevice {
         };
         let blocks = grid_stride_blocks(self, (src.len() as u64).div_ceil(16), THREADS as u64);
         launch(self, CAST, &format!("fp8_amax_{}", T::SUFFIX), blocks, params)
+    }
+
+    /// `scale[0] = rule.scale(amax[0])`: current scaling's scale of an amax on the device,
+    /// computed there (twin: [`ScaleRule::scale`], the same bits), so the cast that follows
+    /// reads it by address and nothing waits for the host.
+    pub fn current_scale(
+        &self,
+        amax: &DeviceBuffer<f32>,
+        rule: &ScaleRule,
+        scale: &mut DeviceBuffer<f32>,
+    ) -> Result<()> {
+        const K: &str = "current_scale";
+        rule.validate()?;
+        check(K, "amax", amax.len(), 1)?;
+        check(K, "scale", scale.len(), 1)?;
+        let params = Fp8CurrentScaleParams {
+            amax: amax.address(self),
+            scale: scale.address_mut(self),
+            format: format_code(rule.format),
+            power_2_scale: u32::from(rule.power_2_scale),
+            amax_epsilon: rule.amax_epsilon,
+            pad0: 0,
+        };
+        launch(self, CAST, "fp8_current_scale", 1, params)
     }
 
     /// 1x128 blocks: row-wise copy (`[rows, cols]` codes, `[rows, ceil(cols/128)]` scale_inv) and/or
@@ -530,7 +587,10 @@ mod stats_tests {
             (Fp8Format::E4M3, 448.0, 2f32.powi(-10)),
             (Fp8Format::E5M2, 57344.0, 2f32.powi(-17)),
         ] {
-            let fields = StatsFields::of(StatsVerdict::Uncast { format, scale: 3.0 });
+            let fields = StatsFields::of(StatsVerdict::Uncast {
+                format,
+                scale: ScaleAt::Host(3.0),
+            });
             assert_eq!(
                 fields,
                 StatsFields {

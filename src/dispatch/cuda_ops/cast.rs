@@ -1,13 +1,13 @@
 //! Staged arms of the FP8 casts, the GEMM, the delayed-scaling update and the
 //! FP8 statistics (launchers in `backend::cuda::{quantize, gemm}`).
 
-use super::deferred::{DeviceCounts, DeviceScalar};
+use super::deferred::{DeviceCounts, DeviceScalar, device_scalar};
 use super::resident::staged_for;
 use super::{Lease, Staged, slot_bank, staged};
 use crate::amp::Fp8Recipe;
 use crate::backend::cuda::gemm::{Fp8Mirror, UploadedScales, gemm_host, gemm_into_device, resident_mirror};
 use crate::backend::cuda::gemm_f32::gemm_f32_host;
-use crate::backend::cuda::{DeviceBuffer, StatsVerdict};
+use crate::backend::cuda::{DeviceBuffer, ScaleAt, StatsVerdict};
 use crate::dispatch::{Cast, CudaKernels, Deferred, Fp8Stats, Values, ValuesMut, fp8_cast};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
@@ -19,6 +19,9 @@ use crate::tensor::{DeviceMirror, QuantizedMatrix, QuantizedTensor, ScaleKind, S
 use std::sync::Arc;
 
 /// Both copies of a per-tensor cast with `scale` of `x` (the source on the device), and its amax.
+/// `scale`: a host value (delayed scaling's slot), or one left on the device (current
+/// scaling's, made there from the amax), which the cast reads by address and nothing reads
+/// back: the copies' `scale_inv` then stays there too until a host reader asks for it.
 /// `count`: the cast's statistics are counted on the device too (a source that lives there,
 /// which [`cast_stats`] would otherwise download to count).
 fn per_tensor(
@@ -26,14 +29,22 @@ fn per_tensor(
     x: &DeviceBuffer<f32>,
     (rows, cols): (usize, usize),
     format: Fp8Format,
-    scale: f32,
+    scale: Deferred<f32>,
     count: bool,
 ) -> Result<Cast> {
-    // The launchers check the source's length against the shape; the scale is checked here as
-    // the CPU twin checks it (the kernel reads it on the device and checks nothing).
-    crate::quantize::check_scale(scale)?;
     let n = x.len();
-    let scale_d = s.up(&[scale])?;
+    let host_scale = match &scale {
+        // Checked as the CPU twin checks it (the kernel reads it on the device and checks
+        // nothing); a scale made on the device by the recipe's rule is always finite and > 0.
+        Deferred::Host(v) => Some(crate::quantize::check_scale(*v).map(|()| *v)?),
+        Deferred::Device(_) => None,
+    };
+    let uploaded = host_scale.map(|v| s.up(&[v])).transpose()?;
+    let scale_d: &DeviceBuffer<f32> = match (&uploaded, device_scalar(&scale, "quantize")?) {
+        (Some(up), _) => up,
+        (None, Some(on_device)) => on_device.buffer(),
+        (None, None) => unreachable!("a host scale was uploaded"),
+    };
     let (mut codes, mut codes_t) = (s.scratch::<u8>(n)?, s.scratch::<u8>(n)?);
     let (mut amax, mut scale_inv) = (s.zeros::<f32>(1)?, s.scratch::<f32>(1)?);
     s.device().cast_amax(
@@ -41,16 +52,20 @@ fn per_tensor(
         rows,
         cols,
         format,
-        (&scale_d, 0),
+        (scale_d, 0),
         &mut codes,
         Some(&mut codes_t),
         (&mut amax, 0),
         Some(&mut scale_inv),
     )?;
     // The kernel writes `__fdiv_rn(1, scale)` for the GEMMs, which is the twin's `1 / scale`
-    // (both IEEE division, round to nearest, of a finite positive scale): the host's own is
+    // (both IEEE division, round to nearest, of a finite positive scale): a host scale's is
     // those bits without reading them back, a stream sync per cast (`docs/cuda-backend.md`).
-    let inv = 1.0 / scale;
+    // A device scale's stays there, copied for a host reader of the scales.
+    let inv: Deferred<f32> = match host_scale {
+        Some(v) => (1.0 / v).into(),
+        None => DeviceScalar::deferred(s, device_copy(s, &scale_inv)?.into_buffer()),
+    };
     // The limit of `fp8_cast::cast_stats` for a per-tensor copy: max * the stored scale_inv.
     let counts = match count {
         true => Some(device_counts(
@@ -58,29 +73,39 @@ fn per_tensor(
             x,
             StatsVerdict::Cast {
                 codes: &codes,
-                limit: format.max_finite() * inv,
+                format,
+                scale: match host_scale {
+                    Some(v) => ScaleAt::Host(v),
+                    None => ScaleAt::Device(scale_d),
+                },
             },
         )?),
         false => None,
     };
     // The amax stays on the device until read (a bank there folds it in place).
     let amax = DeviceScalar::deferred(s, amax.into_buffer());
-    let scales = Scales::PerTensor(inv);
     let (rowwise, columnwise) = match n > 0 && room_for_mirrors(s) {
         // Both copies stay on the device, for the GEMMs that read them.
         true => {
-            let scale_inv_t = s.up(&[inv])?;
+            let scale_inv_t = match host_scale {
+                Some(v) => s.up(&[1.0 / v])?,
+                None => device_copy(s, &scale_inv)?,
+            };
             let row_scales = UploadedScales::F32(scale_inv.into_buffer(), ScaleKind::PerTensor);
             let col_scales = UploadedScales::F32(scale_inv_t.into_buffer(), ScaleKind::PerTensor);
+            let scales = HostScales::PerTensor(inv);
             (
                 kept(s, codes, (rows, cols), scales.clone(), row_scales)?,
                 kept(s, codes_t, (cols, rows), scales, col_scales)?,
             )
         }
-        false => (
-            QuantizedMatrix::new(s.down_vec(&codes)?, rows, cols, scales.clone())?,
-            QuantizedMatrix::new(s.down_vec(&codes_t)?, cols, rows, scales)?,
-        ),
+        false => {
+            let scales = Scales::PerTensor(inv.get()?);
+            (
+                QuantizedMatrix::new(s.down_vec(&codes)?, rows, cols, scales.clone())?,
+                QuantizedMatrix::new(s.down_vec(&codes_t)?, cols, rows, scales)?,
+            )
+        }
     };
     Ok(Cast {
         tensor: QuantizedTensor::new(format, rowwise, Some(columnwise))?,
@@ -88,6 +113,13 @@ fn per_tensor(
         scale,
         counts,
     })
+}
+
+/// A device-to-device copy of `src` into a buffer from the pool.
+fn device_copy<'s, T: super::Pooled>(s: &'s Staged, src: &DeviceBuffer<T>) -> Result<Lease<'s, T>> {
+    let mut copy = s.scratch::<T>(src.len())?;
+    s.device().copy_at(src, &mut copy, 0)?;
+    Ok(copy)
 }
 
 /// `[saturated, underflow, nonzero, nonfinite]` of `x` counted on the device, left there until
@@ -112,6 +144,23 @@ pub(super) fn room_for_mirrors(s: &Staged) -> bool {
             .is_ok_and(|(free, total)| free > total / MIRROR_RESERVE_FRACTION)
 }
 
+/// The host side of a kept copy's scales: known, or a per-tensor `scale_inv` that may still be
+/// on the device (read when a host reader asks).
+#[derive(Clone)]
+enum HostScales {
+    Known(Scales),
+    PerTensor(Deferred<f32>),
+}
+
+impl HostScales {
+    fn read(self) -> Result<Scales> {
+        match self {
+            HostScales::Known(scales) => Ok(scales),
+            HostScales::PerTensor(inv) => Ok(Scales::PerTensor(inv.get()?)),
+        }
+    }
+}
+
 /// One copy of a cast, `[rows, cols]` `codes` with `scales` (their device copy `device_scales`),
 /// keeping its device buffers as its mirror. Where layers keep their activations on the device
 /// (the default; not with `FP8_CUDA_RESIDENT=0`) the codes stay there only: the GEMMs read the mirror, and a host
@@ -121,7 +170,7 @@ fn kept(
     s: &Staged,
     codes: Lease<'_, u8>,
     (rows, cols): (usize, usize),
-    scales: Scales,
+    scales: HostScales,
     device_scales: UploadedScales,
 ) -> Result<QuantizedMatrix> {
     let host = match crate::backend::cuda::env_switch::resident_layers() {
@@ -133,17 +182,16 @@ fn kept(
         scales: device_scales,
     }
     .into_tensor_mirror(s.device());
-    match host {
-        Some(host) => Ok(QuantizedMatrix::new(host, rows, cols, scales)?.with_mirror(mirror)),
-        None => QuantizedMatrix::held_on_device(
-            rows,
-            cols,
-            scales,
-            DeviceMirror {
-                read_back: Some(read_fp8_codes),
-                ..mirror
-            },
-        ),
+    let held = DeviceMirror {
+        read_back: Some(read_fp8_codes),
+        ..mirror
+    };
+    match (host, scales) {
+        (Some(host), scales) => Ok(QuantizedMatrix::new(host, rows, cols, scales.read()?)?.with_mirror(held)),
+        (None, HostScales::PerTensor(inv @ Deferred::Device(_))) => {
+            QuantizedMatrix::held_with_device_scale(rows, cols, inv, held)
+        }
+        (None, scales) => QuantizedMatrix::held_on_device(rows, cols, scales.read()?, held),
     }
 }
 
@@ -248,8 +296,8 @@ fn block_copies(
     let (rowwise, columnwise) = match n > 0 && room_for_mirrors(s) {
         // Both copies stay on the device, for the GEMMs that read them.
         true => (
-            kept(s, q, (rows, cols), row_scales, row_dev)?,
-            kept(s, qt, (cols, rows), col_scales, col_dev)?,
+            kept(s, q, (rows, cols), HostScales::Known(row_scales), row_dev)?,
+            kept(s, qt, (cols, rows), HostScales::Known(col_scales), col_dev)?,
         ),
         false => (
             QuantizedMatrix::new(s.down_vec(&q)?, rows, cols, row_scales)?,
@@ -281,12 +329,15 @@ pub(crate) fn quantize(
     // One upload of a host source (none of a device one) serves the amax and both copies.
     let x = s.input("quantize", src)?;
     match recipe {
-        Fp8Recipe::Delayed(r) => per_tensor(&s, &x, shape, r.format.for_role(role), delayed_scale, count),
+        Fp8Recipe::Delayed(r) => per_tensor(&s, &x, shape, r.format.for_role(role), delayed_scale.into(), count),
         Fp8Recipe::Current(r) => {
-            // Staged: the amax comes back to the host for the recipe's scale (the twin's rule).
+            // The amax and the recipe's scale of it are made on the device, and the cast reads
+            // the scale there: nothing comes back between them (the twin's order of operations).
             let rule = ScaleRule::current(r, role);
-            rule.validate()?;
-            let scale = rule.scale(device_amax(&s, &x)?);
+            let mut amax = s.zeros::<f32>(1)?;
+            s.device().amax(&x, &mut amax)?;
+            let amax = DeviceScalar::deferred(&s, amax.into_buffer());
+            let scale = current_scale(k, amax, rule.format, rule.power_2_scale, rule.amax_epsilon)?;
             per_tensor(&s, &x, shape, rule.format, scale, count)
         }
         Fp8Recipe::Block(r) => {
@@ -308,6 +359,26 @@ pub(crate) fn quantize(
             Ok(fp8_cast::block_cast(tensor, device_amax(&s, &x)?))
         }
     }
+}
+
+/// [`crate::dispatch::Kernels::current_scale`] on a GPU: an amax left there gives a scale
+/// made and left there (kernel `fp8_current_scale`, the twin's bits); a host amax, the host's.
+pub(crate) fn current_scale(
+    k: &CudaKernels,
+    amax: Deferred<f32>,
+    format: Fp8Format,
+    power_2: bool,
+    epsilon: f32,
+) -> Result<Deferred<f32>> {
+    const OP: &str = "current_scale";
+    let rule = crate::dispatch::current_rule(format, power_2, epsilon)?;
+    let s = staged_for(k, OP, [amax.ordinal()])?;
+    let Some(on_device) = device_scalar(&amax, OP)? else {
+        return Ok(rule.scale(amax.get()?).into());
+    };
+    let mut scale = s.scratch::<f32>(1)?;
+    s.device().current_scale(on_device.buffer(), &rule, &mut scale)?;
+    Ok(DeviceScalar::deferred(&s, scale.into_buffer()))
 }
 
 /// The GEMM through the CUDA GEMM dispatch (portable mma.sync kernels, MXFP8 operands on
@@ -472,12 +543,12 @@ pub(crate) fn uncast_stats(
     values: Values<'_>,
     format: Fp8Format,
     amax: Deferred<f32>,
-    scale: f32,
+    scale: Deferred<f32>,
 ) -> Result<Fp8Stats> {
     const OP: &str = "uncast_stats";
-    let s = staged_for(k, OP, [values.ordinal(), amax.ordinal()])?;
+    let s = staged_for(k, OP, [values.ordinal(), amax.ordinal(), scale.ordinal()])?;
     let on_host = |host: &[f32]| -> Result<Fp8Stats> {
-        let stats = fp8_cast::uncast_stats(name.clone(), host, format, amax.get()?, scale);
+        let stats = fp8_cast::uncast_stats(name.clone(), host, format, amax.get()?, scale.get()?);
         Ok(Fp8Stats::Ready(stats))
     };
     match values {
@@ -486,7 +557,12 @@ pub(crate) fn uncast_stats(
         Values::Device(_) if values.len() >= u32::MAX as usize => on_host(&values.to_host()?),
         Values::Device(_) => {
             let x = s.input(OP, values)?;
-            let counts = device_counts(&s, &x, StatsVerdict::Uncast { format, scale })?;
+            // A scale made on the device (current scaling's) is read there.
+            let at = match device_scalar(&scale, OP)? {
+                Some(on_device) => ScaleAt::Device(on_device.buffer()),
+                None => ScaleAt::Host(scale.get()?),
+            };
+            let counts = device_counts(&s, &x, StatsVerdict::Uncast { format, scale: at })?;
             Ok(Fp8Stats::counted(fp8_cast::Counted {
                 name,
                 format,

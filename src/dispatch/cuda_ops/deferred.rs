@@ -100,6 +100,22 @@ impl<T: Pooled + 'static, V: FromDevice<T> + Copy + Send + Sync + 'static> Devic
     }
 }
 
+/// The CUDA scalar behind `d`: `None` for a host value, an error for another kind of device
+/// result (a stand-in), which no kernel can read.
+pub(crate) fn device_scalar<'a>(d: &'a Deferred<f32>, op: &'static str) -> Result<Option<&'a DeviceScalar>> {
+    match d {
+        Deferred::Host(_) => Ok(None),
+        Deferred::Device(r) => r
+            .as_any()
+            .downcast_ref::<DeviceScalar>()
+            .map(Some)
+            .ok_or_else(|| Error::KernelArgs {
+                kernel: op,
+                detail: "the value is not a CUDA result".into(),
+            }),
+    }
+}
+
 fn check_len(got: usize, want: usize) -> Result<()> {
     match got == want {
         true => Ok(()),

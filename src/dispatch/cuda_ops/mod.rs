@@ -22,7 +22,7 @@ mod train;
 mod transpose;
 
 pub(super) use arena::arena_store;
-pub(super) use cast::{cast_stats, delayed_update, gemm, gemm_into, quantize, resident, uncast_stats};
+pub(super) use cast::{cast_stats, current_scale, delayed_update, gemm, gemm_into, quantize, resident, uncast_stats};
 pub(super) use deferred::read_all;
 pub(super) use layer::{
     attention_backward, attention_cached, attention_forward, column_sum, convert, convert_transposed, copy_columns,

@@ -1,7 +1,7 @@
 //! Delayed-scaling slot banks kept on the GPU (issue 15's scaling state on the device). A
 //! layer running resident moves its bank up once (`SlotBank::keep_on`); from then on:
 //!
-//! * a cast's or a GEMM's amax, left on the device ([`DeviceScalar`]), is folded into the
+//! * a cast's or a GEMM's amax, left on the device ([`super::deferred::DeviceScalar`]), is folded into the
 //!   slot's `history[0]` there by the amax kernel (`fmaxf`: a NaN dropped as by `f32::max`,
 //!   so the same bits as `SlotBank::record_cast`);
 //! * the update runs in place on the bank (`fp8_delayed_update` over the slots' run), and
@@ -14,7 +14,7 @@ use std::any::Any;
 use std::ops::Range;
 use std::sync::Mutex;
 
-use super::deferred::DeviceScalar;
+use super::deferred::device_scalar;
 use super::resident::staged_for;
 use super::staged;
 use crate::backend::cuda::DeviceBuffer;
@@ -138,24 +138,15 @@ pub(crate) fn record_amax(k: &CudaKernels, bank: &mut SlotBank, slot: usize, ama
     let s = staged_for(k, OP, [Some(device.ordinal()), amax.ordinal()])?;
     let cuda = cuda_bank(device, OP)?;
     let at = cuda.slots + slot * cuda.len;
-    match amax {
-        Deferred::Device(d) => {
-            let scalar = d
-                .as_any()
-                .downcast_ref::<DeviceScalar>()
-                .ok_or_else(|| Error::KernelArgs {
-                    kernel: OP,
-                    detail: "the amax is not a CUDA result".into(),
-                })?;
-            s.device().amax_at(scalar.buffer(), &mut cuda.values, at)?;
-        }
+    match (device_scalar(amax, OP)?, amax) {
+        (Some(scalar), _) => s.device().amax_at(scalar.buffer(), &mut cuda.values, at)?,
         // The fold takes |v|; `f32::max` drops a NaN and keeps a `history[0]` (never below
         // zero on a device) against a negative value: those are not folded.
-        Deferred::Host(v) if *v >= 0.0 => {
+        (None, Deferred::Host(v)) if *v >= 0.0 => {
             let up = s.up(&[*v])?;
             s.device().amax_at(&up, &mut cuda.values, at)?;
         }
-        Deferred::Host(_) => {}
+        (None, _) => {}
     }
     bank.recorded_on_device(slot)
 }
