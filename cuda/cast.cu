@@ -101,8 +101,8 @@ template <typename T> __device__ void cast_transpose_amax(const Fp8CastParams& p
         *reinterpret_cast<float*>(p.scale_inv_out) = __fdiv_rn(1.0f, scale);
 }
 
-// FP8 statistics of an f32 tensor (twin: dispatch::fp8_cast::cast_stats for a per-tensor
-// cast's codes, uncast_stats without codes): each thread counts its grid-stride share in
+// FP8 statistics of an f32 tensor (twin: dispatch::fp8_cast::cast_stats for a cast's codes,
+// per-tensor or block-scaled, uncast_stats without codes): each thread counts its grid-stride share in
 // 32-bit counters (the launcher keeps len below 2^32), each warp sums them with shuffles and
 // one lane adds them to counts[4]. Integer counts: the same totals in any order.
 extern "C" __global__ void __launch_bounds__(THREADS) fp8_count_stats(const Fp8StatsParams p) {
@@ -124,7 +124,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) fp8_count_stats(const Fp8S
         if (codes != nullptr) {
             // E4M3 and E5M2 codes decode to zero exactly when their magnitude bits are 0.
             flushed = (codes[i] & 0x7Fu) == 0u;
-            saturates = fabsf(x) > limit;
+            // A block-scaled copy: max * its block's scale_inv (the twin's limit).
+            const float lim = p.scale_kind == FP8_SCALES_PER_TENSOR
+                                  ? limit
+                                  : __fmul_rn(p.max, grid_scale_inv(p.block_scales, p.scale_kind, i / p.cols,
+                                                                    i % p.cols, p.cols, p.block_rows, p.block_cols));
+            saturates = fabsf(x) > lim;
         } else {
             const float scaled = fabsf(__fmul_rn(x, scale_of));
             flushed = scaled <= p.half_min;

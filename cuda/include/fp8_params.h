@@ -89,7 +89,9 @@ typedef struct Fp8AmaxParams {
    nonfinite] of an f32 tensor. With codes (a per-tensor cast): saturated when |x| > limit,
    flushed when the code's magnitude bits are 0; without (a value kept in high precision):
    the scaled magnitude |x * scale| decides, > max or <= half_min. A scale computed on the
-   device (current scaling) is read at scale_at: with codes, limit = max * (1 / scale). */
+   device (current scaling) is read at scale_at: with codes, limit = max * (1 / scale). Codes
+   of a block-scaled copy (scale_kind not FP8_SCALES_PER_TENSOR) are judged by their block's
+   scale_inv in the grid at block_scales: limit = max * scale_inv. */
 typedef struct Fp8StatsParams {
     uint64_t src;    /* f32 [len] */
     uint64_t codes;  /* u8 [len] or 0 */
@@ -100,6 +102,12 @@ typedef struct Fp8StatsParams {
     float max;       /* max_finite */
     float half_min;  /* without codes: half the smallest subnormal */
     uint64_t scale_at; /* device f32 scale replacing limit and scale, or 0 */
+    uint64_t block_scales; /* with codes: the copy's scale_inv grid, see scale_kind */
+    uint64_t cols;         /* columns of the copy (block scales) */
+    uint32_t block_rows;
+    uint32_t block_cols;
+    uint32_t scale_kind; /* FP8_SCALES_*: PER_TENSOR uses limit / scale_at */
+    uint32_t pad0;
 } Fp8StatsParams;
 
 /* Current scaling's scale of an amax on the device (spec 4.2, ScaleRule::scale). */

@@ -763,9 +763,9 @@ fn stats_probe(n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// On GPU 0: the FP8 statistics of a device tensor, counted on the device (a per-tensor cast's
-/// counts made beside the cast, a high-precision value's counts by `fp8_count_stats`), are the
-/// counts the host makes of the same values.
+/// On GPU 0: the FP8 statistics of a device tensor, counted on the device (a cast's counts made
+/// beside the cast, per tensor or by each block's scale, a high-precision value's counts by
+/// `fp8_count_stats`), are the counts the host makes of the same values.
 #[test]
 fn statistics_counted_on_the_device_match_the_host_counts() {
     use crate::format::Fp8Format;
@@ -796,6 +796,22 @@ fn statistics_counted_on_the_device_match_the_host_counts() {
                 .finish()
                 .unwrap();
             assert_eq!(on_host, on_device, "{precision} {role:?}: cast statistics");
+            // Both counted on the device where codes stay there (block casts by each block's
+            // scale since 2026-11-28): the CPU twin's statistics of its own cast.
+            let cpu = CpuKernels
+                .quantize(&recipe, role, Values::Host(&x), rows, cols, 2.0)
+                .unwrap();
+            let twin = CpuKernels
+                .cast_stats("x".into(), Values::Host(&x), &cpu)
+                .unwrap()
+                .finish()
+                .unwrap();
+            assert_eq!(on_device, twin, "{precision} {role:?}: the CPU's statistics");
+            let counted_there = device.counts.as_ref().and_then(|c| c.ordinal()) == Some(0);
+            assert!(
+                counted_there,
+                "{precision} {role:?}: a device source's cast counts on the device"
+            );
             // (Block scales follow each block's amax: only the fixed delayed scale is sure to
             // saturate some of the probe.)
             let saturates = precision != "fp8-delayed" || on_host.saturated > 0.0;

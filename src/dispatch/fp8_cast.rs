@@ -62,12 +62,12 @@ pub(crate) fn cast(
                 BlockDims::Rows1x128 => quantize_1x128(src, rows, cols, &rule, true)?,
                 BlockDims::Tiles128x128 => quantize_block_128x128(src, rows, cols, &rule, true)?,
             };
-            return Ok(block_cast(tensor, amax(src)));
+            return Ok(block_cast(tensor, amax(src).into(), None));
         }
         Fp8Recipe::Mxfp8(r) => {
             let format = crate::scaling::RecipeFormat::from(r.format).for_role(role);
             let tensor = quantize_mxfp8(src, rows, cols, format, true)?;
-            return Ok(block_cast(tensor, amax(src)));
+            return Ok(block_cast(tensor, amax(src).into(), None));
         }
     };
     Ok(Cast {
@@ -111,14 +111,14 @@ fn per_tensor_counted(
 }
 
 /// The cast of a block-scaled `tensor` (1x128, 128x128, MXFP8) of a source with `amax`: its
-/// scale is the largest block scale.
-pub(crate) fn block_cast(tensor: QuantizedTensor, amax: f32) -> Cast {
+/// scale is the largest block scale. `counts`: made during the cast (a GPU's), or `None`.
+pub(crate) fn block_cast(tensor: QuantizedTensor, amax: Deferred<f32>, counts: Option<Deferred<[u64; 4]>>) -> Cast {
     let scale = largest_scale(tensor.rowwise().scales());
     Cast {
         tensor,
-        amax: amax.into(),
+        amax,
         scale: scale.into(),
-        counts: None,
+        counts,
     }
 }
 

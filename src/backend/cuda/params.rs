@@ -186,10 +186,16 @@ pub struct Fp8StatsParams {
     pub max: f32,
     pub half_min: f32,
     pub scale_at: u64,
+    pub block_scales: u64,
+    pub cols: u64,
+    pub block_rows: u32,
+    pub block_cols: u32,
+    pub scale_kind: u32,
+    pub pad0: u32,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of Fp8StatsParams"][::core::mem::size_of::<Fp8StatsParams>() - 56usize];
+    ["Size of Fp8StatsParams"][::core::mem::size_of::<Fp8StatsParams>() - 88usize];
     ["Alignment of Fp8StatsParams"][::core::mem::align_of::<Fp8StatsParams>() - 8usize];
     ["Offset of field: Fp8StatsParams::src"][::core::mem::offset_of!(Fp8StatsParams, src) - 0usize];
     ["Offset of field: Fp8StatsParams::codes"][::core::mem::offset_of!(Fp8StatsParams, codes) - 8usize];
@@ -200,6 +206,12 @@ const _: () = {
     ["Offset of field: Fp8StatsParams::max"][::core::mem::offset_of!(Fp8StatsParams, max) - 40usize];
     ["Offset of field: Fp8StatsParams::half_min"][::core::mem::offset_of!(Fp8StatsParams, half_min) - 44usize];
     ["Offset of field: Fp8StatsParams::scale_at"][::core::mem::offset_of!(Fp8StatsParams, scale_at) - 48usize];
+    ["Offset of field: Fp8StatsParams::block_scales"][::core::mem::offset_of!(Fp8StatsParams, block_scales) - 56usize];
+    ["Offset of field: Fp8StatsParams::cols"][::core::mem::offset_of!(Fp8StatsParams, cols) - 64usize];
+    ["Offset of field: Fp8StatsParams::block_rows"][::core::mem::offset_of!(Fp8StatsParams, block_rows) - 72usize];
+    ["Offset of field: Fp8StatsParams::block_cols"][::core::mem::offset_of!(Fp8StatsParams, block_cols) - 76usize];
+    ["Offset of field: Fp8StatsParams::scale_kind"][::core::mem::offset_of!(Fp8StatsParams, scale_kind) - 80usize];
+    ["Offset of field: Fp8StatsParams::pad0"][::core::mem::offset_of!(Fp8StatsParams, pad0) - 84usize];
 };
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]

@@ -3,12 +3,14 @@
 
 use super::buffer::{DeviceBuffer, DeviceElement};
 use super::context::CudaDevice;
+use super::gemm_operands::DeviceScales;
 use super::launch::{THREADS, grid_stride_blocks, launch, tile_blocks};
 use super::params::*;
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::quantize::ScaleRule;
 use crate::scaling::AmaxComputeAlgo;
+use crate::tensor::ScaleKind;
 
 /// Where dequantize finds each element's `scale_inv`.
 #[derive(Clone, Copy, Debug)]
@@ -39,6 +41,14 @@ pub enum StatsVerdict<'a> {
         format: Fp8Format,
         scale: ScaleAt<'a>,
     },
+    /// A block-scaled cast to `format` (1x128, 128x128, MXFP8): the row-wise copy's codes,
+    /// `cols` wide, each saturated above `max_finite * scale_inv` of its block in `scales`.
+    BlockCast {
+        codes: &'a DeviceBuffer<u8>,
+        format: Fp8Format,
+        cols: usize,
+        scales: DeviceScales<'a>,
+    },
     /// A value kept in high precision, judged as if cast to `format` with `scale`.
     Uncast { format: Fp8Format, scale: ScaleAt<'a> },
 }
@@ -67,6 +77,13 @@ impl StatsFields {
                 max: format.max_finite(),
                 half_min: 0.0,
             },
+            // The kernel multiplies each block's scale_inv by `max`.
+            StatsVerdict::BlockCast { format, .. } => StatsFields {
+                limit: 0.0,
+                scale: 1.0,
+                max: format.max_finite(),
+                half_min: 0.0,
+            },
             // `uncast_stats`'s thresholds: the largest finite value and half the smallest
             // subnormal (code 1), below which a value rounds to zero.
             StatsVerdict::Uncast { format, scale } => StatsFields {
@@ -79,10 +96,60 @@ impl StatsFields {
     }
 }
 
-impl StatsVerdict<'_> {
-    fn scale(&self) -> ScaleAt<'_> {
+/// The block layout `fp8_count_stats` reads a block cast's scales in.
+#[derive(Debug, PartialEq)]
+struct StatsGrid {
+    cols: usize,
+    block: (usize, usize),
+    /// `FP8_SCALES_*`.
+    kind: u32,
+}
+
+impl StatsGrid {
+    /// No grid: a per-tensor scale.
+    const PER_TENSOR: StatsGrid = StatsGrid {
+        cols: 0,
+        block: (1, 1),
+        kind: FP8_SCALES_PER_TENSOR,
+    };
+
+    /// The grid of `len` codes in rows of `cols` scaled in `kind` blocks by `scales` values: the
+    /// layout's count of scales for that shape, or an error.
+    fn of(len: usize, cols: usize, kind: ScaleKind, scales: usize) -> Result<Self> {
+        const K: &str = "count_stats";
+        let Some(block) = kind.block_shape().filter(|_| cols > 0 && len.is_multiple_of(cols)) else {
+            return Err(Error::KernelArgs {
+                kernel: K,
+                detail: format!("{len} codes are not rows of {cols} in {kind:?} blocks"),
+            });
+        };
+        let (grid_rows, grid_cols) = kind.scale_shape(len / cols, cols);
+        check(K, "block scales", scales, grid_rows * grid_cols)?;
+        let kind = match kind {
+            ScaleKind::Mxfp8 => FP8_SCALES_E8M0_GRID,
+            _ => FP8_SCALES_F32_GRID,
+        };
+        Ok(StatsGrid { cols, block, kind })
+    }
+}
+
+impl<'a> StatsVerdict<'a> {
+    /// The per-tensor scale (a block cast's grid is [`Self::codes_and_grid`]'s).
+    fn scale(&self) -> ScaleAt<'a> {
         match *self {
             StatsVerdict::Cast { scale, .. } | StatsVerdict::Uncast { scale, .. } => scale,
+            StatsVerdict::BlockCast { .. } => ScaleAt::Host(1.0),
+        }
+    }
+
+    /// The codes judged, and a block cast's columns and scale grid.
+    fn codes_and_grid(&self) -> (Option<&'a DeviceBuffer<u8>>, Option<(usize, DeviceScales<'a>)>) {
+        match *self {
+            StatsVerdict::Cast { codes, .. } => (Some(codes), None),
+            StatsVerdict::BlockCast {
+                codes, cols, scales, ..
+            } => (Some(codes), Some((cols, scales))),
+            StatsVerdict::Uncast { .. } => (None, None),
         }
     }
 }
@@ -204,9 +271,17 @@ impl CudaDevice {
     ) -> Result<()> {
         const K: &str = "count_stats";
         let fields = StatsFields::of(verdict);
-        if let StatsVerdict::Cast { codes, .. } = verdict {
+        let (codes, grid) = verdict.codes_and_grid();
+        if let Some(codes) = codes {
             check(K, "codes", codes.len(), src.len())?;
         }
+        let (grid, block_scales) = match grid {
+            Some((cols, scales)) => (
+                StatsGrid::of(src.len(), cols, scales.kind(), scales.len())?,
+                scales.address(self),
+            ),
+            None => (StatsGrid::PER_TENSOR, 0),
+        };
         check(K, "counts", counts.len(), 4)?;
         // 32-bit counters per thread and in `counts`.
         if u32::try_from(src.len()).is_err() {
@@ -220,10 +295,7 @@ impl CudaDevice {
         }
         let params = Fp8StatsParams {
             src: src.address(self),
-            codes: match verdict {
-                StatsVerdict::Cast { codes, .. } => codes.address(self),
-                StatsVerdict::Uncast { .. } => 0,
-            },
+            codes: codes.map_or(0, |c| c.address(self)),
             counts: counts.address_mut(self),
             len: src.len() as u64,
             limit: fields.limit,
@@ -237,6 +309,12 @@ impl CudaDevice {
                     scale.address(self)
                 }
             },
+            block_scales,
+            cols: grid.cols as u64,
+            block_rows: grid.block.0 as u32,
+            block_cols: grid.block.1 as u32,
+            scale_kind: grid.kind,
+            pad0: 0,
         };
         let blocks = grid_stride_blocks(self, src.len() as u64, THREADS as u64);
         launch(self, CAST, "fp8_count_stats", blocks, params)
@@ -579,6 +657,37 @@ impl CudaDevice {
 #[cfg(test)]
 mod stats_tests {
     use super::*;
+
+    #[test]
+    fn block_casts_are_counted_in_their_own_scale_grid() {
+        // 3 rows of 300: 1x128 -> 3 x 3 scales, 128x128 -> 1 x 3, MXFP8 -> 3 x 10 exponents.
+        for (kind, scales, block, code) in [
+            (ScaleKind::Block1x128, 9, (1, 128), FP8_SCALES_F32_GRID),
+            (ScaleKind::Block128x128, 3, (128, 128), FP8_SCALES_F32_GRID),
+            (ScaleKind::Mxfp8, 30, (1, 32), FP8_SCALES_E8M0_GRID),
+        ] {
+            let grid = StatsGrid::of(900, 300, kind, scales).unwrap();
+            assert_eq!(
+                grid,
+                StatsGrid {
+                    cols: 300,
+                    block,
+                    kind: code
+                },
+                "{kind:?}"
+            );
+            assert!(
+                StatsGrid::of(900, 300, kind, scales + 1).is_err(),
+                "{kind:?}: a scale too many"
+            );
+        }
+        assert!(
+            StatsGrid::of(900, 7, ScaleKind::Block1x128, 129).is_err(),
+            "not whole rows"
+        );
+        assert!(StatsGrid::of(900, 0, ScaleKind::Block1x128, 0).is_err(), "no columns");
+        assert!(StatsGrid::of(900, 300, ScaleKind::PerTensor, 1).is_err(), "not a grid");
+    }
 
     #[test]
     fn uncast_thresholds_are_the_formats_largest_value_and_half_its_smallest_subnormal() {

@@ -7,6 +7,7 @@ use super::{Lease, Staged, slot_bank, staged};
 use crate::amp::Fp8Recipe;
 use crate::backend::cuda::gemm::{Fp8Mirror, UploadedScales, gemm_host, gemm_into_device, resident_mirror};
 use crate::backend::cuda::gemm_f32::gemm_f32_host;
+use crate::backend::cuda::gemm_operands::DeviceScales;
 use crate::backend::cuda::{DeviceBuffer, ScaleAt, StatsVerdict};
 use crate::dispatch::{Cast, CudaKernels, Deferred, Fp8Stats, Values, ValuesMut, fp8_cast};
 use crate::error::{Error, Result};
@@ -221,33 +222,39 @@ pub(crate) fn resident(k: &CudaKernels, q: &QuantizedMatrix) -> Result<Option<st
     resident_mirror(s.device(), q, MemoryCategory::Fp8Copies).map(Some)
 }
 
-/// The amax of `x`, reduced on the device.
-fn device_amax(s: &Staged, x: &DeviceBuffer<f32>) -> Result<f32> {
-    let mut amax = s.zeros::<f32>(1)?;
-    s.device().amax(x, &mut amax)?;
-    Ok(s.down_vec(&amax)?[0])
-}
-
 /// The scale count of a `[rows, cols]` copy in `kind`.
 fn scale_count(kind: ScaleKind, rows: usize, cols: usize) -> usize {
     let (r, c) = kind.scale_shape(rows, cols);
     r * c
 }
 
-/// Both block-scaled copies (1x128, 128x128 or MXFP8) of `x` (the source on the device).
+/// Both block-scaled copies (1x128, 128x128 or MXFP8) of `x` (the source on the device), and,
+/// with `count`, the cast's statistics counted on the device by each block's scale (left there
+/// until read, as a per-tensor cast's).
 fn block_copies(
-    s: &Staged,
+    s: &Arc<Staged>,
     x: &DeviceBuffer<f32>,
     (rows, cols): (usize, usize),
     rule: &ScaleRule,
     kind: ScaleKind,
-) -> Result<QuantizedTensor> {
+    count: bool,
+) -> Result<(QuantizedTensor, Option<Deferred<[u64; 4]>>)> {
     // The launchers check the source's length against the shape.
     let n = x.len();
     let (mut q, mut qt) = (s.scratch::<u8>(n)?, s.scratch::<u8>(n)?);
     let (n_row, n_col) = (scale_count(kind, rows, cols), scale_count(kind, cols, rows));
+    // The statistics of the row-wise copy, judged by its own scales.
+    let counted = |q: &DeviceBuffer<u8>, scales: DeviceScales<'_>| -> Result<Option<Deferred<[u64; 4]>>> {
+        let verdict = StatsVerdict::BlockCast {
+            codes: q,
+            format: rule.format,
+            cols,
+            scales,
+        };
+        count.then(|| device_counts(s, x, verdict)).transpose()
+    };
     // Host scales, and the device buffers they came from (kept as the copies' mirrors).
-    let (row_scales, col_scales, row_dev, col_dev) = match kind {
+    let (row_scales, col_scales, row_dev, col_dev, counts) = match kind {
         ScaleKind::Mxfp8 => {
             let (mut e, mut et) = (s.scratch::<u8>(n_row)?, s.scratch::<u8>(n_col)?);
             s.device().quantize_mxfp8(
@@ -258,22 +265,26 @@ fn block_copies(
                 Some((&mut q, &mut e)),
                 Some((&mut qt, &mut et)),
             )?;
+            let counts = counted(&q, DeviceScales::Mxfp8(&e))?;
             (
                 Scales::Mxfp8(s.down_vec(&e)?),
                 Scales::Mxfp8(s.down_vec(&et)?),
                 UploadedScales::E8m0(e.into_buffer()),
                 UploadedScales::E8m0(et.into_buffer()),
+                counts,
             )
         }
         ScaleKind::Block1x128 | ScaleKind::Block128x128 => {
             let (mut d, mut dt) = (s.scratch::<f32>(n_row)?, s.scratch::<f32>(n_col)?);
-            if kind == ScaleKind::Block1x128 {
+            let counts = if kind == ScaleKind::Block1x128 {
                 s.device()
                     .quantize_1x128(x, rows, cols, rule, Some((&mut q, &mut d)), Some((&mut qt, &mut dt)))?;
+                counted(&q, DeviceScales::Block1x128(&d))?
             } else {
                 s.device()
                     .quantize_128x128(x, rows, cols, rule, (&mut q, &mut d), Some((&mut qt, &mut dt)))?;
-            }
+                counted(&q, DeviceScales::Block128x128(&d))?
+            };
             let (host, host_t) = (s.down_vec(&d)?, s.down_vec(&dt)?);
             let (host, host_t) = match kind {
                 ScaleKind::Block1x128 => (Scales::Block1x128(host), Scales::Block1x128(host_t)),
@@ -284,6 +295,7 @@ fn block_copies(
                 host_t,
                 UploadedScales::F32(d.into_buffer(), kind),
                 UploadedScales::F32(dt.into_buffer(), kind),
+                counts,
             )
         }
         ScaleKind::PerTensor => {
@@ -304,7 +316,14 @@ fn block_copies(
             QuantizedMatrix::new(s.down_vec(&qt)?, cols, rows, col_scales)?,
         ),
     };
-    QuantizedTensor::new(rule.format, rowwise, Some(columnwise))
+    Ok((QuantizedTensor::new(rule.format, rowwise, Some(columnwise))?, counts))
+}
+
+/// The amax of `x`, reduced on the device and left there until read.
+fn amax_on_device(s: &Arc<Staged>, x: &DeviceBuffer<f32>) -> Result<Deferred<f32>> {
+    let mut amax = s.zeros::<f32>(1)?;
+    s.device().amax(x, &mut amax)?;
+    Ok(DeviceScalar::deferred(s, amax.into_buffer()))
 }
 
 /// [`fp8_cast::cast`] on the device: the same copies, amax and scale per recipe.
@@ -321,8 +340,8 @@ pub(crate) fn quantize(
     let shape = (rows, cols);
     // A device source's statistics are counted where it lives (a host one is read in place by
     // `cast_stats`: uploading it only to count would move more bytes than the count reads).
-    // Where codes stay on the device (resident layers), every per-tensor cast counts there, so
-    // the statistics read no codes back.
+    // Where codes stay on the device (resident layers), every cast counts there, so the
+    // statistics read no codes back.
     // (The device counters are 32-bit: a source of 2^32 values or more counts on the host.)
     let count = src.len() < u32::MAX as usize
         && (src.ordinal().is_some() || crate::backend::cuda::env_switch::resident_layers());
@@ -334,9 +353,7 @@ pub(crate) fn quantize(
             // The amax and the recipe's scale of it are made on the device, and the cast reads
             // the scale there: nothing comes back between them (the twin's order of operations).
             let rule = ScaleRule::current(r, role);
-            let mut amax = s.zeros::<f32>(1)?;
-            s.device().amax(&x, &mut amax)?;
-            let amax = DeviceScalar::deferred(&s, amax.into_buffer());
+            let amax = amax_on_device(&s, &x)?;
             let scale = current_scale(k, amax, rule.format, rule.power_2_scale, rule.amax_epsilon)?;
             per_tensor(&s, &x, shape, rule.format, scale, count)
         }
@@ -346,8 +363,8 @@ pub(crate) fn quantize(
                 BlockDims::Rows1x128 => ScaleKind::Block1x128,
                 BlockDims::Tiles128x128 => ScaleKind::Block128x128,
             };
-            let tensor = block_copies(&s, &x, shape, &rule, kind)?;
-            Ok(fp8_cast::block_cast(tensor, device_amax(&s, &x)?))
+            let (tensor, counts) = block_copies(&s, &x, shape, &rule, kind, count)?;
+            Ok(fp8_cast::block_cast(tensor, amax_on_device(&s, &x)?, counts))
         }
         Fp8Recipe::Mxfp8(r) => {
             let rule = ScaleRule {
@@ -355,8 +372,8 @@ pub(crate) fn quantize(
                 power_2_scale: false,
                 amax_epsilon: 0.0,
             };
-            let tensor = block_copies(&s, &x, shape, &rule, ScaleKind::Mxfp8)?;
-            Ok(fp8_cast::block_cast(tensor, device_amax(&s, &x)?))
+            let (tensor, counts) = block_copies(&s, &x, shape, &rule, ScaleKind::Mxfp8, count)?;
+            Ok(fp8_cast::block_cast(tensor, amax_on_device(&s, &x)?, counts))
         }
     }
 }
