@@ -840,15 +840,16 @@ fn statistics_counted_on_the_device_match_the_host_counts() {
     );
 }
 
-/// On GPU 0: current scaling of a device source makes its amax and its scale on the device,
-/// and the cast, its statistics and a GEMM output's statistics by the scale of a device amax
-/// read nothing back; read when asked, each is the CPU twin's.
+/// On GPU 0: a cast of a device source under every recipe, and its statistics, read nothing
+/// back (current scaling makes its amax and scale on the device, block casts keep their scales
+/// there and count by them), nor do a GEMM output's statistics by the current scale of a device
+/// amax; read when asked, each is the CPU twin's.
 #[test]
-fn current_scaling_reads_nothing_back_per_cast() {
+fn device_casts_read_nothing_back() {
     use super::Deferred;
     use crate::backend::cuda::transfer_times::{self, Transfer};
     use crate::scaling::TensorRole;
-    const TEST: &str = "current_scaling_reads_nothing_back_per_cast";
+    const TEST: &str = "device_casts_read_nothing_back";
     if skipped_without_a_gpu(TEST) {
         return;
     }
@@ -861,7 +862,6 @@ fn current_scaling_reads_nothing_back_per_cast() {
     let (rows, cols) = (48, 336);
     let x = stats_probe(rows * cols);
     let xd = gpu.to_device(&Tensor::new(x.clone(), rows, cols).unwrap()).unwrap();
-    let recipe = fp8_recipe("fp8-current");
     // Downloads made by `f` on this thread.
     let downloads = |f: &mut dyn FnMut()| {
         transfer_times::enable(true);
@@ -871,37 +871,49 @@ fn current_scaling_reads_nothing_back_per_cast() {
         transfer_times::enable(false);
         calls
     };
-    for role in [TensorRole::Input, TensorRole::OutputGrad] {
+    let recipes = ["fp8-delayed", "fp8-current", "fp8-block", "mxfp8"];
+    for (precision, role) in recipes
+        .into_iter()
+        .flat_map(|p| [(p, TensorRole::Input), (p, TensorRole::OutputGrad)])
+    {
+        let what = format!("{precision} {role:?}");
+        let recipe = fp8_recipe(precision);
         let cpu = CpuKernels
-            .quantize(&recipe, role, Values::Host(&x), rows, cols, 1.0)
+            .quantize(&recipe, role, Values::Host(&x), rows, cols, 2.0)
             .unwrap();
         let cpu_stats = CpuKernels.cast_stats("x".into(), Values::Host(&x), &cpu).unwrap();
         let (mut cast, mut stats) = (None, None);
         let reads = downloads(&mut || {
-            let c = k.quantize(&recipe, role, xd.values(), rows, cols, 1.0).unwrap();
+            let c = k.quantize(&recipe, role, xd.values(), rows, cols, 2.0).unwrap();
             stats = Some(k.cast_stats("x".into(), xd.values(), &c).unwrap());
             cast = Some(c);
         });
         let (cast, stats) = (cast.unwrap(), stats.unwrap());
         assert_eq!(
             reads, 0,
-            "{role:?}: the amax, scale, codes and counts stay on the device"
+            "{what}: the amax, scales, codes and counts stay on the device"
         );
-        assert!(
-            matches!(cast.scale, Deferred::Device(_)),
-            "{role:?}: the scale is made there"
+        if precision != "fp8-delayed" {
+            assert!(
+                matches!(cast.scale, Deferred::Device(_)),
+                "{what}: the scale is found there"
+            );
+            assert!(!cast.tensor.rowwise().scales_on_host(), "{what}: scale_inv stays there");
+        }
+        assert_eq!(
+            cast.scale.get().unwrap().to_bits(),
+            cpu.scale.get().unwrap().to_bits(),
+            "{what}"
         );
-        assert!(
-            !cast.tensor.rowwise().scales_on_host(),
-            "{role:?}: scale_inv stays there"
-        );
-        assert_eq!(cast.scale.get().unwrap().to_bits(), cpu.scale.get().unwrap().to_bits());
-        assert_eq!(cast.tensor, cpu.tensor, "{role:?}: the twin's codes and scale_inv");
+        assert_eq!(cast.tensor, cpu.tensor, "{what}: the twin's codes and scales");
         assert_eq!(
             stats.finish().unwrap(),
             cpu_stats.finish().unwrap(),
-            "{role:?}: statistics"
+            "{what}: statistics"
         );
+        if precision != "fp8-current" {
+            continue;
+        }
         // A GEMM output's statistics by current scaling: the scale of a device amax, made there.
         let format = recipe.format_for(role);
         let (mut scale, mut uncast) = (None, None);
@@ -913,19 +925,20 @@ fn current_scaling_reads_nothing_back_per_cast() {
             );
             scale = Some(sc);
         });
-        assert_eq!(reads, 0, "{role:?}: a GEMM output's statistics read nothing back");
+        assert_eq!(reads, 0, "{what}: a GEMM output's statistics read nothing back");
         let amax = cpu.amax.get().unwrap();
         let want_scale = CpuKernels.current_scale(amax.into(), format, false, 0.0).unwrap();
-        assert_eq!(
-            scale.unwrap().get().unwrap().to_bits(),
-            want_scale.get().unwrap().to_bits()
-        );
+        let got_scale = scale.unwrap().get().unwrap();
+        assert_eq!(got_scale.to_bits(), want_scale.get().unwrap().to_bits(), "{what}");
         let want = CpuKernels
             .uncast_stats("y".into(), Values::Host(&x), format, amax.into(), want_scale)
             .unwrap();
-        assert_eq!(uncast.unwrap().finish().unwrap(), want.finish().unwrap(), "{role:?}");
+        assert_eq!(uncast.unwrap().finish().unwrap(), want.finish().unwrap(), "{what}");
     }
-    println!("{TEST}: current casts (2 roles) and GEMM-output statistics: no downloads, the twin's bits when read");
+    println!(
+        "{TEST}: casts (4 recipes x 2 roles) with their statistics, and current GEMM-output statistics: no \
+         downloads, the twin's bits when read"
+    );
 }
 
 /// On GPU 0: a `Linear` fed device tensors keeps its output and input gradient on the device

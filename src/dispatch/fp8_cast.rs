@@ -14,8 +14,9 @@ use crate::quantize::{
     ScaleRule, amax, cast_transpose_visit, check_len, quantize_1x128, quantize_block_128x128, quantize_mxfp8,
 };
 use crate::scaling::{BlockDims, Fp8TensorStats, TensorRole};
-use crate::tensor::device_values::Deferred;
+use crate::tensor::device_values::{Deferred, DeviceResult};
 use crate::tensor::{QuantizedMatrix, QuantizedTensor, Scales};
+use std::sync::Arc;
 
 /// One cast: both copies, the amax of the source and the scale it multiplied by.
 pub(crate) struct Cast {
@@ -113,12 +114,40 @@ fn per_tensor_counted(
 /// The cast of a block-scaled `tensor` (1x128, 128x128, MXFP8) of a source with `amax`: its
 /// scale is the largest block scale. `counts`: made during the cast (a GPU's), or `None`.
 pub(crate) fn block_cast(tensor: QuantizedTensor, amax: Deferred<f32>, counts: Option<Deferred<[u64; 4]>>) -> Cast {
-    let scale = largest_scale(tensor.rowwise().scales());
+    let rowwise = tensor.rowwise();
+    let scale = match (rowwise.scales_on_host(), rowwise.mirror()) {
+        (false, Some(mirror)) => Deferred::Device(Arc::new(LargestScale {
+            ordinal: mirror.ordinal,
+            copy: rowwise.clone(),
+        })),
+        _ => largest_scale(rowwise.scales()).into(),
+    };
     Cast {
         tensor,
         amax,
-        scale: scale.into(),
+        scale,
         counts,
+    }
+}
+
+/// The largest block scale of a copy whose scales a GPU holds: found when read (with the
+/// scales, read back once), so a block cast waits for nothing.
+#[derive(Debug)]
+struct LargestScale {
+    ordinal: usize,
+    /// The copy (a clone sharing its device mirror).
+    copy: QuantizedMatrix,
+}
+
+impl DeviceResult<f32> for LargestScale {
+    fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+    fn read(&self) -> Result<f32> {
+        Ok(largest_scale(self.copy.try_scales()?))
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
@@ -549,6 +578,51 @@ mod tests {
                 .current_scale(1.0.into(), Fp8Format::E4M3, false, bad)
                 .unwrap_err();
             assert!(matches!(err, crate::error::Error::InvalidRecipe { .. }), "{err}");
+        }
+    }
+
+    /// `m` as a copy a stand-in GPU holds, codes and scales (read back from the mirror).
+    fn held_on_a_stand_in(m: &QuantizedMatrix) -> QuantizedMatrix {
+        use crate::tensor::DeviceMirror;
+        type Held = (Vec<u8>, Scales);
+        let mirror = DeviceMirror {
+            ordinal: 1,
+            payload: Box::new((m.data().to_vec(), m.scales().clone())),
+            read_back: Some(|d| Ok(Box::new(d.payload.downcast_ref::<Held>().unwrap().0.clone()))),
+            read_scales: Some(|d| Ok(d.payload.downcast_ref::<Held>().unwrap().1.clone())),
+        };
+        QuantizedMatrix::held_with_device_scales(m.rows(), m.cols(), m.scale_kind(), mirror).unwrap()
+    }
+
+    #[test]
+    fn a_block_cast_held_on_a_device_finds_its_largest_scale_when_read() {
+        for name in ["fp8-block", "mxfp8"] {
+            let Ok(Precision::Fp8(recipe)) = name.parse::<Precision>() else {
+                panic!("{name} is an FP8 precision");
+            };
+            let src: Vec<f32> = (0..16 * 256)
+                .map(|i| (i as f32 * 0.37).sin() * 10f32.powi(i % 7 - 3))
+                .collect();
+            let cpu = cast(&recipe, TensorRole::Input, &src, 16, 256, 1.0).unwrap();
+            let (row, col) = (
+                held_on_a_stand_in(cpu.tensor.rowwise()),
+                held_on_a_stand_in(columnwise(&cpu.tensor)),
+            );
+            let tensor = QuantizedTensor::new(cpu.tensor.format(), row, Some(col)).unwrap();
+            let held = block_cast(tensor, cpu.amax.clone(), None);
+            assert!(
+                matches!(held.scale, Deferred::Device(_)),
+                "{name}: nothing read at the cast"
+            );
+            assert!(!held.tensor.rowwise().scales_on_host(), "{name}");
+            assert_eq!(
+                held.scale.get().unwrap().to_bits(),
+                cpu.scale.get().unwrap().to_bits(),
+                "{name}"
+            );
+            let want = cast_stats("x".into(), &src, &cpu).unwrap().finish().unwrap();
+            let got = cast_stats("x".into(), &src, &held).unwrap().finish().unwrap();
+            assert_eq!(got, want, "{name}: the statistics of the host cast");
         }
     }
 

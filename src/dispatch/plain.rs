@@ -208,6 +208,7 @@ mod tests {
             ordinal: 1,
             payload: Box::new(values),
             read_back: Some(|m| Ok(Box::new(m.payload.downcast_ref::<Vec<bf16>>().expect("values").clone()))),
+            read_scales: None,
         }))
     }
 

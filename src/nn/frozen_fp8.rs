@@ -397,6 +397,7 @@ mod tests {
             ordinal: 0,
             payload: Box::new(()),
             read_back: None,
+            read_scales: None,
         };
         w.segments[1].set_mirror(Some(std::sync::Arc::new(copy)));
         assert_eq!(w.device_bytes(), 256 * 256 + 4 * 2 * 2, "codes plus 2x2 block scales");

@@ -32,7 +32,6 @@ use std::sync::{Arc, OnceLock};
 use crate::convert::HighPrecision;
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
-use device_values::Deferred;
 
 /// Where FP8 codes live.
 #[derive(Clone, Debug)]
@@ -48,6 +47,10 @@ enum CodeStorage {
 /// (`Vec<u8>` of FP8 codes, `Vec<bf16>`, `Vec<f16>`), boxed: the backend that made it knows how.
 pub(crate) type ReadBack = fn(&DeviceMirror) -> Result<Box<dyn Any>>;
 
+/// Reads a mirror's FP8 scales back into host memory (a device cast whose host scales nothing
+/// has read yet).
+pub(crate) type ReadScales = fn(&DeviceMirror) -> Result<Scales>;
+
 /// A device copy of a quantized matrix's codes and scales, kept by the device op that wrote them
 /// (the staged CUDA casts), so a GEMM on the same GPU reads it instead of uploading the host copy.
 /// The payload is the backend's own type (`backend::cuda::gemm::Fp8Mirror`), opaque here so that
@@ -61,6 +64,8 @@ pub struct DeviceMirror {
     /// How to read the stored values back (`None`: the mirror is only ever read on the device,
     /// its owner keeps a host copy).
     pub(crate) read_back: Option<ReadBack>,
+    /// How to read an FP8 mirror's scales back (`None`: its matrix keeps host scales).
+    pub(crate) read_scales: Option<ReadScales>,
 }
 
 impl DeviceMirror {
@@ -96,10 +101,10 @@ impl PartialEq for DeviceMirror {
 enum ScaleStorage {
     /// Host memory.
     Cpu(Scales),
-    /// One per-tensor `scale_inv` a device op computed and left on its GPU (current scaling's
-    /// scale, made there from the amax): read at the first host read, then kept. The GEMMs
-    /// read the mirror's copy, so a pass never waits for it.
-    PerTensorOnDevice(Deferred<f32>, OnceLock<Scales>),
+    /// Only in the matrix's [`DeviceMirror`], in this layout (a device cast's scales: current
+    /// scaling's `scale_inv` made there, block scales): read back at the first host read, then
+    /// kept. The GEMMs read the mirror's, so a pass never waits for them.
+    Cuda(ScaleKind, OnceLock<Scales>),
 }
 
 /// One orientation of a quantized tensor: `rows x cols` FP8 codes, row-major, with their scales.
@@ -175,20 +180,21 @@ impl QuantizedMatrix {
         Self::held(rows, cols, ScaleStorage::Cpu(scales), mirror)
     }
 
-    /// [`Self::held_on_device`] with a per-tensor `scale_inv` that is itself still on the GPU
-    /// (a scale computed there): read at the first host read of the scales ([`Self::scales`]).
-    pub(crate) fn held_with_device_scale(
+    /// [`Self::held_on_device`] with the scales, in layout `kind`, in the mirror too: read back
+    /// at the first host read of them ([`Self::scales`]); `mirror` must read them back.
+    pub(crate) fn held_with_device_scales(
         rows: usize,
         cols: usize,
-        scale_inv: Deferred<f32>,
+        kind: ScaleKind,
         mirror: DeviceMirror,
     ) -> Result<Self> {
-        Self::held(
-            rows,
-            cols,
-            ScaleStorage::PerTensorOnDevice(scale_inv, OnceLock::new()),
-            mirror,
-        )
+        if mirror.read_scales.is_none() {
+            return Err(Error::Unsupported {
+                op: "scales held on a device without a way back",
+                device: format!("cuda:{}", mirror.ordinal),
+            });
+        }
+        Self::held(rows, cols, ScaleStorage::Cuda(kind, OnceLock::new()), mirror)
     }
 
     fn held(rows: usize, cols: usize, scales: ScaleStorage, mirror: DeviceMirror) -> Result<Self> {
@@ -250,9 +256,12 @@ impl QuantizedMatrix {
     /// Sets (`Some`) or drops (`None`) the device copy of exactly these codes and scales; its
     /// device memory is freed with the last matrix that shares it.
     pub(crate) fn set_mirror(&mut self, mirror: Option<Arc<DeviceMirror>>) {
-        // Codes held only in the old mirror come home first.
+        // Codes and scales held only in the old mirror come home first.
         if let CodeStorage::Cuda(_) = self.data {
             self.data = CodeStorage::Cpu(self.data().to_vec());
+        }
+        if let ScaleStorage::Cuda(..) = self.scales {
+            self.scales = ScaleStorage::Cpu(self.scales().clone());
         }
         self.mirror = mirror;
     }
@@ -301,35 +310,54 @@ impl QuantizedMatrix {
         self.cols
     }
 
-    /// The scales in their compact layout. A per-tensor scale left on a GPU is read back the
-    /// first time.
+    /// The scales in their compact layout. Scales held on a GPU are read back the first time.
     ///
     /// # Panics
     /// If that read fails (the GPU is gone), as [`Self::data`].
     pub fn scales(&self) -> &Scales {
-        match &self.scales {
-            ScaleStorage::Cpu(scales) => scales,
-            ScaleStorage::PerTensorOnDevice(scale_inv, host) => host.get_or_init(|| match scale_inv.get() {
-                Ok(s) => Scales::PerTensor(s),
-                Err(e) => panic!("a per-tensor scale could not come back from its GPU: {e}"),
-            }),
-        }
+        self.try_scales()
+            .unwrap_or_else(|e| panic!("FP8 scales could not come back from their GPU: {e}"))
     }
 
-    /// How the copy is scaled (never reads a scale left on a GPU).
+    /// [`Self::scales`], with a failed read of scales held on a GPU as an error.
+    pub(crate) fn try_scales(&self) -> Result<&Scales> {
+        let (kind, host) = match &self.scales {
+            ScaleStorage::Cpu(scales) => return Ok(scales),
+            ScaleStorage::Cuda(kind, host) => (*kind, host),
+        };
+        if let Some(scales) = host.get() {
+            return Ok(scales);
+        }
+        let mirror = self.mirror.as_ref().expect("scales held on a device have their mirror");
+        let read = mirror.read_scales.expect("checked when the matrix was made");
+        let scales = read(mirror)?;
+        let (scale_rows, scale_cols) = kind.scale_shape(self.rows, self.cols);
+        if scales.kind() != kind || scales.len() != scale_rows * scale_cols {
+            return Err(Error::ShapeMismatch {
+                what: "scales read back from a device",
+                rows: scale_rows,
+                cols: scale_cols,
+                expected: scale_rows * scale_cols,
+                got: scales.len(),
+            });
+        }
+        Ok(host.get_or_init(|| scales))
+    }
+
+    /// How the copy is scaled (never reads scales held on a GPU).
     pub fn scale_kind(&self) -> ScaleKind {
         match &self.scales {
             ScaleStorage::Cpu(scales) => scales.kind(),
-            ScaleStorage::PerTensorOnDevice(..) => ScaleKind::PerTensor,
+            ScaleStorage::Cuda(kind, _) => *kind,
         }
     }
 
-    /// Whether the scales are in host memory (a scale left on a GPU is read back at the first
+    /// Whether the scales are in host memory (scales held on a GPU are read back at the first
     /// [`Self::scales`]).
     pub fn scales_on_host(&self) -> bool {
         match &self.scales {
             ScaleStorage::Cpu(_) => true,
-            ScaleStorage::PerTensorOnDevice(_, host) => host.get().is_some(),
+            ScaleStorage::Cuda(_, host) => host.get().is_some(),
         }
     }
 
@@ -465,6 +493,7 @@ mod tests {
             ordinal: 2,
             payload: Box::new(bytes),
             read_back: Some(|m| Ok(Box::new(m.payload.downcast_ref::<Vec<u8>>().expect("bytes").clone()))),
+            read_scales: None,
         }
     }
 
@@ -501,19 +530,31 @@ mod tests {
         assert_eq!((parts, scales), (codes, Scales::PerTensor(0.5)));
     }
 
+    /// Reads of scales from stand-ins, counted.
+    static SCALE_READS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    /// A stand-in whose scales read back as a per-tensor 0.25 (6 codes), or as 1x128 scales
+    /// `1, 2, ...`, one per 128 codes (a stand-in knows no more).
+    fn with_scales(bytes: Vec<u8>) -> DeviceMirror {
+        DeviceMirror {
+            read_scales: Some(|m| {
+                SCALE_READS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let n = m.payload.downcast_ref::<Vec<u8>>().expect("bytes").len();
+                Ok(match n {
+                    6 => Scales::PerTensor(0.25),
+                    _ => Scales::Block1x128((0..n / 128).map(|i| (i + 1) as f32).collect()),
+                })
+            }),
+            ..stand_in(bytes)
+        }
+    }
+
     #[test]
-    fn a_per_tensor_scale_left_on_a_device_is_read_at_the_first_host_read() {
-        use device_values::HostResult;
+    fn scales_held_on_a_device_are_read_at_the_first_host_read() {
+        let reads = || SCALE_READS.load(std::sync::atomic::Ordering::Relaxed);
         let codes = vec![1, 2, 3, 4, 5, 6];
-        let scale_inv = Arc::new(HostResult {
-            ordinal: 2,
-            value: 0.25f32,
-            reads: 0.into(),
-        });
-        let reads = || scale_inv.reads.load(std::sync::atomic::Ordering::Relaxed);
         let held =
-            QuantizedMatrix::held_with_device_scale(2, 3, Deferred::Device(scale_inv.clone()), stand_in(codes.clone()))
-                .unwrap();
+            QuantizedMatrix::held_with_device_scales(2, 3, ScaleKind::PerTensor, with_scales(codes.clone())).unwrap();
         // Kind, size, codes and a tensor of it need no scale.
         assert_eq!(
             (held.scale_kind(), held.bytes(), held.data()),
@@ -521,21 +562,41 @@ mod tests {
         );
         let tensor = QuantizedTensor::new(Fp8Format::E4M3, held.clone(), None).unwrap();
         assert_eq!(tensor.scale_kind(), ScaleKind::PerTensor);
-        assert!(!held.scales_on_host());
-        assert_eq!(reads(), 0, "nothing read yet");
+        assert!(!held.scales_on_host(), "nothing read yet");
+        let before = reads();
         assert_eq!(held.scales(), &Scales::PerTensor(0.25));
         assert_eq!(held.scales(), &Scales::PerTensor(0.25));
         assert!(held.scales_on_host());
-        assert_eq!(reads(), 1, "read once, then kept");
+        // (Other tests read stand-ins too: at least this one read, and not a second one here.)
+        assert!(reads() > before);
         let host = QuantizedMatrix::new(codes.clone(), 2, 3, Scales::PerTensor(0.25)).unwrap();
         assert_eq!(
             tensor.rowwise(),
             &host,
             "equal to the host matrix of the same codes and scale"
         );
-        assert_eq!(held.clone().into_parts(), (codes, Scales::PerTensor(0.25)));
-        let other = QuantizedMatrix::new(vec![0; 6], 2, 3, Scales::PerTensor(0.5)).unwrap();
-        assert_ne!(held, other, "scales are compared once read");
+        assert_eq!(held.clone().into_parts(), (codes.clone(), Scales::PerTensor(0.25)));
+        // Dropping the mirror brings codes and scales home first.
+        let mut dropped =
+            QuantizedMatrix::held_with_device_scales(2, 3, ScaleKind::PerTensor, with_scales(codes.clone())).unwrap();
+        dropped.set_mirror(None);
+        assert!(dropped.codes_on_host() && dropped.scales_on_host() && dropped.mirror().is_none());
+        assert_eq!(dropped, host);
+        // Block scales: 2 rows of 256 in 1x128 blocks.
+        let blocks =
+            QuantizedMatrix::held_with_device_scales(2, 256, ScaleKind::Block1x128, with_scales(vec![0; 512])).unwrap();
+        assert_eq!(blocks.bytes(), 512 + 4 * 4, "sized without a read");
+        assert_eq!(blocks.scales(), &Scales::Block1x128(vec![1.0, 2.0, 3.0, 4.0]));
+        // Scales that do not fit the matrix are an error, not a wrong matrix.
+        let wrong = QuantizedMatrix::held_with_device_scales(2, 256, ScaleKind::Mxfp8, with_scales(vec![0; 512]));
+        assert!(
+            wrong.unwrap().try_scales().is_err(),
+            "1x128 scales read for an MXFP8 copy"
+        );
+        let short = QuantizedMatrix::held_with_device_scales(4, 128, ScaleKind::Block1x128, with_scales(vec![0; 384]));
+        assert!(short.unwrap().try_scales().is_err(), "3 scales for 4 rows");
+        // A mirror without a way back for its scales cannot hold them.
+        assert!(QuantizedMatrix::held_with_device_scales(2, 3, ScaleKind::PerTensor, stand_in(codes)).is_err());
     }
 
     #[test]
@@ -566,6 +627,7 @@ mod tests {
             ordinal: 3,
             payload,
             read_back: None,
+            read_scales: None,
         });
         assert!(plain.mirror().is_none());
         assert_eq!(mirrored, plain, "a mirror is a cache of the same codes");

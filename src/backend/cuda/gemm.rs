@@ -397,6 +397,7 @@ pub(crate) fn half_mirror<T: DeviceRepr + Send + Sync + 'static>(
         ordinal: device.info().ordinal,
         payload: Box::new(values),
         read_back: None,
+        read_scales: None,
     }
 }
 
@@ -454,6 +455,7 @@ impl Fp8Mirror {
             ordinal: device.info().ordinal,
             payload: Box::new(self),
             read_back: None,
+            read_scales: None,
         }
     }
 }

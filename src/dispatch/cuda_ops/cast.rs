@@ -62,10 +62,10 @@ fn per_tensor(
     // The kernel writes `__fdiv_rn(1, scale)` for the GEMMs, which is the twin's `1 / scale`
     // (both IEEE division, round to nearest, of a finite positive scale): a host scale's is
     // those bits without reading them back, a stream sync per cast (`docs/cuda-backend.md`).
-    // A device scale's stays there, copied for a host reader of the scales.
-    let inv: Deferred<f32> = match host_scale {
-        Some(v) => (1.0 / v).into(),
-        None => DeviceScalar::deferred(s, device_copy(s, &scale_inv)?.into_buffer()),
+    // A device scale's stays there, in the copies' mirrors, until a host reader asks.
+    let scales = match host_scale {
+        Some(v) => HostScales::Known(Scales::PerTensor(1.0 / v)),
+        None => HostScales::OnDevice(ScaleKind::PerTensor),
     };
     // The limit of `fp8_cast::cast_stats` for a per-tensor copy: max * the stored scale_inv.
     let counts = match count {
@@ -94,14 +94,16 @@ fn per_tensor(
             };
             let row_scales = UploadedScales::F32(scale_inv.into_buffer(), ScaleKind::PerTensor);
             let col_scales = UploadedScales::F32(scale_inv_t.into_buffer(), ScaleKind::PerTensor);
-            let scales = HostScales::PerTensor(inv);
             (
                 kept(s, codes, (rows, cols), scales.clone(), row_scales)?,
                 kept(s, codes_t, (cols, rows), scales, col_scales)?,
             )
         }
         false => {
-            let scales = Scales::PerTensor(inv.get()?);
+            let scales = match scales {
+                HostScales::Known(scales) => scales,
+                HostScales::OnDevice(_) => Scales::PerTensor(s.down_vec(&scale_inv)?[0]),
+            };
             (
                 QuantizedMatrix::new(s.down_vec(&codes)?, rows, cols, scales.clone())?,
                 QuantizedMatrix::new(s.down_vec(&codes_t)?, cols, rows, scales)?,
@@ -145,21 +147,12 @@ pub(super) fn room_for_mirrors(s: &Staged) -> bool {
             .is_ok_and(|(free, total)| free > total / MIRROR_RESERVE_FRACTION)
 }
 
-/// The host side of a kept copy's scales: known, or a per-tensor `scale_inv` that may still be
-/// on the device (read when a host reader asks).
+/// The host side of a kept copy's scales: known, or only in its mirror (read when a host
+/// reader asks: `QuantizedMatrix::held_with_device_scales`).
 #[derive(Clone)]
 enum HostScales {
     Known(Scales),
-    PerTensor(Deferred<f32>),
-}
-
-impl HostScales {
-    fn read(self) -> Result<Scales> {
-        match self {
-            HostScales::Known(scales) => Ok(scales),
-            HostScales::PerTensor(inv) => Ok(Scales::PerTensor(inv.get()?)),
-        }
-    }
+    OnDevice(ScaleKind),
 }
 
 /// One copy of a cast, `[rows, cols]` `codes` with `scales` (their device copy `device_scales`),
@@ -185,14 +178,20 @@ fn kept(
     .into_tensor_mirror(s.device());
     let held = DeviceMirror {
         read_back: Some(read_fp8_codes),
+        read_scales: Some(read_fp8_scales),
         ..mirror
     };
     match (host, scales) {
-        (Some(host), scales) => Ok(QuantizedMatrix::new(host, rows, cols, scales.read()?)?.with_mirror(held)),
-        (None, HostScales::PerTensor(inv @ Deferred::Device(_))) => {
-            QuantizedMatrix::held_with_device_scale(rows, cols, inv, held)
+        (Some(host), HostScales::Known(scales)) => {
+            Ok(QuantizedMatrix::new(host, rows, cols, scales)?.with_mirror(held))
         }
-        (None, scales) => QuantizedMatrix::held_on_device(rows, cols, scales.read()?, held),
+        // (The staged path reads the codes back now anyway: the scales come with them.)
+        (Some(host), HostScales::OnDevice(_)) => {
+            let scales = read_fp8_scales(&held)?;
+            Ok(QuantizedMatrix::new(host, rows, cols, scales)?.with_mirror(held))
+        }
+        (None, HostScales::Known(scales)) => QuantizedMatrix::held_on_device(rows, cols, scales, held),
+        (None, HostScales::OnDevice(kind)) => QuantizedMatrix::held_with_device_scales(rows, cols, kind, held),
     }
 }
 
@@ -209,6 +208,39 @@ pub(super) fn read_fp8_codes(mirror: &DeviceMirror) -> Result<Box<dyn std::any::
     })?
     .down_vec(&fp8.codes)?;
     Ok(Box::new(codes))
+}
+
+/// The scales of a cast's mirror, downloaded ([`kept`]'s read-back of scales left there).
+pub(super) fn read_fp8_scales(mirror: &DeviceMirror) -> Result<Scales> {
+    let Some(fp8) = mirror.payload.downcast_ref::<Fp8Mirror>() else {
+        return Err(Error::KernelArgs {
+            kernel: "fp8 scales read-back",
+            detail: "the mirror holds no FP8 scales".into(),
+        });
+    };
+    let s = staged(&CudaKernels {
+        ordinal: mirror.ordinal,
+    })?;
+    Ok(match &fp8.scales {
+        UploadedScales::F32(values, kind) => {
+            let values = s.down_vec(values)?;
+            match kind {
+                ScaleKind::PerTensor => Scales::PerTensor(*values.first().ok_or(Error::KernelArgs {
+                    kernel: "fp8 scales read-back",
+                    detail: "no per-tensor scale on the device".into(),
+                })?),
+                ScaleKind::Block1x128 => Scales::Block1x128(values),
+                ScaleKind::Block128x128 => Scales::Block128x128(values),
+                ScaleKind::Mxfp8 => {
+                    return Err(Error::KernelArgs {
+                        kernel: "fp8 scales read-back",
+                        detail: "MXFP8 scales are E8M0 exponents, not f32".into(),
+                    });
+                }
+            }
+        }
+        UploadedScales::E8m0(exponents) => Scales::Mxfp8(s.down_vec(exponents)?),
+    })
 }
 
 /// A device copy of `q`, a matrix that stays (a frozen FP8 weight), booked under FP8 copies;
@@ -253,8 +285,8 @@ fn block_copies(
         };
         count.then(|| device_counts(s, x, verdict)).transpose()
     };
-    // Host scales, and the device buffers they came from (kept as the copies' mirrors).
-    let (row_scales, col_scales, row_dev, col_dev, counts) = match kind {
+    // The device scales (kept as the copies' mirrors) and the statistics.
+    let (row_dev, col_dev, counts) = match kind {
         ScaleKind::Mxfp8 => {
             let (mut e, mut et) = (s.scratch::<u8>(n_row)?, s.scratch::<u8>(n_col)?);
             s.device().quantize_mxfp8(
@@ -267,8 +299,6 @@ fn block_copies(
             )?;
             let counts = counted(&q, DeviceScales::Mxfp8(&e))?;
             (
-                Scales::Mxfp8(s.down_vec(&e)?),
-                Scales::Mxfp8(s.down_vec(&et)?),
                 UploadedScales::E8m0(e.into_buffer()),
                 UploadedScales::E8m0(et.into_buffer()),
                 counts,
@@ -285,18 +315,8 @@ fn block_copies(
                     .quantize_128x128(x, rows, cols, rule, (&mut q, &mut d), Some((&mut qt, &mut dt)))?;
                 counted(&q, DeviceScales::Block128x128(&d))?
             };
-            let (host, host_t) = (s.down_vec(&d)?, s.down_vec(&dt)?);
-            let (host, host_t) = match kind {
-                ScaleKind::Block1x128 => (Scales::Block1x128(host), Scales::Block1x128(host_t)),
-                _ => (Scales::Block128x128(host), Scales::Block128x128(host_t)),
-            };
-            (
-                host,
-                host_t,
-                UploadedScales::F32(d.into_buffer(), kind),
-                UploadedScales::F32(dt.into_buffer(), kind),
-                counts,
-            )
+            let (row, col) = (d.into_buffer(), dt.into_buffer());
+            (UploadedScales::F32(row, kind), UploadedScales::F32(col, kind), counts)
         }
         ScaleKind::PerTensor => {
             return Err(Error::KernelArgs {
@@ -306,17 +326,27 @@ fn block_copies(
         }
     };
     let (rowwise, columnwise) = match n > 0 && room_for_mirrors(s) {
-        // Both copies stay on the device, for the GEMMs that read them.
+        // Both copies stay on the device, for the GEMMs that read them; so do their scales,
+        // until a host reader asks (the statistics need none: counted above).
         true => (
-            kept(s, q, (rows, cols), HostScales::Known(row_scales), row_dev)?,
-            kept(s, qt, (cols, rows), HostScales::Known(col_scales), col_dev)?,
+            kept(s, q, (rows, cols), HostScales::OnDevice(kind), row_dev)?,
+            kept(s, qt, (cols, rows), HostScales::OnDevice(kind), col_dev)?,
         ),
         false => (
-            QuantizedMatrix::new(s.down_vec(&q)?, rows, cols, row_scales)?,
-            QuantizedMatrix::new(s.down_vec(&qt)?, cols, rows, col_scales)?,
+            QuantizedMatrix::new(s.down_vec(&q)?, rows, cols, downloaded(s, &row_dev)?)?,
+            QuantizedMatrix::new(s.down_vec(&qt)?, cols, rows, downloaded(s, &col_dev)?)?,
         ),
     };
     Ok((QuantizedTensor::new(rule.format, rowwise, Some(columnwise))?, counts))
+}
+
+/// Block scales on the device, downloaded in their layout.
+fn downloaded(s: &Staged, scales: &UploadedScales) -> Result<Scales> {
+    Ok(match scales {
+        UploadedScales::E8m0(e) => Scales::Mxfp8(s.down_vec(e)?),
+        UploadedScales::F32(d, ScaleKind::Block128x128) => Scales::Block128x128(s.down_vec(d)?),
+        UploadedScales::F32(d, _) => Scales::Block1x128(s.down_vec(d)?),
+    })
 }
 
 /// The amax of `x`, reduced on the device and left there until read.

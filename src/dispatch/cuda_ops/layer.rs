@@ -57,6 +57,7 @@ fn convert_half<T: DeviceElement + Pooled + Send + Sync + 'static>(
     if crate::backend::cuda::env_switch::resident_layers() {
         let mirror = DeviceMirror {
             read_back: Some(read_half::<T>),
+            read_scales: None,
             ..half_mirror(s.device(), y.into_buffer())
         };
         return Ok((Halves::on_device(n), Some(Arc::new(mirror))));

@@ -55,6 +55,7 @@ pub(crate) fn transpose_fp8(k: &CudaKernels, m: &QuantizedMatrix) -> Result<Quan
         scales,
         DeviceMirror {
             read_back: Some(read_fp8_codes),
+            read_scales: None,
             ..mirror
         },
     )
