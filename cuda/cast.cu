@@ -101,14 +101,28 @@ template <typename T> __device__ void cast_transpose_amax(const Fp8CastParams& p
         *reinterpret_cast<float*>(p.scale_inv_out) = __fdiv_rn(1.0f, scale);
 }
 
+// The saturation limit of element i of a block-scaled copy: max * its block's scale_inv
+// (twin: fp8_cast::element_scale_inv). 32-bit index math: the launcher keeps len below 2^32.
+__device__ __forceinline__ float block_limit(const Fp8StatsParams& p, uint32_t i, uint32_t grid_cols) {
+    const uint32_t cols = (uint32_t)p.cols, row = i / cols, col = i - row * cols;
+    const uint32_t index = (row / p.block_rows) * grid_cols + col / p.block_cols;
+    const float scale_inv = p.scale_kind == FP8_SCALES_F32_GRID
+                                ? reinterpret_cast<const float*>(p.block_scales)[index]
+                                : e8m0_decode(reinterpret_cast<const uint8_t*>(p.block_scales)[index]);
+    return __fmul_rn(p.max, scale_inv);
+}
+
 // FP8 statistics of an f32 tensor (twin: dispatch::fp8_cast::cast_stats for a cast's codes,
-// per-tensor or block-scaled, uncast_stats without codes): each thread counts its grid-stride share in
-// 32-bit counters (the launcher keeps len below 2^32), each warp sums them with shuffles and
+// per-tensor or block-scaled, uncast_stats without codes): each thread counts its grid-stride
+// share in 32-bit counters (the launcher keeps len below 2^32), each warp sums them with shuffles and
 // one lane adds them to counts[4]. Integer counts: the same totals in any order.
 extern "C" __global__ void __launch_bounds__(THREADS) fp8_count_stats(const Fp8StatsParams p) {
     const float* src = reinterpret_cast<const float*>(p.src);
     const uint8_t* codes = reinterpret_cast<const uint8_t*>(p.codes);
     const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    // Columns of a block-scaled copy's scale grid.
+    const uint32_t grid_cols =
+        p.scale_kind == FP8_SCALES_PER_TENSOR ? 0u : ((uint32_t)p.cols + p.block_cols - 1) / p.block_cols;
     // A scale left on the device by current scaling: the host's `max * (1 / scale)` limit.
     float limit = p.limit, scale_of = p.scale;
     if (p.scale_at != 0) {
@@ -125,10 +139,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) fp8_count_stats(const Fp8S
             // E4M3 and E5M2 codes decode to zero exactly when their magnitude bits are 0.
             flushed = (codes[i] & 0x7Fu) == 0u;
             // A block-scaled copy: max * its block's scale_inv (the twin's limit).
-            const float lim = p.scale_kind == FP8_SCALES_PER_TENSOR
-                                  ? limit
-                                  : __fmul_rn(p.max, grid_scale_inv(p.block_scales, p.scale_kind, i / p.cols,
-                                                                    i % p.cols, p.cols, p.block_rows, p.block_cols));
+            const float lim = p.scale_kind == FP8_SCALES_PER_TENSOR ? limit : block_limit(p, (uint32_t)i, grid_cols);
             saturates = fabsf(x) > lim;
         } else {
             const float scaled = fabsf(__fmul_rn(x, scale_of));
@@ -154,6 +165,40 @@ extern "C" __global__ void __launch_bounds__(THREADS) fp8_current_scale(const Fp
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     const float amax = *reinterpret_cast<const float*>(p.amax);
     *reinterpret_cast<float*>(p.scale) = current_scale(amax, fp8_max(p.format), p.power_2_scale != 0, p.amax_epsilon);
+}
+
+// The complement of an order-preserving u32 key of a float (a larger float has a larger key):
+// a zeroed key stands above every number, so an atomic max of these finds the minimum.
+__device__ __forceinline__ uint32_t min_key(float v) {
+    const uint32_t u = __float_as_uint(v);
+    return ~((u & 0x80000000u) ? ~u : (u | 0x80000000u));
+}
+
+// The smallest scale_inv of a block cast's grid, as its key max-ed into *key (NaN dropped, as
+// f32::min drops it in the twin, fp8_cast::largest_scale).
+extern "C" __global__ void __launch_bounds__(THREADS) fp8_scale_inv_min(const Fp8LargestScaleParams p) {
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    uint32_t best = 0u;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < p.len; i += stride) {
+        const float s = p.e8m0 ? e8m0_decode(reinterpret_cast<const uint8_t*>(p.scale_inv)[i])
+                               : reinterpret_cast<const float*>(p.scale_inv)[i];
+        if (!isnan(s)) best = max(best, min_key(s));
+    }
+    for (int o = 16; o > 0; o /= 2) best = max(best, __shfl_xor_sync(0xFFFFFFFFu, best, o));
+    if ((threadIdx.x & 31) == 0 && best != 0u) atomicMax(reinterpret_cast<unsigned int*>(p.key), best);
+}
+
+// 1 / the smallest scale_inv that fp8_scale_inv_min left in *key (inf when none: scale 0).
+// One thread works.
+extern "C" __global__ void __launch_bounds__(THREADS) fp8_largest_scale(const Fp8LargestScaleParams p) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const uint32_t key = *reinterpret_cast<const uint32_t*>(p.key);
+    float smallest = INFINITY;
+    if (key != 0u) {
+        const uint32_t k = ~key;
+        smallest = __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
+    }
+    *reinterpret_cast<float*>(p.scale) = __fdiv_rn(1.0f, smallest);
 }
 
 // max|x| of a flat tensor, max-ed into *amax.

@@ -8,7 +8,10 @@ constexpr int THREADS = 256;
 
 __device__ __forceinline__ float scale_inv_at(const Fp8DequantParams& p, uint64_t row, uint64_t col) {
     if (p.scale_kind == FP8_SCALES_PER_TENSOR) return *reinterpret_cast<const float*>(p.scale_inv);
-    return grid_scale_inv(p.scale_inv, p.scale_kind, row, col, p.cols, p.block_rows, p.block_cols);
+    const uint64_t grid_cols = (p.cols + p.block_cols - 1) / p.block_cols;
+    const uint64_t index = (row / p.block_rows) * grid_cols + col / p.block_cols;
+    if (p.scale_kind == FP8_SCALES_F32_GRID) return reinterpret_cast<const float*>(p.scale_inv)[index];
+    return e8m0_decode(reinterpret_cast<const uint8_t*>(p.scale_inv)[index]);
 }
 
 template <typename T> __device__ void dequantize(const Fp8DequantParams& p) {

@@ -85,7 +85,7 @@ declare -A layer_ops=(
     [attention_cached]="fp8_attention_cached"
     [attention_mma]="fp8_attention_mma_forward_bf16_d64 fp8_attention_mma_forward_bf16_d128 fp8_attention_mma_forward_f16_d64 fp8_attention_mma_forward_f16_d128 fp8_attention_mma_backward_dq_bf16_d64 fp8_attention_mma_backward_dq_bf16_d128 fp8_attention_mma_backward_dq_f16_d64 fp8_attention_mma_backward_dq_f16_d128 fp8_attention_mma_backward_dkdv_bf16_d64 fp8_attention_mma_backward_dkdv_bf16_d128 fp8_attention_mma_backward_dkdv_f16_d64 fp8_attention_mma_backward_dkdv_f16_d128"
     [rope]="fp8_rope"
-    [cast]="fp8_count_stats fp8_current_scale"
+    [cast]="fp8_count_stats fp8_current_scale fp8_scale_inv_min fp8_largest_scale"
 )
 op_kernels=0
 for module in convert norm activation embedding loss optim attention attention_cached attention_mma rope cast; do

@@ -166,16 +166,6 @@ __device__ __forceinline__ float e8m0_decode(uint8_t e) {
     return __uint_as_float((uint32_t)e << 23);
 }
 
-// scale_inv of element (row, col) of a block-scaled copy with `cols` columns: an f32 grid
-// (FP8_SCALES_F32_GRID) or E8M0 grid of [ceil(rows/block_rows), ceil(cols/block_cols)].
-__device__ __forceinline__ float grid_scale_inv(uint64_t scales, uint32_t kind, uint64_t row, uint64_t col,
-                                                uint64_t cols, uint32_t block_rows, uint32_t block_cols) {
-    const uint64_t grid_cols = (cols + block_cols - 1) / block_cols;
-    const uint64_t index = (row / block_rows) * grid_cols + col / block_cols;
-    if (kind == FP8_SCALES_F32_GRID) return reinterpret_cast<const float*>(scales)[index];
-    return e8m0_decode(reinterpret_cast<const uint8_t*>(scales)[index]);
-}
-
 // ---- amax reductions ----------------------------------------------------------------
 
 // fmaxf over `width` consecutive lanes (a power of two <= 32); every lane of the warp must call it.

@@ -110,6 +110,19 @@ typedef struct Fp8StatsParams {
     uint32_t pad0;
 } Fp8StatsParams;
 
+/* A block cast's largest scale, 1 / min(scale_inv) over its grid (NaN dropped; 1 / inf = 0
+   when none is left), found on the device in two launches: fp8_scale_inv_min max-es every
+   scale_inv's key into *key (u32, zeroed: the complement of an order-preserving key, so the
+   largest key is the smallest value), then fp8_largest_scale (one thread) writes *scale. */
+typedef struct Fp8LargestScaleParams {
+    uint64_t scale_inv; /* f32 [len], or E8M0 codes u8 [len] with e8m0 */
+    uint64_t len;
+    uint64_t key;   /* u32 */
+    uint64_t scale; /* f32, receives the scale */
+    uint32_t e8m0;
+    uint32_t pad0;
+} Fp8LargestScaleParams;
+
 /* Current scaling's scale of an amax on the device (spec 4.2, ScaleRule::scale). */
 typedef struct Fp8CurrentScaleParams {
     uint64_t amax;  /* device f32 */

@@ -14,9 +14,8 @@ use crate::quantize::{
     ScaleRule, amax, cast_transpose_visit, check_len, quantize_1x128, quantize_block_128x128, quantize_mxfp8,
 };
 use crate::scaling::{BlockDims, Fp8TensorStats, TensorRole};
-use crate::tensor::device_values::{Deferred, DeviceResult};
+use crate::tensor::device_values::Deferred;
 use crate::tensor::{QuantizedMatrix, QuantizedTensor, Scales};
-use std::sync::Arc;
 
 /// One cast: both copies, the amax of the source and the scale it multiplied by.
 pub(crate) struct Cast {
@@ -63,12 +62,12 @@ pub(crate) fn cast(
                 BlockDims::Rows1x128 => quantize_1x128(src, rows, cols, &rule, true)?,
                 BlockDims::Tiles128x128 => quantize_block_128x128(src, rows, cols, &rule, true)?,
             };
-            return Ok(block_cast(tensor, amax(src).into(), None));
+            return Ok(block_cast(tensor, amax(src).into(), None, None));
         }
         Fp8Recipe::Mxfp8(r) => {
             let format = crate::scaling::RecipeFormat::from(r.format).for_role(role);
             let tensor = quantize_mxfp8(src, rows, cols, format, true)?;
-            return Ok(block_cast(tensor, amax(src).into(), None));
+            return Ok(block_cast(tensor, amax(src).into(), None, None));
         }
     };
     Ok(Cast {
@@ -112,42 +111,20 @@ fn per_tensor_counted(
 }
 
 /// The cast of a block-scaled `tensor` (1x128, 128x128, MXFP8) of a source with `amax`: its
-/// scale is the largest block scale. `counts`: made during the cast (a GPU's), or `None`.
-pub(crate) fn block_cast(tensor: QuantizedTensor, amax: Deferred<f32>, counts: Option<Deferred<[u64; 4]>>) -> Cast {
-    let rowwise = tensor.rowwise();
-    let scale = match (rowwise.scales_on_host(), rowwise.mirror()) {
-        (false, Some(mirror)) => Deferred::Device(Arc::new(LargestScale {
-            ordinal: mirror.ordinal,
-            copy: rowwise.clone(),
-        })),
-        _ => largest_scale(rowwise.scales()).into(),
-    };
+/// scale is the largest block scale (`scale`: already found, on a GPU that holds the scales;
+/// else from the host scales). `counts`: made during the cast (a GPU's), or `None`.
+pub(crate) fn block_cast(
+    tensor: QuantizedTensor,
+    amax: Deferred<f32>,
+    counts: Option<Deferred<[u64; 4]>>,
+    scale: Option<Deferred<f32>>,
+) -> Cast {
+    let scale = scale.unwrap_or_else(|| largest_scale(tensor.rowwise().scales()).into());
     Cast {
         tensor,
         amax,
         scale,
         counts,
-    }
-}
-
-/// The largest block scale of a copy whose scales a GPU holds: found when read (with the
-/// scales, read back once), so a block cast waits for nothing.
-#[derive(Debug)]
-struct LargestScale {
-    ordinal: usize,
-    /// The copy (a clone sharing its device mirror).
-    copy: QuantizedMatrix,
-}
-
-impl DeviceResult<f32> for LargestScale {
-    fn ordinal(&self) -> usize {
-        self.ordinal
-    }
-    fn read(&self) -> Result<f32> {
-        Ok(largest_scale(self.copy.try_scales()?))
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }
 
@@ -169,7 +146,7 @@ fn element_scale_inv(scales: &Scales, r: usize, c: usize, cols: usize) -> f32 {
 }
 
 /// The largest scale a copy used (the per-tensor one, or the largest block scale).
-fn largest_scale(scales: &Scales) -> f32 {
+pub(crate) fn largest_scale(scales: &Scales) -> f32 {
     let smallest_inv = match scales {
         Scales::PerTensor(s) => *s,
         Scales::Block1x128(s) | Scales::Block128x128(s) => s.iter().copied().fold(f32::INFINITY, f32::min),
@@ -314,7 +291,11 @@ fn scale_block_width(scales: &Scales, cols: usize) -> usize {
 /// format's max finite value, flushed when it is non-zero but its code decodes to zero.
 /// Counted over row bands in parallel (integer counts: the same result in any order).
 pub(crate) fn cast_stats(name: String, src: &[f32], cast: &Cast) -> Result<Fp8Stats> {
-    if let Some(stats) = counted_stats(&name, src.len(), cast) {
+    // Counts made on the host during the cast are these; counts a GPU left are what this twin
+    // checks (shadow mode hands it the GPU's cast), so the source is counted again.
+    if matches!(cast.counts, Some(Deferred::Host(_)))
+        && let Some(stats) = counted_stats(&name, src.len(), cast)
+    {
         return Ok(stats);
     }
     let q = cast.tensor.rowwise();
@@ -522,7 +503,8 @@ mod tests {
             counts: Some(Deferred::Device(count_reads.clone())),
             ..cpu
         };
-        let deferred = cast_stats("x".into(), &src, &on_device).unwrap();
+        // (The GPU's `cast_stats` takes them as they are; the CPU twin counts again.)
+        let deferred = counted_stats("x", src.len(), &on_device).unwrap();
         assert!(matches!(deferred, Fp8Stats::Counted(_)));
         let reads = || [&amax, &scale].map(|r| r.reads.load(Ordering::Relaxed));
         assert_eq!(reads(), [0, 0], "nothing read per op");
@@ -530,6 +512,13 @@ mod tests {
         assert_eq!(deferred.finish().unwrap(), want, "the same statistics when read");
         assert_eq!(reads(), [1, 1]);
         assert_eq!(count_reads.reads.load(Ordering::Relaxed), 1);
+        let recounted = cast_stats("x".into(), &src, &on_device).unwrap();
+        assert_eq!(
+            count_reads.reads.load(Ordering::Relaxed),
+            1,
+            "the twin counts the source itself"
+        );
+        assert_eq!(recounted.finish().unwrap(), want);
         // Uncast statistics with a device amax: the CPU reads it to finish at once.
         let amax_d = HostResult::deferred(0, 3.5f32);
         let stats = crate::dispatch::Kernels::uncast_stats(
@@ -595,7 +584,7 @@ mod tests {
     }
 
     #[test]
-    fn a_block_cast_held_on_a_device_finds_its_largest_scale_when_read() {
+    fn a_block_cast_held_on_a_device_reads_its_scales_only_for_its_statistics() {
         for name in ["fp8-block", "mxfp8"] {
             let Ok(Precision::Fp8(recipe)) = name.parse::<Precision>() else {
                 panic!("{name} is an FP8 precision");
@@ -609,20 +598,23 @@ mod tests {
                 held_on_a_stand_in(columnwise(&cpu.tensor)),
             );
             let tensor = QuantizedTensor::new(cpu.tensor.format(), row, Some(col)).unwrap();
-            let held = block_cast(tensor, cpu.amax.clone(), None);
+            // The largest scale as a GPU finds it (a stand-in holding the host's).
+            let found = HostResult::deferred(1, cpu.scale.get().unwrap());
+            let held = block_cast(tensor, cpu.amax.clone(), None, Some(found));
             assert!(
-                matches!(held.scale, Deferred::Device(_)),
+                !held.tensor.rowwise().scales_on_host(),
                 "{name}: nothing read at the cast"
             );
-            assert!(!held.tensor.rowwise().scales_on_host(), "{name}");
             assert_eq!(
                 held.scale.get().unwrap().to_bits(),
                 cpu.scale.get().unwrap().to_bits(),
                 "{name}"
             );
+            // Uncounted: the statistics read the codes and scales back and count them.
             let want = cast_stats("x".into(), &src, &cpu).unwrap().finish().unwrap();
             let got = cast_stats("x".into(), &src, &held).unwrap().finish().unwrap();
             assert_eq!(got, want, "{name}: the statistics of the host cast");
+            assert!(held.tensor.rowwise().scales_on_host(), "{name}");
         }
     }
 

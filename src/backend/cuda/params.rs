@@ -215,6 +215,28 @@ const _: () = {
 };
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
+pub struct Fp8LargestScaleParams {
+    pub scale_inv: u64,
+    pub len: u64,
+    pub key: u64,
+    pub scale: u64,
+    pub e8m0: u32,
+    pub pad0: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Fp8LargestScaleParams"][::core::mem::size_of::<Fp8LargestScaleParams>() - 40usize];
+    ["Alignment of Fp8LargestScaleParams"][::core::mem::align_of::<Fp8LargestScaleParams>() - 8usize];
+    ["Offset of field: Fp8LargestScaleParams::scale_inv"]
+        [::core::mem::offset_of!(Fp8LargestScaleParams, scale_inv) - 0usize];
+    ["Offset of field: Fp8LargestScaleParams::len"][::core::mem::offset_of!(Fp8LargestScaleParams, len) - 8usize];
+    ["Offset of field: Fp8LargestScaleParams::key"][::core::mem::offset_of!(Fp8LargestScaleParams, key) - 16usize];
+    ["Offset of field: Fp8LargestScaleParams::scale"][::core::mem::offset_of!(Fp8LargestScaleParams, scale) - 24usize];
+    ["Offset of field: Fp8LargestScaleParams::e8m0"][::core::mem::offset_of!(Fp8LargestScaleParams, e8m0) - 32usize];
+    ["Offset of field: Fp8LargestScaleParams::pad0"][::core::mem::offset_of!(Fp8LargestScaleParams, pad0) - 36usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
 pub struct Fp8CurrentScaleParams {
     pub amax: u64,
     pub scale: u64,

@@ -275,6 +275,11 @@ impl CudaDevice {
         if let Some(codes) = codes {
             check(K, "codes", codes.len(), src.len())?;
         }
+        check(K, "counts", counts.len(), 4)?;
+        // Nothing to count (a `[rows, 0]` block cast has no grid to check either).
+        if src.is_empty() {
+            return Ok(());
+        }
         let (grid, block_scales) = match grid {
             Some((cols, scales)) => (
                 StatsGrid::of(src.len(), cols, scales.kind(), scales.len())?,
@@ -282,16 +287,12 @@ impl CudaDevice {
             ),
             None => (StatsGrid::PER_TENSOR, 0),
         };
-        check(K, "counts", counts.len(), 4)?;
         // 32-bit counters per thread and in `counts`.
         if u32::try_from(src.len()).is_err() {
             return Err(Error::KernelArgs {
                 kernel: K,
                 detail: format!("{} elements: 32-bit counts take fewer than 2^32", src.len()),
             });
-        }
-        if src.is_empty() {
-            return Ok(());
         }
         let params = Fp8StatsParams {
             src: src.address(self),
@@ -368,6 +369,41 @@ impl CudaDevice {
             pad0: 0,
         };
         launch(self, CAST, "fp8_current_scale", 1, params)
+    }
+
+    /// `scale[0] = 1 / min(scale_inv)` of a block cast's scale grid (NaN dropped; `1 / inf = 0`
+    /// for none): the largest block scale, found on the device. `key` is a work value (one u32,
+    /// overwritten). Twin: `dispatch::fp8_cast::largest_scale`, the same bits.
+    pub fn largest_scale(
+        &self,
+        scale_inv: DeviceScales<'_>,
+        key: &mut DeviceBuffer<u32>,
+        scale: &mut DeviceBuffer<f32>,
+    ) -> Result<()> {
+        const K: &str = "largest_scale";
+        check(K, "key", key.len(), 1)?;
+        check(K, "scale", scale.len(), 1)?;
+        if scale_inv.kind() == ScaleKind::PerTensor {
+            return Err(Error::KernelArgs {
+                kernel: K,
+                detail: "a per-tensor scale is not a block grid".into(),
+            });
+        }
+        // The fold starts from the zero key, which stands above every value.
+        self.zero(key)?;
+        let params = Fp8LargestScaleParams {
+            scale_inv: scale_inv.address(self),
+            len: scale_inv.len() as u64,
+            key: key.address_mut(self),
+            scale: scale.address_mut(self),
+            e8m0: u32::from(scale_inv.kind() == ScaleKind::Mxfp8),
+            pad0: 0,
+        };
+        if scale_inv.len() > 0 {
+            let blocks = grid_stride_blocks(self, scale_inv.len() as u64, THREADS as u64);
+            launch(self, CAST, "fp8_scale_inv_min", blocks, params)?;
+        }
+        launch(self, CAST, "fp8_largest_scale", 1, params)
     }
 
     /// 1x128 blocks: row-wise copy (`[rows, cols]` codes, `[rows, ceil(cols/128)]` scale_inv) and/or

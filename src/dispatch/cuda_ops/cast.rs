@@ -62,10 +62,17 @@ fn per_tensor(
     // The kernel writes `__fdiv_rn(1, scale)` for the GEMMs, which is the twin's `1 / scale`
     // (both IEEE division, round to nearest, of a finite positive scale): a host scale's is
     // those bits without reading them back, a stream sync per cast (`docs/cuda-backend.md`).
-    // A device scale's stays there, in the copies' mirrors, until a host reader asks.
-    let scales = match host_scale {
-        Some(v) => HostScales::Known(Scales::PerTensor(1.0 / v)),
-        None => HostScales::OnDevice(ScaleKind::PerTensor),
+    // A device scale's stays there, in the copies' mirrors, until a host reader asks; where
+    // the codes come back now (no mirrors, the staged path, or an empty cast, which launches
+    // no kernel to write it) the host's `1 / scale` is read once for both copies.
+    let mirrored = n > 0 && room_for_mirrors(s);
+    let scales = match (
+        host_scale,
+        mirrored && crate::backend::cuda::env_switch::resident_layers(),
+    ) {
+        (Some(v), _) => HostScales::Known(Scales::PerTensor(1.0 / v)),
+        (None, true) => HostScales::OnDevice(ScaleKind::PerTensor),
+        (None, false) => HostScales::Known(Scales::PerTensor(1.0 / scale.get()?)),
     };
     // The limit of `fp8_cast::cast_stats` for a per-tensor copy: max * the stored scale_inv.
     let counts = match count {
@@ -85,7 +92,7 @@ fn per_tensor(
     };
     // The amax stays on the device until read (a bank there folds it in place).
     let amax = DeviceScalar::deferred(s, amax.into_buffer());
-    let (rowwise, columnwise) = match n > 0 && room_for_mirrors(s) {
+    let (rowwise, columnwise) = match mirrored {
         // Both copies stay on the device, for the GEMMs that read them.
         true => {
             let scale_inv_t = match host_scale {
@@ -100,9 +107,8 @@ fn per_tensor(
             )
         }
         false => {
-            let scales = match scales {
-                HostScales::Known(scales) => scales,
-                HostScales::OnDevice(_) => Scales::PerTensor(s.down_vec(&scale_inv)?[0]),
+            let HostScales::Known(scales) = scales else {
+                unreachable!("a cast without mirrors knows its scale on the host")
             };
             (
                 QuantizedMatrix::new(s.down_vec(&codes)?, rows, cols, scales.clone())?,
@@ -260,17 +266,18 @@ fn scale_count(kind: ScaleKind, rows: usize, cols: usize) -> usize {
     r * c
 }
 
-/// Both block-scaled copies (1x128, 128x128 or MXFP8) of `x` (the source on the device), and,
-/// with `count`, the cast's statistics counted on the device by each block's scale (left there
-/// until read, as a per-tensor cast's).
-fn block_copies(
+/// The block-scaled cast (1x128, 128x128 or MXFP8) of `x` (the source on the device): both
+/// copies, the amax (left on the device), and, with `count`, the cast's statistics counted on the device by each block's scale (left there
+/// until read, as a per-tensor cast's); where the scales stay on the device, the cast's scale
+/// (the largest block scale) is found there too.
+fn block_cast(
     s: &Arc<Staged>,
     x: &DeviceBuffer<f32>,
     (rows, cols): (usize, usize),
     rule: &ScaleRule,
     kind: ScaleKind,
     count: bool,
-) -> Result<(QuantizedTensor, Option<Deferred<[u64; 4]>>)> {
+) -> Result<Cast> {
     // The launchers check the source's length against the shape.
     let n = x.len();
     let (mut q, mut qt) = (s.scratch::<u8>(n)?, s.scratch::<u8>(n)?);
@@ -325,7 +332,14 @@ fn block_copies(
             });
         }
     };
-    let (rowwise, columnwise) = match n > 0 && room_for_mirrors(s) {
+    let mirrored = n > 0 && room_for_mirrors(s);
+    // With the scales on the device, the largest block scale is found there (4 bytes, read
+    // with the step's statistics) instead of from host scales.
+    let largest = match mirrored {
+        true => Some(largest_scale(s, &row_dev)?),
+        false => None,
+    };
+    let (rowwise, columnwise) = match mirrored {
         // Both copies stay on the device, for the GEMMs that read them; so do their scales,
         // until a host reader asks (the statistics need none: counted above).
         true => (
@@ -337,7 +351,21 @@ fn block_copies(
             QuantizedMatrix::new(s.down_vec(&qt)?, cols, rows, downloaded(s, &col_dev)?)?,
         ),
     };
-    Ok((QuantizedTensor::new(rule.format, rowwise, Some(columnwise))?, counts))
+    let tensor = QuantizedTensor::new(rule.format, rowwise, Some(columnwise))?;
+    Ok(fp8_cast::block_cast(tensor, amax_on_device(s, x)?, counts, largest))
+}
+
+/// The largest block scale of the block scales `scales` (`1 / min(scale_inv)`), found on the
+/// device and left there until read.
+fn largest_scale(s: &Arc<Staged>, scales: &UploadedScales) -> Result<Deferred<f32>> {
+    let grid = match scales {
+        UploadedScales::F32(d, ScaleKind::Block128x128) => DeviceScales::Block128x128(d),
+        UploadedScales::F32(d, _) => DeviceScales::Block1x128(d),
+        UploadedScales::E8m0(e) => DeviceScales::Mxfp8(e),
+    };
+    let (mut key, mut scale) = (s.scratch::<u32>(1)?, s.scratch::<f32>(1)?);
+    s.device().largest_scale(grid, &mut key, &mut scale)?;
+    Ok(DeviceScalar::deferred(s, scale.into_buffer()))
 }
 
 /// Block scales on the device, downloaded in their layout.
@@ -393,8 +421,7 @@ pub(crate) fn quantize(
                 BlockDims::Rows1x128 => ScaleKind::Block1x128,
                 BlockDims::Tiles128x128 => ScaleKind::Block128x128,
             };
-            let (tensor, counts) = block_copies(&s, &x, shape, &rule, kind, count)?;
-            Ok(fp8_cast::block_cast(tensor, amax_on_device(&s, &x)?, counts))
+            block_cast(&s, &x, shape, &rule, kind, count)
         }
         Fp8Recipe::Mxfp8(r) => {
             let rule = ScaleRule {
@@ -402,8 +429,7 @@ pub(crate) fn quantize(
                 power_2_scale: false,
                 amax_epsilon: 0.0,
             };
-            let (tensor, counts) = block_copies(&s, &x, shape, &rule, ScaleKind::Mxfp8, count)?;
-            Ok(fp8_cast::block_cast(tensor, amax_on_device(&s, &x)?, counts))
+            block_cast(&s, &x, shape, &rule, ScaleKind::Mxfp8, count)
         }
     }
 }
