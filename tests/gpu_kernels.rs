@@ -350,48 +350,47 @@ fn check_current_scale(ctx: &mut Ctx) -> Check {
 }
 
 /// `fp8_scale_inv_min` + `fp8_largest_scale` (a block cast's largest scale, `1 / min(scale_inv)`,
-/// NaN dropped) against the host's fold, on f32 grids and E8M0 grids with NaN, 0xFF, zeros,
-/// infinities and an empty grid.
+/// NaN dropped) against the host's fold, on f32 grids and E8M0 grids up to past one grid-stride
+/// pass of an H200: random values (the minimum anywhere), the minimum in the last element (the
+/// last block's partial warp), and NaN, 0xFF, zeros and infinities at random places.
 fn check_largest_scale(ctx: &mut Ctx) -> Check {
     use fp8_engine::backend::cuda::gemm_operands::DeviceScales;
     let host = |values: &[f32]| 1.0 / values.iter().copied().fold(f32::INFINITY, f32::min);
-    for len in [0usize, 1, 5, 1000, 100_003] {
-        let mut f32s: Vec<f32> = (0..len).map(|_| 2f32.powf(ctx.rng.random_range(-40.0..40.0))).collect();
-        for (i, special) in [f32::NAN, f32::INFINITY, f32::MIN_POSITIVE, 1e-40]
-            .into_iter()
-            .enumerate()
-        {
-            if len > 4 * i + 3 {
-                f32s[4 * i + 3] = special;
+    for len in [1usize, 5, 1000, 100_003, 2_000_003] {
+        for variant in ["random", "last", "specials"] {
+            let mut f32s: Vec<f32> = (0..len).map(|_| 2f32.powf(ctx.rng.random_range(-40.0..40.0))).collect();
+            let mut e8m0: Vec<u8> = (0..len).map(|_| ctx.rng.random_range(1..=254)).collect();
+            match variant {
+                "last" => {
+                    f32s[len - 1] = 2f32.powi(-41);
+                    e8m0[len - 1] = 0;
+                }
+                "specials" => {
+                    for special in [f32::NAN, f32::INFINITY, f32::MIN_POSITIVE, 1e-40] {
+                        f32s[ctx.rng.random_range(0..len)] = special;
+                    }
+                    for special in [0xFFu8, 0, 127] {
+                        e8m0[ctx.rng.random_range(0..len)] = special;
+                    }
+                }
+                _ => {}
             }
+            let decoded: Vec<f32> = e8m0.iter().map(|&e| fp8_engine::format::decode_e8m0(e)).collect();
+            // The key starts poisoned: the launcher clears it.
+            let (mut key, mut scale) = (ctx.up(&[0xA5A5_A5A5u32]), ctx.poison_f32(1));
+            let d_f32 = ctx.up(&f32s);
+            gpu(ctx
+                .gpu
+                .largest_scale(DeviceScales::Block1x128(&d_f32), &mut key, &mut scale))?;
+            let what = format!("largest scale of {len} f32 scale_inv ({variant})");
+            same_f32(&what, &ctx.down(&scale), &[host(&f32s)])?;
+            let d_e8m0 = ctx.up(&e8m0);
+            gpu(ctx
+                .gpu
+                .largest_scale(DeviceScales::Mxfp8(&d_e8m0), &mut key, &mut scale))?;
+            let what = format!("largest scale of {len} E8M0 exponents ({variant})");
+            same_f32(&what, &ctx.down(&scale), &[host(&decoded)])?;
         }
-        let mut e8m0: Vec<u8> = (0..len).map(|_| ctx.rng.random_range(1..=254)).collect();
-        for (i, special) in [0xFFu8, 0, 127].into_iter().enumerate() {
-            if len > 5 * i + 2 {
-                e8m0[5 * i + 2] = special;
-            }
-        }
-        let decoded: Vec<f32> = e8m0.iter().map(|&e| fp8_engine::format::decode_e8m0(e)).collect();
-        // The key starts poisoned: the launcher clears it.
-        let (mut key, mut scale) = (ctx.up(&[0xA5A5_A5A5u32]), ctx.poison_f32(1));
-        let d_f32 = ctx.up(&f32s);
-        gpu(ctx
-            .gpu
-            .largest_scale(DeviceScales::Block1x128(&d_f32), &mut key, &mut scale))?;
-        same_f32(
-            &format!("largest scale of {len} f32 scale_inv"),
-            &ctx.down(&scale),
-            &[host(&f32s)],
-        )?;
-        let d_e8m0 = ctx.up(&e8m0);
-        gpu(ctx
-            .gpu
-            .largest_scale(DeviceScales::Mxfp8(&d_e8m0), &mut key, &mut scale))?;
-        same_f32(
-            &format!("largest scale of {len} E8M0 exponents"),
-            &ctx.down(&scale),
-            &[host(&decoded)],
-        )?;
     }
     // A grid of NaN only: nothing left, 1 / inf.
     let (mut key, mut scale) = (ctx.up(&[0u32]), ctx.poison_f32(1));
