@@ -763,6 +763,16 @@ fn stats_probe(n: usize) -> Vec<f32> {
         .collect()
 }
 
+/// GPU 0's backend and kernels, the statistics probe `[48, 336]` (ragged: 16-element vector
+/// chunks and grid strides leave a tail) in host memory and on the GPU.
+fn probe_on_gpu() -> (CudaKernels, Vec<f32>, Tensor, (usize, usize)) {
+    let gpu = Backend::on(DeviceKind::Cuda(0));
+    let (rows, cols) = (48, 336);
+    let x = stats_probe(rows * cols);
+    let xd = gpu.to_device(&Tensor::new(x.clone(), rows, cols).unwrap()).unwrap();
+    (CudaKernels { ordinal: 0 }, x, xd, (rows, cols))
+}
+
 /// On GPU 0: the FP8 statistics of a device tensor, counted on the device (a cast's counts made
 /// beside the cast, per tensor or by each block's scale, a high-precision value's counts by
 /// `fp8_count_stats`), are the counts the host makes of the same values.
@@ -773,12 +783,7 @@ fn statistics_counted_on_the_device_match_the_host_counts() {
     if skipped_without_a_gpu("statistics_counted_on_the_device_match_the_host_counts") {
         return;
     }
-    let gpu = Backend::on(DeviceKind::Cuda(0));
-    let k = CudaKernels { ordinal: 0 };
-    // Ragged: 16-element vector chunks and grid strides leave a tail.
-    let (rows, cols) = (48, 336);
-    let x = stats_probe(rows * cols);
-    let xd = gpu.to_device(&Tensor::new(x.clone(), rows, cols).unwrap()).unwrap();
+    let (k, x, xd, (rows, cols)) = probe_on_gpu();
     for precision in ["fp8-delayed", "fp8-current", "fp8-block", "mxfp8"] {
         let recipe = fp8_recipe(precision);
         for role in [TensorRole::Input, TensorRole::OutputGrad] {
@@ -857,11 +862,7 @@ fn device_casts_read_nothing_back() {
         println!("{TEST}: skipped: staged casts (FP8_CUDA_RESIDENT=0 or FP8_CUDA_MIRRORS=0) download their codes");
         return;
     }
-    let gpu = Backend::on(DeviceKind::Cuda(0));
-    let k = CudaKernels { ordinal: 0 };
-    let (rows, cols) = (48, 336);
-    let x = stats_probe(rows * cols);
-    let xd = gpu.to_device(&Tensor::new(x.clone(), rows, cols).unwrap()).unwrap();
+    let (k, x, xd, (rows, cols)) = probe_on_gpu();
     // Downloads made by `f` on this thread.
     let downloads = |f: &mut dyn FnMut()| {
         transfer_times::enable(true);

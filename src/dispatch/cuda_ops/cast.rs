@@ -201,52 +201,30 @@ fn kept(
     }
 }
 
-/// The codes of a cast's mirror, downloaded ([`kept`]'s read-back): a `Vec<u8>`.
-pub(super) fn read_fp8_codes(mirror: &DeviceMirror) -> Result<Box<dyn std::any::Any>> {
+/// The FP8 copy in `mirror`, and its GPU's staging (`what`: the read-back, for the error).
+fn fp8_mirror<'m>(mirror: &'m DeviceMirror, what: &'static str) -> Result<(&'m Fp8Mirror, Arc<Staged>)> {
     let Some(fp8) = mirror.payload.downcast_ref::<Fp8Mirror>() else {
         return Err(Error::KernelArgs {
-            kernel: "fp8 codes read-back",
-            detail: "the mirror holds no FP8 codes".into(),
-        });
-    };
-    let codes = staged(&CudaKernels {
-        ordinal: mirror.ordinal,
-    })?
-    .down_vec(&fp8.codes)?;
-    Ok(Box::new(codes))
-}
-
-/// The scales of a cast's mirror, downloaded ([`kept`]'s read-back of scales left there).
-pub(super) fn read_fp8_scales(mirror: &DeviceMirror) -> Result<Scales> {
-    let Some(fp8) = mirror.payload.downcast_ref::<Fp8Mirror>() else {
-        return Err(Error::KernelArgs {
-            kernel: "fp8 scales read-back",
-            detail: "the mirror holds no FP8 scales".into(),
+            kernel: what,
+            detail: "the mirror holds no FP8 copy".into(),
         });
     };
     let s = staged(&CudaKernels {
         ordinal: mirror.ordinal,
     })?;
-    Ok(match &fp8.scales {
-        UploadedScales::F32(values, kind) => {
-            let values = s.down_vec(values)?;
-            match kind {
-                ScaleKind::PerTensor => Scales::PerTensor(*values.first().ok_or(Error::KernelArgs {
-                    kernel: "fp8 scales read-back",
-                    detail: "no per-tensor scale on the device".into(),
-                })?),
-                ScaleKind::Block1x128 => Scales::Block1x128(values),
-                ScaleKind::Block128x128 => Scales::Block128x128(values),
-                ScaleKind::Mxfp8 => {
-                    return Err(Error::KernelArgs {
-                        kernel: "fp8 scales read-back",
-                        detail: "MXFP8 scales are E8M0 exponents, not f32".into(),
-                    });
-                }
-            }
-        }
-        UploadedScales::E8m0(exponents) => Scales::Mxfp8(s.down_vec(exponents)?),
-    })
+    Ok((fp8, s))
+}
+
+/// The codes of a cast's mirror, downloaded ([`kept`]'s read-back): a `Vec<u8>`.
+pub(super) fn read_fp8_codes(mirror: &DeviceMirror) -> Result<Box<dyn std::any::Any>> {
+    let (fp8, s) = fp8_mirror(mirror, "fp8 codes read-back")?;
+    Ok(Box::new(s.down_vec(&fp8.codes)?))
+}
+
+/// The scales of a cast's mirror, downloaded ([`kept`]'s read-back of scales left there).
+pub(super) fn read_fp8_scales(mirror: &DeviceMirror) -> Result<Scales> {
+    let (fp8, s) = fp8_mirror(mirror, "fp8 scales read-back")?;
+    downloaded(&s, &fp8.scales)
 }
 
 /// A device copy of `q`, a matrix that stays (a frozen FP8 weight), booked under FP8 copies;
@@ -368,12 +346,22 @@ fn largest_scale(s: &Arc<Staged>, scales: &UploadedScales) -> Result<Deferred<f3
     Ok(DeviceScalar::deferred(s, scale.into_buffer()))
 }
 
-/// Block scales on the device, downloaded in their layout.
+/// Scales on the device, downloaded in their layout.
 fn downloaded(s: &Staged, scales: &UploadedScales) -> Result<Scales> {
-    Ok(match scales {
-        UploadedScales::E8m0(e) => Scales::Mxfp8(s.down_vec(e)?),
-        UploadedScales::F32(d, ScaleKind::Block128x128) => Scales::Block128x128(s.down_vec(d)?),
-        UploadedScales::F32(d, _) => Scales::Block1x128(s.down_vec(d)?),
+    let f32s = match scales {
+        UploadedScales::E8m0(e) => return Ok(Scales::Mxfp8(s.down_vec(e)?)),
+        UploadedScales::F32(d, kind) => (s.down_vec(d)?, *kind),
+    };
+    Ok(match f32s {
+        (v, ScaleKind::PerTensor) if v.len() == 1 => Scales::PerTensor(v[0]),
+        (v, ScaleKind::Block1x128) => Scales::Block1x128(v),
+        (v, ScaleKind::Block128x128) => Scales::Block128x128(v),
+        (v, kind) => {
+            return Err(Error::KernelArgs {
+                kernel: "fp8 scales read-back",
+                detail: format!("{} f32 values are not {kind:?} scales", v.len()),
+            });
+        }
     })
 }
 
