@@ -144,16 +144,7 @@ impl QuantizedMatrix {
                 got: data.len(),
             });
         }
-        let (scale_rows, scale_cols) = scales.kind().scale_shape(rows, cols);
-        if scales.len() != scale_rows * scale_cols {
-            return Err(Error::ShapeMismatch {
-                what: "scales",
-                rows: scale_rows,
-                cols: scale_cols,
-                expected: scale_rows * scale_cols,
-                got: scales.len(),
-            });
-        }
+        check_scales("scales", scales.kind(), &scales, rows, cols)?;
         Ok(QuantizedMatrix {
             data: CodeStorage::Cpu(data),
             rows,
@@ -167,16 +158,7 @@ impl QuantizedMatrix {
     /// only its GEMMs may ever read: no download unless something on the host reads the codes
     /// ([`Self::data`]). `scales` are the host copy of the mirror's; `mirror` must read back.
     pub(crate) fn held_on_device(rows: usize, cols: usize, scales: Scales, mirror: DeviceMirror) -> Result<Self> {
-        let (scale_rows, scale_cols) = scales.kind().scale_shape(rows, cols);
-        if scales.len() != scale_rows * scale_cols {
-            return Err(Error::ShapeMismatch {
-                what: "scales of device codes",
-                rows: scale_rows,
-                cols: scale_cols,
-                expected: scale_rows * scale_cols,
-                got: scales.len(),
-            });
-        }
+        check_scales("scales of device codes", scales.kind(), &scales, rows, cols)?;
         Self::held(rows, cols, ScaleStorage::Cpu(scales), mirror)
     }
 
@@ -331,16 +313,7 @@ impl QuantizedMatrix {
         let mirror = self.mirror.as_ref().expect("scales held on a device have their mirror");
         let read = mirror.read_scales.expect("checked when the matrix was made");
         let scales = read(mirror)?;
-        let (scale_rows, scale_cols) = kind.scale_shape(self.rows, self.cols);
-        if scales.kind() != kind || scales.len() != scale_rows * scale_cols {
-            return Err(Error::ShapeMismatch {
-                what: "scales read back from a device",
-                rows: scale_rows,
-                cols: scale_cols,
-                expected: scale_rows * scale_cols,
-                got: scales.len(),
-            });
-        }
+        check_scales("scales read back from a device", kind, &scales, self.rows, self.cols)?;
         Ok(host.get_or_init(|| scales))
     }
 
@@ -464,6 +437,22 @@ impl QuantizedTensor {
 }
 
 /// Checks that a buffer of `len` elements is a `rows x cols` (or, for scales, a grid) matrix.
+/// Checks that `scales` are in layout `kind` with its count for a `rows x cols` copy (`what`
+/// names them in the error).
+fn check_scales(what: &'static str, kind: ScaleKind, scales: &Scales, rows: usize, cols: usize) -> Result<()> {
+    let (scale_rows, scale_cols) = kind.scale_shape(rows, cols);
+    if scales.kind() != kind || scales.len() != scale_rows * scale_cols {
+        return Err(Error::ShapeMismatch {
+            what,
+            rows: scale_rows,
+            cols: scale_cols,
+            expected: scale_rows * scale_cols,
+            got: scales.len(),
+        });
+    }
+    Ok(())
+}
+
 pub(crate) fn check_len(what: &'static str, len: usize, rows: usize, cols: usize) -> Result<()> {
     match rows.checked_mul(cols) {
         Some(expected) if expected == len => Ok(()),

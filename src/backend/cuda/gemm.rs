@@ -613,11 +613,13 @@ pub(crate) fn held_codes<'a>(device: &CudaDevice, q: &'a QuantizedMatrix) -> Opt
     fp8_mirror(m).map(|f| &f.codes).filter(|codes| codes.len() == q.len())
 }
 
-fn fp8_mirror(m: &DeviceMirror) -> Option<&Fp8Mirror> {
+/// The FP8 copy a device mirror holds, if it holds one.
+pub(crate) fn fp8_mirror(m: &DeviceMirror) -> Option<&Fp8Mirror> {
     m.payload.downcast_ref::<Fp8Mirror>()
 }
 
-fn device_scales(scales: &UploadedScales) -> DeviceScales<'_> {
+/// A view of scales on the device, in the layout their kind names.
+pub(crate) fn device_scales(scales: &UploadedScales) -> DeviceScales<'_> {
     match scales {
         UploadedScales::F32(s, ScaleKind::Block1x128) => DeviceScales::Block1x128(s),
         UploadedScales::F32(s, ScaleKind::Block128x128) => DeviceScales::Block128x128(s),

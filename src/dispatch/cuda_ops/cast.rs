@@ -5,9 +5,10 @@ use super::deferred::{DeviceCounts, DeviceScalar, device_scalar};
 use super::resident::staged_for;
 use super::{Lease, Staged, slot_bank, staged};
 use crate::amp::Fp8Recipe;
-use crate::backend::cuda::gemm::{Fp8Mirror, UploadedScales, gemm_host, gemm_into_device, resident_mirror};
+use crate::backend::cuda::gemm::{
+    Fp8Mirror, UploadedScales, device_scales, fp8_mirror, gemm_host, gemm_into_device, resident_mirror,
+};
 use crate::backend::cuda::gemm_f32::gemm_f32_host;
-use crate::backend::cuda::gemm_operands::DeviceScales;
 use crate::backend::cuda::{DeviceBuffer, ScaleAt, StatsVerdict};
 use crate::dispatch::{Cast, CudaKernels, Deferred, Fp8Stats, Values, ValuesMut, fp8_cast};
 use crate::error::{Error, Result};
@@ -34,17 +35,18 @@ fn per_tensor(
     count: bool,
 ) -> Result<Cast> {
     let n = x.len();
-    let host_scale = match &scale {
+    let at = scale_at(&scale, "quantize")?;
+    let host_scale = match at {
         // Checked as the CPU twin checks it (the kernel reads it on the device and checks
         // nothing); a scale made on the device by the recipe's rule is always finite and > 0.
-        Deferred::Host(v) => Some(crate::quantize::check_scale(*v).map(|()| *v)?),
-        Deferred::Device(_) => None,
+        ScaleAt::Host(v) => Some(crate::quantize::check_scale(v).map(|()| v)?),
+        ScaleAt::Device(_) => None,
     };
     let uploaded = host_scale.map(|v| s.up(&[v])).transpose()?;
-    let scale_d: &DeviceBuffer<f32> = match (&uploaded, device_scalar(&scale, "quantize")?) {
+    let scale_d: &DeviceBuffer<f32> = match (&uploaded, at) {
         (Some(up), _) => up,
-        (None, Some(on_device)) => on_device.buffer(),
-        (None, None) => unreachable!("a host scale was uploaded"),
+        (None, ScaleAt::Device(on_device)) => on_device,
+        (None, ScaleAt::Host(_)) => unreachable!("a host scale was uploaded"),
     };
     let (mut codes, mut codes_t) = (s.scratch::<u8>(n)?, s.scratch::<u8>(n)?);
     let (mut amax, mut scale_inv) = (s.zeros::<f32>(1)?, s.scratch::<f32>(1)?);
@@ -82,10 +84,7 @@ fn per_tensor(
             StatsVerdict::Cast {
                 codes: &codes,
                 format,
-                scale: match host_scale {
-                    Some(v) => ScaleAt::Host(v),
-                    None => ScaleAt::Device(scale_d),
-                },
+                scale: at,
             },
         )?),
         false => None,
@@ -121,6 +120,14 @@ fn per_tensor(
         amax,
         scale,
         counts,
+    })
+}
+
+/// `scale` as a kernel reads it: the buffer of a scale left on this GPU, or the host's value.
+fn scale_at<'d>(scale: &'d Deferred<f32>, op: &'static str) -> Result<ScaleAt<'d>> {
+    Ok(match device_scalar(scale, op)? {
+        Some(on_device) => ScaleAt::Device(on_device.buffer()),
+        None => ScaleAt::Host(scale.get()?),
     })
 }
 
@@ -202,13 +209,11 @@ fn kept(
 }
 
 /// The FP8 copy in `mirror`, and its GPU's staging (`what`: the read-back, for the error).
-fn fp8_mirror<'m>(mirror: &'m DeviceMirror, what: &'static str) -> Result<(&'m Fp8Mirror, Arc<Staged>)> {
-    let Some(fp8) = mirror.payload.downcast_ref::<Fp8Mirror>() else {
-        return Err(Error::KernelArgs {
-            kernel: what,
-            detail: "the mirror holds no FP8 copy".into(),
-        });
-    };
+fn mirrored_copy<'m>(mirror: &'m DeviceMirror, what: &'static str) -> Result<(&'m Fp8Mirror, Arc<Staged>)> {
+    let fp8 = fp8_mirror(mirror).ok_or_else(|| Error::KernelArgs {
+        kernel: what,
+        detail: "the mirror holds no FP8 copy".into(),
+    })?;
     let s = staged(&CudaKernels {
         ordinal: mirror.ordinal,
     })?;
@@ -217,13 +222,13 @@ fn fp8_mirror<'m>(mirror: &'m DeviceMirror, what: &'static str) -> Result<(&'m F
 
 /// The codes of a cast's mirror, downloaded ([`kept`]'s read-back): a `Vec<u8>`.
 pub(super) fn read_fp8_codes(mirror: &DeviceMirror) -> Result<Box<dyn std::any::Any>> {
-    let (fp8, s) = fp8_mirror(mirror, "fp8 codes read-back")?;
+    let (fp8, s) = mirrored_copy(mirror, "fp8 codes read-back")?;
     Ok(Box::new(s.down_vec(&fp8.codes)?))
 }
 
 /// The scales of a cast's mirror, downloaded ([`kept`]'s read-back of scales left there).
 pub(super) fn read_fp8_scales(mirror: &DeviceMirror) -> Result<Scales> {
-    let (fp8, s) = fp8_mirror(mirror, "fp8 scales read-back")?;
+    let (fp8, s) = mirrored_copy(mirror, "fp8 scales read-back")?;
     downloaded(&s, &fp8.scales)
 }
 
@@ -260,18 +265,8 @@ fn block_cast(
     let n = x.len();
     let (mut q, mut qt) = (s.scratch::<u8>(n)?, s.scratch::<u8>(n)?);
     let (n_row, n_col) = (scale_count(kind, rows, cols), scale_count(kind, cols, rows));
-    // The statistics of the row-wise copy, judged by its own scales.
-    let counted = |q: &DeviceBuffer<u8>, scales: DeviceScales<'_>| -> Result<Option<Deferred<[u64; 4]>>> {
-        let verdict = StatsVerdict::BlockCast {
-            codes: q,
-            format: rule.format,
-            cols,
-            scales,
-        };
-        count.then(|| device_counts(s, x, verdict)).transpose()
-    };
-    // The device scales (kept as the copies' mirrors) and the statistics.
-    let (row_dev, col_dev, counts) = match kind {
+    // The device scales, kept as the copies' mirrors.
+    let (row_dev, col_dev) = match kind {
         ScaleKind::Mxfp8 => {
             let (mut e, mut et) = (s.scratch::<u8>(n_row)?, s.scratch::<u8>(n_col)?);
             s.device().quantize_mxfp8(
@@ -282,26 +277,24 @@ fn block_cast(
                 Some((&mut q, &mut e)),
                 Some((&mut qt, &mut et)),
             )?;
-            let counts = counted(&q, DeviceScales::Mxfp8(&e))?;
             (
                 UploadedScales::E8m0(e.into_buffer()),
                 UploadedScales::E8m0(et.into_buffer()),
-                counts,
             )
         }
         ScaleKind::Block1x128 | ScaleKind::Block128x128 => {
             let (mut d, mut dt) = (s.scratch::<f32>(n_row)?, s.scratch::<f32>(n_col)?);
-            let counts = if kind == ScaleKind::Block1x128 {
+            if kind == ScaleKind::Block1x128 {
                 s.device()
                     .quantize_1x128(x, rows, cols, rule, Some((&mut q, &mut d)), Some((&mut qt, &mut dt)))?;
-                counted(&q, DeviceScales::Block1x128(&d))?
             } else {
                 s.device()
                     .quantize_128x128(x, rows, cols, rule, (&mut q, &mut d), Some((&mut qt, &mut dt)))?;
-                counted(&q, DeviceScales::Block128x128(&d))?
-            };
-            let (row, col) = (d.into_buffer(), dt.into_buffer());
-            (UploadedScales::F32(row, kind), UploadedScales::F32(col, kind), counts)
+            }
+            (
+                UploadedScales::F32(d.into_buffer(), kind),
+                UploadedScales::F32(dt.into_buffer(), kind),
+            )
         }
         ScaleKind::PerTensor => {
             return Err(Error::KernelArgs {
@@ -310,6 +303,14 @@ fn block_cast(
             });
         }
     };
+    // The statistics of the row-wise copy, judged by its own scales.
+    let verdict = StatsVerdict::BlockCast {
+        codes: &q,
+        format: rule.format,
+        cols,
+        scales: device_scales(&row_dev),
+    };
+    let counts = count.then(|| device_counts(s, x, verdict)).transpose()?;
     let mirrored = n > 0 && room_for_mirrors(s);
     // With the scales on the device, the largest block scale is found there (4 bytes, read
     // with the step's statistics) instead of from host scales.
@@ -336,13 +337,8 @@ fn block_cast(
 /// The largest block scale of the block scales `scales` (`1 / min(scale_inv)`), found on the
 /// device and left there until read.
 fn largest_scale(s: &Arc<Staged>, scales: &UploadedScales) -> Result<Deferred<f32>> {
-    let grid = match scales {
-        UploadedScales::F32(d, ScaleKind::Block128x128) => DeviceScales::Block128x128(d),
-        UploadedScales::F32(d, _) => DeviceScales::Block1x128(d),
-        UploadedScales::E8m0(e) => DeviceScales::Mxfp8(e),
-    };
     let (mut key, mut scale) = (s.scratch::<u32>(1)?, s.scratch::<f32>(1)?);
-    s.device().largest_scale(grid, &mut key, &mut scale)?;
+    s.device().largest_scale(device_scales(scales), &mut key, &mut scale)?;
     Ok(DeviceScalar::deferred(s, scale.into_buffer()))
 }
 
@@ -619,10 +615,7 @@ pub(crate) fn uncast_stats(
         Values::Device(_) => {
             let x = s.input(OP, values)?;
             // A scale made on the device (current scaling's) is read there.
-            let at = match device_scalar(&scale, OP)? {
-                Some(on_device) => ScaleAt::Device(on_device.buffer()),
-                None => ScaleAt::Host(scale.get()?),
-            };
+            let at = scale_at(&scale, OP)?;
             let counts = device_counts(&s, &x, StatsVerdict::Uncast { format, scale: at })?;
             Ok(Fp8Stats::counted(fp8_cast::Counted {
                 name,
