@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::memory::MemoryCategory;
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
-use crate::tensor::device_values::{Values, ValuesMut};
+use crate::tensor::device_values::{ArenaLender, CudaStorage, Values, ValuesMut};
 use crate::tensor::{DeviceKind, Dtype, HalfValues, Tensor};
 
 /// One trainable tensor.
@@ -42,6 +42,23 @@ pub struct Parameter {
     /// ZeRO-1 sharded masters: `value` holds only these values of the whole tensor (the other
     /// ranks hold the rest); `None`: it holds all of them.
     held: Option<std::ops::Range<usize>>,
+    /// The optimizer's arena ranges this parameter may hold as its device values and gradient
+    /// ([`Parameter::lend_from`]).
+    lenders: Lenders,
+}
+
+/// The ranges of an optimizer's value and gradient arenas lent to one parameter. A clone
+/// starts without: two parameters never hold one range.
+#[derive(Debug, Default)]
+struct Lenders {
+    value: Option<std::sync::Arc<dyn ArenaLender>>,
+    grad: Option<std::sync::Arc<dyn ArenaLender>>,
+}
+
+impl Clone for Lenders {
+    fn clone(&self) -> Self {
+        Lenders::default()
+    }
 }
 
 impl PartialEq for Parameter {
@@ -104,6 +121,7 @@ impl Parameter {
             frozen: false,
             half: None,
             held: None,
+            lenders: Lenders::default(),
         })
     }
 
@@ -121,6 +139,7 @@ impl Parameter {
             frozen: false,
             half: None,
             held: None,
+            lenders: Lenders::default(),
         };
         p.freeze();
         p
@@ -234,6 +253,12 @@ impl Parameter {
         self.grad.values()
     }
 
+    /// Drops the host copy [`Parameter::grad`] made (the gradient is about to change where it
+    /// lives: an optimizer arena holding it unscales or clips it).
+    pub(crate) fn forget_grad_read(&mut self) {
+        self.grad_read.forget();
+    }
+
     /// The device the gradient lives on.
     pub fn grad_device(&self) -> DeviceKind {
         self.grad.device()
@@ -263,7 +288,7 @@ impl Parameter {
         if self.frozen {
             return Ok(());
         }
-        keep_on(backend, &mut self.grad, &mut self.grad_read)
+        keep_on(backend, &mut self.grad, &mut self.grad_read, self.lenders.grad.as_ref())
     }
 
     /// Brings a device gradient to host memory (a download, or the copy [`Parameter::grad`]
@@ -390,7 +415,47 @@ impl Parameter {
         if self.frozen || self.half.is_some() || self.held.is_some() {
             return Ok(());
         }
-        keep_on(backend, &mut self.value, &mut self.value_read)
+        keep_on(
+            backend,
+            &mut self.value,
+            &mut self.value_read,
+            self.lenders.value.as_ref(),
+        )
+    }
+
+    /// Lends this parameter its optimizer's arena ranges (`None`: none): when a layer keeps its
+    /// master values or gradient on that GPU ([`Self::keep_value_on`], [`Self::keep_grad_on`]),
+    /// they are uploaded into the range and held there, one copy on the device that the
+    /// optimizer updates in place, instead of a device copy of their own beside the arena.
+    pub(crate) fn lend_from(
+        &mut self,
+        value: Option<std::sync::Arc<dyn ArenaLender>>,
+        grad: Option<std::sync::Arc<dyn ArenaLender>>,
+    ) {
+        let trainable = !self.frozen && self.half.is_none() && self.held.is_none();
+        self.lenders = match trainable {
+            true => Lenders { value, grad },
+            false => Lenders::default(),
+        };
+    }
+
+    /// After the optimizer copied device master values (`grad`: the device gradient) into their
+    /// arena range, holds that range instead of the copy of their own, which is freed. Nothing
+    /// for host values or without a range lent on their GPU.
+    pub(crate) fn hold_lent(&mut self, grad: bool) -> Result<()> {
+        let (t, read, lender) = match grad {
+            false => (&mut self.value, &mut self.value_read, self.lenders.value.as_ref()),
+            true => (&mut self.grad, &mut self.grad_read, self.lenders.grad.as_ref()),
+        };
+        let DeviceKind::Cuda(ordinal) = t.device() else {
+            return Ok(());
+        };
+        if let Some(range) = lent_range(lender, ordinal, t.len())? {
+            let (rows, cols) = t.shape();
+            *t = Tensor::on_device(range, rows, cols)?;
+            read.forget();
+        }
+        Ok(())
     }
 
     /// Brings device master values to host memory (a download, or the copy
@@ -628,9 +693,20 @@ fn kept_on_device(device: DeviceKind, dtype: Dtype) -> bool {
 /// `t` (with `read`, its host copy) uploaded to `backend`'s GPU, booked as workspace; nothing on
 /// the CPU, for an empty tensor, or for one already there. A GPU without room leaves it in host
 /// memory: one on another GPU comes home rather than stay where this backend cannot reach it.
-fn keep_on(backend: &Backend, t: &mut Tensor, read: &mut HostCopy) -> Result<()> {
+///
+/// With an arena range lent on that GPU (`lender`), the values go into the range instead of an
+/// allocation of their own.
+fn keep_on(
+    backend: &Backend,
+    t: &mut Tensor,
+    read: &mut HostCopy,
+    lender: Option<&std::sync::Arc<dyn ArenaLender>>,
+) -> Result<()> {
     let device = backend.device();
     if device == DeviceKind::Cpu || t.device() == device || t.is_empty() {
+        return Ok(());
+    }
+    if into_lent_range(t, read, lender, device)? {
         return Ok(());
     }
     match backend.to_device_as(t, MemoryCategory::Workspace) {
@@ -641,6 +717,40 @@ fn keep_on(backend: &Backend, t: &mut Tensor, read: &mut HostCopy) -> Result<()>
         }
         Err(e) if out_of_memory(&e) => bring_home(t, read),
         Err(e) => Err(e),
+    }
+}
+
+/// `t`'s values written into the arena range `lender` lends on `device`, which `t` then holds;
+/// whether it was lent one.
+fn into_lent_range(
+    t: &mut Tensor,
+    read: &mut HostCopy,
+    lender: Option<&std::sync::Arc<dyn ArenaLender>>,
+    device: DeviceKind,
+) -> Result<bool> {
+    let DeviceKind::Cuda(ordinal) = device else {
+        return Ok(false);
+    };
+    let Some(mut range) = lent_range(lender, ordinal, t.len())? else {
+        return Ok(false);
+    };
+    range.overwrite(&t.values().to_host()?)?;
+    let (rows, cols) = t.shape();
+    *t = Tensor::on_device(range, rows, cols)?;
+    read.forget();
+    Ok(true)
+}
+
+/// The arena range `lender` lends, if it is on GPU `ordinal`, of `len` values, and its arena is
+/// still there.
+fn lent_range(
+    lender: Option<&std::sync::Arc<dyn ArenaLender>>,
+    ordinal: usize,
+    len: usize,
+) -> Result<Option<CudaStorage>> {
+    match lender {
+        Some(l) if l.ordinal() == ordinal && l.len() == len => l.lend(),
+        _ => Ok(None),
     }
 }
 
@@ -921,5 +1031,84 @@ mod tests {
         p.freeze();
         p.keep_value_on(&gpu).unwrap();
         assert_eq!(p.value_device(), DeviceKind::Cpu);
+    }
+
+    #[test]
+    fn values_kept_on_a_gpu_go_into_the_arena_range_lent_there() {
+        use crate::backend::cuda::arena::ArenaLayout;
+        use crate::dispatch::arena_store::{Arena, ArenaStore, HostArenas};
+        let ramp: Vec<f32> = (0..6).map(|i| i as f32 * 0.5 - 1.0).collect();
+        let layout = ArenaLayout::new([("pad", 3, true), ("w", 6, true)]).unwrap();
+        let offset = layout.view("w").unwrap().start;
+        let store = HostArenas::lending(layout, 0);
+        let mut p = Parameter::new("w", &[2, 3], ramp.clone()).unwrap();
+        p.lend_from(
+            store.lender(Arena::Values, offset, 6),
+            store.lender(Arena::Grads, offset, 6),
+        );
+        // Another device, or none, takes no range.
+        for device in [DeviceKind::Cpu, DeviceKind::Cuda(1)] {
+            assert!(!into_lent_range(&mut p.value, &mut p.value_read, p.lenders.value.as_ref(), device).unwrap());
+        }
+        assert!(
+            into_lent_range(
+                &mut p.value,
+                &mut p.value_read,
+                p.lenders.value.as_ref(),
+                DeviceKind::Cuda(0)
+            )
+            .unwrap()
+        );
+        let held = |t: &Tensor| matches!(t.values(), Values::Device(d) if d.arena_view().is_some());
+        assert!(held(&p.value) && p.value_device() == DeviceKind::Cuda(0));
+        let mut arena = vec![f32::NAN; 6];
+        store.read(Arena::Values, offset, &mut arena).unwrap();
+        assert_eq!(arena, ramp, "the values went into the range");
+        assert_eq!(p.value(), &ramp[..]);
+        // A write where they live writes the arena.
+        p.write_value(&[9.0; 6]).unwrap();
+        store.read(Arena::Values, offset, &mut arena).unwrap();
+        assert_eq!(arena, vec![9.0; 6]);
+        // The gradient takes its own range the same way.
+        assert!(
+            into_lent_range(
+                &mut p.grad,
+                &mut p.grad_read,
+                p.lenders.grad.as_ref(),
+                DeviceKind::Cuda(0)
+            )
+            .unwrap()
+        );
+        assert!(held(&p.grad));
+        // Once the arenas are gone, nothing more is lent (the held ranges keep their values).
+        drop(store);
+        p.value_to_host().unwrap();
+        assert!(
+            !into_lent_range(
+                &mut p.value,
+                &mut p.value_read,
+                p.lenders.value.as_ref(),
+                DeviceKind::Cuda(0)
+            )
+            .unwrap()
+        );
+        assert_eq!(p.value(), &[9.0; 6]);
+        // A frozen parameter, and a clone, are lent nothing.
+        let store = HostArenas::lending(ArenaLayout::new([("w", 6, true)]).unwrap(), 0);
+        let mut q = Parameter::new("w", &[2, 3], ramp).unwrap();
+        q.lend_from(store.lender(Arena::Values, 0, 6), None);
+        let mut clone = q.clone();
+        assert!(
+            !into_lent_range(
+                &mut clone.value,
+                &mut clone.value_read,
+                clone.lenders.value.as_ref(),
+                DeviceKind::Cuda(0)
+            )
+            .unwrap()
+        );
+        q.freeze();
+        q.lend_from(store.lender(Arena::Values, 0, 6), None);
+        assert!(q.lenders.value.is_none());
     }
 }

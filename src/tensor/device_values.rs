@@ -34,13 +34,57 @@ pub(crate) trait DeviceArray: Debug + Send + Sync {
     fn as_any(&self) -> &dyn Any;
     /// The backend's own type, to write its buffer.
     fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// For a parameter's range of an optimizer arena ([`ArenaLender`]): the arena's allocation
+    /// (an address, to compare) and the range's first element there. `None` for an array of its
+    /// own.
+    fn arena_view(&self) -> Option<(usize, usize)> {
+        None
+    }
+}
+
+/// A parameter's range of one of its optimizer's arenas on a GPU, lent as the parameter's
+/// device values or gradient, so that the two are one copy: the optimizer updates it in place
+/// and copies nothing (`docs/cuda-backend.md`, Optimizer state on the device). It holds the
+/// arena weakly: a lender of arenas that are gone lends nothing.
+pub(crate) trait ArenaLender: Debug + Send + Sync {
+    /// The GPU holding the arena.
+    fn ordinal(&self) -> usize;
+    /// Values in the range.
+    fn len(&self) -> usize;
+    /// The range as device values, or `None` once the arena is gone.
+    fn lend(&self) -> Result<Option<CudaStorage>>;
 }
 
 /// A tensor's values on a GPU. Clones share the array (as host tensors would copy it); the
 /// first write to a shared array copies it on the device first ([`Self::unique_mut`]).
-#[derive(Clone, Debug)]
+///
+/// A range of an optimizer arena ([`ArenaLender`]) is never shared: the optimizer writes it in
+/// place, so a clone would see a later step's values. Its clones are copies on the device.
+#[derive(Debug)]
 pub(crate) struct CudaStorage {
     array: Arc<dyn DeviceArray>,
+}
+
+impl Clone for CudaStorage {
+    /// The same array; for an arena's range, a copy on the device.
+    ///
+    /// # Panics
+    /// If that copy fails (the GPU has no room for it), as a host allocation that fails aborts.
+    fn clone(&self) -> Self {
+        if self.array.arena_view().is_none() {
+            return CudaStorage {
+                array: self.array.clone(),
+            };
+        }
+        match self.array.duplicate() {
+            Ok(copy) => CudaStorage::new(copy),
+            Err(e) => panic!(
+                "a copy of {} values of an optimizer arena on cuda:{} failed: {e}",
+                self.len(),
+                self.ordinal()
+            ),
+        }
+    }
 }
 
 impl PartialEq for CudaStorage {
@@ -68,6 +112,12 @@ impl CudaStorage {
     /// The backend's array.
     pub(crate) fn array(&self) -> &dyn DeviceArray {
         &*self.array
+    }
+
+    /// For a range of an optimizer arena: the arena's allocation and the first element there
+    /// ([`DeviceArray::arena_view`]).
+    pub(crate) fn arena_view(&self) -> Option<(usize, usize)> {
+        self.array.arena_view()
     }
 
     /// The backend's array to write: this storage's own, or, if a clone shares it (the clone

@@ -137,6 +137,9 @@ pub(crate) enum TestArenas {
     Backend,
     /// In host memory, the CUDA store's twin.
     Host,
+    /// In host memory, lending their ranges to parameters on stand-in GPU `ordinal` (as the CUDA
+    /// store does with `FP8_CUDA_ARENA_VIEWS=1`).
+    Lending(usize),
     /// Nowhere: making them fails as on a GPU without the free memory.
     TooBig,
 }
@@ -183,6 +186,11 @@ impl AdamW {
         match self.host_arenas {
             TestArenas::Backend => {}
             TestArenas::Host => return Ok(Box::new(crate::dispatch::arena_store::HostArenas::new(layout))),
+            TestArenas::Lending(ordinal) => {
+                return Ok(Box::new(crate::dispatch::arena_store::HostArenas::lending(
+                    layout, ordinal,
+                )));
+            }
             TestArenas::TooBig => return Err(layout.check_fits(0).expect_err("a layout of 0 bytes is never made")),
         }
         self.backend.arena_store(layout)
@@ -382,6 +390,7 @@ impl AdamW {
         for m in &mut self.state.moments {
             (m.m, m.v) = (Vec::new(), Vec::new());
         }
+        arenas.lend_to(module);
         self.arenas = Some(arenas);
         self.arenas_on = self.backend.device();
         Ok(true)

@@ -9,6 +9,12 @@
 //! read from and written to host memory, so a weight changed on the host
 //! between steps is never overwritten by a stale device copy (its host writer
 //! brought it home). Same bits as `ops::adamw_update` per parameter.
+//!
+//! A store may lend the parameters their ranges of the value and gradient arenas
+//! ([`ArenaAdamW::lend_to`]; CUDA, with `FP8_CUDA_ARENA_VIEWS=1`): a parameter kept on the GPU then
+//! holds its range as its device values or gradient, one copy that the step updates in place,
+//! and the step copies nothing for it. One kept on the GPU in a copy of its own (made before the
+//! arenas, or after a micro-batch sum) is copied in once and then holds its range.
 
 use crate::backend::cuda::arena::ArenaLayout;
 use crate::dispatch::arena_store::{Arena, ArenaStore};
@@ -90,6 +96,19 @@ impl ArenaAdamW {
         Ok(arenas)
     }
 
+    /// Lends every parameter of `module` (in the arenas' order) its ranges of the value and
+    /// gradient arenas, where the store lends them (else takes back any earlier store's).
+    pub(crate) fn lend_to(&self, module: &mut dyn Module) {
+        let mut entries = self.store.layout().entries().iter();
+        module.visit_parameters(&mut |p| match entries.next() {
+            Some(e) => p.lend_from(
+                self.store.lender(Arena::Values, e.offset, e.len),
+                self.store.lender(Arena::Grads, e.offset, e.len),
+            ),
+            None => p.lend_from(None, None),
+        });
+    }
+
     /// One AdamW step of every parameter of `module` (in the arenas' order): its weight and
     /// gradient copied in, one update, the weight copied back and its version bumped. With
     /// `checked`, the gradients [`Self::upload_grads`] left in the arena (checked and clipped
@@ -152,23 +171,32 @@ impl ArenaAdamW {
         self.store.grad_sum_squares()
     }
 
-    /// Copies each parameter's weight or gradient (`arena`) from `module` into the arena.
+    /// Copies each parameter's weight or gradient (`arena`) from `module` into the arena: nothing
+    /// for one holding its range; one kept on the GPU in a copy of its own holds its range after
+    /// the copy, where the store lends it.
     fn gather_from(&mut self, module: &mut dyn Module, arena: Arena) -> Result<()> {
+        let grads = arena == Arena::Grads;
         let mut gather = Gather::new(self, arena);
         let mut result = Ok(());
         let mut entries = gather.entries().into_iter();
         module.visit_parameters(&mut |p| {
             let Some(e) = entries.next() else { return };
-            let values = match arena {
-                Arena::Values => p.value_values(),
-                _ => p.grad_values(),
+            if result.is_err() {
+                return;
+            }
+            let values = match grads {
+                false => p.value_values(),
+                true => p.grad_values(),
             };
-            if result.is_ok() {
-                result = match values {
-                    Values::Host(host) => gather.put(e, host),
-                    // A weight or gradient kept on the GPU is copied there, not through the host.
-                    Values::Device(device) => gather.put_device(e, device),
-                };
+            result = match values {
+                Values::Host(host) => gather.put(e, host),
+                Values::Device(device) if gather.holds(e, device) => gather.skip_device(e),
+                // A weight or gradient kept on the GPU is copied there, not through the host.
+                Values::Device(device) => gather.put_device(e, device).and_then(|()| p.hold_lent(grads)),
+            };
+            if grads {
+                // A gradient held in its range changes with the arena (unscaled, clipped).
+                p.forget_grad_read();
             }
         });
         result?;
@@ -299,6 +327,19 @@ impl<'a> Gather<'a> {
         Ok(())
     }
 
+    /// Whether `values` is the arena's own range for `span` (nothing to copy).
+    fn holds(&self, span: Span, values: &CudaStorage) -> bool {
+        self.arenas.store.holds(self.arena, span.offset, values)
+    }
+
+    /// A span whose parameter holds its range: the host values gathered so far go first, and the
+    /// next host window starts after it, as [`Self::put_device`]'s.
+    fn skip_device(&mut self, span: Span) -> Result<()> {
+        self.flush()?;
+        self.start = span.offset + span.len;
+        Ok(())
+    }
+
     /// [`Self::put`] of values on the store's GPU: the host values gathered so far go first,
     /// then one copy on the device; the next host window starts after this span, so its zero
     /// padding never covers it.
@@ -377,8 +418,12 @@ impl<'a> Scatter<'a> {
         Ok(())
     }
 
-    /// [`Self::get`] into values on the store's GPU: one copy on the device.
+    /// [`Self::get`] into values on the store's GPU: one copy on the device, or none for values
+    /// holding their range (the step updated them in place).
     fn get_device(&mut self, span: Span, values: &mut CudaStorage) -> Result<()> {
+        if self.store.holds(self.arena, span.offset, values) {
+            return Ok(());
+        }
         if values.len() != span.len {
             return Err(Error::LengthMismatch {
                 what: "device values from their arena span",
@@ -723,10 +768,17 @@ mod tests {
     /// Host reads' ranges (offset, length), shared with the test.
     type Reads = std::sync::Arc<std::sync::Mutex<Vec<(usize, usize)>>>;
 
-    /// Host arenas that record every host read's range.
+    /// Host arenas that record every host read's range and count the copies on the device.
     struct ReadLog {
         inner: HostArenas,
         reads: Reads,
+        device_copies: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl ReadLog {
+        fn copied(&self) {
+            self.device_copies.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     impl ArenaStore for ReadLog {
@@ -737,6 +789,7 @@ mod tests {
             self.inner.write(arena, offset, host)
         }
         fn write_device(&mut self, arena: Arena, offset: usize, values: &CudaStorage) -> Result<()> {
+            self.copied();
             self.inner.write_device(arena, offset, values)
         }
         fn read(&self, arena: Arena, offset: usize, host: &mut [f32]) -> Result<()> {
@@ -744,6 +797,7 @@ mod tests {
             self.inner.read(arena, offset, host)
         }
         fn read_device(&self, arena: Arena, offset: usize, values: &mut CudaStorage) -> Result<()> {
+            self.copied();
             self.inner.read_device(arena, offset, values)
         }
         fn adamw(&mut self, step: &AdamWStep) -> Result<()> {
@@ -757,6 +811,17 @@ mod tests {
         }
         fn grad_sum_squares(&self) -> Result<f64> {
             self.inner.grad_sum_squares()
+        }
+        fn lender(
+            &self,
+            arena: Arena,
+            offset: usize,
+            len: usize,
+        ) -> Option<std::sync::Arc<dyn crate::tensor::device_values::ArenaLender>> {
+            self.inner.lender(arena, offset, len)
+        }
+        fn holds(&self, arena: Arena, offset: usize, values: &CudaStorage) -> bool {
+            self.inner.holds(arena, offset, values)
         }
     }
 
@@ -776,6 +841,7 @@ mod tests {
                         Some(reads) => Box::new(ReadLog {
                             inner,
                             reads: reads.clone(),
+                            device_copies: Default::default(),
                         }) as Box<dyn ArenaStore>,
                         None => Box::new(inner) as Box<dyn ArenaStore>,
                     })
@@ -864,5 +930,125 @@ mod tests {
             assert_eq!(values, &results[0].1, "piece {piece}");
             assert_eq!(state, &results[0].2, "piece {piece}");
         }
+    }
+
+    /// Sets the gradients `set_grads` gives for `step` where they live (a device gradient in
+    /// place, so one holding its arena range keeps holding it).
+    fn set_grads_where_they_live(m: &mut ParamList, step: usize) {
+        let mut host = module(0.0);
+        set_grads(&mut host, step);
+        for (p, h) in m.params.iter_mut().zip(&host.params) {
+            match p.trainable_grad_values().unwrap() {
+                ValuesMut::Host(g) => g.copy_from_slice(h.grad()),
+                ValuesMut::Device(g) => g.overwrite(h.grad()).unwrap(),
+            }
+        }
+    }
+
+    /// Whether `p`'s master values and gradient hold ranges of an arena.
+    fn holds_ranges(p: &crate::nn::Parameter) -> (bool, bool) {
+        let held = |v: Values<'_>| matches!(v, Values::Device(d) if d.arena_view().is_some());
+        (held(p.value_values()), held(p.grad_values()))
+    }
+
+    #[test]
+    fn parameters_holding_their_arena_ranges_are_updated_in_place_with_the_per_parameter_bits() {
+        use crate::train::adamw::TestArenas;
+        for decay_vectors in [false, true] {
+            let (mut plain, mut lent) = (module(7.5), module(7.5));
+            for i in [0, 2] {
+                lent.params[i].value_on_stand_in_gpu(0);
+                lent.params[i].grad_on_stand_in_gpu(0);
+            }
+            let mut plain_opt = AdamW::new(config(decay_vectors)).unwrap();
+            let mut opt = AdamW::new(config(decay_vectors)).unwrap();
+            opt.use_test_arenas(TestArenas::Lending(0));
+            opt.prepare(&mut lent).unwrap();
+            let mut snapshot = None;
+            for (step, &lr) in LRS.iter().enumerate() {
+                set_grads(&mut plain, step);
+                set_grads_where_they_live(&mut lent, step);
+                if step == 2 {
+                    // A resume drops the arenas: the parameters still hold the old ranges, which
+                    // the next step copies into the new arenas before they hold the new ones.
+                    opt.set_state(opt.state().unwrap().into_owned());
+                }
+                if step == 3 {
+                    // A clone of a parameter holding its range is a copy: the step leaves it.
+                    let p = lent.params[0].clone();
+                    assert_eq!(holds_ranges(&p), (false, false));
+                    snapshot = Some((p.value().to_vec(), p));
+                }
+                plain_opt.step(&mut plain, lr).unwrap();
+                opt.step(&mut lent, lr).unwrap();
+                assert_eq!(bits(&lent), bits(&plain), "step {step}, decay_vectors {decay_vectors}");
+                for i in [0, 2] {
+                    assert_eq!(
+                        holds_ranges(&lent.params[i]),
+                        (true, true),
+                        "step {step}, parameter {i}"
+                    );
+                }
+                assert_eq!(lent.params[1].value_device(), crate::tensor::DeviceKind::Cpu);
+                assert_eq!(lent.params[1].grad_device(), crate::tensor::DeviceKind::Cpu);
+            }
+            let (before, p) = snapshot.unwrap();
+            assert_eq!(p.value(), &before[..], "the clone kept its values");
+            assert_eq!(
+                state_bits(&opt.state().unwrap()),
+                state_bits(&plain_opt.state().unwrap())
+            );
+            let versions = |m: &ParamList| m.params.iter().map(|p| p.version()).collect::<Vec<_>>();
+            assert_eq!(versions(&lent), versions(&plain));
+        }
+    }
+
+    #[test]
+    fn ranges_held_by_their_parameters_are_copied_neither_in_nor_out() {
+        let start = moments_after_one_step(&module(4.0));
+        let copies: std::sync::Arc<std::sync::atomic::AtomicUsize> = Default::default();
+        let count = || copies.swap(0, std::sync::atomic::Ordering::Relaxed);
+        let store = |layout| {
+            Ok(Box::new(ReadLog {
+                inner: HostArenas::lending(layout, 0),
+                reads: Default::default(),
+                device_copies: copies.clone(),
+            }) as Box<dyn ArenaStore>)
+        };
+        let mut arenas = ArenaAdamW::open_in_pieces(store, &start, true, 64).unwrap();
+        let (mut lent, mut plain) = (module(4.0), module(4.0));
+        for i in [0, 2] {
+            lent.params[i].value_on_stand_in_gpu(0);
+            lent.params[i].grad_on_stand_in_gpu(0);
+        }
+        arenas.lend_to(&mut lent);
+        let host = |layout| Ok(Box::new(HostArenas::new(layout)) as Box<dyn ArenaStore>);
+        let mut reference = ArenaAdamW::open_in_pieces(host, &start, true, 64).unwrap();
+        for step in 0..3 {
+            set_grads(&mut plain, step + 1);
+            set_grads_where_they_live(&mut lent, step + 1);
+            let scalars = crate::train::adamw::step_scalars(&config(true), 1e-2, step as u64 + 2);
+            reference.step(&mut plain, &scalars, false).unwrap();
+            // The checked path: gradients checked and clipped in the arena, then the update.
+            arenas.upload_grads(&mut lent).unwrap();
+            assert!(arenas.scale_grads(1.0).unwrap());
+            arenas.step(&mut lent, &scalars, true).unwrap();
+            assert_eq!(bits(&lent), bits(&plain), "step {step}");
+            // The first step copies the two device values and gradients in once (their own
+            // copies, made before the arenas); after that they hold their ranges.
+            assert_eq!(count(), if step == 0 { 4 } else { 0 }, "step {step}");
+        }
+        // A clipped gradient held in its range is the arena's: the host read sees the change.
+        let before = lent.params[2].grad().to_vec();
+        arenas.upload_grads(&mut lent).unwrap();
+        arenas.scale_grads(0.5).unwrap();
+        let halved: Vec<f32> = before.iter().map(|g| g * 0.5).collect();
+        assert_eq!(lent.params[2].grad(), &halved[..]);
+        // A gradient cleared in place keeps its range; one brought home gives it back.
+        lent.params[2].zero_grad();
+        assert_eq!(holds_ranges(&lent.params[2]), (true, true));
+        assert!(lent.params[2].grad().iter().all(|&g| g == 0.0));
+        lent.params[2].grad_to_host().unwrap();
+        assert_eq!(holds_ranges(&lent.params[2]), (true, false));
     }
 }

@@ -29,19 +29,66 @@ impl DeviceElement for half::f16 {
     const SUFFIX: &'static str = "f16";
 }
 
-/// A device allocation counted in its device's ledger under one category until dropped.
+/// A device allocation counted in its device's ledger under one category until dropped, or a
+/// view of part of another buffer's allocation ([`CudaDevice::view`]: a parameter's range of an
+/// optimizer arena), which books nothing and keeps that allocation alive.
 pub struct DeviceBuffer<T> {
-    slice: CudaSlice<T>,
+    memory: Memory<T>,
     category: MemoryCategory,
     ledger: Arc<MemoryLedger>,
+}
+
+enum Memory<T> {
+    /// An allocation of its own, freed (and its ledger booking returned) when dropped.
+    Owned(CudaSlice<T>),
+    /// `len` elements from `offset` of `base`'s allocation. Writes through it change `base`'s
+    /// values: it is how a parameter and its optimizer's arena share one copy.
+    View {
+        base: Arc<DeviceBuffer<T>>,
+        offset: usize,
+        len: usize,
+    },
 }
 
 impl<T> std::fmt::Debug for DeviceBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceBuffer")
-            .field("len", &self.slice.len())
+            .field("len", &self.len())
             .field("category", &self.category)
+            .field("view", &self.view_of().map(|(_, offset)| offset))
             .finish()
+    }
+}
+
+impl<T> DeviceBuffer<T> {
+    /// Elements in the buffer.
+    pub fn len(&self) -> usize {
+        match &self.memory {
+            Memory::Owned(slice) => slice.len(),
+            Memory::View { len, .. } => *len,
+        }
+    }
+
+    /// Whether the buffer holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// For a view: the allocation it views, which views of its ranges share
+    /// ([`CudaDevice::view`]).
+    pub(crate) fn view_base(&self) -> Option<&Arc<DeviceBuffer<T>>> {
+        match &self.memory {
+            Memory::Owned(_) => None,
+            Memory::View { base, .. } => Some(base),
+        }
+    }
+
+    /// For a view: the allocation it views (by address, to compare) and its first element there.
+    pub(crate) fn view_of(&self) -> Option<(*const DeviceBuffer<T>, usize)> {
+        match &self.memory {
+            Memory::Owned(_) => None,
+            Memory::View { base, offset, .. } => Some((Arc::as_ptr(base), *offset)),
+        }
     }
 }
 
@@ -49,52 +96,59 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
     fn track(slice: CudaSlice<T>, category: MemoryCategory, ledger: &Arc<MemoryLedger>) -> Self {
         ledger.allocate(category, slice.num_bytes() as u64);
         DeviceBuffer {
-            slice,
+            memory: Memory::Owned(slice),
             category,
             ledger: ledger.clone(),
         }
     }
 
-    /// Elements in the buffer.
-    pub fn len(&self) -> usize {
-        self.slice.len()
-    }
-
-    /// Whether the buffer holds no element.
-    pub fn is_empty(&self) -> bool {
-        self.slice.is_empty()
-    }
-
-    /// The ledger category it is booked under.
+    /// The ledger category it is booked under (a view: its allocation's).
     pub(crate) fn category(&self) -> MemoryCategory {
         self.category
     }
 
-    /// The underlying cudarc slice.
-    pub fn slice(&self) -> &CudaSlice<T> {
-        &self.slice
+    /// The underlying cudarc slice of an allocation of its own (`None` for a view).
+    pub fn owned_slice(&self) -> Option<&CudaSlice<T>> {
+        match &self.memory {
+            Memory::Owned(slice) => Some(slice),
+            Memory::View { .. } => None,
+        }
     }
 
     /// The device address as kernels see it (valid while `self` lives; work is ordered on the device's stream).
     pub(crate) fn address(&self, device: &CudaDevice) -> u64 {
-        let (ptr, _sync) = self.slice.device_ptr(device.stream());
-        ptr
+        match &self.memory {
+            Memory::Owned(slice) => {
+                let (ptr, _sync) = slice.device_ptr(device.stream());
+                ptr
+            }
+            Memory::View { base, offset, .. } => base.address(device) + (offset * size_of::<T>()) as u64,
+        }
     }
 
-    /// The device address for a kernel that writes the buffer.
+    /// The device address for a kernel that writes the buffer (a view writes its allocation's
+    /// range: device memory, ordered on the one stream like every other access).
     pub(crate) fn address_mut(&mut self, device: &CudaDevice) -> u64 {
-        let (ptr, _sync) = self.slice.device_ptr_mut(device.stream());
-        ptr
+        match &mut self.memory {
+            Memory::Owned(slice) => {
+                let (ptr, _sync) = slice.device_ptr_mut(device.stream());
+                ptr
+            }
+            Memory::View { base, offset, .. } => base.address(device) + (*offset * size_of::<T>()) as u64,
+        }
     }
 }
 
 impl<T> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
+        // A view frees nothing: its allocation goes with the last reference to it.
+        let Memory::Owned(slice) = &self.memory else {
+            return;
+        };
         // The free that follows (cudarc's) runs on this thread: a buffer kept by a host tensor
         // (a cast's device mirror) may be dropped on a thread that never ran an op.
-        let _ = self.slice.stream().context().bind_to_thread();
-        self.ledger
-            .free(self.category, (self.slice.len() * size_of::<T>()) as u64);
+        let _ = slice.stream().context().bind_to_thread();
+        self.ledger.free(self.category, (slice.len() * size_of::<T>()) as u64);
     }
 }
 
@@ -137,7 +191,33 @@ impl CudaDevice {
 
     /// Sets every element of `buffer` to zero (on the stream).
     pub fn zero<T: DeviceRepr + ValidAsZeroBits>(&self, buffer: &mut DeviceBuffer<T>) -> Result<()> {
-        self.stream().memset_zeros(&mut buffer.slice).call("cuMemsetD8")
+        if let Memory::Owned(slice) = &mut buffer.memory {
+            return self.stream().memset_zeros(slice).call("cuMemsetD8");
+        }
+        let (dst, bytes) = (buffer.address_mut(self), buffer.len() * size_of::<T>());
+        // SAFETY: a view's range lies within its allocation (checked when it was made), which it
+        // keeps alive; the memset is ordered on the stream with every other access.
+        unsafe { result::memset_d8_async(dst, 0, bytes, self.stream().cu_stream()) }.call("cuMemsetD8Async")
+    }
+
+    /// A view of `len` elements of `base` from `offset` (a range past `base` is an error): writes
+    /// through it change `base`'s values. It books nothing and keeps `base`'s allocation alive.
+    /// A view of a view views the same allocation.
+    pub fn view<T>(&self, base: &Arc<DeviceBuffer<T>>, offset: usize, len: usize) -> Result<DeviceBuffer<T>> {
+        check_range("device view past the buffer", offset, len, base.len())?;
+        let (base, offset) = match &base.memory {
+            Memory::Owned(_) => (base.clone(), offset),
+            Memory::View {
+                base: inner,
+                offset: start,
+                ..
+            } => (inner.clone(), start + offset),
+        };
+        Ok(DeviceBuffer {
+            category: base.category,
+            ledger: base.ledger.clone(),
+            memory: Memory::View { base, offset, len },
+        })
     }
 
     /// Overwrites `buffer` with `host` (same length).
@@ -247,8 +327,8 @@ impl CudaDevice {
         offset: usize,
     ) -> Result<()> {
         check_range("device copy past the buffer", offset, src.len(), dst.len())?;
-        let mut view = dst.slice.slice_mut(offset..offset + src.len());
-        self.stream().memcpy_dtod(&src.slice, &mut view).call("cuMemcpyDtoD")
+        let to = dst.address_mut(self) + (offset * size_of::<T>()) as u64;
+        self.copy_raw(src.address(self), to, src.len() * size_of::<T>())
     }
 
     /// Device-to-device copy of `src[offset..offset + dst.len()]` into `dst` (the optimizer's
@@ -260,14 +340,26 @@ impl CudaDevice {
         dst: &mut DeviceBuffer<T>,
     ) -> Result<()> {
         check_range("device copy past the buffer", offset, dst.len(), src.len())?;
-        let view = src.slice.slice(offset..offset + dst.len());
-        self.stream().memcpy_dtod(&view, &mut dst.slice).call("cuMemcpyDtoD")
+        let from = src.address(self) + (offset * size_of::<T>()) as u64;
+        self.copy_raw(from, dst.address_mut(self), dst.len() * size_of::<T>())
     }
 
     /// Device-to-device copy of `src` into `dst` (same length); the baseline of the bandwidth bench.
     pub fn copy<T: DeviceRepr>(&self, src: &DeviceBuffer<T>, dst: &mut DeviceBuffer<T>) -> Result<()> {
-        self.stream()
-            .memcpy_dtod(&src.slice, &mut dst.slice)
-            .call("cuMemcpyDtoD")
+        check_range("device copy past the buffer", 0, src.len(), dst.len())?;
+        check_range("device copy past the buffer", 0, dst.len(), src.len())?;
+        self.copy_raw(src.address(self), dst.address_mut(self), src.len() * size_of::<T>())
+    }
+
+    /// `bytes` from device address `from` to `to`, in stream order (nothing for none: the
+    /// addresses of buffers, owned or views, whose ranges the callers checked).
+    fn copy_raw(&self, from: CUdeviceptr, to: CUdeviceptr, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.context().bind_to_thread().call("cuCtxSetCurrent")?;
+        // SAFETY: both ranges lie within live allocations (checked by the callers, kept alive by
+        // their buffers for the call); the copy is ordered on the stream with every other access.
+        unsafe { result::memcpy_dtod_async(to, from, bytes, self.stream().cu_stream()) }.call("cuMemcpyDtoDAsync")
     }
 }

@@ -1,8 +1,8 @@
 //! Off switches read from the environment (`FP8_CUDA_ARENAS`, `FP8_CUDA_MIRRORS`,
 //! `FP8_CUDA_PINNED`, `FP8_CUDA_RESIDENT`, `FP8_CUDA_ATTENTION_MMA`), so a GPU session can pin a
 //! failure or a slowdown on one path without a rebuild. Unset or `1`: on; `0`: off; anything
-//! else is reported once and leaves the switch on. One opt-in switch for a path not yet run on
-//! a GPU, `FP8_CUDA_DEVICE_BANKS`, is off unless set to `1`.
+//! else is reported once and leaves the switch on. Opt-in switches for paths not yet run on a
+//! GPU, `FP8_CUDA_DEVICE_BANKS` and `FP8_CUDA_ARENA_VIEWS`, are off unless set to `1`.
 
 /// Whether switch `var` is on (read on every call: callers keep the answer in a `OnceLock`).
 pub(crate) fn on(var: &str) -> bool {
@@ -41,6 +41,14 @@ pub(crate) fn resident_layers() -> bool {
 pub(crate) fn device_slot_banks() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| opted_in("FP8_CUDA_DEVICE_BANKS"))
+}
+
+/// Whether the optimizer's arenas lend parameters their ranges as device values and gradients
+/// (`FP8_CUDA_ARENA_VIEWS=1`, read once; off until a GPU run validates it:
+/// `docs/cuda-backend.md`, Optimizer state on the device).
+pub(crate) fn arena_views() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| opted_in("FP8_CUDA_ARENA_VIEWS"))
 }
 
 /// `None`, `1`: on; `0`: off; anything else is returned as the error.

@@ -52,7 +52,13 @@ impl PinnedSnapshot {
                 dst: len,
             });
         }
-        let view = src.slice().slice(0..len);
+        let Some(slice) = src.owned_slice() else {
+            return Err(Error::KernelArgs {
+                kernel: "pinned snapshot",
+                detail: "the source is a view of another buffer; snapshots copy a bank's own allocation".into(),
+            });
+        };
+        let view = slice.slice(0..len);
         device
             .stream()
             .memcpy_dtoh(&view, &mut self.pinned)

@@ -3,8 +3,9 @@
 //! master weights and gradients in and the weights out in a few bulk copies
 //! instead of each parameter's staged AdamW op (four uploads, three downloads).
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
+use super::resident::CudaValues;
 use super::{Staged, staged};
 use crate::backend::cuda::DeviceBuffer;
 use crate::backend::cuda::arena::{ArenaLayout, DeviceArenas};
@@ -14,12 +15,16 @@ use crate::dispatch::arena_store::{Arena, ArenaStore};
 use crate::error::Result;
 use crate::memory::MemoryCategory;
 use crate::ops::AdamWStep;
-use crate::tensor::device_values::CudaStorage;
+use crate::tensor::device_values::{ArenaLender, CudaStorage};
 
 /// The arenas of one optimizer on one GPU (the device the staged ops use).
 pub(crate) struct CudaArenas {
     staged: Arc<Staged>,
+    ordinal: usize,
     arenas: DeviceArenas,
+    /// Whether parameters may hold ranges of the value and gradient arenas
+    /// (`FP8_CUDA_ARENA_VIEWS=1`).
+    lends: bool,
 }
 
 /// Allocates the arenas of `layout` on the GPU of `kernels` (zeroed; refused before anything is
@@ -27,7 +32,50 @@ pub(crate) struct CudaArenas {
 pub(crate) fn arena_store(kernels: &CudaKernels, layout: ArenaLayout) -> Result<Box<dyn ArenaStore>> {
     let staged = staged(kernels)?;
     let arenas = staged.device().allocate_arenas(layout)?;
-    Ok(Box::new(CudaArenas { staged, arenas }))
+    Ok(Box::new(CudaArenas {
+        staged,
+        ordinal: kernels.ordinal,
+        arenas,
+        lends: crate::backend::cuda::env_switch::arena_views(),
+    }))
+}
+
+/// A parameter's range of a value or gradient arena, lent as its device values
+/// ([`ArenaLender`]): a view of the arena's allocation, held weakly until lent.
+struct CudaLender {
+    staged: Arc<Staged>,
+    ordinal: usize,
+    allocation: Weak<DeviceBuffer<f32>>,
+    offset: usize,
+    len: usize,
+}
+
+impl std::fmt::Debug for CudaLender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CudaLender(cuda:{}, {} values from {})",
+            self.ordinal, self.len, self.offset
+        )
+    }
+}
+
+impl ArenaLender for CudaLender {
+    fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn lend(&self) -> Result<Option<CudaStorage>> {
+        let Some(allocation) = self.allocation.upgrade() else {
+            return Ok(None);
+        };
+        let view = self.staged.device().view(&allocation, self.offset, self.len)?;
+        Ok(Some(CudaValues::lent(self.staged.clone(), self.ordinal, view)))
+    }
 }
 
 impl CudaArenas {
@@ -100,6 +148,26 @@ impl ArenaStore for CudaArenas {
 
     fn grad_sum_squares(&self) -> Result<f64> {
         self.staged.device().sum_squares(&self.arenas.grads)
+    }
+
+    fn lender(&self, arena: Arena, offset: usize, len: usize) -> Option<Arc<dyn ArenaLender>> {
+        // Empty ranges stay host tensors (a GPU array of no values is never made).
+        if !self.lends || len == 0 || !matches!(arena, Arena::Values | Arena::Grads) {
+            return None;
+        }
+        let allocation = self.buffer(arena).view_base()?;
+        Some(Arc::new(CudaLender {
+            staged: self.staged.clone(),
+            ordinal: self.ordinal,
+            allocation: Arc::downgrade(allocation),
+            offset,
+            len,
+        }))
+    }
+
+    fn holds(&self, arena: Arena, offset: usize, values: &CudaStorage) -> bool {
+        let allocation = self.buffer(arena).view_base().map(|a| Arc::as_ptr(a) as usize);
+        allocation.is_some() && values.arena_view() == allocation.map(|a| (a, offset))
     }
 
     fn device_bytes(&self, category: MemoryCategory) -> u64 {

@@ -63,6 +63,22 @@ impl DeviceArray for CudaValues {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
+    fn arena_view(&self) -> Option<(usize, usize)> {
+        self.buffer.view_of().map(|(base, offset)| (base as usize, offset))
+    }
+}
+
+impl CudaValues {
+    /// A range of an optimizer arena (`buffer`, a view) as a parameter's values on GPU
+    /// `ordinal`; copies of it are booked as workspace, as a parameter's own device copy is.
+    pub(crate) fn lent(staged: Arc<Staged>, ordinal: usize, buffer: DeviceBuffer<f32>) -> CudaStorage {
+        CudaStorage::new(Box::new(CudaValues {
+            staged,
+            ordinal,
+            category: MemoryCategory::Workspace,
+            buffer,
+        }))
+    }
 }
 
 /// `len` new values on the GPU of `k`, for an op's output ([`Staged::new_values`]).
