@@ -85,11 +85,12 @@ case $part in
     profile) suffix="-profile" ;;
     fresh) suffix="-fresh" ;;
     banks) suffix="-banks" ;;
+    views) suffix="-views" ;;
     finetune) suffix="-finetune" ;;
     finetune_7b) suffix="-finetune_7b" ;;
     finetune_13b) suffix="-finetune_13b" ;;
     all) suffix="-all" ;;
-    *) echo "usage: run.sh [kernels|benches|layers|train|profile|fresh|banks|finetune|finetune_7b|finetune_13b|all]" >&2; exit 2 ;;
+    *) echo "usage: run.sh [kernels|benches|layers|train|profile|fresh|banks|views|finetune|finetune_7b|finetune_13b|all]" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")"
 # The library's unit tests and the fp8 tool travel gzipped (the bundle's size limit),
@@ -306,6 +307,7 @@ step gpu_train 60 ./gpu_train
 step gpu_llama 30 ./gpu_llama
 part_fresh_rest
 part_banks
+part_views
 train_large
 part_layers_bench
 }
@@ -367,6 +369,35 @@ else
 fi'
 gpu_step step_out bench_layer_banks 60 bench-layer-banks.txt env FP8_CUDA_DEVICE_BANKS=1 ./fp8 bench layer \
     --device cuda --hidden 4096 --heads 32 --ffn 16384 --seq 2048 --batch 2 --runs 2 --precision bf16,fp8-delayed --breakdown
+}
+# Parameters in their arena ranges (FP8_CUDA_ARENA_VIEWS=1: opt-in, not yet run on a GPU): the
+# optimizer's value and gradient arenas lend each parameter its range, which a parameter kept
+# on the GPU holds instead of a device copy of its own. The device tests with it (a linear
+# training in its ranges with the bits of host parameters), then `fp8 train` with and without
+# it, with 1 and 2 micro-batches: every step the same; tokens/s and peak bytes of both.
+part_views() {
+step device_values_views 30 env FP8_CUDA_ARENA_VIEWS=1 "$lib_tests" dispatch::device_values_tests:: \
+    dispatch::gqa_device_tests:: --test-threads=1 --nocapture
+gpu_step step_out train_views 60 train-views.txt bash -c '
+fail=0
+for mb in 1 2; do
+    for run in own views; do
+        dir=$(mktemp -d); eval "dir_$run=$dir"
+        env $([[ $run == views ]] && echo FP8_CUDA_ARENA_VIEWS=1) ./fp8 train --device cuda --steps 40 \
+            --micro-batches $mb --compare bf16,fp8-delayed --quiet --out "$dir" > "$dir/log" 2>&1 \
+            || { echo "$run, $mb micro-batches: failed"; tail -n 3 "$dir/log"; exit 1; }
+        echo "$run copies, $mb micro-batches: $(tr -d " \n" < "$dir/summary.json" | grep -o "\"[a-z0-9-]*\":{[^}]*peak_bytes\":[0-9]*" | sed -E "s/\":\{.*tokens_per_s\":([0-9.]*).*peak_bytes\":/ \1 tokens\/s, peak /; s/\"//g" | tr "\n" ";")"
+    done
+    for p in bf16 fp8-delayed; do
+        strip() { sed -E "s/\"tokens_per_s\":[0-9.eE+-]+,?//g" "$1/$p/metrics.jsonl"; }
+        if diff <(strip "$dir_own") <(strip "$dir_views") > /dev/null; then
+            echo "$p, $mb micro-batches: every step the same (loss, gradient norm, FP8 statistics)"
+        else
+            echo "$p, $mb micro-batches: the run in arena ranges differs:"; diff <(strip "$dir_own") <(strip "$dir_views") | head -c 800; echo; fail=1
+        fi
+    done
+done
+exit $fail'
 }
 # end of part
 # part: train
@@ -466,11 +497,12 @@ case $part in
     train) part_train ;;
     fresh) part_fresh ;;
     banks) part_banks ;;
+    views) part_views ;;
     finetune) part_finetune ;;
     finetune_7b) part_finetune_7b ;;
     finetune_13b) part_finetune_13b ;;
     profile) part_profile ;;
-    all) part_kernels; part_benches; part_layers_checks; part_train; part_layers_bench; part_fresh_rest; part_banks; part_profile ;; # the long layer bench before the optional profiles
+    all) part_kernels; part_benches; part_layers_checks; part_train; part_layers_bench; part_fresh_rest; part_banks; part_views; part_profile ;; # the long layer bench before the optional profiles
 esac
 
 say "result: $([[ $status == 0 ]] && echo "no failures" || echo FAILURES)"

@@ -1395,6 +1395,105 @@ fn optimizer_arenas_update_device_weights_on_the_device() {
     println!("optimizer_arenas_update_device_weights_on_the_device: 3 steps, same bits as host values");
 }
 
+/// On GPU 0 with `FP8_CUDA_ARENA_VIEWS=1`: a linear fed device tensors, whose optimizer's arenas
+/// were made before its first forward, keeps its weight, its weight gradient and its bias
+/// gradient in their arena ranges (no device copy of their own) through steps of two
+/// micro-batches, and trains with the bits of the same linear fed host tensors (its values and
+/// gradients in host memory, copied into its arenas each step): values, gradients, slots and
+/// statistics after every step, moments at the end.
+#[test]
+fn linear_layers_train_in_their_arena_ranges() {
+    use crate::amp::Precision;
+    use crate::nn::{Linear, Module};
+    use crate::train::accumulate::{Share, accumulate_share};
+    use crate::train::adamw::{AdamW, AdamWConfig};
+    const TEST: &str = "linear_layers_train_in_their_arena_ranges";
+    if skipped_without_a_gpu(TEST) {
+        return;
+    }
+    if !crate::backend::cuda::env_switch::arena_views() {
+        println!("{TEST}: skipped: FP8_CUDA_ARENA_VIEWS is not 1");
+        return;
+    }
+    let (rows, inp, out) = (48, 128, 64);
+    let gpu = Backend::on(DeviceKind::Cuda(0));
+    let held = |p: &crate::nn::Parameter| {
+        let range = |v: Values<'_>| matches!(v, Values::Device(d) if d.arena_view().is_some());
+        (range(p.value_values()), range(p.grad_values()))
+    };
+    for name in ["bf16", "fp8-delayed"] {
+        let precision: Precision = name.parse().unwrap();
+        let config = AdamWConfig {
+            weight_decay: 0.1,
+            ..AdamWConfig::default()
+        };
+        let mut layers = Vec::new();
+        let mut optimizers = Vec::new();
+        for _ in 0..2 {
+            let mut layer = Linear::new("fc", inp, out, true, &precision, 3).unwrap();
+            layer.to_device(DeviceKind::Cuda(0)).unwrap();
+            let mut opt = AdamW::new(config).unwrap();
+            opt.to_device(DeviceKind::Cuda(0));
+            opt.prepare(&mut layer).unwrap();
+            layers.push(layer);
+            optimizers.push(opt);
+        }
+        for step in 0..3 {
+            for (resident, (layer, opt)) in layers.iter_mut().zip(&mut optimizers).enumerate() {
+                let share = Share {
+                    first: 0,
+                    count: 2,
+                    total: 2,
+                };
+                accumulate_share(layer, share, 1.0, |l, micro| {
+                    let k = (step * 2 + micro.index) as f32;
+                    let x = Tensor::new(ramp(rows * inp, k + 0.3), rows, inp)?;
+                    let dy = Tensor::new(ramp(rows * out, k + 1.1), rows, out)?;
+                    let (x, dy) = match resident == 1 {
+                        true => (gpu.to_device(&x)?, gpu.to_device(&dy)?),
+                        false => (x, dy),
+                    };
+                    l.forward(&x)?;
+                    l.backward(&dy)?;
+                    Ok(1.0)
+                })
+                .unwrap();
+                opt.step(layer, 1e-2).unwrap();
+            }
+            let (host, device) = layers.split_at_mut(1);
+            let (host, device) = (&mut host[0], &mut device[0]);
+            let mut at = Vec::new();
+            device.visit_parameters(&mut |p| at.push((p.name().to_string(), held(p))));
+            assert_eq!(
+                at,
+                vec![
+                    ("fc.weight".to_string(), (true, true)),
+                    ("fc.bias".to_string(), (false, true))
+                ],
+                "{name}, step {step}: what holds its arena range (a bias's values stay on the host)"
+            );
+            let values = |m: &mut Linear| {
+                let mut v = Vec::new();
+                m.visit_parameters(&mut |p| v.push(p.value().iter().map(|x| x.to_bits()).collect::<Vec<_>>()));
+                v
+            };
+            assert_eq!(values(host), values(device), "{name}, step {step}: values");
+            assert_eq!(
+                state(host),
+                state(device),
+                "{name}, step {step}: gradients, slots, statistics"
+            );
+        }
+        let moments = |o: &AdamW| {
+            let s = o.state().unwrap();
+            let b = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            s.moments.iter().map(|m| (b(&m.m), b(&m.v))).collect::<Vec<_>>()
+        };
+        assert_eq!(moments(&optimizers[0]), moments(&optimizers[1]), "{name}: moments");
+    }
+    println!("{TEST}: bf16, fp8-delayed: 3 steps of 2 micro-batches in arena ranges, same bits as host parameters");
+}
+
 /// On GPU 0: a `TransformerLayer` fed a device tensor (what a resident GPU backend uploads at its
 /// boundary) runs every op on device tensors and gives the bits, parameter gradients, slots and
 /// statistics of the same layer fed host tensors (staged ops), over two passes, with and without

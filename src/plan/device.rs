@@ -1,14 +1,18 @@
 //! What a run on a GPU holds there beside the plan's categories: with resident layers (the
 //! default) a trainable linear weight, a norm's gamma and beta and a LoRA adapter keep their f32
 //! master values and gradients on the device (`nn::param`, `docs/cuda-backend.md`), a second
-//! copy of each beside the optimizer's arenas (the plan's master weights and gradients) until
-//! they become views of the arenas. The ledger books them as workspace; so does this.
+//! copy of each beside the optimizer's arenas (the plan's master weights and gradients). The
+//! ledger books them as workspace; so does this.
 //!
 //! fp32 keeps them in host memory (its GEMM finishes there), and so do the embeddings (their
 //! ops take host values), the output head (the models bring the final norm's output home before
 //! it) and the biases' values (read by the GEMM epilogue from the host; their gradients are on
 //! the device, but not those of a linear frozen in FP8). Earlier micro-batches' gradient sums
 //! stay where the gradients are: one more copy of the gradients while micro-batches accumulate.
+//!
+//! With `FP8_CUDA_ARENA_VIEWS=1` (opt-in until a GPU run validates it) the master values and
+//! gradients kept on the device are the arenas' own ranges (`train::adamw_arena`): only the
+//! accumulation sums are copies.
 
 use super::{PlanSettings, layer_linears, lora_parameter_count};
 use crate::hf::HfConfig;
@@ -18,10 +22,25 @@ use crate::tensor::Dtype;
 /// Bytes of device values and device gradients (`values` and `grads` trainable f32 values kept
 /// there), with the accumulation sum beside the gradients.
 fn copies(values: u128, grads: u128, accumulate: bool) -> u128 {
-    let grad_copies = if accumulate { 2 } else { 1 };
-    4u128
-        .saturating_mul(values)
-        .saturating_add(grad_copies * 4u128.saturating_mul(grads))
+    copies_beside(
+        values,
+        grads,
+        accumulate,
+        crate::backend::cuda::env_switch::arena_views(),
+    )
+}
+
+/// [`copies`], with the values and gradients held in the arenas' ranges (`in_arenas`) or in
+/// copies of their own.
+fn copies_beside(values: u128, grads: u128, accumulate: bool, in_arenas: bool) -> u128 {
+    let sums = if accumulate { 4u128.saturating_mul(grads) } else { 0 };
+    match in_arenas {
+        true => sums,
+        false => 4u128
+            .saturating_mul(values)
+            .saturating_add(4u128.saturating_mul(grads))
+            .saturating_add(sums),
+    }
 }
 
 /// Device copies of a fine-tune of `config` under `settings` ([`super::plan`]'s model).
@@ -118,6 +137,15 @@ mod tests {
                 "fp32 keeps them home"
             );
         }
+    }
+
+    #[test]
+    fn values_and_gradients_in_arena_ranges_leave_only_the_accumulation_sums() {
+        let (values, grads) = (10, 12);
+        assert_eq!(copies_beside(values, grads, false, false), 4 * (10 + 12));
+        assert_eq!(copies_beside(values, grads, true, false), 4 * (10 + 12 + 12));
+        assert_eq!(copies_beside(values, grads, false, true), 0);
+        assert_eq!(copies_beside(values, grads, true, true), 4 * 12);
     }
 
     #[test]

@@ -23,6 +23,79 @@ pub fn run(ctx: &mut Ctx, results: &mut Vec<(String, Check)>) {
         "arenas: AdamW on CUDA keeps its moments on the device".into(),
         optimizer(ctx),
     ));
+    results.push((
+        "arenas: views write their range of the allocation, book nothing".into(),
+        views(ctx),
+    ));
+}
+
+/// Views of one allocation (what a parameter holding its arena range is): an upload, a memset,
+/// device copies and a kernel through them land in their range and nowhere else; a view of a
+/// view is a view of the allocation; views book nothing in the ledger; a view keeps the
+/// allocation alive after its owner let go, and the last one frees it.
+fn views(ctx: &mut Ctx) -> Check {
+    use std::sync::Arc;
+    let n = 1000;
+    let mut expected = ctx.values(n, 1.0);
+    let total = |ctx: &Ctx| ctx.gpu.ledger().total().current;
+    let before = total(ctx);
+    let base = Arc::new(ctx.up(&expected)?);
+    let booked = total(ctx);
+    if booked != before + 4 * n as u64 {
+        return Err(format!(
+            "the allocation booked {} bytes, not {}",
+            booked - before,
+            4 * n
+        ));
+    }
+    let mut v = gpu(ctx.gpu.view(&base, 640, 300))?;
+    let part = ctx.values(300, 2.0);
+    gpu(ctx.gpu.write(&part, &mut v))?;
+    expected[640..940].copy_from_slice(&part);
+    // A view of the view: 50 values from 650 of the allocation, cleared, then 20 copied in at 5.
+    let v = Arc::new(v);
+    let mut w = gpu(ctx.gpu.view(&v, 10, 50))?;
+    gpu(ctx.gpu.zero(&mut w))?;
+    expected[650..700].fill(0.0);
+    let src = ctx.values(20, 3.0);
+    {
+        // Freed before the ledger is checked below.
+        let src_buffer = ctx.up(&src)?;
+        gpu(ctx.gpu.copy_at(&src_buffer, &mut w, 5))?;
+    }
+    expected[655..675].copy_from_slice(&src);
+    // The allocation's first 100 values into a view of its last 100.
+    let mut tail = gpu(ctx.gpu.view(&base, 900, 100))?;
+    gpu(ctx.gpu.copy_from_at(&base, 0, &mut tail))?;
+    let head = expected[..100].to_vec();
+    expected[900..1000].copy_from_slice(&head);
+    // A kernel writing through a view (exact: a multiply by a power of two).
+    let mut u = gpu(ctx.gpu.view(&base, 100, 200))?;
+    gpu(ctx.gpu.multiply(&mut u, -0.5))?;
+    expected[100..300].iter_mut().for_each(|x| *x *= -0.5);
+    if total(ctx) != booked {
+        return Err(format!("views booked {} bytes", total(ctx) as i64 - booked as i64));
+    }
+    if ctx.gpu.view(&base, 901, 100).is_ok() {
+        return Err("a view past the allocation was accepted".into());
+    }
+    let whole = ctx.down(&base)?;
+    crate::compare::exact("the allocation after writes through views", &whole, &expected)?;
+    // Reads through views, then through one that outlived every owner of the allocation.
+    crate::compare::exact("a view of a view", &ctx.down(&w)?, &expected[650..700])?;
+    drop((base, v, tail, w));
+    if total(ctx) != booked {
+        return Err("the allocation was freed while a view of it lived".into());
+    }
+    let alone = ctx.down(&u)?;
+    drop(u);
+    if total(ctx) != before {
+        return Err(format!(
+            "the last view left {} bytes booked",
+            total(ctx) as i64 - before as i64
+        ));
+    }
+    crate::compare::exact("a view after its owner let go", &alone, &expected[100..300])
 }
 
 /// `write_at` / `read_at` move exactly their range, and a range past the buffer is an error.

@@ -195,6 +195,10 @@ impl CudaDevice {
             return self.stream().memset_zeros(slice).call("cuMemsetD8");
         }
         let (dst, bytes) = (buffer.address_mut(self), buffer.len() * size_of::<T>());
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.context().bind_to_thread().call("cuCtxSetCurrent")?;
         // SAFETY: a view's range lies within its allocation (checked when it was made), which it
         // keeps alive; the memset is ordered on the stream with every other access.
         unsafe { result::memset_d8_async(dst, 0, bytes, self.stream().cu_stream()) }.call("cuMemsetD8Async")
