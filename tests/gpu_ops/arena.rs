@@ -32,7 +32,8 @@ pub fn run(ctx: &mut Ctx, results: &mut Vec<(String, Check)>) {
 /// Views of one allocation (what a parameter holding its arena range is): an upload, a memset,
 /// device copies and a kernel through them land in their range and nowhere else; a view of a
 /// view is a view of the allocation; views book nothing in the ledger; a view keeps the
-/// allocation alive after its owner let go, and the last one frees it.
+/// allocation alive after its owner let go, and the last one frees it. Empty buffers are views
+/// too.
 fn views(ctx: &mut Ctx) -> Check {
     use std::sync::Arc;
     let n = 1000;
@@ -95,6 +96,18 @@ fn views(ctx: &mut Ctx) -> Check {
             total(ctx) as i64 - before as i64
         ));
     }
+    // Buffers of no elements (the driver refuses zero bytes): views of none of one element.
+    let none = gpu(ctx.gpu.alloc_zeros::<f32>(0, MemoryCategory::Activations))?;
+    let uploaded = ctx.up::<f32>(&[])?;
+    if !none.is_empty() || !uploaded.is_empty() || total(ctx) != before + 8 {
+        return Err(format!(
+            "empty buffers: lengths {} and {}, {} bytes booked (4 each expected)",
+            none.len(),
+            uploaded.len(),
+            total(ctx) as i64 - before as i64
+        ));
+    }
+    drop((none, uploaded));
     crate::compare::exact("a view after its owner let go", &alone, &expected[100..300])
 }
 

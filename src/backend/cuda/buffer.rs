@@ -171,13 +171,27 @@ impl CudaDevice {
         len: usize,
         category: MemoryCategory,
     ) -> Result<DeviceBuffer<T>> {
+        if len == 0 {
+            return self.empty(category);
+        }
         let bytes = len.saturating_mul(size_of::<T>());
         let slice = timed(Transfer::Allocation, bytes, || self.stream().alloc_zeros::<T>(len)).call("cuMemAlloc")?;
         Ok(DeviceBuffer::track(slice, category, self.ledger()))
     }
 
+    /// A buffer of no elements: the driver refuses an allocation of zero bytes, so it is a view
+    /// of none of a one-element allocation (booked as such).
+    fn empty<T: DeviceRepr>(&self, category: MemoryCategory) -> Result<DeviceBuffer<T>> {
+        // SAFETY: the element is never read: the view holds none.
+        let one = unsafe { self.stream().alloc::<T>(1) }.call("cuMemAlloc")?;
+        self.view(&Arc::new(DeviceBuffer::track(one, category, self.ledger())), 0, 0)
+    }
+
     /// A copy of `host` on the device, in `category`.
     pub fn upload<T: DeviceRepr>(&self, host: &[T], category: MemoryCategory) -> Result<DeviceBuffer<T>> {
+        if host.is_empty() {
+            return self.empty(category);
+        }
         let slice = timed(Transfer::HostToDevice, size_of_val(host), || -> Result<CudaSlice<T>> {
             // SAFETY: every element is written below, in stream order before any use.
             let mut slice = unsafe { self.stream().alloc::<T>(host.len()) }.call("cuMemAlloc")?;
