@@ -395,6 +395,15 @@ for mb in 1 2; do
         else
             echo "$p, $mb micro-batches: the run in arena ranges differs:"; diff <(strip "$dir_own") <(strip "$dir_views") | head -c 800; echo; fail=1
         fi
+        # The ranges replace the device copies (8 bytes per trainable value): a lower peak says
+        # the parameters held them.
+        peak() { tr -d " \n" < "$1/summary.json" | grep -o "\"$p\":{[^}]*" | grep -o "peak_bytes\":[0-9]*" | grep -o "[0-9]*$"; }
+        own=$(peak "$dir_own"); views=$(peak "$dir_views")
+        if [[ -n $own && -n $views ]] && ((views < own)); then
+            echo "$p, $mb micro-batches: peak $own -> $views bytes in arena ranges"
+        else
+            echo "$p, $mb micro-batches: the peak did not fall in arena ranges ($own -> $views bytes)"; fail=1
+        fi
     done
 done
 exit $fail'

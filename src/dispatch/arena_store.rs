@@ -75,6 +75,8 @@ pub(crate) struct HostArenas {
     arenas: [Shared; 4],
     /// The stand-in GPU whose parameters may hold ranges of the value and gradient arenas.
     lend_on: Option<usize>,
+    /// Lenders lend while it lives (as the CUDA store's).
+    alive: Arc<()>,
 }
 
 /// One arena's values, shared with the ranges it lends.
@@ -93,6 +95,7 @@ impl HostArenas {
             layout,
             arenas,
             lend_on: None,
+            alive: Arc::new(()),
         }
     }
 
@@ -195,7 +198,7 @@ impl ArenaStore for HostArenas {
         if len == 0 || !matches!(arena, Arena::Values | Arena::Grads) {
             return None;
         }
-        lend_range(ordinal, &self.arenas[arena.index()], offset, len)
+        lend_range(ordinal, &self.alive, &self.arenas[arena.index()], offset, len)
     }
 
     fn holds(&self, arena: Arena, offset: usize, values: &CudaStorage) -> bool {
@@ -207,9 +210,16 @@ impl ArenaStore for HostArenas {
 /// A lender of `arena[offset..offset + len]` to stand-in GPU `ordinal` (tests only: elsewhere
 /// host arenas lend nothing).
 #[cfg(test)]
-fn lend_range(ordinal: usize, arena: &Shared, offset: usize, len: usize) -> Option<Arc<dyn ArenaLender>> {
+fn lend_range(
+    ordinal: usize,
+    alive: &Arc<()>,
+    arena: &Shared,
+    offset: usize,
+    len: usize,
+) -> Option<Arc<dyn ArenaLender>> {
     Some(Arc::new(stand_in::Lender {
         ordinal,
+        alive: Arc::downgrade(alive),
         arena: Arc::downgrade(arena),
         offset,
         len,
@@ -217,7 +227,13 @@ fn lend_range(ordinal: usize, arena: &Shared, offset: usize, len: usize) -> Opti
 }
 
 #[cfg(not(test))]
-fn lend_range(_ordinal: usize, _arena: &Shared, _offset: usize, _len: usize) -> Option<Arc<dyn ArenaLender>> {
+fn lend_range(
+    _ordinal: usize,
+    _alive: &Arc<()>,
+    _arena: &Shared,
+    _offset: usize,
+    _len: usize,
+) -> Option<Arc<dyn ArenaLender>> {
     None
 }
 
@@ -235,6 +251,7 @@ mod stand_in {
     #[derive(Debug)]
     pub(super) struct Lender {
         pub(super) ordinal: usize,
+        pub(super) alive: Weak<()>,
         pub(super) arena: Weak<std::sync::Mutex<Vec<f32>>>,
         pub(super) offset: usize,
         pub(super) len: usize,
@@ -248,6 +265,9 @@ mod stand_in {
             self.len
         }
         fn lend(&self) -> Result<Option<CudaStorage>> {
+            if self.alive.upgrade().is_none() {
+                return Ok(None);
+            }
             Ok(self.arena.upgrade().map(|arena| {
                 CudaStorage::new(Box::new(Range {
                     ordinal: self.ordinal,

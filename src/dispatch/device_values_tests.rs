@@ -1397,10 +1397,12 @@ fn optimizer_arenas_update_device_weights_on_the_device() {
 
 /// On GPU 0 with `FP8_CUDA_ARENA_VIEWS=1`: a linear fed device tensors, whose optimizer's arenas
 /// were made before its first forward, keeps its weight, its weight gradient and its bias
-/// gradient in their arena ranges (no device copy of their own) through steps of two
-/// micro-batches, and trains with the bits of the same linear fed host tensors (its values and
-/// gradients in host memory, copied into its arenas each step): values, gradients, slots and
-/// statistics after every step, moments at the end.
+/// gradient in their arena ranges (no device copy of their own: checked after every backward
+/// and every step) through steps of two micro-batches, and trains with the bits of the same
+/// linear fed host tensors (its values and gradients in host memory, copied into its arenas
+/// each step): values, gradients, slots and statistics after every step, moments at the end.
+/// The steps go the trainer's way, checked and clipped in the arenas (the held gradients in
+/// place) with a clip that bites, then the update.
 #[test]
 fn linear_layers_train_in_their_arena_ranges() {
     use crate::amp::Precision;
@@ -1421,6 +1423,16 @@ fn linear_layers_train_in_their_arena_ranges() {
         let range = |v: Values<'_>| matches!(v, Values::Device(d) if d.arena_view().is_some());
         (range(p.value_values()), range(p.grad_values()))
     };
+    let where_held = |m: &mut Linear| {
+        let mut at = Vec::new();
+        m.visit_parameters(&mut |p| at.push((p.name().to_string(), held(p))));
+        at
+    };
+    // What holds its range: a bias's values stay on the host (the GEMM epilogue reads them there).
+    let in_ranges = vec![
+        ("fc.weight".to_string(), (true, true)),
+        ("fc.bias".to_string(), (false, true)),
+    ];
     for name in ["bf16", "fp8-delayed"] {
         let precision: Precision = name.parse().unwrap();
         let config = AdamWConfig {
@@ -1439,6 +1451,9 @@ fn linear_layers_train_in_their_arena_ranges() {
             optimizers.push(opt);
         }
         for step in 0..3 {
+            // Gradients, slots and statistics before each update (the update clips the held
+            // gradients in place, the host ones only in the arena).
+            let (mut before, mut norms) = (Vec::new(), Vec::new());
             for (resident, (layer, opt)) in layers.iter_mut().zip(&mut optimizers).enumerate() {
                 let share = Share {
                     first: 0,
@@ -1455,34 +1470,49 @@ fn linear_layers_train_in_their_arena_ranges() {
                     };
                     l.forward(&x)?;
                     l.backward(&dy)?;
+                    if resident == 1 {
+                        assert_eq!(
+                            where_held(l),
+                            in_ranges,
+                            "{name}, step {step}, micro-batch {}",
+                            micro.index
+                        );
+                    }
                     Ok(1.0)
                 })
                 .unwrap();
-                opt.step(layer, 1e-2).unwrap();
+                before.push(state(layer));
+                let mut scaler = crate::amp::loss_scaler::DynamicLossScaler::disabled();
+                let outcome = crate::train::step::apply_gradients(layer, &mut scaler, opt, 1e-2, Some(0.05)).unwrap();
+                assert!(
+                    outcome.grad_norm > 0.05,
+                    "{name}: the clip must bite (norm {})",
+                    outcome.grad_norm
+                );
+                norms.push(outcome.grad_norm.to_bits());
             }
             let (host, device) = layers.split_at_mut(1);
             let (host, device) = (&mut host[0], &mut device[0]);
-            let mut at = Vec::new();
-            device.visit_parameters(&mut |p| at.push((p.name().to_string(), held(p))));
-            assert_eq!(
-                at,
-                vec![
-                    ("fc.weight".to_string(), (true, true)),
-                    ("fc.bias".to_string(), (false, true))
-                ],
-                "{name}, step {step}: what holds its arena range (a bias's values stay on the host)"
-            );
+            assert_eq!(where_held(device), in_ranges, "{name}, step {step}: after the update");
             let values = |m: &mut Linear| {
                 let mut v = Vec::new();
                 m.visit_parameters(&mut |p| v.push(p.value().iter().map(|x| x.to_bits()).collect::<Vec<_>>()));
                 v
             };
-            assert_eq!(values(host), values(device), "{name}, step {step}: values");
             assert_eq!(
-                state(host),
-                state(device),
+                before[0], before[1],
                 "{name}, step {step}: gradients, slots, statistics"
             );
+            assert_eq!(values(host), values(device), "{name}, step {step}: values");
+            assert_eq!(norms[0], norms[1], "{name}, step {step}: the norms");
+            // The held gradients are the arena's, clipped in place: the host ones (left as they
+            // were) times the clip coefficient, one f32 multiply each.
+            let coef = crate::train::clip::clip_coefficient(f64::from_bits(norms[0]), 0.05).unwrap();
+            for ((name_h, h), (_, d)) in state(host).0.iter().zip(&state(device).0) {
+                let clipped: Vec<u32> = h.iter().map(|g| (g * coef).to_bits()).collect();
+                let held: Vec<u32> = d.iter().map(|g| g.to_bits()).collect();
+                assert_eq!(held, clipped, "{name}, step {step}: {name_h} clipped in place");
+            }
         }
         let moments = |o: &AdamW| {
             let s = o.state().unwrap();

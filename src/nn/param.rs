@@ -439,6 +439,20 @@ impl Parameter {
         };
     }
 
+    /// Brings master values and a gradient that hold ranges of an optimizer's arenas to host
+    /// memory (a download each): the optimizer is about to make new arenas, and ranges of the
+    /// old ones would keep their allocations alive beside them. A layer takes them up again,
+    /// into the new arenas' ranges.
+    pub(crate) fn release_arena_ranges(&mut self) -> Result<()> {
+        if holds_range(&self.value) {
+            self.value_to_host()?;
+        }
+        if holds_range(&self.grad) {
+            self.grad_to_host()?;
+        }
+        Ok(())
+    }
+
     /// After the optimizer copied device master values (`grad`: the device gradient) into their
     /// arena range, holds that range instead of the copy of their own, which is freed. Nothing
     /// for host values or without a range lent on their GPU.
@@ -512,15 +526,22 @@ impl Parameter {
         let device = self.grad.device();
         if device != DeviceKind::Cpu && sum.device() == device {
             // The gradient's array is shared with `before` while the add writes: the output is
-            // a new array booked as the gradient's was, and `before` goes after.
-            let before = self.grad.clone();
+            // a new array booked as the gradient's was, and `before` goes after. A gradient
+            // holding its arena range keeps it: `before` is a copy, the add writes the range.
             self.grad_read.forget();
-            let kernels = Backend::on(device);
-            let kernels = kernels.kernels();
-            match kernels.residual_add(before.values(), sum.values(), Dtype::F32, self.grad.values_mut()) {
-                // No room for the sum's new array: the gradient (unchanged) is added on the host.
-                Err(e) if out_of_memory(&e) => self.grad = before,
-                done => return done,
+            match self.grad.try_clone() {
+                Ok(before) => {
+                    let kernels = Backend::on(device);
+                    let kernels = kernels.kernels();
+                    match kernels.residual_add(before.values(), sum.values(), Dtype::F32, self.grad.values_mut()) {
+                        // No room for the sum's new array: the gradient (unchanged) is added on the host.
+                        Err(e) if out_of_memory(&e) => self.grad = before,
+                        done => return done,
+                    }
+                }
+                // No room for the copy: the gradient (unchanged) is added on the host.
+                Err(e) if out_of_memory(&e) => {}
+                Err(e) => return Err(e),
             }
         }
         // Borrowed in host memory, downloaded from a GPU.
@@ -739,6 +760,11 @@ fn into_lent_range(
     *t = Tensor::on_device(range, rows, cols)?;
     read.forget();
     Ok(true)
+}
+
+/// Whether `t` holds a range of an optimizer's arena.
+fn holds_range(t: &Tensor) -> bool {
+    matches!(t.values(), Values::Device(d) if d.arena_view().is_some())
 }
 
 /// The arena range `lender` lends, if it is on GPU `ordinal`, of `len` values, and its arena is
@@ -1080,19 +1106,32 @@ mod tests {
             .unwrap()
         );
         assert!(held(&p.grad));
-        // Once the arenas are gone, nothing more is lent (the held ranges keep their values).
-        drop(store);
-        p.value_to_host().unwrap();
+        // Once the arenas are gone, nothing more is lent, though a held range keeps their
+        // allocation alive; releasing the ranges brings their values home.
+        let mut other = Parameter::new("pad", &[3], vec![1.0, 2.0, 3.0]).unwrap();
+        other.lend_from(store.lender(Arena::Values, 0, 3), None);
+        let lent = other.lenders.value.clone();
         assert!(
-            !into_lent_range(
-                &mut p.value,
-                &mut p.value_read,
-                p.lenders.value.as_ref(),
+            into_lent_range(
+                &mut other.value,
+                &mut other.value_read,
+                lent.as_ref(),
                 DeviceKind::Cuda(0)
             )
             .unwrap()
         );
+        drop(store);
+        p.release_arena_ranges().unwrap();
+        assert!(!holds_range(&p.value) && !holds_range(&p.grad));
+        assert_eq!((p.value_device(), p.grad_device()), (DeviceKind::Cpu, DeviceKind::Cpu));
+        let lent = p.lenders.value.clone();
+        assert!(!into_lent_range(&mut p.value, &mut p.value_read, lent.as_ref(), DeviceKind::Cuda(0)).unwrap());
         assert_eq!(p.value(), &[9.0; 6]);
+        assert_eq!(
+            other.value(),
+            &[1.0, 2.0, 3.0],
+            "the other range still reads its values"
+        );
         // A frozen parameter, and a clone, are lent nothing.
         let store = HostArenas::lending(ArenaLayout::new([("w", 6, true)]).unwrap(), 0);
         let mut q = Parameter::new("w", &[2, 3], ramp).unwrap();

@@ -153,6 +153,20 @@ impl Tensor {
         }
     }
 
+    /// A clone that says when a GPU has no room for it: device values are shared, or copied on
+    /// the device where they are an optimizer arena's range (`CudaStorage::try_clone`).
+    pub(crate) fn try_clone(&self) -> Result<Tensor> {
+        let storage = match &self.storage {
+            Storage::Cpu(values) => Storage::Cpu(values.clone()),
+            Storage::Cuda(values) => Storage::Cuda(values.try_clone()?),
+        };
+        Ok(Tensor {
+            storage,
+            rows: self.rows,
+            cols: self.cols,
+        })
+    }
+
     /// A copy to keep for backward: host values copied into a recycled buffer, device values
     /// shared (copied on the device only if a later op writes one of the two in place).
     pub(crate) fn kept_copy(&self) -> Tensor {

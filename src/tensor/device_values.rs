@@ -66,24 +66,19 @@ pub(crate) struct CudaStorage {
 }
 
 impl Clone for CudaStorage {
-    /// The same array; for an arena's range, a copy on the device.
+    /// The same array; for an arena's range, a copy on the device ([`CudaStorage::try_clone`]
+    /// says when the GPU has no room for it).
     ///
     /// # Panics
     /// If that copy fails (the GPU has no room for it), as a host allocation that fails aborts.
     fn clone(&self) -> Self {
-        if self.array.arena_view().is_none() {
-            return CudaStorage {
-                array: self.array.clone(),
-            };
-        }
-        match self.array.duplicate() {
-            Ok(copy) => CudaStorage::new(copy),
-            Err(e) => panic!(
+        self.try_clone().unwrap_or_else(|e| {
+            panic!(
                 "a copy of {} values of an optimizer arena on cuda:{} failed: {e}",
                 self.len(),
                 self.ordinal()
-            ),
-        }
+            )
+        })
     }
 }
 
@@ -107,6 +102,17 @@ impl CudaStorage {
     /// Number of values.
     pub(crate) fn len(&self) -> usize {
         self.array.len()
+    }
+
+    /// A clone: the same array, or for an arena's range a copy on the device, which can fail
+    /// (out of memory) where [`Clone::clone`] would panic.
+    pub(crate) fn try_clone(&self) -> Result<Self> {
+        match self.array.arena_view() {
+            None => Ok(CudaStorage {
+                array: self.array.clone(),
+            }),
+            Some(_) => self.array.duplicate().map(CudaStorage::new),
+        }
     }
 
     /// The backend's array.

@@ -178,8 +178,9 @@ where
             // The sum so far leaves the gradients, which start this micro-batch at zero.
             earlier.sums.clear();
             model.visit_parameters(&mut |p| {
-                // A clone shares a device gradient's array; clearing it then makes a new one.
-                earlier.sums.push(p.grad_tensor().clone());
+                // A clone shares a device gradient's array; clearing it then makes a new one. A
+                // gradient holding its optimizer arena range is copied, and cleared in place.
+                earlier.sums.push(earlier_sum(p));
                 p.zero_grad();
             });
             earlier.folded = vec![false; earlier.sums.len()];
@@ -201,6 +202,21 @@ where
     }
     let mean = mean_loss(&micro);
     Ok(AccumulatedLoss { mean, micro })
+}
+
+/// `p`'s gradient as an earlier micro-batches' sum: a clone where it lives, or (a GPU without room
+/// for a copy of an arena range) brought home first and cloned there.
+///
+/// # Panics
+/// If the gradient cannot come back from its GPU (as [`EarlierSums::fold`]).
+fn earlier_sum(p: &mut Parameter) -> Tensor {
+    if let Ok(sum) = p.grad_tensor().try_clone() {
+        return sum;
+    }
+    if let Err(e) = p.grad_to_host() {
+        panic!("the gradient of '{}' could not come back from its GPU: {e}", p.name());
+    }
+    p.grad_tensor().clone()
 }
 
 /// The step's mean loss from every micro-batch's loss in step order (all ranks' together):

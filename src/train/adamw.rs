@@ -325,8 +325,10 @@ impl AdamW {
     /// and finite gradients clipped there to `max_grad_norm`; the next `step_checked` updates
     /// from them (a plain [`AdamW::step`] copies the host's gradients again). Returns
     /// `(finite, norm)`, or None on a backend without arenas (the caller checks and clips on the
-    /// host, parameter by parameter, as `train::step::check_and_clip`). The host gradients are
-    /// left as they were.
+    /// host, parameter by parameter, as `train::step::check_and_clip`). The parameters' own
+    /// gradients are left as they were, but those holding their arena ranges
+    /// (`FP8_CUDA_ARENA_VIEWS=1`) are the arena's: unscaled and clipped in place, as the host
+    /// path does to every gradient.
     pub(crate) fn check_and_clip_on_arenas(
         &mut self,
         module: &mut dyn Module,
@@ -352,6 +354,8 @@ impl AdamW {
         {
             arenas.scale_grads(coef)?;
         }
+        // A host copy read of a gradient held in its range before the scaling is stale now.
+        module.visit_parameters(&mut |p| p.forget_grad_read());
         Ok(Some((finite, norm)))
     }
 
@@ -377,6 +381,15 @@ impl AdamW {
         if self.arenas.is_some() {
             return Ok(true);
         }
+        // Ranges of arenas that are gone (a resume, a move) go home first, so their allocations
+        // are freed before new ones are made.
+        let mut released = Ok(());
+        module.visit_parameters(&mut |p| {
+            if released.is_ok() {
+                released = p.release_arena_ranges();
+            }
+        });
+        released?;
         let moments = &self.state.moments;
         let arenas = match ArenaAdamW::open(|layout| self.arena_store(layout), moments, self.config.decay_vectors) {
             Ok(arenas) => arenas,

@@ -74,6 +74,12 @@ fn views(ctx: &mut Ctx) -> Check {
     let mut u = gpu(ctx.gpu.view(&base, 100, 200))?;
     gpu(ctx.gpu.multiply(&mut u, -0.5))?;
     expected[100..300].iter_mut().for_each(|x| *x *= -0.5);
+    // One view into another of the same allocation.
+    let (mut to, from) = (gpu(ctx.gpu.view(&base, 300, 20))?, gpu(ctx.gpu.view(&base, 400, 20))?);
+    gpu(ctx.gpu.copy(&from, &mut to))?;
+    let moved = expected[400..420].to_vec();
+    expected[300..320].copy_from_slice(&moved);
+    drop((to, from));
     if total(ctx) != booked {
         return Err(format!("views booked {} bytes", total(ctx) as i64 - booked as i64));
     }
@@ -84,6 +90,12 @@ fn views(ctx: &mut Ctx) -> Check {
     crate::compare::exact("the allocation after writes through views", &whole, &expected)?;
     // Reads through views, then through one that outlived every owner of the allocation.
     crate::compare::exact("a view of a view", &ctx.down(&w)?, &expected[650..700])?;
+    {
+        // A view copied into an allocation of its own (how a clone of a held range is made).
+        let mut own = ctx.zeros::<f32>(50)?;
+        gpu(ctx.gpu.copy(&w, &mut own))?;
+        crate::compare::exact("a view copied out", &ctx.down(&own)?, &expected[650..700])?;
+    }
     drop((base, v, tail, w));
     if total(ctx) != booked {
         return Err("the allocation was freed while a view of it lived".into());

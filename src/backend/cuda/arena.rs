@@ -153,10 +153,10 @@ impl ArenaLayout {
 pub struct DeviceArenas {
     /// The layout they follow.
     pub layout: ArenaLayout,
-    /// f32 master weights: a view of all of its allocation, whose ranges parameters may hold as
-    /// their device values ([`DeviceBuffer::view_base`], [`CudaDevice::view`]).
+    /// f32 master weights: an allocation of its own, or a view of all of one whose ranges
+    /// parameters may hold as their device values ([`CudaDevice::lendable`]).
     pub values: DeviceBuffer<f32>,
-    /// f32 gradients: a view of all of its allocation, as `values`.
+    /// f32 gradients, as `values`.
     pub grads: DeviceBuffer<f32>,
     /// f32 AdamW first moments.
     pub m: DeviceBuffer<f32>,
@@ -199,15 +199,9 @@ impl CudaDevice {
         let [values, grads, m, v] = layout
             .buffers()
             .map(|(category, elements)| self.alloc_zeros::<f32>(elements.max(1), category));
-        // Values and gradients are views of their allocations, so parameters can hold ranges of
-        // them too; the ledger books the allocations once.
-        let whole = |buffer: DeviceBuffer<f32>| {
-            let len = buffer.len();
-            self.view(&std::sync::Arc::new(buffer), 0, len)
-        };
         Ok(DeviceArenas {
-            values: whole(values?)?,
-            grads: whole(grads?)?,
+            values: values?,
+            grads: grads?,
             m: m?,
             v: v?,
             items: self.upload(&items, MemoryCategory::OptimizerState)?,

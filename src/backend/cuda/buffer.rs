@@ -128,6 +128,10 @@ impl<T: DeviceRepr> DeviceBuffer<T> {
 
     /// The device address for a kernel that writes the buffer (a view writes its allocation's
     /// range: device memory, ordered on the one stream like every other access).
+    ///
+    /// A view takes its allocation's address through a shared reference, so cudarc records no
+    /// write event on the allocation: correct while every access runs on the device's one
+    /// stream (as all of this crate's do); a second stream would have to wait for the first.
     pub(crate) fn address_mut(&mut self, device: &CudaDevice) -> u64 {
         match &mut self.memory {
             Memory::Owned(slice) => {
@@ -216,6 +220,16 @@ impl CudaDevice {
         // SAFETY: a view's range lies within its allocation (checked when it was made), which it
         // keeps alive; the memset is ordered on the stream with every other access.
         unsafe { result::memset_d8_async(dst, 0, bytes, self.stream().cu_stream()) }.call("cuMemsetD8Async")
+    }
+
+    /// `buffer` as a view of all of it, so that views of its ranges can be made
+    /// ([`DeviceBuffer::view_base`]); a view is returned as it is.
+    pub fn lendable<T>(&self, buffer: DeviceBuffer<T>) -> Result<DeviceBuffer<T>> {
+        if buffer.view_of().is_some() {
+            return Ok(buffer);
+        }
+        let len = buffer.len();
+        self.view(&Arc::new(buffer), 0, len)
     }
 
     /// A view of `len` elements of `base` from `offset` (a range past `base` is an error): writes
@@ -345,8 +359,7 @@ impl CudaDevice {
         offset: usize,
     ) -> Result<()> {
         check_range("device copy past the buffer", offset, src.len(), dst.len())?;
-        let to = dst.address_mut(self) + (offset * size_of::<T>()) as u64;
-        self.copy_raw(src.address(self), to, src.len() * size_of::<T>())
+        self.copy_ranges(src, 0, dst, offset, src.len())
     }
 
     /// Device-to-device copy of `src[offset..offset + dst.len()]` into `dst` (the optimizer's
@@ -358,15 +371,41 @@ impl CudaDevice {
         dst: &mut DeviceBuffer<T>,
     ) -> Result<()> {
         check_range("device copy past the buffer", offset, dst.len(), src.len())?;
-        let from = src.address(self) + (offset * size_of::<T>()) as u64;
-        self.copy_raw(from, dst.address_mut(self), dst.len() * size_of::<T>())
+        let len = dst.len();
+        self.copy_ranges(src, offset, dst, 0, len)
     }
 
     /// Device-to-device copy of `src` into `dst` (same length); the baseline of the bandwidth bench.
     pub fn copy<T: DeviceRepr>(&self, src: &DeviceBuffer<T>, dst: &mut DeviceBuffer<T>) -> Result<()> {
-        check_range("device copy past the buffer", 0, src.len(), dst.len())?;
-        check_range("device copy past the buffer", 0, dst.len(), src.len())?;
-        self.copy_raw(src.address(self), dst.address_mut(self), src.len() * size_of::<T>())
+        if src.len() != dst.len() {
+            return Err(Error::LengthMismatch {
+                what: "device copy",
+                src: src.len(),
+                dst: dst.len(),
+            });
+        }
+        self.copy_ranges(src, 0, dst, 0, src.len())
+    }
+
+    /// `len` elements from `src[from..]` to `dst[to..]` (ranges checked by the callers): through
+    /// cudarc between allocations of their own, through the driver by address where a view
+    /// takes part.
+    fn copy_ranges<T: DeviceRepr>(
+        &self,
+        src: &DeviceBuffer<T>,
+        from: usize,
+        dst: &mut DeviceBuffer<T>,
+        to: usize,
+        len: usize,
+    ) -> Result<()> {
+        if let (Memory::Owned(s), Memory::Owned(d)) = (&src.memory, &mut dst.memory) {
+            let view = s.slice(from..from + len);
+            let mut target = d.slice_mut(to..to + len);
+            return self.stream().memcpy_dtod(&view, &mut target).call("cuMemcpyDtoD");
+        }
+        let size = size_of::<T>();
+        let (src_at, dst_at) = (src.address(self), dst.address_mut(self));
+        self.copy_raw(src_at + (from * size) as u64, dst_at + (to * size) as u64, len * size)
     }
 
     /// `bytes` from device address `from` to `to`, in stream order (nothing for none: the

@@ -25,26 +25,40 @@ pub(crate) struct CudaArenas {
     /// Whether parameters may hold ranges of the value and gradient arenas
     /// (`FP8_CUDA_ARENA_VIEWS=1`).
     lends: bool,
+    /// Lenders lend while it lives: the arenas' allocations outlive them while parameters hold
+    /// ranges, but no new range of arenas that are gone is lent.
+    alive: Arc<()>,
 }
 
 /// Allocates the arenas of `layout` on the GPU of `kernels` (zeroed; refused before anything is
 /// allocated when they do not fit in its free memory, saying how much they need).
 pub(crate) fn arena_store(kernels: &CudaKernels, layout: ArenaLayout) -> Result<Box<dyn ArenaStore>> {
     let staged = staged(kernels)?;
-    let arenas = staged.device().allocate_arenas(layout)?;
+    let mut arenas = staged.device().allocate_arenas(layout)?;
+    let lends = crate::backend::cuda::env_switch::arena_views();
+    if lends {
+        // The value and gradient arenas become views of their allocations, whose ranges the
+        // parameters may then hold.
+        let device = staged.device();
+        arenas.values = device.lendable(arenas.values)?;
+        arenas.grads = device.lendable(arenas.grads)?;
+    }
     Ok(Box::new(CudaArenas {
         staged,
         ordinal: kernels.ordinal,
         arenas,
-        lends: crate::backend::cuda::env_switch::arena_views(),
+        lends,
+        alive: Arc::new(()),
     }))
 }
 
 /// A parameter's range of a value or gradient arena, lent as its device values
-/// ([`ArenaLender`]): a view of the arena's allocation, held weakly until lent.
+/// ([`ArenaLender`]): a view of the arena's allocation, held weakly until lent, and only while
+/// the arenas live.
 struct CudaLender {
     staged: Arc<Staged>,
     ordinal: usize,
+    alive: Weak<()>,
     allocation: Weak<DeviceBuffer<f32>>,
     offset: usize,
     len: usize,
@@ -70,7 +84,7 @@ impl ArenaLender for CudaLender {
     }
 
     fn lend(&self) -> Result<Option<CudaStorage>> {
-        let Some(allocation) = self.allocation.upgrade() else {
+        let (Some(_alive), Some(allocation)) = (self.alive.upgrade(), self.allocation.upgrade()) else {
             return Ok(None);
         };
         let view = self.staged.device().view(&allocation, self.offset, self.len)?;
@@ -159,6 +173,7 @@ impl ArenaStore for CudaArenas {
         Some(Arc::new(CudaLender {
             staged: self.staged.clone(),
             ordinal: self.ordinal,
+            alive: Arc::downgrade(&self.alive),
             allocation: Arc::downgrade(allocation),
             offset,
             len,
