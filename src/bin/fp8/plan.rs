@@ -223,7 +223,8 @@ pub fn run(args: PlanArgs) -> Result<(), CliError> {
         _ => None,
     };
     // A resident GPU run also keeps device copies of trainable values and gradients (booked as
-    // workspace there); reported beside the plan, which follows the CPU ledger.
+    // workspace there; with FP8_CUDA_ARENA_VIEWS=1 only the micro-batch sums); reported beside
+    // the plan, which follows the CPU ledger.
     let copies = fp8_engine::plan::device_copies(&config, &settings);
     if args.json {
         let mut out = plan_json(&p);
@@ -249,7 +250,7 @@ pub fn run(args: PlanArgs) -> Result<(), CliError> {
     print_table(&p);
     if copies > 0 {
         println!(
-            "on a GPU also {} of device copies of master values and gradients beside the arenas (total {})",
+            "on a GPU also {} of device copies of master values and gradients (beside the arenas, and gradient sums while micro-batches accumulate; total {})",
             human_bytes(to_u64(copies)),
             human_bytes(to_u64(p.total_bytes().saturating_add(copies)))
         );
