@@ -51,6 +51,7 @@ pub use llama_layer::LlamaLayer;
 pub use lora::{LoraAdapter, LoraSettings};
 pub use mlp::{Activation, LayerNormMLP};
 pub use norm::{LayerNorm, NormConfig, NormKind, RMSNorm};
+pub(crate) use param::out_of_memory;
 pub use param::{Module, Parameter};
 pub use transformer::{TransformerConfig, TransformerLayer};
 

@@ -253,10 +253,12 @@ impl Parameter {
         self.grad.values()
     }
 
-    /// Drops the host copy [`Parameter::grad`] made (the gradient is about to change where it
-    /// lives: an optimizer arena holding it unscales or clips it).
-    pub(crate) fn forget_grad_read(&mut self) {
-        self.grad_read.forget();
+    /// Drops the host copy [`Parameter::grad`] made of a gradient holding its optimizer arena
+    /// range (the arena unscaled or clipped it in place); a gradient of its own keeps its copy.
+    pub(crate) fn forget_held_grad_read(&mut self) {
+        if holds_range(&self.grad) {
+            self.grad_read.forget();
+        }
     }
 
     /// The device the gradient lives on.
@@ -806,7 +808,7 @@ fn on_stand_in_gpu(t: &mut Tensor, read: &mut HostCopy, ordinal: usize) {
 }
 
 /// Whether `e` says a GPU had no room for an allocation.
-fn out_of_memory(e: &Error) -> bool {
+pub(crate) fn out_of_memory(e: &Error) -> bool {
     matches!(e, Error::Cuda { name, .. } if name == "CUDA_ERROR_OUT_OF_MEMORY")
         || matches!(e, Error::NotEnoughMemory { .. })
 }

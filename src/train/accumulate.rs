@@ -210,8 +210,12 @@ where
 /// # Panics
 /// If the gradient cannot come back from its GPU (as [`EarlierSums::fold`]).
 fn earlier_sum(p: &mut Parameter) -> Tensor {
-    if let Ok(sum) = p.grad_tensor().try_clone() {
-        return sum;
+    match p.grad_tensor().try_clone() {
+        Ok(sum) => return sum,
+        Err(e) if !crate::nn::out_of_memory(&e) => {
+            panic!("the gradient of '{}' could not be copied on its GPU: {e}", p.name())
+        }
+        Err(_) => {}
     }
     if let Err(e) = p.grad_to_host() {
         panic!("the gradient of '{}' could not come back from its GPU: {e}", p.name());

@@ -355,7 +355,7 @@ impl AdamW {
             arenas.scale_grads(coef)?;
         }
         // A host copy read of a gradient held in its range before the scaling is stale now.
-        module.visit_parameters(&mut |p| p.forget_grad_read());
+        module.visit_parameters(&mut |p| p.forget_held_grad_read());
         Ok(Some((finite, norm)))
     }
 

@@ -196,7 +196,7 @@ impl ArenaAdamW {
             };
             if grads {
                 // A gradient held in its range changes with the arena (unscaled, clipped).
-                p.forget_grad_read();
+                p.forget_held_grad_read();
             }
         });
         result?;
@@ -1058,5 +1058,43 @@ mod tests {
         assert!(lent.params[2].grad().iter().all(|&g| g == 0.0));
         lent.params[2].grad_to_host().unwrap();
         assert_eq!(holds_ranges(&lent.params[2]), (true, false));
+    }
+
+    #[test]
+    fn the_trainers_clip_scales_held_gradients_in_place_with_the_host_bits() {
+        use crate::amp::loss_scaler::DynamicLossScaler;
+        use crate::train::adamw::TestArenas;
+        use crate::train::step::apply_gradients;
+        let (mut plain, mut lent) = (module(3.0), module(3.0));
+        for i in [0, 2] {
+            lent.params[i].value_on_stand_in_gpu(0);
+            lent.params[i].grad_on_stand_in_gpu(0);
+        }
+        let mut plain_opt = AdamW::new(config(true)).unwrap();
+        let mut opt = AdamW::new(config(true)).unwrap();
+        opt.use_test_arenas(TestArenas::Lending(0));
+        opt.prepare(&mut lent).unwrap();
+        let grad_bits = |p: &crate::nn::Parameter| p.grad().iter().map(|g| g.to_bits()).collect::<Vec<u32>>();
+        for (step, &lr) in LRS.iter().enumerate() {
+            set_grads(&mut plain, step);
+            set_grads_where_they_live(&mut lent, step);
+            // A host copy read before the clip must not outlive it.
+            let _ = lent.params[2].grad();
+            let mut scaler = DynamicLossScaler::disabled();
+            let a = apply_gradients(&mut plain, &mut scaler, &mut plain_opt, lr, Some(0.5)).unwrap();
+            let b = apply_gradients(&mut lent, &mut scaler, &mut opt, lr, Some(0.5)).unwrap();
+            assert!(a.grad_norm > 0.5, "step {step}: the clip bites");
+            assert_eq!(a.grad_norm.to_bits(), b.grad_norm.to_bits(), "step {step}");
+            assert_eq!(bits(&lent), bits(&plain), "step {step}");
+            // The host path clips every gradient in place; a held one is clipped in place too.
+            for i in [0, 2] {
+                assert_eq!(holds_ranges(&lent.params[i]), (true, true), "step {step}");
+                assert_eq!(
+                    grad_bits(&lent.params[i]),
+                    grad_bits(&plain.params[i]),
+                    "step {step}, parameter {i}"
+                );
+            }
+        }
     }
 }

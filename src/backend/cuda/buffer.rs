@@ -261,6 +261,9 @@ impl CudaDevice {
     /// an error, nothing copied).
     pub fn write_at<T: DeviceRepr>(&self, host: &[T], buffer: &mut DeviceBuffer<T>, offset: usize) -> Result<()> {
         check_range("device write past the buffer", offset, host.len(), buffer.len())?;
+        if host.is_empty() {
+            return Ok(());
+        }
         let start = buffer.address_mut(self) + (offset * size_of::<T>()) as u64;
         timed(Transfer::HostToDevice, size_of_val(host), || {
             self.copy_to_device(host, start)
@@ -271,6 +274,9 @@ impl CudaDevice {
     /// a kernel error flag, as [`CudaDevice::download`]; a range past the buffer is an error).
     pub fn read_at<T: DeviceRepr>(&self, buffer: &DeviceBuffer<T>, offset: usize, host: &mut [T]) -> Result<()> {
         check_range("device read past the buffer", offset, host.len(), buffer.len())?;
+        if host.is_empty() {
+            return self.synchronize();
+        }
         let start = buffer.address(self) + (offset * size_of::<T>()) as u64;
         self.wait_when_timed()?;
         // SAFETY: `T` and `MaybeUninit<T>` have one layout; only whole values are written.
@@ -285,6 +291,11 @@ impl CudaDevice {
     pub fn download<T: DeviceRepr>(&self, buffer: &DeviceBuffer<T>) -> Result<Vec<T>> {
         self.wait_when_timed()?;
         let len = buffer.len();
+        if len == 0 {
+            // Nothing to copy (no zero-byte copy reaches the driver); still a wait for the stream.
+            self.synchronize()?;
+            return Ok(Vec::new());
+        }
         let mut data = Vec::<T>::with_capacity(len);
         let start = buffer.address(self);
         timed(Transfer::DeviceToHost, len * size_of::<T>(), || {

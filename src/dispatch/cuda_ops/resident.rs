@@ -21,6 +21,9 @@ pub(crate) struct CudaValues {
     ordinal: usize,
     category: MemoryCategory,
     buffer: DeviceBuffer<f32>,
+    /// A range an optimizer arena lent ([`CudaValues::lent`]); other views (an empty buffer)
+    /// are not.
+    lent: bool,
 }
 
 impl std::fmt::Debug for CudaValues {
@@ -64,7 +67,8 @@ impl DeviceArray for CudaValues {
         self
     }
     fn arena_view(&self) -> Option<(usize, usize)> {
-        self.buffer.view_of().map(|(base, offset)| (base as usize, offset))
+        let range = self.buffer.view_of().map(|(base, offset)| (base as usize, offset));
+        range.filter(|_| self.lent)
     }
 }
 
@@ -77,6 +81,7 @@ impl CudaValues {
             ordinal,
             category: MemoryCategory::Workspace,
             buffer,
+            lent: true,
         }))
     }
 }
@@ -222,6 +227,7 @@ impl Staged {
             ordinal,
             category,
             buffer: self.device().alloc_zeros::<f32>(len, category)?,
+            lent: false,
         })
     }
 
