@@ -188,6 +188,10 @@ impl CudaDevice {
     /// Allocates the arenas of `layout` (zeroed) as [`ArenaLayout::buffers`] lists them, after
     /// checking that they fit in the free memory (nothing is allocated otherwise).
     pub fn allocate_arenas(&self, layout: ArenaLayout) -> Result<DeviceArenas> {
+        // Frees queued on the stream (old arenas whose last ranges just went home) reach the
+        // driver's count of free memory once the stream has caught up with them (the default
+        // pool keeps nothing back at a synchronization). Arenas are made once a run: one wait.
+        self.synchronize()?;
         let (free, _) = self.memory_info()?;
         layout.check_fits(free)?;
         let mut items = adamw_items(&layout.adamw_segments(), layout.len())?;
