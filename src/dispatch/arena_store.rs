@@ -59,8 +59,8 @@ pub(crate) trait ArenaStore: Send + Sync {
     /// The sum of the gradients' squares in f64 (the twin: `ops::sum_of_squares` per parameter,
     /// added in order; a device sums in its own order, within `sum_squares_bound`).
     fn grad_sum_squares(&self) -> Result<f64>;
-    /// A lender of `arena[offset..offset + len]` (values or gradients) as a parameter's device
-    /// values, or `None` where this store lends none: a parameter holding the range is the
+    /// A lender of `arena[offset..offset + len]` (asked of the value and gradient arenas, for
+    /// non-empty ranges) as a parameter's device values, or `None` where this store lends none: a parameter holding the range is the
     /// arena's copy, which the step updates in place ([`Self::holds`]).
     fn lender(&self, arena: Arena, offset: usize, len: usize) -> Option<Arc<dyn ArenaLender>>;
     /// Whether `values` is this store's range of `arena` from `offset` (lent by
@@ -194,16 +194,13 @@ impl ArenaStore for HostArenas {
     }
 
     fn lender(&self, arena: Arena, offset: usize, len: usize) -> Option<Arc<dyn ArenaLender>> {
-        let ordinal = self.lend_on?;
-        if len == 0 || !matches!(arena, Arena::Values | Arena::Grads) {
-            return None;
-        }
-        lend_range(ordinal, &self.alive, &self.arenas[arena.index()], offset, len)
+        lend_range(self.lend_on?, &self.alive, &self.arenas[arena.index()], offset, len)
     }
 
     fn holds(&self, arena: Arena, offset: usize, values: &CudaStorage) -> bool {
+        // Only a range this store lent points into its allocation.
         let allocation = Arc::as_ptr(&self.arenas[arena.index()]) as usize;
-        self.lend_on.is_some() && values.arena_view() == Some((allocation, offset))
+        values.arena_view() == Some((allocation, offset))
     }
 }
 

@@ -414,7 +414,7 @@ impl Parameter {
     /// The device copy is booked as workspace, as a device gradient is: the memory summary's
     /// parameters are the training session's model of them.
     pub(crate) fn keep_value_on(&mut self, backend: &Backend) -> Result<()> {
-        if self.frozen || self.half.is_some() || self.held.is_some() {
+        if !self.trainable_masters() {
             return Ok(());
         }
         keep_on(
@@ -434,11 +434,16 @@ impl Parameter {
         value: Option<std::sync::Arc<dyn ArenaLender>>,
         grad: Option<std::sync::Arc<dyn ArenaLender>>,
     ) {
-        let trainable = !self.frozen && self.half.is_none() && self.held.is_none();
-        self.lenders = match trainable {
+        self.lenders = match self.trainable_masters() {
             true => Lenders { value, grad },
             false => Lenders::default(),
         };
+    }
+
+    /// Whether the f32 master values train here, whole: not frozen, not held in 16 bits, not a
+    /// ZeRO shard.
+    fn trainable_masters(&self) -> bool {
+        !self.frozen && self.half.is_none() && self.held.is_none()
     }
 
     /// Brings master values and a gradient that hold ranges of an optimizer's arenas to host
@@ -467,9 +472,7 @@ impl Parameter {
             return Ok(());
         };
         if let Some(range) = lent_range(lender, ordinal, t.len())? {
-            let (rows, cols) = t.shape();
-            *t = Tensor::on_device(range, rows, cols)?;
-            read.forget();
+            hold(t, read, range)?;
         }
         Ok(())
     }
@@ -758,10 +761,16 @@ fn into_lent_range(
         return Ok(false);
     };
     range.overwrite(&t.values().to_host()?)?;
+    hold(t, read, range)?;
+    Ok(true)
+}
+
+/// `t` (with `read`, its host copy) replaced by `range`, an arena range holding its values.
+fn hold(t: &mut Tensor, read: &mut HostCopy, range: CudaStorage) -> Result<()> {
     let (rows, cols) = t.shape();
     *t = Tensor::on_device(range, rows, cols)?;
     read.forget();
-    Ok(true)
+    Ok(())
 }
 
 /// Whether `t` holds a range of an optimizer's arena.

@@ -346,16 +346,14 @@ impl AdamW {
         arenas.upload_grads(module)?;
         let mut finite = true;
         if let Some(inv_scale) = inv_scale {
-            finite = agree(arenas.scale_grads(inv_scale)?)?;
+            finite = agree(arenas.scale_grads(module, inv_scale)?)?;
         }
         let norm = arenas.grad_sum_squares()?.sqrt();
         if let (true, Some(max)) = (finite, max_grad_norm)
             && let Some(coef) = clip_coefficient(norm, max)
         {
-            arenas.scale_grads(coef)?;
+            arenas.scale_grads(module, coef)?;
         }
-        // A host copy read of a gradient held in its range before the scaling is stale now.
-        module.visit_parameters(&mut |p| p.forget_held_grad_read());
         Ok(Some((finite, norm)))
     }
 

@@ -16,7 +16,7 @@
 //! and the step copies nothing for it. One kept on the GPU in a copy of its own (made before the
 //! arenas, or after a micro-batch sum) is copied in once and then holds its range.
 
-use crate::backend::cuda::arena::ArenaLayout;
+use crate::backend::cuda::arena::{ArenaEntry, ArenaLayout};
 use crate::dispatch::arena_store::{Arena, ArenaStore};
 use crate::error::{Error, Result};
 use crate::memory::MemoryCategory;
@@ -97,14 +97,13 @@ impl ArenaAdamW {
     }
 
     /// Lends every parameter of `module` (in the arenas' order) its ranges of the value and
-    /// gradient arenas, where the store lends them (else takes back any earlier store's).
+    /// gradient arenas, where the store lends them (else takes back any earlier store's). Empty
+    /// parameters stay host tensors (a GPU array of no values is never made).
     pub(crate) fn lend_to(&self, module: &mut dyn Module) {
         let mut entries = self.store.layout().entries().iter();
+        let lender = |arena, e: &ArenaEntry| (e.len > 0).then(|| self.store.lender(arena, e.offset, e.len)).flatten();
         module.visit_parameters(&mut |p| match entries.next() {
-            Some(e) => p.lend_from(
-                self.store.lender(Arena::Values, e.offset, e.len),
-                self.store.lender(Arena::Grads, e.offset, e.len),
-            ),
+            Some(e) => p.lend_from(lender(Arena::Values, e), lender(Arena::Grads, e)),
             None => p.lend_from(None, None),
         });
     }
@@ -161,9 +160,12 @@ impl ArenaAdamW {
         Ok(())
     }
 
-    /// Multiplies the uploaded gradients by `factor`; whether all are finite.
-    pub(crate) fn scale_grads(&mut self, factor: f32) -> Result<bool> {
-        self.store.scale_grads(factor)
+    /// Multiplies the uploaded gradients by `factor`; whether all are finite. The gradients of
+    /// `module` holding their ranges change with them: their host copies are dropped.
+    pub(crate) fn scale_grads(&mut self, module: &mut dyn Module, factor: f32) -> Result<bool> {
+        let finite = self.store.scale_grads(factor)?;
+        module.visit_parameters(&mut |p| p.forget_held_grad_read());
+        Ok(finite)
     }
 
     /// The sum of the uploaded gradients' squares, in f64.
@@ -190,14 +192,10 @@ impl ArenaAdamW {
             };
             result = match values {
                 Values::Host(host) => gather.put(e, host),
-                Values::Device(device) if gather.holds(e, device) => gather.skip_device(e),
+                Values::Device(device) if gather.holds(e, device) => gather.step_over(e),
                 // A weight or gradient kept on the GPU is copied there, not through the host.
                 Values::Device(device) => gather.put_device(e, device).and_then(|()| p.hold_lent(grads)),
             };
-            if grads {
-                // A gradient held in its range changes with the arena (unscaled, clipped).
-                p.forget_held_grad_read();
-            }
         });
         result?;
         gather.flush()
@@ -332,19 +330,19 @@ impl<'a> Gather<'a> {
         self.arenas.store.holds(self.arena, span.offset, values)
     }
 
-    /// A span whose parameter holds its range: the host values gathered so far go first, and the
-    /// next host window starts after it, as [`Self::put_device`]'s.
-    fn skip_device(&mut self, span: Span) -> Result<()> {
+    /// Ends the host window at a span kept on the device: the host values gathered so far go
+    /// first, and the next window starts after the span, so its zero padding never covers it
+    /// (a span whose parameter holds its range needs nothing more).
+    fn step_over(&mut self, span: Span) -> Result<()> {
         self.flush()?;
         self.start = span.offset + span.len;
         Ok(())
     }
 
-    /// [`Self::put`] of values on the store's GPU: the host values gathered so far go first,
-    /// then one copy on the device; the next host window starts after this span, so its zero
-    /// padding never covers it.
+    /// [`Self::put`] of values on the store's GPU: the host window ends there
+    /// ([`Self::step_over`]), then one copy on the device.
     fn put_device(&mut self, span: Span, values: &CudaStorage) -> Result<()> {
-        self.flush()?;
+        self.step_over(span)?;
         if values.len() != span.len {
             return Err(Error::LengthMismatch {
                 what: "device values into their arena span",
@@ -352,9 +350,7 @@ impl<'a> Gather<'a> {
                 dst: span.len,
             });
         }
-        self.arenas.store.write_device(self.arena, span.offset, values)?;
-        self.start = span.offset + span.len;
-        Ok(())
+        self.arenas.store.write_device(self.arena, span.offset, values)
     }
 
     fn flush(&mut self) -> Result<()> {
@@ -1039,7 +1035,7 @@ mod tests {
             reference.step(&mut plain, &scalars, false).unwrap();
             // The checked path: gradients checked and clipped in the arena, then the update.
             arenas.upload_grads(&mut lent).unwrap();
-            assert!(arenas.scale_grads(1.0).unwrap());
+            assert!(arenas.scale_grads(&mut lent, 1.0).unwrap());
             arenas.step(&mut lent, &scalars, true).unwrap();
             assert_eq!(bits(&lent), bits(&plain), "step {step}");
             // The first step copies the two device values and gradients in once (their own
@@ -1049,7 +1045,7 @@ mod tests {
         // A clipped gradient held in its range is the arena's: the host read sees the change.
         let before = lent.params[2].grad().to_vec();
         arenas.upload_grads(&mut lent).unwrap();
-        arenas.scale_grads(0.5).unwrap();
+        arenas.scale_grads(&mut lent, 0.5).unwrap();
         let halved: Vec<f32> = before.iter().map(|g| g * 0.5).collect();
         assert_eq!(lent.params[2].grad(), &halved[..]);
         // A gradient cleared in place keeps its range; one brought home gives it back.

@@ -21,10 +21,9 @@ use crate::tensor::device_values::{ArenaLender, CudaStorage};
 pub(crate) struct CudaArenas {
     staged: Arc<Staged>,
     ordinal: usize,
+    /// With `FP8_CUDA_ARENA_VIEWS=1`, the value and gradient arenas are views of their
+    /// allocations, whose ranges parameters may hold.
     arenas: DeviceArenas,
-    /// Whether parameters may hold ranges of the value and gradient arenas
-    /// (`FP8_CUDA_ARENA_VIEWS=1`).
-    lends: bool,
     /// Lenders lend while it lives: the arenas' allocations outlive them while parameters hold
     /// ranges, but no new range of arenas that are gone is lent.
     alive: Arc<()>,
@@ -35,8 +34,7 @@ pub(crate) struct CudaArenas {
 pub(crate) fn arena_store(kernels: &CudaKernels, layout: ArenaLayout) -> Result<Box<dyn ArenaStore>> {
     let staged = staged(kernels)?;
     let mut arenas = staged.device().allocate_arenas(layout)?;
-    let lends = crate::backend::cuda::env_switch::arena_views();
-    if lends {
+    if crate::backend::cuda::env_switch::arena_views() {
         // The value and gradient arenas become views of their allocations, whose ranges the
         // parameters may then hold.
         let device = staged.device();
@@ -47,7 +45,6 @@ pub(crate) fn arena_store(kernels: &CudaKernels, layout: ArenaLayout) -> Result<
         staged,
         ordinal: kernels.ordinal,
         arenas,
-        lends,
         alive: Arc::new(()),
     }))
 }
@@ -165,10 +162,7 @@ impl ArenaStore for CudaArenas {
     }
 
     fn lender(&self, arena: Arena, offset: usize, len: usize) -> Option<Arc<dyn ArenaLender>> {
-        // Empty ranges stay host tensors (a GPU array of no values is never made).
-        if !self.lends || len == 0 || !matches!(arena, Arena::Values | Arena::Grads) {
-            return None;
-        }
+        // Only arenas made lendable (the switch on) are views of their allocations.
         let allocation = self.buffer(arena).view_base()?;
         Some(Arc::new(CudaLender {
             staged: self.staged.clone(),
@@ -181,8 +175,8 @@ impl ArenaStore for CudaArenas {
     }
 
     fn holds(&self, arena: Arena, offset: usize, values: &CudaStorage) -> bool {
-        let allocation = self.buffer(arena).view_base().map(|a| Arc::as_ptr(a) as usize);
-        allocation.is_some() && values.arena_view() == allocation.map(|a| (a, offset))
+        let allocation = self.buffer(arena).view_base();
+        allocation.is_some_and(|a| values.arena_view() == Some((Arc::as_ptr(a) as usize, offset)))
     }
 
     fn device_bytes(&self, category: MemoryCategory) -> u64 {
