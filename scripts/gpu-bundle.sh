@@ -206,7 +206,7 @@ part_kernels() {
 step info 45 ./fp8 info --load-all
 step gpu_kernels 60 ./gpu_kernels
 step gpu_ops 90 ./gpu_ops
-step device_values 40 "$lib_tests" dispatch::device_values_tests:: dispatch::gqa_device_tests:: --test-threads=1 --nocapture
+step device_values 40 "$lib_tests" dispatch::device_values_tests:: dispatch::gqa_device_tests:: model::ends_tests:: --test-threads=1 --nocapture
 step gpu_gemm 75 ./gpu_gemm
 local before=$status
 step hopper_probes 90 ./hopper_host hopper_probes --test-threads=1 --nocapture
@@ -300,7 +300,7 @@ gpu_step step_out bench_layer_staged 90 bench-layer-staged.txt env FP8_CUDA_RESI
 # the new defaults (gpu_layers, gpu_train, gpu_llama) come first, then the staged variants,
 # the larger model, and the issue's layer.
 part_fresh() {
-step device_values 30 "$lib_tests" dispatch::device_values_tests:: dispatch::gqa_device_tests:: --test-threads=1 --nocapture
+step device_values 30 "$lib_tests" dispatch::device_values_tests:: dispatch::gqa_device_tests:: model::ends_tests:: --test-threads=1 --nocapture
 step gpu_ops 40 ./gpu_ops
 step gpu_layers 60 ./gpu_layers
 step gpu_train 60 ./gpu_train
@@ -314,7 +314,7 @@ part_layers_bench
 part_fresh_rest() {
 # The staged path (every op's operands copied in and out): the same device tests and layers.
 step device_values_staged 30 env FP8_CUDA_RESIDENT=0 "$lib_tests" dispatch::device_values_tests:: \
-    dispatch::gqa_device_tests:: --test-threads=1 --nocapture
+    dispatch::gqa_device_tests:: model::ends_tests:: --test-threads=1 --nocapture
 step gpu_layers_staged 60 env FP8_CUDA_RESIDENT=0 ./gpu_layers
 step attention_mma 30 "$lib_tests" backend::cuda::attention_mma::tests::gpu_ --test-threads=1 --nocapture
 local sanitizer
@@ -353,7 +353,7 @@ exit $fail'
 # gradient norm and FP8 statistics the same; tokens/s of both); the issue's layer with them.
 part_banks() {
 step device_values_banks 30 env FP8_CUDA_DEVICE_BANKS=1 "$lib_tests" dispatch::device_values_tests:: \
-    dispatch::gqa_device_tests:: --test-threads=1 --nocapture
+    dispatch::gqa_device_tests:: model::ends_tests:: --test-threads=1 --nocapture
 gpu_step step_out train_banks 45 train-banks.txt bash -c '
 for run in host device; do
     dir=$(mktemp -d); eval "dir_$run=$dir"
@@ -377,7 +377,7 @@ gpu_step step_out bench_layer_banks 60 bench-layer-banks.txt env FP8_CUDA_DEVICE
 # it, with 1 and 2 micro-batches: every step the same; tokens/s and peak bytes of both.
 part_views() {
 step device_values_views 30 env FP8_CUDA_ARENA_VIEWS=1 "$lib_tests" dispatch::device_values_tests:: \
-    dispatch::gqa_device_tests:: --test-threads=1 --nocapture
+    dispatch::gqa_device_tests:: model::ends_tests:: --test-threads=1 --nocapture
 gpu_step step_out train_views 60 train-views.txt bash -c '
 fail=0
 for mb in 1 2; do

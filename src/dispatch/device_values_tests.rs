@@ -16,7 +16,7 @@ pub(super) fn stand_in(ordinal: usize, values: Vec<f32>) -> CudaStorage {
     CudaStorage::new(Box::new(HostArray { ordinal, values }))
 }
 
-pub(super) fn ramp(n: usize, seed: f32) -> Vec<f32> {
+pub(crate) fn ramp(n: usize, seed: f32) -> Vec<f32> {
     (0..n).map(|i| (i as f32 * 0.37 + seed).sin() * 2.0).collect()
 }
 
@@ -46,7 +46,7 @@ pub(super) fn same_pass<M: crate::nn::Module>(
 }
 
 /// Whether GPU 0 cannot be opened, printing `<test>: skipped: <why>` then.
-pub(super) fn skipped_without_a_gpu(test: &str) -> bool {
+pub(crate) fn skipped_without_a_gpu(test: &str) -> bool {
     match crate::backend::cuda::CudaDevice::open(0) {
         Ok(_) => false,
         Err(err) => {

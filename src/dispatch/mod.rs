@@ -9,8 +9,8 @@
 //! ([`Values`]/[`ValuesMut`] arguments) and stage host values through host memory:
 //! upload the inputs, run the kernel(s), download the host outputs
 //! (`docs/cuda-backend.md`). Ops without a kernel return `Error::Unsupported`
-//! naming the op, never a panic and never a silent host fallback. The activation
-//! ops take `Values`; the rest (embedding, loss, optimizer, slot banks) still take
+//! naming the op, never a panic and never a silent host fallback. The activation,
+//! embedding and loss ops take `Values`; the rest (optimizer, slot banks) still take
 //! host slices. The layers keep a tensor where it lives, and pass device tensors
 //! between their ops once a GPU backend uploads their input (unless `FP8_CUDA_RESIDENT=0`)
 //! (`docs/cuda-backend.md`, Device-resident tensors).
@@ -46,7 +46,7 @@ pub(crate) mod arena_store;
 mod contract;
 mod cuda_ops;
 #[cfg(test)]
-mod device_values_tests;
+pub(crate) mod device_values_tests;
 pub(crate) mod fp8_cast;
 mod gemm_check;
 #[cfg(test)]
@@ -166,7 +166,10 @@ kernels! {
     /// Casts `[rows, cols]` to FP8 under any recipe, both copies (row-wise and transposed).
     fn quantize(recipe: &Fp8Recipe, role: TensorRole, src: Values<'_>, rows: usize, cols: usize, delayed_scale: f32)
         -> Cast = fp8_cast::cast;
-    /// `D = A B^T` scaled (`docs/numerics.md`, GEMM), any operand precision.
+    /// `D = A B^T` scaled (`docs/numerics.md`, GEMM), any operand precision, into any output
+    /// type. The layers and models write f32 through [`Kernels::gemm_into`]; this op keeps the
+    /// 16-bit and FP8 outputs reachable through the trait (its tests, shadow mode's).
+    #[cfg_attr(not(test), allow(dead_code))]
     fn gemm(a: &Operand, b: &Operand, out: Output, params: &GemmParams) -> GemmReport = crate::gemm::cpu::gemm,
         gemm_call = contract::GemmCall { a, b, params };
     /// [`Kernels::gemm`] into f32 values wherever they live (an activation's GEMM whose result
@@ -226,18 +229,19 @@ kernels! {
     fn round(values: ValuesMut<'_>, dtype: Dtype) -> () = cpu_round;
     /// `sums += column sums of x` (bias gradients).
     fn column_sum(x: Values<'_>, cols: usize, sums: ValuesMut<'_>) -> () = crate::ops::elementwise::column_sum_accumulate;
-    /// Embedding gather.
-    fn embedding_forward(ids: &[u32], table: &[f32], dim: usize, out: &mut [f32]) -> ()
+    /// Embedding gather (the ids are host values: the data loader's).
+    fn embedding_forward(ids: &[u32], table: Values<'_>, dim: usize, out: ValuesMut<'_>) -> ()
         = crate::ops::embedding_forward;
     /// Embedding scatter-add into the table gradient.
-    fn embedding_backward(ids: &[u32], dout: &[f32], dim: usize, dtable: &mut [f32]) -> ()
+    fn embedding_backward(ids: &[u32], dout: Values<'_>, dim: usize, dtable: ValuesMut<'_>) -> ()
         = crate::ops::embedding_backward;
-    /// Mean cross-entropy over the non-ignored targets, saving the log-sum-exp.
-    fn cross_entropy_forward(logits: &[f32], targets: &[u32], vocab: usize, ignore: u32, lse: &mut [f32]) -> f32
-        = crate::ops::cross_entropy_forward;
+    /// Mean cross-entropy over the non-ignored targets (returned: read back from a GPU), saving
+    /// the log-sum-exp.
+    fn cross_entropy_forward(logits: Values<'_>, targets: &[u32], vocab: usize, ignore: u32, lse: ValuesMut<'_>)
+        -> f32 = crate::ops::cross_entropy_forward;
     /// Cross-entropy backward into dlogits.
-    fn cross_entropy_backward(logits: &[f32], targets: &[u32], vocab: usize, ignore: u32, lse: &[f32], dloss: f32,
-        dlogits: &mut [f32]) -> () = crate::ops::cross_entropy_backward;
+    fn cross_entropy_backward(logits: Values<'_>, targets: &[u32], vocab: usize, ignore: u32, lse: Values<'_>,
+        dloss: f32, dlogits: ValuesMut<'_>) -> () = crate::ops::cross_entropy_backward;
     /// The delayed-scaling update of the slots `slots` of a bank, slot `slots[k]` in `formats[k]`
     /// (`docs/numerics.md`, delayed scaling).
     fn delayed_update(bank: &mut SlotBank, slots: &[usize], formats: &[Fp8Format], recipe: &DelayedScaling) -> ()
@@ -526,11 +530,20 @@ impl Backend {
     /// ops (the default; `FP8_CUDA_RESIDENT=0` turns it off): `None` on the CPU, with
     /// the switch off, or for a tensor that is not in host memory (already on the device).
     pub(crate) fn resident_input(&self, x: &Tensor) -> Result<Option<Tensor>> {
-        let on_gpu = matches!(self.device(), DeviceKind::Cuda(_));
-        if !on_gpu || x.device() != DeviceKind::Cpu || !crate::backend::cuda::env_switch::resident_layers() {
+        if self.resident_device() == DeviceKind::Cpu || x.device() != DeviceKind::Cpu {
             return Ok(None);
         }
         self.to_device(x).map(Some)
+    }
+
+    /// The GPU this backend's layers keep their activations on between ops (a CUDA backend,
+    /// unless `FP8_CUDA_RESIDENT=0`), or the CPU: where a model puts its embeddings' outputs,
+    /// logits and loss state (`model::ends`).
+    pub(crate) fn resident_device(&self) -> DeviceKind {
+        match self.device() {
+            DeviceKind::Cuda(_) if crate::backend::cuda::env_switch::resident_layers() => self.device(),
+            _ => DeviceKind::Cpu,
+        }
     }
 
     /// `f` run on `x` as a layer that keeps its activations on the GPU between its ops: with

@@ -2,7 +2,7 @@
 
 use super::config::ModelConfig;
 use super::grad_ready::GradReady;
-use super::head;
+use super::{ends, head};
 use crate::amp::Precision;
 use crate::data::IGNORE_INDEX as IGNORE;
 use crate::dispatch::Backend;
@@ -65,12 +65,12 @@ impl FinalNorm {
 struct Saved {
     ids: Vec<u32>,
     targets: Vec<u32>,
-    batch: usize,
     seq: usize,
     /// Final-norm output (the tied head's input).
     normed: Tensor,
-    logits: Vec<f32>,
-    lse: Vec<f32>,
+    /// f32 logits `[rows, vocab]` and their log-sum-exp `[rows, 1]`, where the layers ran.
+    logits: Tensor,
+    lse: Tensor,
 }
 
 /// Token + position embeddings, `layers` transformer layers, final norm, head, cross-entropy.
@@ -185,30 +185,34 @@ impl DecoderModel {
         Ok(())
     }
 
-    fn embed(&self, ids: &[u32], seq: usize) -> Result<Tensor> {
-        let h = self.config.hidden;
-        let mut x = vec![0.0f32; ids.len() * h];
+    /// Token plus position embeddings of `ids` (`seq` positions a sequence), rounded to the
+    /// compute dtype, where the layers run (`ends`): `round(token + position)` on either side.
+    fn embed(&mut self, ids: &[u32], seq: usize) -> Result<Tensor> {
+        let (h, rows, device) = (self.config.hidden, ids.len(), self.backend.resident_device());
+        let tokens = ends::embed_tokens(&self.backend, &mut self.tokens, ids, (rows, h), self.dtype, device)?;
+        let positions = ends::embed_tokens(
+            &self.backend,
+            &mut self.positions,
+            &position_ids(rows, seq),
+            (rows, h),
+            self.dtype,
+            device,
+        )?;
+        let mut x = self.backend.output_at(device, rows, h)?;
         self.backend
             .kernels()
-            .embedding_forward(ids, self.tokens.value(), h, &mut x)?;
-        for (r, row) in x.chunks_exact_mut(h).enumerate() {
-            let pos = &self.positions.value()[(r % seq) * h..(r % seq + 1) * h];
-            row.iter_mut().zip(pos).for_each(|(v, p)| *v += p);
-        }
-        self.dtype.round_slice(&mut x);
-        Tensor::new(x, ids.len(), h)
+            .residual_add(tokens.values(), positions.values(), self.dtype, x.values_mut())?;
+        Ok(x)
     }
 
-    /// Runs the layers, final norm and head; returns (final-norm output, f32 logits).
-    /// On a GPU (unless `FP8_CUDA_RESIDENT=0`) the embedding output goes up once and the layers and
-    /// the final norm run on device tensors; the normed output comes back for the head.
-    fn logits(&mut self, ids: &[u32], batch: usize, seq: usize) -> Result<(Tensor, Vec<f32>)> {
-        let embedded = self.embed(ids, seq)?;
-        let mut x = self.backend.resident_input(&embedded)?.unwrap_or(embedded);
+    /// Runs the layers, final norm and head; returns (final-norm output, f32 logits), on a GPU
+    /// (unless `FP8_CUDA_RESIDENT=0`) on the device from the embeddings to the logits.
+    fn logits(&mut self, ids: &[u32], batch: usize, seq: usize) -> Result<(Tensor, Tensor)> {
+        let mut x = self.embed(ids, seq)?;
         for layer in &mut self.layers {
             x = layer.forward(&x, batch, seq)?;
         }
-        let normed = self.final_norm.forward(&x)?.into_host()?;
+        let normed = self.final_norm.forward(&x)?;
         let logits = head::logits(&self.backend, self.head.as_mut(), &normed, &self.tokens, self.dtype)?;
         Ok((normed, logits))
     }
@@ -219,15 +223,10 @@ impl DecoderModel {
         self.check_batch(inputs, batch, seq, "model inputs [batch, seq]")?;
         self.check_batch(targets, batch, seq, "model targets [batch, seq]")?;
         let (normed, logits) = self.logits(inputs, batch, seq)?;
-        let mut lse = vec![0.0f32; batch * seq];
-        let loss =
-            self.backend
-                .kernels()
-                .cross_entropy_forward(&logits, targets, self.config.vocab, IGNORE, &mut lse)?;
+        let (loss, lse) = ends::loss(&self.backend, &logits, targets, IGNORE)?;
         self.saved = Some(Saved {
             ids: inputs.to_vec(),
             targets: targets.to_vec(),
-            batch,
             seq,
             normed,
             logits,
@@ -251,40 +250,21 @@ impl DecoderModel {
             value: "called".into(),
             reason: "no forward_loss before it".into(),
         })?;
-        let (rows, h, vocab) = (saved.batch * saved.seq, self.config.hidden, self.config.vocab);
-        let mut dlogits = vec![0.0f32; rows * vocab];
-        self.backend.kernels().cross_entropy_backward(
-            &saved.logits,
-            &saved.targets,
-            vocab,
-            IGNORE,
-            &saved.lse,
-            dloss,
-            &mut dlogits,
-        )?;
+        let dlogits = ends::loss_backward(&self.backend, &saved.logits, &saved.targets, IGNORE, &saved.lse, dloss)?;
         let (backend, head) = (&self.backend, self.head.as_mut());
         let dnormed = head::logits_backward(backend, head, dlogits, &saved.normed, &mut self.tokens, self.dtype)?;
         if let Some(head) = &mut self.head {
             ready(head)?;
         }
-        // Up once on a resident GPU (as the forward), down once for the embeddings.
-        let dnormed = self.backend.resident_input(&dnormed)?.unwrap_or(dnormed);
         let mut dx = self.final_norm.backward(&dnormed)?;
         ready(self.final_norm.module())?;
         for layer in self.layers.iter_mut().rev() {
             dx = layer.backward(&dx)?;
             ready(layer)?;
         }
-        let dx = dx.into_host()?;
-        self.backend
-            .kernels()
-            .embedding_backward(&saved.ids, dx.data(), h, self.tokens.grad_mut())?;
-        for (r, row) in dx.data().chunks_exact(h).enumerate() {
-            let p = r % saved.seq;
-            let grad = &mut self.positions.grad_mut()[p * h..(p + 1) * h];
-            grad.iter_mut().zip(row).for_each(|(g, d)| *g += d);
-        }
-        Ok(())
+        let positions = position_ids(saved.ids.len(), saved.seq);
+        ends::embedding_backward(&self.backend, &mut self.tokens, &saved.ids, &dx, self.dtype)?;
+        ends::embedding_backward(&self.backend, &mut self.positions, &positions, &dx, self.dtype)
     }
 
     /// The most likely next token at every position of `inputs` `[batch, seq]` (forward only;
@@ -292,7 +272,7 @@ impl DecoderModel {
     pub fn predict(&mut self, inputs: &[u32], batch: usize, seq: usize) -> Result<Vec<u32>> {
         self.check_batch(inputs, batch, seq, "model inputs [batch, seq]")?;
         let vocab = self.config.vocab;
-        self.evaluation(|m| Ok(argmax_rows(&m.logits(inputs, batch, seq)?.1, vocab)))
+        self.evaluation(|m| Ok(argmax_rows(m.logits(inputs, batch, seq)?.1.into_host()?.data(), vocab)))
     }
 
     /// Mean loss on `inputs`/`targets` and the most likely token at every position, without
@@ -324,16 +304,11 @@ impl DecoderModel {
         let vocab = self.config.vocab;
         self.evaluation(|m| {
             let logits = m.logits(inputs, batch, seq)?.1;
-            let mut lse = vec![0.0f32; batch * seq];
             let losses = target_sets
                 .iter()
-                .map(|targets| {
-                    m.backend
-                        .kernels()
-                        .cross_entropy_forward(&logits, targets, vocab, IGNORE, &mut lse)
-                })
+                .map(|targets| Ok(ends::loss(&m.backend, &logits, targets, IGNORE)?.0))
                 .collect::<Result<Vec<f32>>>()?;
-            Ok((losses, argmax_rows(&logits, vocab)))
+            Ok((losses, argmax_rows(logits.into_host()?.data(), vocab)))
         })
     }
 
@@ -373,6 +348,11 @@ impl DecoderModel {
         }
         self.final_norm.clear_saved();
     }
+}
+
+/// The position of each of `rows` tokens in its sequence of `seq` (the position table's ids).
+fn position_ids(rows: usize, seq: usize) -> Vec<u32> {
+    (0..rows).map(|r| (r % seq.max(1)) as u32).collect()
 }
 
 pub(super) fn argmax_rows(logits: &[f32], vocab: usize) -> Vec<u32> {

@@ -1,28 +1,24 @@
 //! The tied output head: `logits = h E^T` with the token embedding `E [vocab, hidden]`,
 //! in the compute dtype (inputs converted like a linear layer's, f32 accumulation, f32 logits
-//! for the loss).
+//! for the loss). The logits and `dh` are made where `h` lives, and the table is read where it
+//! lives (a resident GPU keeps a trainable one there: `ends::embed_tokens`), so a resident
+//! model's head reads nothing back.
 
-use crate::dispatch::{Backend, PlainMat, Values};
+use crate::dispatch::{Backend, PlainMat, Values, ValuesMut};
 use crate::error::Result;
-use crate::gemm::{GemmParams, Operand, Output};
+use crate::gemm::{GemmParams, Operand};
 use crate::nn::{Linear, Parameter};
 use crate::tensor::{Dtype, HalfValues, Tensor};
 
-/// The token table `[vocab, hidden]` as held: f32 values, or a frozen table's 16-bit ones.
+/// The token table `[vocab, hidden]` as held: f32 values wherever they live, or a frozen
+/// table's 16-bit ones.
 #[derive(Clone, Copy)]
 enum Table<'a> {
-    F32(&'a [f32]),
+    F32(Values<'a>),
     Half(&'a HalfValues),
 }
 
 impl<'a> Table<'a> {
-    fn of(tokens: &'a Parameter) -> Self {
-        match tokens.half_values() {
-            Some(half) => Table::Half(half),
-            None => Table::F32(tokens.value()),
-        }
-    }
-
     fn len(self) -> usize {
         match self {
             Table::F32(v) => v.len(),
@@ -58,142 +54,142 @@ impl<'a> Table<'a> {
             }
             Table::Half(h) => {
                 widened = h.to_f32();
-                &widened[..]
+                Values::Host(&widened[..])
             }
             Table::F32(v) => v,
         };
         let kernels = backend.kernels();
         match transposed {
             true => slot
-                .insert(kernels.convert_transposed(dtype, Values::Host(values), vocab, hidden)?)
+                .insert(kernels.convert_transposed(dtype, values, vocab, hidden)?)
                 .operand_on(backend, (hidden, vocab, false)),
             false => slot
-                .insert(kernels.convert(dtype, Values::Host(values))?)
+                .insert(kernels.convert(dtype, values)?)
                 .operand_on(backend, (vocab, hidden, false)),
         }
     }
 }
 
-/// f32 logits `[rows, vocab]` of the final-norm output: through the untied `head`, or tied to
-/// the token embedding `tokens`.
+/// f32 logits `[rows, vocab]` of the final-norm output, where it lives: through the untied
+/// `head`, or tied to the token embedding `tokens`.
 pub(super) fn logits(
     backend: &Backend,
     head: Option<&mut Linear>,
     normed: &Tensor,
     tokens: &Parameter,
     dtype: Dtype,
-) -> Result<Vec<f32>> {
+) -> Result<Tensor> {
     match head {
-        Some(head) => Ok(head.forward(normed)?.into_data()),
-        None => forward(
-            backend,
-            normed.data(),
-            Table::of(tokens),
-            normed.rows(),
-            normed.cols(),
-            dtype,
-        ),
+        Some(head) => head.forward(normed),
+        None => match tokens.half_values() {
+            Some(half) => forward(backend, normed, Table::Half(half), dtype),
+            None => {
+                let host = tokens.host_op_values();
+                forward(backend, normed, Table::F32(tokens.op_values(&host)), dtype)
+            }
+        },
     }
 }
 
-/// The gradient of the final-norm output from `dlogits` `[rows, vocab]`: through the untied
-/// `head`, or through the tied `tokens` table, whose gradient it accumulates unless frozen.
+/// The gradient of the final-norm output from `dlogits` `[rows, vocab]` (where `normed`
+/// lives): through the untied `head`, or through the tied `tokens` table, whose gradient it
+/// accumulates unless frozen (kept where `dlogits` lives when it trains there).
 pub(super) fn logits_backward(
     backend: &Backend,
     head: Option<&mut Linear>,
-    dlogits: Vec<f32>,
+    dlogits: Tensor,
     normed: &Tensor,
     tokens: &mut Parameter,
     dtype: Dtype,
 ) -> Result<Tensor> {
-    let (rows, hidden) = (normed.rows(), normed.cols());
     match head {
-        Some(head) => {
-            let vocab = dlogits.len() / rows.max(1);
-            head.backward(&Tensor::new(dlogits, rows, vocab)?)
-        }
+        Some(head) => head.backward(&dlogits),
+        // Held in 16 bits, so frozen: no table gradient.
         None if tokens.half_values().is_some() => {
-            // Held in 16 bits, so frozen: no table gradient.
-            let table = Table::of(tokens);
-            let dh = backward(backend, &dlogits, normed.data(), table, rows, hidden, dtype, None)?;
-            Tensor::new(dh, rows, hidden)
+            let table = Table::Half(tokens.half_values().expect("matched"));
+            backward(backend, &dlogits, normed, table, dtype, None)
         }
-        None => {
-            let frozen = tokens.is_frozen();
-            let (table, dtable) = tokens.value_and_grad_mut();
-            let dtable = (!frozen).then_some(dtable);
-            let dh = backward(
+        None if tokens.is_frozen() => {
+            let host = tokens.host_op_values();
+            backward(
                 backend,
                 &dlogits,
-                normed.data(),
-                Table::F32(table),
-                rows,
-                hidden,
+                normed,
+                Table::F32(tokens.op_values(&host)),
                 dtype,
-                dtable,
-            )?;
-            Tensor::new(dh, rows, hidden)
+                None,
+            )
+        }
+        None => {
+            tokens.grad_where(backend, dlogits.device(), dtype)?;
+            // A trainable f32 table is read in place: on the host, or where the forward put it.
+            let (table, dtable) = tokens.value_and_trainable_grad_values();
+            backward(backend, &dlogits, normed, Table::F32(table), dtype, dtable)
         }
     }
 }
 
-/// `h [rows, hidden]`, `table [vocab, hidden]` -> logits `[rows, vocab]`.
-fn forward(backend: &Backend, h: &[f32], table: Table, rows: usize, hidden: usize, dtype: Dtype) -> Result<Vec<f32>> {
+/// `h [rows, hidden]`, `table [vocab, hidden]` -> logits `[rows, vocab]`, where `h` lives.
+fn forward(backend: &Backend, h: &Tensor, table: Table, dtype: Dtype) -> Result<Tensor> {
+    let (rows, hidden) = h.shape();
     let vocab = table.len() / hidden.max(1);
     let kernels = backend.kernels();
-    let h = kernels.convert(dtype, Values::Host(h))?;
+    let hm = kernels.convert(dtype, h.values())?;
     let mut slot = None;
     let e = table.operand(backend, dtype, (vocab, hidden, false), &mut slot)?;
-    let mut logits = vec![0.0; rows * vocab];
-    kernels.gemm(
-        &h.operand_on(backend, (rows, hidden, false))?,
+    // Every logit is written (beta = 0).
+    let mut logits = backend.output_at(h.device(), rows, vocab)?;
+    kernels.gemm_into(
+        &hm.operand_on(backend, (rows, hidden, false))?,
         &e,
-        Output::F32(&mut logits),
-        &GemmParams::default(),
+        logits.values_mut(),
+        &plain_params(0.0),
     )?;
     Ok(logits)
 }
 
-/// Returns dh `[rows, hidden]` and accumulates `dtable += dlogits^T h` (skipped for a frozen
-/// table, `None`).
-#[allow(clippy::too_many_arguments)]
+/// A plain GEMM's parameters: no amax (nobody reads it), `beta` into the output.
+fn plain_params(beta: f32) -> GemmParams<'static> {
+    GemmParams {
+        beta,
+        report_amax: false,
+        ..GemmParams::default()
+    }
+}
+
+/// Returns dh `[rows, hidden]` (where `dlogits` lives) and accumulates `dtable += dlogits^T h`
+/// (skipped for a frozen table, `None`).
 fn backward(
     backend: &Backend,
-    dlogits: &[f32],
-    h: &[f32],
+    dlogits: &Tensor,
+    h: &Tensor,
     table: Table,
-    rows: usize,
-    hidden: usize,
     dtype: Dtype,
-    dtable: Option<&mut [f32]>,
-) -> Result<Vec<f32>> {
+    dtable: Option<ValuesMut<'_>>,
+) -> Result<Tensor> {
+    let (rows, hidden) = h.shape();
     let vocab = table.len() / hidden.max(1);
     let kernels = backend.kernels();
-    let dl = kernels.convert(dtype, Values::Host(dlogits))?;
+    let dl = kernels.convert(dtype, dlogits.values())?;
     let mut slot = None;
     let e_t = table.operand(backend, dtype, (vocab, hidden, true), &mut slot)?;
-    let mut dh = vec![0.0; rows * hidden];
-    kernels.gemm(
+    let mut dh = backend.output_at(dlogits.device(), rows, hidden)?;
+    kernels.gemm_into(
         &dl.operand_on(backend, (rows, vocab, false))?,
         &e_t,
-        Output::F32(&mut dh),
-        &GemmParams::default(),
+        dh.values_mut(),
+        &plain_params(0.0),
     )?;
-    let Some(dtable) = dtable else {
-        dtype.round_slice(&mut dh);
-        return Ok(dh);
-    };
-    let dl_t = kernels.convert_transposed(dtype, Values::Host(dlogits), rows, vocab)?;
-    let h_t = kernels.convert_transposed(dtype, Values::Host(h), rows, hidden)?;
-    kernels.gemm(
-        &dl_t.operand_on(backend, (vocab, rows, false))?,
-        &h_t.operand_on(backend, (hidden, rows, false))?,
-        Output::F32(dtable),
-        &GemmParams {
-            beta: 1.0,
-            ..GemmParams::default()
-        },
-    )?;
-    dtype.round_slice(&mut dh);
+    if let Some(dtable) = dtable {
+        let dl_t = kernels.convert_transposed(dtype, dlogits.values(), rows, vocab)?;
+        let h_t = kernels.convert_transposed(dtype, h.values(), rows, hidden)?;
+        kernels.gemm_into(
+            &dl_t.operand_on(backend, (vocab, rows, false))?,
+            &h_t.operand_on(backend, (hidden, rows, false))?,
+            dtable,
+            &plain_params(1.0),
+        )?;
+    }
+    kernels.round(dh.values_mut(), dtype)?;
     Ok(dh)
 }

@@ -4,7 +4,7 @@
 
 use super::config::Recompute;
 use super::grad_ready::{GradReady, TrainableOnly};
-use super::head;
+use super::{ends, head};
 use crate::amp::Precision;
 use crate::data::IGNORE_INDEX as IGNORE;
 use crate::dispatch::{Backend, RopeTable};
@@ -28,8 +28,9 @@ struct Saved {
     ids: Vec<u32>,
     targets: Vec<u32>,
     normed: Tensor,
-    logits: Vec<f32>,
-    lse: Vec<f32>,
+    /// f32 logits `[rows, vocab]` and their log-sum-exp `[rows, 1]`, where the layers ran.
+    logits: Tensor,
+    lse: Tensor,
 }
 
 /// A Llama-family causal LM. Parameters: `embed.tokens [vocab, hidden]`, `layers.N.*`
@@ -169,40 +170,26 @@ impl LlamaModel {
         self.ensure_positions(seq)
     }
 
-    /// Token embeddings of `ids`, `rows` rows (rows past `ids.len()` are zero padding).
-    fn embed(&self, ids: &[u32], rows: usize) -> Result<Tensor> {
+    /// Token embeddings of `ids` on `device`, rounded to the compute dtype, `rows` rows (on the
+    /// host, rows past `ids.len()` are zero padding) (`ends::embed_tokens`).
+    fn embed(&mut self, ids: &[u32], rows: usize, device: DeviceKind) -> Result<Tensor> {
         let h = self.config.hidden_size;
-        let mut x = vec![0.0f32; rows * h];
-        let out = &mut x[..ids.len() * h];
-        match self.tokens.half_values() {
-            // A frozen table held in 16 bits: only the looked-up rows are widened (exact), and
-            // the same lookup op reads them.
-            Some(half) => {
-                let (local, table) = half.widen_rows(ids, h)?;
-                self.backend.kernels().embedding_forward(&local, &table, h, out)?;
-            }
-            None => self
-                .backend
-                .kernels()
-                .embedding_forward(ids, self.tokens.value(), h, out)?,
-        }
-        self.dtype.round_slice(&mut x);
-        Tensor::new(x, rows, h)
+        let mut x = ends::embed_tokens(&self.backend, &mut self.tokens, ids, (rows, h), self.dtype, device)?;
+        self.backend.kernels().round(x.values_mut(), self.dtype)?;
+        Ok(x)
     }
 
-    /// Final norm and head over `x`; returns (final-norm output, f32 logits).
-    fn head_logits(&mut self, x: &Tensor) -> Result<(Tensor, Vec<f32>)> {
-        // The head runs on host values (a resident run's normed output comes back here).
-        let normed = self.final_norm.forward(x)?.into_host()?;
+    /// Final norm and head over `x`, where it lives; returns (final-norm output, f32 logits).
+    fn head_logits(&mut self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        let normed = self.final_norm.forward(x)?;
         let logits = head::logits(&self.backend, self.head.as_mut(), &normed, &self.tokens, self.dtype)?;
         Ok((normed, logits))
     }
 
-    /// On a GPU (unless `FP8_CUDA_RESIDENT=0`) the embedding output goes up once and the layers and
-    /// the final norm run on device tensors (as `DecoderModel`).
-    fn logits(&mut self, ids: &[u32], batch: usize, seq: usize) -> Result<(Tensor, Vec<f32>)> {
-        let embedded = self.embed(ids, ids.len())?;
-        let mut x = self.backend.resident_input(&embedded)?.unwrap_or(embedded);
+    /// On a GPU (unless `FP8_CUDA_RESIDENT=0`) the embeddings, the layers, the final norm and the
+    /// head run on device tensors (as `DecoderModel`).
+    fn logits(&mut self, ids: &[u32], batch: usize, seq: usize) -> Result<(Tensor, Tensor)> {
+        let mut x = self.embed(ids, ids.len(), self.backend.resident_device())?;
         for layer in &mut self.layers {
             x = layer.forward(&x, batch, seq, &self.rope)?;
         }
@@ -215,11 +202,7 @@ impl LlamaModel {
         self.check_batch(inputs, batch, seq, "model inputs [batch, seq]")?;
         self.check_batch(targets, batch, seq, "model targets [batch, seq]")?;
         let (normed, logits) = self.logits(inputs, batch, seq)?;
-        let mut lse = vec![0.0f32; batch * seq];
-        let loss = self
-            .backend
-            .kernels()
-            .cross_entropy_forward(&logits, targets, self.vocab(), IGNORE, &mut lse)?;
+        let (loss, lse) = ends::loss(&self.backend, &logits, targets, IGNORE)?;
         self.saved = Some(Saved {
             ids: inputs.to_vec(),
             targets: targets.to_vec(),
@@ -244,44 +227,26 @@ impl LlamaModel {
             value: "called".into(),
             reason: "no forward_loss before it".into(),
         })?;
-        let (rows, h, vocab) = (saved.ids.len(), self.config.hidden_size, self.vocab());
-        let mut dlogits = vec![0.0f32; rows * vocab];
-        self.backend.kernels().cross_entropy_backward(
-            &saved.logits,
-            &saved.targets,
-            vocab,
-            IGNORE,
-            &saved.lse,
-            dloss,
-            &mut dlogits,
-        )?;
+        let dlogits = ends::loss_backward(&self.backend, &saved.logits, &saved.targets, IGNORE, &saved.lse, dloss)?;
         let (backend, head) = (&self.backend, self.head.as_mut());
         let dnormed = head::logits_backward(backend, head, dlogits, &saved.normed, &mut self.tokens, self.dtype)?;
         if let Some(head) = &mut self.head {
             ready(&mut TrainableOnly(head))?;
         }
-        // Up once on a resident GPU (as the forward), down once for the embeddings.
-        let dnormed = self.backend.resident_input(&dnormed)?.unwrap_or(dnormed);
         let mut dx = self.final_norm.backward(&dnormed)?;
         ready(&mut TrainableOnly(&mut self.final_norm))?;
         for layer in self.layers.iter_mut().rev() {
             dx = layer.backward(&dx, &self.rope)?;
             ready(&mut TrainableOnly(layer))?;
         }
-        let dx = dx.into_host()?;
-        if let Some(dtable) = self.tokens.trainable_grad() {
-            self.backend
-                .kernels()
-                .embedding_backward(&saved.ids, dx.data(), h, dtable)?;
-        }
-        Ok(())
+        ends::embedding_backward(&self.backend, &mut self.tokens, &saved.ids, &dx, self.dtype)
     }
 
     /// f32 logits `[batch * seq, vocab]` of `inputs`, forward only (nothing kept, FP8 scaling
     /// state untouched).
     pub fn forward_logits(&mut self, inputs: &[u32], batch: usize, seq: usize) -> Result<Vec<f32>> {
         self.check_batch(inputs, batch, seq, "model inputs [batch, seq]")?;
-        self.evaluation(|m| Ok(m.logits(inputs, batch, seq)?.1))
+        self.evaluation(|m| Ok(m.logits(inputs, batch, seq)?.1.into_host()?.into_data()))
     }
 
     /// Mean loss against each target set and the most likely token at every position, over one
@@ -296,18 +261,16 @@ impl LlamaModel {
         for targets in target_sets {
             self.check_batch(targets, batch, seq, "model targets [batch, seq]")?;
         }
-        let logits = self.forward_logits(inputs, batch, seq)?;
+        self.check_batch(inputs, batch, seq, "model inputs [batch, seq]")?;
         let vocab = self.vocab();
-        let mut lse = vec![0.0f32; batch * seq];
-        let losses = target_sets
-            .iter()
-            .map(|targets| {
-                self.backend
-                    .kernels()
-                    .cross_entropy_forward(&logits, targets, vocab, IGNORE, &mut lse)
-            })
-            .collect::<Result<Vec<f32>>>()?;
-        Ok((losses, super::decoder::argmax_rows(&logits, vocab)))
+        self.evaluation(|m| {
+            let logits = m.logits(inputs, batch, seq)?.1;
+            let losses = target_sets
+                .iter()
+                .map(|targets| Ok(ends::loss(&m.backend, &logits, targets, IGNORE)?.0))
+                .collect::<Result<Vec<f32>>>()?;
+            Ok((losses, super::decoder::argmax_rows(logits.into_host()?.data(), vocab)))
+        })
     }
 
     /// One empty key/value cache per layer, for [`forward_cached`](Self::forward_cached).
@@ -335,13 +298,14 @@ impl LlamaModel {
         };
         let rows = ids.len().div_ceil(multiple) * multiple;
         self.evaluation(|m| {
-            let mut x = m.embed(ids, rows)?;
+            // Generation's cached attention runs on host values.
+            let mut x = m.embed(ids, rows, DeviceKind::Cpu)?;
             for (layer, c) in m.layers.iter_mut().zip(cache.iter_mut()) {
                 x = layer.forward_cached(&x, ids.len(), c, &m.rope)?;
             }
             let h = m.config.hidden_size;
             let real = Tensor::new(x.data()[..ids.len() * h].to_vec(), ids.len(), h)?;
-            Ok(m.head_logits(&real)?.1)
+            Ok(m.head_logits(&real)?.1.into_host()?.into_data())
         })
     }
 

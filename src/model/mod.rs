@@ -9,6 +9,9 @@
 mod config;
 mod decoder;
 mod device_move;
+mod ends;
+#[cfg(test)]
+mod ends_tests;
 pub mod flops;
 mod fp8_base;
 mod frozen_width;

@@ -1,14 +1,14 @@
 //! What a run on a GPU holds there beside the plan's categories: with resident layers (the
-//! default) a trainable linear weight, a norm's gamma and beta and a LoRA adapter keep their f32
-//! master values and gradients on the device (`nn::param`, `docs/cuda-backend.md`), a second
-//! copy of each beside the optimizer's arenas (the plan's master weights and gradients). The
-//! ledger books them as workspace; so does this.
+//! default) a trainable linear weight, a norm's gamma and beta, a LoRA adapter, the embedding
+//! tables and the output head keep their f32 master values and gradients on the device
+//! (`nn::param`, `model::ends`, `docs/cuda-backend.md`), a second copy of each beside the
+//! optimizer's arenas (the plan's master weights and gradients). The ledger books them as
+//! workspace; so does this.
 //!
-//! fp32 keeps them in host memory (its GEMM finishes there), and so do the embeddings (their
-//! ops take host values), the output head (the models bring the final norm's output home before
-//! it) and the biases' values (read by the GEMM epilogue from the host; their gradients are on
-//! the device, but not those of a linear frozen in FP8). Earlier micro-batches' gradient sums
-//! stay where the gradients are: one more copy of the gradients while micro-batches accumulate.
+//! fp32 keeps them in host memory (its GEMM finishes there), and so do the biases' values (read
+//! by the GEMM epilogue from the host; their gradients are on the device, but not those of a
+//! linear frozen in FP8). Earlier micro-batches' gradient sums stay where the gradients are: one
+//! more copy of the gradients while micro-batches accumulate.
 //!
 //! With `FP8_CUDA_ARENA_VIEWS=1` (opt-in until a GPU run validates it) the master values and
 //! gradients kept on the device are the arenas' own ranges (`train::adamw_arena`): only the
@@ -56,6 +56,8 @@ pub fn device_copies(config: &HfConfig, settings: &PlanSettings) -> u128 {
     }
     let (h, layers) = (config.hidden_size as u128, config.num_hidden_layers as u128);
     let norms = (2 * layers + 1) * h;
+    // The token table, and a separate head (a tied one is the table).
+    let tables = if config.tie_word_embeddings { 1 } else { 2 } * config.vocab_size as u128 * h;
     let (q, kv) = super::q_kv_widths(config);
     let (linears, biases) = match settings.base {
         // The FP8 base freezes every decoder linear (its codes are the plan's FP8 copies), and
@@ -66,7 +68,7 @@ pub fn device_copies(config: &HfConfig, settings: &PlanSettings) -> u128 {
             if config.qkv_bias { layers * (q + 2 * kv) } else { 0 },
         ),
     };
-    let trained = linears + norms;
+    let trained = linears + norms + tables;
     copies(trained, trained + biases, settings.accumulate)
 }
 
@@ -82,7 +84,11 @@ pub fn decoder_device_copies(model: &ModelConfig, dtype: Dtype, accumulate: bool
     let biases = layers.saturating_mul(linears.iter().map(|w| w.out).sum::<u128>());
     let norm = if model.rmsnorm { h } else { 2 * h };
     let norms = (2 * layers + 1).saturating_mul(norm);
-    let values = weights.saturating_add(norms);
+    // Token and position tables, and a separate head (without a bias; a tied one is the table).
+    let vocab = model.vocab as u128;
+    let head = if model.tied_head { 0 } else { vocab };
+    let tables = (vocab + model.max_seq as u128 + head).saturating_mul(h);
+    let values = weights.saturating_add(norms).saturating_add(tables);
     copies(values, values.saturating_add(biases), accumulate)
 }
 
@@ -94,10 +100,10 @@ mod tests {
     use crate::nn::Module;
     use crate::plan::{BasePrecision, LoraPlan, parse_targets};
 
-    /// The decoder's count follows the model's own parameters: every value but the embedding
-    /// tables and the head, and the biases only as gradients.
+    /// The decoder's count follows the model's own parameters: every value, the biases only as
+    /// gradients.
     #[test]
-    fn the_decoder_copies_are_its_parameters_but_the_embeddings() {
+    fn the_decoder_copies_are_its_parameters() {
         for (swiglu, rmsnorm, tied_head) in [(false, false, false), (true, true, true), (true, false, false)] {
             let model = ModelConfig {
                 layers: 2,
@@ -117,9 +123,6 @@ mod tests {
             m.visit_parameters(&mut |p| {
                 let n = p.len() as u128;
                 let name = p.name();
-                if name.starts_with("embed.") || name.starts_with("head.") {
-                    return;
-                }
                 grads += n;
                 // Biases: 1-D parameters of linears (norms' gamma and beta are 1-D too).
                 let norm = name.contains("norm") || name.contains("ln");
@@ -171,12 +174,12 @@ mod tests {
             8 * adapters
         );
         assert_eq!(device_copies(&c, &settings("fp32", BasePrecision::Same, Some(lora))), 0);
-        // Full training: every value but the token table and the (untied) head.
+        // Full training: every value (the config has no biases).
         let full = device_copies(&c, &settings("bf16", BasePrecision::Same, None));
-        let (table, head) = (50 * 64, 50 * 64);
-        assert_eq!(full, 8 * (c.parameter_count() - table - head));
-        // An FP8 base without LoRA trains the norms, the embeddings and the head: the norms there.
+        assert_eq!(full, 8 * c.parameter_count());
+        // An FP8 base without LoRA trains the norms, the embedding and the (untied) head.
         let fp8_base = device_copies(&c, &settings("fp8-block", BasePrecision::Fp8, None));
-        assert_eq!(fp8_base, 8 * ((2 * 3 + 1) * 64));
+        let (table, head) = (50 * 64, 50 * 64);
+        assert_eq!(fp8_base, 8 * ((2 * 3 + 1) * 64 + table + head));
     }
 }

@@ -93,8 +93,9 @@ impl MemoryPlan {
 }
 
 /// Activation bytes of the loss for `tokens` tokens over `vocab`: the input and target ids (8
-/// bytes a token), the f32 logits and their log-sum-exp. A resident GPU run keeps them in host
-/// memory (`train::gpu_preflight`). Saturates, as a plan of absurd sizes does.
+/// bytes a token), the f32 logits and their log-sum-exp. A resident GPU run keeps the ids in
+/// host memory and the rest on the device (`train::gpu_preflight`). Saturates, as a plan of
+/// absurd sizes does.
 pub fn loss_activation_bytes(tokens: u128, vocab: u128) -> u128 {
     tokens.saturating_mul(vocab.saturating_mul(4).saturating_add(12))
 }

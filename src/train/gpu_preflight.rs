@@ -14,10 +14,7 @@ use crate::data::Dataset;
 use crate::error::{Error, Result};
 use crate::hf::HfConfig;
 use crate::memory::{MemoryCategory, human_bytes};
-use crate::plan::{
-    BasePrecision, LoraPlan, MemoryPlan, decoder_device_copies, device_copies, loss_activation_bytes, plan,
-    plan_decoder,
-};
+use crate::plan::{BasePrecision, LoraPlan, MemoryPlan, decoder_device_copies, device_copies, plan, plan_decoder};
 use crate::tensor::Dtype;
 
 use super::session::RunConfig;
@@ -31,8 +28,8 @@ pub struct GpuNeed {
     pub plan: MemoryPlan,
     /// Device master values and gradients beside the plan's (booked as workspace).
     pub device_copies: u128,
-    /// Activations of the plan that a resident run keeps in host memory: the token ids, the f32
-    /// logits and their log-sum-exp (the models bring the final norm's output home for the head).
+    /// Activations of the plan that a resident run keeps in host memory: the input and target
+    /// ids (the logits and their log-sum-exp are on the device: `model::ends`).
     pub host_activations: u128,
     /// Whether the plan's activations are the run's own, not an upper bound (a fine-tune's
     /// every-N recompute is planned as none): only then may the check refuse.
@@ -60,7 +57,7 @@ pub fn decoder_needs(precisions: &[Precision], config: &RunConfig, data: &Datase
     let micro = super::preflight::micro_batch(config)?;
     let model = config.model_for(data);
     let accumulate = config.micro_batches > 1;
-    let host_activations = host_activations(micro, data.seq_len(), model.vocab);
+    let host_activations = host_activations(micro, data.seq_len());
     Ok(precisions
         .iter()
         .map(|p| GpuNeed {
@@ -74,10 +71,10 @@ pub fn decoder_needs(precisions: &[Precision], config: &RunConfig, data: &Datase
         .collect())
 }
 
-/// The planned activations of `micro` sequences of `seq` tokens that stay in host memory
-/// ([`loss_activation_bytes`]).
-fn host_activations(micro: usize, seq: usize, vocab: usize) -> u128 {
-    loss_activation_bytes((micro as u128).saturating_mul(seq as u128), vocab as u128)
+/// The planned activations of `micro` sequences of `seq` tokens that stay in host memory: the
+/// input and target ids, 8 bytes a token (a part of [`loss_activation_bytes`]).
+fn host_activations(micro: usize, seq: usize) -> u128 {
+    (micro as u128).saturating_mul(seq as u128).saturating_mul(8)
 }
 
 /// The GPU needs of a fine-tune of `model` (`--init-from`), planned as `fp8 plan` plans it.
@@ -96,7 +93,7 @@ pub fn fine_tune_needs(
                 precision: precision.name().to_string(),
                 plan: plan(model, &settings),
                 device_copies: device_copies(model, &settings),
-                host_activations: host_activations(settings.micro_batch, settings.seq, model.vocab_size),
+                host_activations: host_activations(settings.micro_batch, settings.seq),
                 exact: !matches!(config.model.recompute, crate::model::Recompute::EveryNth(_)),
             })
         })
@@ -204,16 +201,16 @@ mod tests {
 
     #[test]
     fn host_activations_are_not_asked_of_the_gpu_and_an_upper_bound_only_warns() {
-        let mut logits = need(300, 50, 0, 0);
-        logits.host_activations = 200;
-        assert_eq!(logits.hard_bytes(), 150);
+        let mut with_host = need(300, 50, 0, 0);
+        with_host.host_activations = 200;
+        assert_eq!(with_host.hard_bytes(), 150);
         assert!(
-            check_gpu("g", &[logits.clone()], 150).unwrap().is_some(),
+            check_gpu("g", &[with_host.clone()], 150).unwrap().is_some(),
             "the whole plan warns"
         );
-        assert!(check_gpu("g", &[logits.clone()], 149).is_err());
-        logits.exact = false;
-        let warning = check_gpu("g", &[logits], 149).unwrap().expect("a warning");
+        assert!(check_gpu("g", &[with_host.clone()], 149).is_err());
+        with_host.exact = false;
+        let warning = check_gpu("g", &[with_host], 149).unwrap().expect("a warning");
         assert!(
             warning.contains("upper bound") && warning.contains("150 B"),
             "{warning}"

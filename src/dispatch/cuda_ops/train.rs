@@ -2,70 +2,78 @@
 //! scatter-add, cross-entropy, AdamW, sum of squares, unscale + finite check
 //! (launchers in `backend::cuda::{embedding, loss, optim}`).
 
+use super::resident::staged_for;
 use super::staged;
-use crate::dispatch::{AdamWStep, CudaKernels};
+use crate::dispatch::{AdamWStep, CudaKernels, Values, ValuesMut};
 use crate::error::Result;
 
 pub(crate) fn embedding_forward(
     k: &CudaKernels,
     ids: &[u32],
-    table: &[f32],
+    table: Values<'_>,
     dim: usize,
-    out: &mut [f32],
+    out: ValuesMut<'_>,
 ) -> Result<()> {
-    let s = staged(k)?;
-    let (table_d, mut out_d) = (s.up(table)?, s.scratch(out.len())?);
+    const OP: &str = "embedding_forward";
+    let s = staged_for(k, OP, [table.ordinal(), out.ordinal()])?;
+    let (table_d, mut out_d) = (s.input(OP, table)?, s.output(OP, out)?);
     s.device().embedding_forward(ids, &table_d, dim, &mut out_d)?;
-    s.down(&out_d, out)
+    out_d.finish(&s)
 }
 
 pub(crate) fn embedding_backward(
     k: &CudaKernels,
     ids: &[u32],
-    dout: &[f32],
+    dout: Values<'_>,
     dim: usize,
-    dtable: &mut [f32],
+    dtable: ValuesMut<'_>,
 ) -> Result<()> {
-    let s = staged(k)?;
-    let (dout_d, mut dtable_d) = (s.up(dout)?, s.up(dtable)?);
+    const OP: &str = "embedding_backward";
+    let s = staged_for(k, OP, [dout.ordinal(), dtable.ordinal()])?;
+    let (dout_d, mut dtable_d) = (s.input(OP, dout)?, s.in_place(OP, dtable)?);
     s.device().embedding_backward(ids, &dout_d, dim, &mut dtable_d)?;
-    s.down(&dtable_d, dtable)
+    dtable_d.finish(&s)
 }
 
+/// The loss comes back (a 4-byte read: the trainer reports it every micro-batch); the
+/// log-sum-exp stays where the caller put it.
 pub(crate) fn cross_entropy_forward(
     k: &CudaKernels,
-    logits: &[f32],
+    logits: Values<'_>,
     targets: &[u32],
     vocab: usize,
     ignore: u32,
-    lse: &mut [f32],
+    lse: ValuesMut<'_>,
 ) -> Result<f32> {
-    let s = staged(k)?;
-    let (logits_d, mut lse_d, mut loss_d) = (s.up(logits)?, s.scratch(lse.len())?, s.scratch::<f32>(1)?);
+    const OP: &str = "cross_entropy_forward";
+    let s = staged_for(k, OP, [logits.ordinal(), lse.ordinal()])?;
+    let (logits_d, mut lse_d, mut loss_d) = (s.input(OP, logits)?, s.output(OP, lse)?, s.scratch::<f32>(1)?);
     s.device()
         .cross_entropy_forward(&logits_d, targets, vocab, ignore, &mut lse_d, &mut loss_d)?;
-    s.down(&lse_d, lse)?;
+    lse_d.finish(&s)?;
     Ok(s.down_vec(&loss_d)?[0])
 }
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn cross_entropy_backward(
     k: &CudaKernels,
-    logits: &[f32],
+    logits: Values<'_>,
     targets: &[u32],
     vocab: usize,
     ignore: u32,
-    lse: &[f32],
+    lse: Values<'_>,
     dloss: f32,
-    dlogits: &mut [f32],
+    dlogits: ValuesMut<'_>,
 ) -> Result<()> {
-    let s = staged(k)?;
-    let (logits_d, lse_d) = (s.up(logits)?, s.up(lse)?);
-    // Rows of ignored targets are written as 0 by the kernel; an empty batch writes nothing.
-    let mut dlogits_d = s.zeros(dlogits.len())?;
+    const OP: &str = "cross_entropy_backward";
+    let s = staged_for(k, OP, [logits.ordinal(), lse.ordinal(), dlogits.ordinal()])?;
+    let (logits_d, lse_d) = (s.input(OP, logits)?, s.input(OP, lse)?);
+    // Rows of ignored targets are written as 0 by the kernel; an empty batch writes nothing
+    // (and has no values).
+    let mut dlogits_d = s.output(OP, dlogits)?;
     s.device()
         .cross_entropy_backward(&logits_d, targets, vocab, ignore, &lse_d, dloss, &mut dlogits_d)?;
-    s.down(&dlogits_d, dlogits)
+    dlogits_d.finish(&s)
 }
 
 pub(crate) fn adamw(
