@@ -444,6 +444,7 @@ impl DecoderModel {
     /// Moves every module to `device` (stops at the first that cannot move).
     fn move_modules(&mut self, device: DeviceKind) -> Result<()> {
         self.backend = Backend::on(device);
+        ends::tables_home([&mut self.tokens, &mut self.positions])?;
         for layer in &mut self.layers {
             layer.to_device(device)?;
         }

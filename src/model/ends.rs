@@ -11,6 +11,17 @@ use crate::error::{Error, Result};
 use crate::nn::{Parameter, Tensor};
 use crate::tensor::{DeviceKind, Dtype};
 
+/// Brings tables a resident GPU kept (values and gradients) home, on a move of their model to
+/// another device: the next forward takes them up again where it runs, and a model moved to the
+/// CPU reads them there.
+pub(super) fn tables_home<'a>(tables: impl IntoIterator<Item = &'a mut Parameter>) -> Result<()> {
+    for table in tables {
+        table.value_to_host()?;
+        table.grad_to_host()?;
+    }
+    Ok(())
+}
+
 /// Rows `ids` of the token table into `[rows, hidden]` on `device` (unrounded: the table's own
 /// values). On the host, rows past `ids.len()` are zero padding; a device output has exactly
 /// one row per id.
@@ -29,11 +40,11 @@ pub(super) fn embed_tokens(
         tokens.value_where(backend, device, dtype)?;
     }
     let mut out = match device {
-        DeviceKind::Cpu => Tensor::new(vec![0.0; rows * hidden], rows, hidden)?,
+        DeviceKind::Cpu if rows >= ids.len() => Tensor::new(vec![0.0; rows * hidden], rows, hidden)?,
         _ if rows == ids.len() => backend.output_at(device, rows, hidden)?,
         _ => {
             return Err(Error::ShapeMismatch {
-                what: "device embedding rows [ids, hidden]",
+                what: "embedding rows [ids (or more on the host), hidden]",
                 rows,
                 cols: hidden,
                 expected: ids.len() * hidden,

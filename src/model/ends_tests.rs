@@ -82,7 +82,29 @@ fn model_ends_keep_device_tensors_on_the_device() {
     ends::embedding_backward(&gpu, &mut staged_table, &ids, &dx, dtype).unwrap();
     ends::embedding_backward(&gpu, &mut resident_table, &ids, &dx_d, dtype).unwrap();
     assert_eq!(grad_bits(&staged_table), grad_bits(&resident_table), "table gradient");
-    println!("{TEST}: embedding, tied head, loss and their gradients: same bits, kept on the device");
+
+    // Against the CPU backend: the gather and the scatter-add are exact, the loss within f32
+    // rounding of its sums (`docs/numerics.md`: the kernel's exp and log are within 2 ulp).
+    let cpu = Backend::default();
+    let mut cpu_table = table("t", vocab, hidden, 0.3);
+    let x_cpu = ends::embed_tokens(&cpu, &mut cpu_table, &ids, (rows, hidden), dtype, DeviceKind::Cpu).unwrap();
+    assert_eq!(bits(&x_cpu), bits(&xd), "embedding forward against the CPU");
+    let mut gpu_table = table("t", vocab, hidden, 0.3); // its gradient goes up with dx_d
+    ends::embedding_backward(&cpu, &mut cpu_table, &ids, &dx, dtype).unwrap();
+    ends::embedding_backward(&gpu, &mut gpu_table, &ids, &dx_d, dtype).unwrap();
+    assert_eq!(
+        grad_bits(&cpu_table),
+        grad_bits(&gpu_table),
+        "scatter-add against the CPU"
+    );
+    let (loss_cpu, _) = ends::loss(&cpu, &logits.to_host().unwrap(), &targets, ignore).unwrap();
+    assert!(
+        (loss_cpu - loss_d).abs() <= 1e-5 * loss_cpu.abs().max(1.0),
+        "loss {loss_d} on the GPU, {loss_cpu} on the CPU"
+    );
+    println!(
+        "{TEST}: embedding, tied head, loss and their gradients: same bits, kept on the device, CPU's gather, scatter and loss"
+    );
 }
 
 #[test]

@@ -436,6 +436,7 @@ impl LlamaModel {
     /// Moves every module to `device` (stops at the first that cannot move).
     fn move_modules(&mut self, device: DeviceKind) -> Result<()> {
         self.backend = Backend::on(device);
+        ends::tables_home([&mut self.tokens])?;
         for layer in &mut self.layers {
             layer.to_device(device)?;
         }

@@ -14,7 +14,10 @@ use crate::data::Dataset;
 use crate::error::{Error, Result};
 use crate::hf::HfConfig;
 use crate::memory::{MemoryCategory, human_bytes};
-use crate::plan::{BasePrecision, LoraPlan, MemoryPlan, decoder_device_copies, device_copies, plan, plan_decoder};
+use crate::plan::{
+    BasePrecision, LoraPlan, MemoryPlan, decoder_device_copies, device_copies, loss_activation_bytes, plan,
+    plan_decoder,
+};
 use crate::tensor::Dtype;
 
 use super::session::RunConfig;
@@ -29,8 +32,12 @@ pub struct GpuNeed {
     /// Device master values and gradients beside the plan's (booked as workspace).
     pub device_copies: u128,
     /// Activations of the plan that a resident run keeps in host memory: the input and target
-    /// ids (the logits and their log-sum-exp are on the device: `model::ends`).
+    /// ids (the logits and their log-sum-exp are on the device: `model::ends`); with
+    /// `FP8_CUDA_RESIDENT=0`, the logits and log-sum-exp too.
     pub host_activations: u128,
+    /// What the loss's backward adds on the device beside the plan's activations
+    /// ([`loss_gradient_bytes`]): the plan, as the CPU ledger, counts no `dlogits`.
+    pub loss_gradient: u128,
     /// Whether the plan's activations are the run's own, not an upper bound (a fine-tune's
     /// every-N recompute is planned as none): only then may the check refuse.
     pub exact: bool,
@@ -44,11 +51,15 @@ impl GpuNeed {
             .category(MemoryCategory::Activations)
             .saturating_sub(self.host_activations)
             .saturating_add(self.plan.category(MemoryCategory::Workspace))
+            .saturating_add(self.loss_gradient)
     }
 
     /// Everything, the device copies included.
     pub fn total_bytes(&self) -> u128 {
-        self.plan.total_bytes().saturating_add(self.device_copies)
+        self.plan
+            .total_bytes()
+            .saturating_add(self.device_copies)
+            .saturating_add(self.loss_gradient)
     }
 }
 
@@ -57,7 +68,8 @@ pub fn decoder_needs(precisions: &[Precision], config: &RunConfig, data: &Datase
     let micro = super::preflight::micro_batch(config)?;
     let model = config.model_for(data);
     let accumulate = config.micro_batches > 1;
-    let host_activations = host_activations(micro, data.seq_len());
+    let tokens = micro.saturating_mul(data.seq_len());
+    let host_activations = host_activations(tokens, model.vocab);
     Ok(precisions
         .iter()
         .map(|p| GpuNeed {
@@ -65,16 +77,40 @@ pub fn decoder_needs(precisions: &[Precision], config: &RunConfig, data: &Datase
             plan: plan_decoder(&model, p, micro, data.seq_len(), accumulate),
             device_copies: decoder_device_copies(&model, p.compute_dtype(), accumulate),
             host_activations,
+            loss_gradient: loss_gradient_bytes(tokens, model.vocab, p.compute_dtype(), model.tied_head),
             // The decoder's plan counts every-N recompute as it runs.
             exact: true,
         })
         .collect())
 }
 
-/// The planned activations of `micro` sequences of `seq` tokens that stay in host memory: the
-/// input and target ids, 8 bytes a token (a part of [`loss_activation_bytes`]).
-fn host_activations(micro: usize, seq: usize) -> u128 {
-    (micro as u128).saturating_mul(seq as u128).saturating_mul(8)
+/// The planned activations of `tokens` tokens over `vocab` that stay in host memory: the input
+/// and target ids, 8 bytes a token (a part of [`loss_activation_bytes`]); staged
+/// (`FP8_CUDA_RESIDENT=0`), the logits and their log-sum-exp too.
+fn host_activations(tokens: usize, vocab: usize) -> u128 {
+    let tokens = tokens as u128;
+    match crate::backend::cuda::env_switch::resident_layers() {
+        true => tokens.saturating_mul(8),
+        false => loss_activation_bytes(tokens, vocab as u128),
+    }
+}
+
+/// Bytes the loss's backward holds on a resident GPU while the forward's activations are still
+/// there: `dlogits` (f32) and its copy in the compute dtype for the head's dgrad GEMM, and for a
+/// tied head that trains the table, the transposed copy its wgrad GEMM reads (none under fp32,
+/// whose GEMM operands are host values; none staged).
+pub fn loss_gradient_bytes(tokens: usize, vocab: usize, dtype: Dtype, tied: bool) -> u128 {
+    if !crate::backend::cuda::env_switch::resident_layers() {
+        return 0;
+    }
+    let d = match dtype {
+        Dtype::F32 => 0,
+        half => half.bytes() as u128,
+    };
+    let copies = if tied { 2 * d } else { d };
+    (tokens as u128)
+        .saturating_mul(vocab as u128)
+        .saturating_mul(4 + copies)
 }
 
 /// The GPU needs of a fine-tune of `model` (`--init-from`), planned as `fp8 plan` plans it.
@@ -89,11 +125,16 @@ pub fn fine_tune_needs(
         .iter()
         .map(|precision| {
             let settings = super::preflight::fine_tune_settings(precision, config, data, held.clone())?;
+            let tokens = settings.micro_batch.saturating_mul(settings.seq);
+            // LoRA freezes the table: a tied head then makes no transposed copy for it.
+            let trained_tied = model.tie_word_embeddings && settings.lora.is_none();
+            let dtype = precision.compute_dtype();
             Ok(GpuNeed {
                 precision: precision.name().to_string(),
                 plan: plan(model, &settings),
                 device_copies: device_copies(model, &settings),
-                host_activations: host_activations(settings.micro_batch, settings.seq),
+                host_activations: host_activations(tokens, model.vocab_size),
+                loss_gradient: loss_gradient_bytes(tokens, model.vocab_size, dtype, trained_tied),
                 exact: !matches!(config.model.recompute, crate::model::Recompute::EveryNth(_)),
             })
         })
@@ -166,6 +207,7 @@ mod tests {
             },
             device_copies: copies,
             host_activations: 0,
+            loss_gradient: 0,
             exact: true,
         }
     }
@@ -215,6 +257,25 @@ mod tests {
             warning.contains("upper bound") && warning.contains("150 B"),
             "{warning}"
         );
+    }
+
+    #[test]
+    fn the_loss_gradient_counts_dlogits_and_the_heads_operand_copies() {
+        if !crate::backend::cuda::env_switch::resident_layers() {
+            assert_eq!(loss_gradient_bytes(10, 7, Dtype::Bf16, true), 0, "staged: on the host");
+            return;
+        }
+        assert_eq!(
+            loss_gradient_bytes(10, 7, Dtype::F32, true),
+            70 * 4,
+            "fp32: dlogits only"
+        );
+        assert_eq!(loss_gradient_bytes(10, 7, Dtype::Bf16, false), 70 * (4 + 2));
+        assert_eq!(loss_gradient_bytes(10, 7, Dtype::F16, true), 70 * (4 + 2 + 2));
+        let mut with_loss = need(100, 20, 0, 0);
+        with_loss.loss_gradient = 30;
+        assert_eq!(with_loss.hard_bytes(), 150);
+        assert_eq!(with_loss.total_bytes(), with_loss.plan.total_bytes() + 30);
     }
 
     #[test]
