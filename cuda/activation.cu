@@ -1,5 +1,6 @@
-// GELU (tanh form) and SwiGLU, forward and backward, elementwise in f32.
-// Twins: ops::gelu_forward/backward and ops::swiglu_forward/backward. The CPU
+// GELU (tanh form) and SwiGLU, forward and backward, elementwise in f32, and inverted
+// dropout. Twins: ops::gelu_forward/backward, ops::swiglu_forward/backward and
+// ops::dropout/dropout_add. The CPU
 // twins evaluate exp themselves (ops::fast_exp, docs/numerics.md
 // "Activations") in plain f32 multiplies and adds without fused multiply-add;
 // this file repeats every operation in the same order with explicitly
@@ -99,4 +100,35 @@ extern "C" __global__ void __launch_bounds__(THREADS) fp8_swiglu_backward(const 
         dx[at] = mul(mul(mul(d, u), s), add(1.0f, mul(g, sub(1.0f, s))));
         dx[at + cols] = mul(mul(d, g), s);
     }
+}
+
+// Inverted dropout with a counter-based mask (twin: ops::dropout). Element i's multiplier comes
+// from SplitMix64 output i of the stream `state`: the counter jumps to state + (i + 1) * gamma
+// and is mixed, so each thread draws its own elements without a stored mask. The comparison
+// u < p runs in f64 on the 53-bit fraction, exactly as the twin's.
+__device__ __forceinline__ float dropout_multiplier(const Fp8DropoutParams& p, uint64_t i) {
+    uint64_t z = p.state + (i + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const double u = __dmul_rn((double)(z >> 11), 1.0 / 9007199254740992.0);  // exact: 2^-53
+    return u < p.p ? 0.0f : p.keep;
+}
+
+// out = x * m, rounded to the dtype.
+extern "C" __global__ void __launch_bounds__(THREADS) fp8_dropout(const Fp8DropoutParams p) {
+    const float* x = reinterpret_cast<const float*>(p.x);
+    float* out = reinterpret_cast<float*>(p.out);
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += stride)
+        out[i] = round_to(mul(x[i], dropout_multiplier(p, i)), p.dtype);
+}
+
+// out = out + g * m, rounded to the dtype (the input gradient through dropout, added).
+extern "C" __global__ void __launch_bounds__(THREADS) fp8_dropout_add(const Fp8DropoutParams p) {
+    const float* g = reinterpret_cast<const float*>(p.x);
+    float* out = reinterpret_cast<float*>(p.out);
+    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += stride)
+        out[i] = round_to(add(out[i], mul(g[i], dropout_multiplier(p, i))), p.dtype);
 }

@@ -36,6 +36,20 @@ typedef struct Fp8EltwiseParams {
     uint32_t dtype; /* FP8_DTYPE_*: rounding of the result where the op rounds */
 } Fp8EltwiseParams;
 
+/* Inverted dropout with a counter-based mask (twin: ops::dropout): element i's
+ * multiplier is 0 when the top 53 bits of SplitMix64 output i of the stream
+ * `state`, as a fraction of 2^53, are below p, else keep. dropout: out = x * m;
+ * dropout_add: out = out + x * m; each result rounded to dtype. */
+typedef struct Fp8DropoutParams {
+    uint64_t x;     /* [n] input (dropout_add: the gradient to add) */
+    uint64_t out;   /* [n] */
+    uint64_t n;
+    uint64_t state; /* SplitMix64 stream of this forward */
+    double p;       /* drop probability */
+    float keep;     /* 1 / (1 - p), rounded once */
+    uint32_t dtype; /* FP8_DTYPE_*: rounding of the results */
+} Fp8DropoutParams;
+
 /* A column range copied between two row-major matrices of the same rows:
  * out[r * out_cols + out_first + c] = a[r * a_cols + a_first + c] for c < width
  * (the attention's split of the fused QKV projection into Q, K, V, and the join

@@ -30,6 +30,16 @@ impl SplitMix64 {
         z ^ (z >> 31)
     }
 
+    /// Output `i` (from 0) of the stream of `seed`, without drawing the ones before it: the
+    /// counter jumps to `seed + i * GAMMA` (counter-based draws, e.g. a dropout mask computed
+    /// per element on a GPU).
+    pub fn nth(seed: u64, i: u64) -> u64 {
+        SplitMix64 {
+            state: seed.wrapping_add(i.wrapping_mul(GAMMA)),
+        }
+        .next_u64()
+    }
+
     /// Uniform in `0..n` without modulo bias (Lemire's multiply-and-reject); `n = 0` gives 0.
     pub fn below(&mut self, n: u64) -> u64 {
         if n == 0 {

@@ -62,7 +62,9 @@ pub(crate) fn contract(op: &str) -> Contract<'static> {
     match op {
         "quantize" | "transpose_fp8" | "convert" | "convert_transposed" | "delayed_update" | "record_amax"
         | "current_scale" | "cast_stats" | "uncast_stats" | "residual_add" | "multiply" | "round" | "copy_columns"
-        | "embedding_forward" | "unscale_and_check" | "rope_forward" | "rope_backward" => Contract::Exact,
+        | "embedding_forward" | "unscale_and_check" | "rope_forward" | "rope_backward" | "dropout" | "dropout_add" => {
+            Contract::Exact
+        }
         // K and the operands are the call's: the shadow runner sets them ([`Contract::for_gemm`]).
         "gemm" | "gemm_into" => Contract::Gemm { k: 0, call: None },
         // Correctly rounded `sqrt` and division, no fused multiply-add: only the ulp of a reordering.

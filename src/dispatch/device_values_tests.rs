@@ -375,6 +375,25 @@ fn device_arms_match_host_arms() {
     k.gelu_backward(dyd.values(), xd.values(), dxd.values_mut()).unwrap();
     same("gelu_backward", &dx, &dxd);
 
+    // Dropout: the kernel draws the host arm's counter-based mask, over more elements than one
+    // grid-stride sweep (so later sweeps' indices count too), and adds through it in place.
+    let big = 5 * 1024 * 1024 + 3;
+    let (xb, gb) = (ramp(big, 0.4), ramp(big, 1.7));
+    let (xbd, gbd) = (up(&xb, 1, big), up(&gb, 1, big));
+    let mask = crate::ops::DropoutMask::new(0x5eed, 0.15).unwrap();
+    let mut dropped = vec![0.0; big];
+    k.dropout(Values::Host(&xb), mask, Dtype::Bf16, ValuesMut::Host(&mut dropped))
+        .unwrap();
+    let mut droppedd = gpu.output_like(&xbd, 1, big).unwrap();
+    k.dropout(xbd.values(), mask, Dtype::Bf16, droppedd.values_mut())
+        .unwrap();
+    same("dropout", &dropped, &droppedd);
+    k.dropout_add(Values::Host(&gb), mask, Dtype::F16, ValuesMut::Host(&mut dropped))
+        .unwrap();
+    k.dropout_add(gbd.values(), mask, Dtype::F16, droppedd.values_mut())
+        .unwrap();
+    same("dropout_add", &dropped, &droppedd);
+
     // LayerNorm forward and backward, the gamma/beta gradients accumulating into device values.
     let shape = NormShape { rows, cols };
     let (gamma, beta) = (ramp(cols, 3.0), ramp(cols, 4.0));
@@ -650,7 +669,7 @@ fn device_arms_match_host_arms() {
     same("attention_backward dk", &dk, &dkd);
     same("attention_backward dv", &dv, &dvd);
     println!(
-        "device_arms_match_host_arms: gelu, layernorm, residual, column sums, round, copy_columns, fp8/bf16/f32 \
+        "device_arms_match_host_arms: gelu, dropout, layernorm, residual, column sums, round, copy_columns, fp8/bf16/f32 \
          gemm_into, rope, attention: same bits"
     );
 }
@@ -1082,15 +1101,23 @@ fn lora_adapters_keep_device_inputs_on_the_device() {
         return;
     }
     let (rows, inp, out) = (64, 256, 384);
-    let settings = LoraSettings {
-        rank: 16,
-        alpha: 24.0,
-        dropout: 0.0,
-    };
-    for name in ["bf16", "fp8-delayed", "fp8-block"] {
+    // With dropout the staged layer's masks come from the op's host arm, the resident one's
+    // from the kernel: the same counter-based mask, so the same bits.
+    for (name, dropout) in [
+        ("bf16", 0.0),
+        ("fp8-delayed", 0.0),
+        ("fp8-block", 0.0),
+        ("bf16", 0.1),
+        ("fp8-delayed", 0.25),
+    ] {
+        let settings = LoraSettings {
+            rank: 16,
+            alpha: 24.0,
+            dropout,
+        };
         let precision: Precision = name.parse().unwrap();
         for fp8_base in [true, false] {
-            let case = format!("{name} fp8 base {fp8_base}");
+            let case = format!("{name} dropout {dropout} fp8 base {fp8_base}");
             let layer = || {
                 let mut l = Linear::new("fc", inp, out, false, &precision, 13).unwrap();
                 match fp8_base {
@@ -1124,8 +1151,9 @@ fn lora_adapters_keep_device_inputs_on_the_device() {
         }
     }
     println!(
-        "lora_adapters_keep_device_inputs_on_the_device: bf16, fp8-delayed, fp8-block x FP8 and bf16 bases, two \
-         adapters: same bits and gradients, adapter values and gradients on the device"
+        "lora_adapters_keep_device_inputs_on_the_device: bf16, fp8-delayed, fp8-block, and bf16 and fp8-delayed \
+         with dropout, x FP8 and bf16 bases, two adapters: same bits and gradients, adapter values and gradients on \
+         the device"
     );
 }
 

@@ -37,6 +37,7 @@ macro_rules! by_value_args {
             crate::ops::CachedAttentionShape,
             crate::ops::RopeShape,
             crate::ops::elementwise::ColumnCopy,
+            crate::ops::DropoutMask,
             crate::tensor::device_values::Deferred<f32>
         );
     };
@@ -225,6 +226,13 @@ kernels! {
     fn copy_columns(a: Values<'_>, out: ValuesMut<'_>, copy: ColumnCopy) -> () = crate::ops::elementwise::copy_columns;
     /// `values *= factor` in f32, in place.
     fn multiply(values: ValuesMut<'_>, factor: f32) -> () = crate::ops::elementwise::multiply;
+    /// Inverted dropout, `out = round(x * mask)` (a LoRA adapter's input), the mask drawn where
+    /// the op runs (`ops::dropout`: counter-based, the same on every backend).
+    fn dropout(x: Values<'_>, mask: crate::ops::DropoutMask, dtype: Dtype, out: ValuesMut<'_>) -> ()
+        = crate::ops::dropout;
+    /// `out = round(out + g * mask)`: an input gradient through dropout, added to `out`.
+    fn dropout_add(g: Values<'_>, mask: crate::ops::DropoutMask, dtype: Dtype, out: ValuesMut<'_>) -> ()
+        = crate::ops::dropout_add;
     /// The values rounded to the compute dtype in place (kept as f32, the layers' storage).
     fn round(values: ValuesMut<'_>, dtype: Dtype) -> () = cpu_round;
     /// `sums += column sums of x` (bias gradients).

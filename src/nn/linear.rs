@@ -6,7 +6,7 @@ use super::linear_gemms::{LinearGemms, WeightSliceCast};
 use super::lora::LoraAdapter;
 use super::param::{Module, Parameter};
 use crate::amp::Precision;
-use crate::dispatch::{Backend, Values, ValuesMut};
+use crate::dispatch::Backend;
 use crate::error::Result;
 use crate::scaling::DelayedSlot;
 use crate::scaling::Fp8TensorStats;
@@ -152,9 +152,6 @@ impl Linear {
     pub(crate) fn forward_pass(&mut self, x: &Tensor, replay: bool) -> Result<Tensor> {
         x.expect(&self.name, "input", None, self.in_features)?;
         self.gemms.expect_on("linear forward", x)?;
-        if self.adapters.iter().any(LoraAdapter::drops_out) {
-            return self.forward_on_host(x, replay);
-        }
         if self.frozen_fp8.is_none() {
             self.weight_where(x.device())?;
         }
@@ -173,50 +170,12 @@ impl Linear {
             }
             None => self.gemms.forward(x.values(), x.rows(), &self.weight, bias, replay)?,
         };
-        // Adapters without dropout add their update through the ops, where `x` and `y` live.
+        // Adapters add their update (with dropout, through the op's mask) where `x` and `y` live.
         let backend = self.gemms.backend().clone();
         for adapter in &mut self.adapters {
             adapter.forward_add_on(&backend, x.values(), x.rows(), &mut y, replay)?;
         }
         Ok(y)
-    }
-
-    /// The forward of a layer whose adapters draw dropout masks (host vectors): on host values,
-    /// a device input comes down and the output goes back up to it.
-    fn forward_on_host(&mut self, x: &Tensor, replay: bool) -> Result<Tensor> {
-        self.weight_where(DeviceKind::Cpu)?;
-        let data = x.values().to_host()?;
-        let rows = x.rows();
-        let bias = self.bias.as_ref().map(|b| b.value());
-        let dtype = self.gemms.precision().compute_dtype();
-        let mut y = match &self.frozen_fp8 {
-            Some(w) => w
-                .forward(
-                    self.gemms.backend(),
-                    self.gemms.precision(),
-                    Values::Host(&data),
-                    rows,
-                    bias,
-                    dtype,
-                )?
-                .into_data(),
-            None => self
-                .gemms
-                .forward(Values::Host(&data), rows, &self.weight, bias, replay)?
-                .into_data(),
-        };
-        for adapter in &mut self.adapters {
-            adapter.forward_add(&data, rows, &mut y, self.out_features, replay)?;
-        }
-        self.back_to(x, Tensor::new(y, rows, self.out_features)?)
-    }
-
-    /// `t`, made in host memory, moved to where `like` lives.
-    fn back_to(&self, like: &Tensor, t: Tensor) -> Result<Tensor> {
-        match like.device() {
-            DeviceKind::Cpu => Ok(t),
-            DeviceKind::Cuda(_) => self.gemms.backend().to_device(&t),
-        }
     }
 
     /// [`Self::forward_pass`] on an input the caller no longer needs: under fp32 the saved
@@ -238,9 +197,6 @@ impl Linear {
     pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
         dy.expect(&self.name, "output gradient", None, self.out_features)?;
         self.gemms.expect_on("linear backward", dy)?;
-        if self.adapters.iter().any(LoraAdapter::has_mask) {
-            return self.backward_on_host(dy);
-        }
         let mut dx = match &self.frozen_fp8 {
             Some(w) => {
                 // Only the bias (if any) trains: its gradient stays in host memory.
@@ -287,35 +243,6 @@ impl Linear {
             p.grad_where(&backend, device, dtype)?;
         }
         Ok(())
-    }
-
-    /// The backward of a layer whose adapters applied dropout masks, on host values (as the
-    /// forward).
-    fn backward_on_host(&mut self, dy: &Tensor) -> Result<Tensor> {
-        let data = dy.values().to_host()?;
-        let bias_grad = self.bias.as_mut().and_then(|b| b.trainable_grad());
-        let mut dx = match &self.frozen_fp8 {
-            Some(w) => {
-                let kernels = self.gemms.backend().kernels();
-                if let Some(db) = bias_grad {
-                    kernels.column_sum(Values::Host(&data), self.out_features, ValuesMut::Host(db))?;
-                }
-                let dtype = self.gemms.precision().compute_dtype();
-                w.backward(self.gemms.backend(), self.gemms.precision(), Values::Host(&data), dtype)?
-                    .into_data()
-            }
-            None => {
-                let bias_grad = bias_grad.map(ValuesMut::Host);
-                let (stored, weight_grad) = self.weight.half_and_trainable_grad();
-                self.gemms
-                    .backward(Values::Host(&data), stored, weight_grad, bias_grad)?
-                    .into_data()
-            }
-        };
-        for adapter in &mut self.adapters {
-            adapter.backward_add(&data, self.out_features, &mut dx)?;
-        }
-        self.back_to(dy, Tensor::new(dx, dy.rows(), self.in_features)?)
     }
 
     /// Adds a LoRA adapter on its rows of the output (the ranges of a layer's adapters must not

@@ -17,6 +17,7 @@ use super::param::Parameter;
 use crate::amp::Precision;
 use crate::dispatch::{Backend, Values};
 use crate::error::{Error, Result};
+use crate::ops::DropoutMask;
 use crate::scaling::{DelayedSlot, Fp8TensorStats};
 use crate::tensor::{Dtype, Tensor};
 
@@ -76,8 +77,9 @@ pub struct LoraAdapter {
     forwards: u64,
     /// Whether dropout applies (training); evaluation turns it off.
     dropout_active: bool,
-    /// Multiplier per input value (0 or `1 / (1 - p)`) of the last training forward.
-    mask: Option<Vec<f32>>,
+    /// The dropout mask of the last training forward (its multipliers are computed where they
+    /// are used: `ops::dropout`), which its backward applies again.
+    mask: Option<DropoutMask>,
 }
 
 impl LoraAdapter {
@@ -169,34 +171,15 @@ impl LoraAdapter {
         self.gemm_b.check_against_cpu(on);
     }
 
-    /// The dropout multipliers of training forward `n`.
-    fn mask_of(&self, n: u64, len: usize) -> Vec<f32> {
-        let p = self.settings.dropout as f64;
-        let keep = (1.0 / (1.0 - p)) as f32;
-        let mut rng = SplitMix64::new(child_seed(self.seed, n));
-        (0..len)
-            .map(|_| {
-                let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-                if u < p { 0.0 } else { keep }
-            })
-            .collect()
+    /// The dropout mask of training forward `n`: the stream of `(seed, n)`.
+    fn mask_of(&self, n: u64) -> Result<DropoutMask> {
+        DropoutMask::new(child_seed(self.seed, n), self.settings.dropout)
     }
 
-    /// Whether the next training forward draws a dropout mask (a host vector): a layer whose
-    /// adapters do runs them on host values ([`Self::forward_add`]).
-    pub(crate) fn drops_out(&self) -> bool {
-        self.dropout_active && self.settings.dropout > 0.0
-    }
-
-    /// Whether the last forward applied a dropout mask, which its backward applies again
-    /// ([`Self::backward_add`]).
-    pub(crate) fn has_mask(&self) -> bool {
-        self.mask.is_some()
-    }
-
-    /// [`Self::forward_add`] without dropout, through the ops on `x` and `y` wherever they live
-    /// (`y` `[rows, y_cols]`, its columns `offset..offset + out` replaced): the same
-    /// operations, so the same bits, as the host loop.
+    /// Adds `(alpha / r) B (A dropout(x))` to columns `offset..offset + out` of every row of `y`
+    /// (`[rows, y_cols]`, already rounded to the compute dtype), rounding the sum again, through
+    /// the ops on `x` and `y` wherever they live. A training forward with dropout draws a new
+    /// mask (a replay, the recompute of a forward, draws that forward's again).
     pub(crate) fn forward_add_on(
         &mut self,
         backend: &Backend,
@@ -211,7 +194,24 @@ impl LoraAdapter {
         for p in [&mut self.a, &mut self.b] {
             p.value_where(backend, x.device(), self.dtype)?;
         }
+        let dropped = match self.dropout_active && self.settings.dropout > 0.0 {
+            true => {
+                if !replay {
+                    self.forwards += 1;
+                }
+                let mask = self.mask_of(self.forwards)?;
+                let mut d = backend.output_at(x.device(), rows, self.in_features)?;
+                backend.kernels().dropout(x, mask, self.dtype, d.values_mut())?;
+                self.mask = Some(mask);
+                Some(d)
+            }
+            false => None,
+        };
+        let x = dropped.as_ref().map_or(x, Tensor::values);
         let h = self.gemm_a.forward(x, rows, &self.a, None, replay)?;
+        if let Some(d) = dropped {
+            d.recycle();
+        }
         let mut u = self.gemm_b.forward(h.values(), rows, &self.b, None, replay)?;
         h.recycle();
         let kernels = backend.kernels();
@@ -221,9 +221,10 @@ impl LoraAdapter {
         Ok(())
     }
 
-    /// [`Self::backward_add`] of a forward without a dropout mask, through the ops on `dy`
-    /// (`[rows, dy_cols]`) and `dx` wherever they live; dA and dB accumulate where `dy` lives
-    /// (`Parameter::grad_where`).
+    /// Accumulates dA and dB from `dy` (`[rows, dy_cols]`, the layer's output gradient) where it
+    /// lives (`Parameter::grad_where`) and adds this adapter's share to `dx` `[rows, in]`,
+    /// through the forward's dropout mask if it drew one, rounding it again: through the ops, on
+    /// `dy` and `dx` wherever they live.
     pub(crate) fn backward_add_on(
         &mut self,
         backend: &Backend,
@@ -247,82 +248,11 @@ impl LoraAdapter {
             .gemm_a
             .backward(dh.values(), None, self.a.trainable_grad_values(), None)?;
         dh.recycle();
-        add_columns(backend, &dxd, dx, 0, self.dtype)?;
-        dxd.recycle();
-        Ok(())
-    }
-
-    /// Adds `(alpha / r) B (A dropout(x))` to rows `offset..offset + out` of every row of `y`
-    /// (`[rows, y_cols]`, already rounded to the compute dtype), rounding the sum again; on
-    /// host values (a forward with dropout; the others take [`Self::forward_add_on`]).
-    pub(crate) fn forward_add(
-        &mut self,
-        x: &[f32],
-        rows: usize,
-        y: &mut [f32],
-        y_cols: usize,
-        replay: bool,
-    ) -> Result<()> {
-        let dropout = self.dropout_active && self.settings.dropout > 0.0;
-        let dropped;
-        let input = if dropout {
-            if !replay {
-                self.forwards += 1;
-            }
-            let mask = self.mask_of(self.forwards, x.len());
-            let mut d: Vec<f32> = x.iter().zip(&mask).map(|(v, m)| v * m).collect();
-            self.dtype.round_slice(&mut d);
-            self.mask = Some(mask);
-            dropped = d;
-            &dropped[..]
-        } else {
-            self.mask = None;
-            x
-        };
-        let h = self.gemm_a.forward(Values::Host(input), rows, &self.a, None, replay)?;
-        let u = self
-            .gemm_b
-            .forward(h.values(), rows, &self.b, None, replay)?
-            .into_data();
-        let scale = self.settings.scale_f64() as f32;
-        for (y_row, u_row) in y.chunks_exact_mut(y_cols).zip(u.chunks_exact(self.out)) {
-            for (yv, uv) in y_row[self.offset..self.offset + self.out].iter_mut().zip(u_row) {
-                *yv = self.dtype.round(*yv + scale * uv);
-            }
-        }
-        Ok(())
-    }
-
-    /// Accumulates dA and dB from `dy` `[rows, dy_cols]` (the layer's output gradient) and adds
-    /// this adapter's share to `dx` `[rows, in]`, rounding it again.
-    pub(crate) fn backward_add(&mut self, dy: &[f32], dy_cols: usize, dx: &mut [f32]) -> Result<()> {
-        let scale = self.settings.scale_f64() as f32;
-        let mut du: Vec<f32> = dy
-            .chunks_exact(dy_cols)
-            .flat_map(|row| row[self.offset..self.offset + self.out].iter().map(|g| scale * g))
-            .collect();
-        self.dtype.round_slice(&mut du);
-        let dh = self
-            .gemm_b
-            .backward(Values::Host(&du), None, self.b.trainable_grad_values(), None)?;
-        let dxd = self
-            .gemm_a
-            .backward(dh.values(), None, self.a.trainable_grad_values(), None)?
-            .into_data();
-        if dxd.len() != dx.len() {
-            return Err(Error::LengthMismatch {
-                what: "LoRA input gradient",
-                src: dxd.len(),
-                dst: dx.len(),
-            });
-        }
         match self.mask.take() {
-            Some(mask) => dx
-                .iter_mut()
-                .zip(dxd.iter().zip(&mask))
-                .for_each(|(d, (g, m))| *d = self.dtype.round(*d + g * m)),
-            None => dx.iter_mut().zip(&dxd).for_each(|(d, g)| *d = self.dtype.round(*d + g)),
+            Some(mask) => kernels.dropout_add(dxd.values(), mask, self.dtype, dx.values_mut())?,
+            None => add_columns(backend, &dxd, dx, 0, self.dtype)?,
         }
+        dxd.recycle();
         Ok(())
     }
 
@@ -364,7 +294,7 @@ impl LoraAdapter {
     }
 
     pub(crate) fn saved_bytes(&self) -> usize {
-        self.gemm_a.saved_bytes() + self.gemm_b.saved_bytes() + self.mask.as_ref().map_or(0, |m| m.len() * 4)
+        self.gemm_a.saved_bytes() + self.gemm_b.saved_bytes() + self.mask.map_or(0, |_| size_of::<DropoutMask>())
     }
 
     pub(crate) fn weight_cache_bytes(&self) -> usize {

@@ -49,8 +49,7 @@ pub fn device_copies(config: &HfConfig, settings: &PlanSettings) -> u128 {
         return 0;
     }
     if let Some(lora) = &settings.lora {
-        // Only the adapters train (dropout runs them on host values, but A and B stay on the
-        // device once a forward without it took them there: counted).
+        // Only the adapters train (with or without dropout, on the device).
         let adapters = lora_parameter_count(config, lora);
         return copies(adapters, adapters, settings.accumulate);
     }

@@ -1,14 +1,18 @@
 //! Launchers of `cuda/activation.cu`: tanh-GELU and SwiGLU, forward and
-//! backward. Twins: `ops::gelu_forward/backward`, `ops::swiglu_forward/backward`,
-//! the same bits: the kernels repeat the twins' f32 operations in the same order,
-//! their `exp` (`ops::fast_exp`) included (`docs/numerics.md`, Activations).
+//! backward, and inverted dropout. Twins: `ops::gelu_forward/backward`,
+//! `ops::swiglu_forward/backward`, `ops::dropout/dropout_add`, the same bits: the
+//! kernels repeat the twins' f32 operations in the same order, their `exp`
+//! (`ops::fast_exp`) included (`docs/numerics.md`, Activations), and draw the
+//! twin's counter-based dropout mask.
 
 use super::buffer::DeviceBuffer;
 use super::context::CudaDevice;
 use super::launch::launch;
-use super::op_args::{check_len, elements, stride_blocks};
-use super::params::Fp8EltwiseParams;
+use super::op_args::{check_len, dtype_code, elements, stride_blocks};
+use super::params::{Fp8DropoutParams, Fp8EltwiseParams};
 use crate::error::Result;
+use crate::ops::DropoutMask;
+use crate::tensor::Dtype;
 
 const MODULE: &str = "activation";
 
@@ -22,6 +26,42 @@ impl CudaDevice {
             MODULE,
             function,
             stride_blocks(self.info().multiprocessors, n),
+            params,
+        )
+    }
+
+    /// `out = round(x * mask)` (`add`: `out = round(out + x * mask)`). Twins of `ops::dropout`
+    /// and `ops::dropout_add`.
+    pub fn dropout(
+        &self,
+        x: &DeviceBuffer<f32>,
+        mask: DropoutMask,
+        dtype: Dtype,
+        out: &mut DeviceBuffer<f32>,
+        add: bool,
+    ) -> Result<()> {
+        let (k, function) = match add {
+            false => ("dropout", "fp8_dropout"),
+            true => ("dropout_add", "fp8_dropout_add"),
+        };
+        check_len(k, "output", out.len(), x.len())?;
+        if x.is_empty() {
+            return Ok(());
+        }
+        let params = Fp8DropoutParams {
+            x: x.address(self),
+            out: out.address_mut(self),
+            n: x.len() as u64,
+            state: mask.state,
+            p: mask.p,
+            keep: mask.keep,
+            dtype: dtype_code(dtype),
+        };
+        launch(
+            self,
+            MODULE,
+            function,
+            stride_blocks(self.info().multiprocessors, x.len()),
             params,
         )
     }

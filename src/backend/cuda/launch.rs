@@ -7,8 +7,8 @@ use super::error::CudaResultExt;
 use super::params::{
     Fp8AdamWItemParams, Fp8AdamWParams, Fp8AmaxParams, Fp8AttentionParams, Fp8BlockParams, Fp8CachedAttentionParams,
     Fp8CastParams, Fp8CopyColumnsParams, Fp8CrossEntropyParams, Fp8CurrentScaleParams, Fp8DelayedUpdateParams,
-    Fp8DequantParams, Fp8EltwiseParams, Fp8EmbeddingParams, Fp8LargestScaleParams, Fp8NormParams, Fp8RopeParams,
-    Fp8StatsParams,
+    Fp8DequantParams, Fp8DropoutParams, Fp8EltwiseParams, Fp8EmbeddingParams, Fp8LargestScaleParams, Fp8NormParams,
+    Fp8RopeParams, Fp8StatsParams,
 };
 use crate::error::{Error, Result};
 
@@ -31,6 +31,8 @@ unsafe impl DeviceRepr for Fp8CurrentScaleParams {}
 unsafe impl DeviceRepr for Fp8LargestScaleParams {}
 // SAFETY: as above (the layer ops' structs, cuda/include/fp8_ops_params.h).
 unsafe impl DeviceRepr for Fp8EltwiseParams {}
+// SAFETY: as above (one f64 field, at an 8-byte offset: no padding).
+unsafe impl DeviceRepr for Fp8DropoutParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for Fp8CopyColumnsParams {}
 // SAFETY: as above.

@@ -417,6 +417,29 @@ const _: () = {
 };
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
+pub struct Fp8DropoutParams {
+    pub x: u64,
+    pub out: u64,
+    pub n: u64,
+    pub state: u64,
+    pub p: f64,
+    pub keep: f32,
+    pub dtype: u32,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of Fp8DropoutParams"][::core::mem::size_of::<Fp8DropoutParams>() - 48usize];
+    ["Alignment of Fp8DropoutParams"][::core::mem::align_of::<Fp8DropoutParams>() - 8usize];
+    ["Offset of field: Fp8DropoutParams::x"][::core::mem::offset_of!(Fp8DropoutParams, x) - 0usize];
+    ["Offset of field: Fp8DropoutParams::out"][::core::mem::offset_of!(Fp8DropoutParams, out) - 8usize];
+    ["Offset of field: Fp8DropoutParams::n"][::core::mem::offset_of!(Fp8DropoutParams, n) - 16usize];
+    ["Offset of field: Fp8DropoutParams::state"][::core::mem::offset_of!(Fp8DropoutParams, state) - 24usize];
+    ["Offset of field: Fp8DropoutParams::p"][::core::mem::offset_of!(Fp8DropoutParams, p) - 32usize];
+    ["Offset of field: Fp8DropoutParams::keep"][::core::mem::offset_of!(Fp8DropoutParams, keep) - 40usize];
+    ["Offset of field: Fp8DropoutParams::dtype"][::core::mem::offset_of!(Fp8DropoutParams, dtype) - 44usize];
+};
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
 pub struct Fp8CopyColumnsParams {
     pub a: u64,
     pub out: u64,

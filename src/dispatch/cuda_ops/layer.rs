@@ -21,6 +21,7 @@ use crate::dispatch::{
     AttentionShape, CachedAttentionShape, ColumnCopy, CudaKernels, NormShape, PlainMat, RopeShape, RopeTable,
 };
 use crate::error::Result;
+use crate::ops::DropoutMask;
 use crate::ops::attention_cached::nothing_to_do;
 use crate::tensor::DeviceMirror;
 use crate::tensor::Dtype;
@@ -300,6 +301,53 @@ pub(crate) fn rmsnorm_backward(
     )?;
     dx_d.finish(&s)?;
     dgamma_d.finish(&s)
+}
+
+/// Device values run the `fp8_dropout` kernels; when both sides are host values the twin runs
+/// on the host (as [`round`]: staging a cheap elementwise op would only add copies).
+fn dropout_on(
+    k: &CudaKernels,
+    op: &'static str,
+    x: Values<'_>,
+    mask: DropoutMask,
+    dtype: Dtype,
+    out: ValuesMut<'_>,
+) -> Result<()> {
+    let add = op == "dropout_add";
+    // The GPU first, as every op of this backend: a missing one is an error here too.
+    let s = staged_for(k, op, [x.ordinal(), out.ordinal()])?;
+    let out = match (x, out) {
+        (Values::Host(x), ValuesMut::Host(out)) if add => return crate::ops::dropout_add(x, mask, dtype, out),
+        (Values::Host(x), ValuesMut::Host(out)) => return crate::ops::dropout(x, mask, dtype, out),
+        (_, out) => out,
+    };
+    let x_d = s.input(op, x)?;
+    let mut out_d = match add {
+        true => s.in_place(op, out)?,
+        false => s.output(op, out)?,
+    };
+    s.device().dropout(&x_d, mask, dtype, &mut out_d, add)?;
+    out_d.finish(&s)
+}
+
+pub(crate) fn dropout(
+    k: &CudaKernels,
+    x: Values<'_>,
+    mask: DropoutMask,
+    dtype: Dtype,
+    out: ValuesMut<'_>,
+) -> Result<()> {
+    dropout_on(k, "dropout", x, mask, dtype, out)
+}
+
+pub(crate) fn dropout_add(
+    k: &CudaKernels,
+    g: Values<'_>,
+    mask: DropoutMask,
+    dtype: Dtype,
+    out: ValuesMut<'_>,
+) -> Result<()> {
+    dropout_on(k, "dropout_add", g, mask, dtype, out)
 }
 
 pub(crate) fn gelu_forward(k: &CudaKernels, x: Values<'_>, y: ValuesMut<'_>) -> Result<()> {
