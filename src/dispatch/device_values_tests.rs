@@ -125,7 +125,7 @@ fn a_gemm_into_device_values_checks_its_arguments_and_placement_first() {
     // The CPU arm refuses a device output, naming the op.
     let mut on_0 = stand_in(0, vec![0.0; 6]);
     let err = CpuKernels
-        .gemm_into(&a, &b, ValuesMut::Device(&mut on_0), &GemmParams::default())
+        .gemm_into(&a, &b, ValuesMut::Device(&mut on_0), GemmParams::default())
         .unwrap_err();
     assert!(matches!(err, Error::DeviceMismatch { op: "gemm_into", .. }), "{err}");
     // The CUDA arm checks the shape like the CPU GEMM, then where the output lives, then opens
@@ -134,21 +134,141 @@ fn a_gemm_into_device_values_checks_its_arguments_and_placement_first() {
     let mut short = stand_in(99, vec![0.0; 5]);
     let err = cuda
         .kernels()
-        .gemm_into(&a, &b, ValuesMut::Device(&mut short), &GemmParams::default())
+        .gemm_into(&a, &b, ValuesMut::Device(&mut short), GemmParams::default())
         .unwrap_err();
     assert!(matches!(err, Error::ShapeMismatch { .. }), "{err}");
     let err = cuda
         .kernels()
-        .gemm_into(&a, &b, ValuesMut::Device(&mut on_0), &GemmParams::default())
+        .gemm_into(&a, &b, ValuesMut::Device(&mut on_0), GemmParams::default())
         .unwrap_err();
     assert!(matches!(err, Error::DeviceMismatch { op: "gemm_into", .. }), "{err}");
     let mut on_99 = stand_in(99, vec![7.0; 6]);
     let err = cuda
         .kernels()
-        .gemm_into(&a, &b, ValuesMut::Device(&mut on_99), &GemmParams::default())
+        .gemm_into(&a, &b, ValuesMut::Device(&mut on_99), GemmParams::default())
         .unwrap_err();
     assert!(matches!(err, Error::NoGpu { .. } | Error::KernelsMissing), "{err}");
     assert_eq!(on_99.to_vec().unwrap(), vec![7.0; 6], "nothing written");
+}
+
+#[test]
+fn a_gemm_bias_on_a_device_is_refused_by_the_cpu_and_placed_by_the_cuda_arm() {
+    use crate::gemm::{Bias, GemmParams, Mat, Operand, Output};
+    let (a, b) = (ramp(2 * 16, 0.0), ramp(3 * 16, 1.0));
+    let (a, b) = (
+        Operand::F32(Mat::new(&a, 2, 16).unwrap()),
+        Operand::F32(Mat::new(&b, 3, 16).unwrap()),
+    );
+    fn with(bias: &CudaStorage) -> GemmParams<'_> {
+        GemmParams {
+            bias: Some(Bias::of(Values::Device(bias))),
+            ..GemmParams::default()
+        }
+    }
+    let on_0 = stand_in(0, ramp(3, 2.0));
+    // The CPU arms and the CPU GEMM itself take host values only: the op named, nothing written.
+    let mut d = vec![7.0f32; 6];
+    let err = CpuKernels.gemm(&a, &b, Output::F32(&mut d), with(&on_0)).unwrap_err();
+    assert_eq!(
+        err,
+        Error::DeviceMismatch {
+            op: "gemm",
+            expected: "cpu".into(),
+            got: "cuda:0".into()
+        }
+    );
+    let err = CpuKernels
+        .gemm_into(&a, &b, ValuesMut::Host(&mut d), with(&on_0))
+        .unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { op: "gemm_into", .. }), "{err}");
+    let err = crate::gemm::cpu::gemm(&a, &b, Output::F32(&mut d), &with(&on_0)).unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { op: "gemm", .. }), "{err}");
+    assert_eq!(d, vec![7.0; 6], "nothing written");
+    // The CPU GEMM checks its length first, as a host bias's.
+    let short = stand_in(0, ramp(2, 2.0));
+    let err = crate::gemm::cpu::gemm(&a, &b, Output::F32(&mut d), &with(&short)).unwrap_err();
+    assert!(matches!(err, Error::KernelArgs { .. }), "{err}");
+    // The CUDA arms check that the bias is on their GPU before opening it...
+    let cuda = Backend::on(DeviceKind::Cuda(99));
+    let err = cuda
+        .kernels()
+        .gemm(&a, &b, Output::F32(&mut d), with(&on_0))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        Error::DeviceMismatch {
+            op: "gemm",
+            expected: "cuda:99".into(),
+            got: "cuda:0".into()
+        }
+    );
+    let mut out_99 = stand_in(99, vec![7.0; 6]);
+    let err = cuda
+        .kernels()
+        .gemm_into(&a, &b, ValuesMut::Device(&mut out_99), with(&on_0))
+        .unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { op: "gemm_into", .. }), "{err}");
+    // ... after its length; a bias on their own GPU passes: then GPU 99 itself is missing.
+    let err = cuda
+        .kernels()
+        .gemm(&a, &b, Output::F32(&mut d), with(&short))
+        .unwrap_err();
+    assert!(matches!(err, Error::KernelArgs { .. }), "{err}");
+    let on_99 = stand_in(99, ramp(3, 2.0));
+    let err = cuda
+        .kernels()
+        .gemm(&a, &b, Output::F32(&mut d), with(&on_99))
+        .unwrap_err();
+    assert!(matches!(err, Error::NoGpu { .. } | Error::KernelsMissing), "{err}");
+    let err = cuda
+        .kernels()
+        .gemm_into(&a, &b, ValuesMut::Device(&mut out_99), with(&on_99))
+        .unwrap_err();
+    assert!(matches!(err, Error::NoGpu { .. } | Error::KernelsMissing), "{err}");
+    assert_eq!(d, vec![7.0; 6]);
+    assert_eq!(out_99.to_vec().unwrap(), vec![7.0; 6], "nothing written");
+}
+
+#[test]
+fn shadow_mode_gives_the_gemm_twin_a_download_of_a_device_bias() {
+    use crate::gemm::{Bias, GemmParams, Mat, Operand, Output};
+    let (a, b) = (ramp(2 * 16, 0.0), ramp(3 * 16, 1.0));
+    let (a, b) = (
+        Operand::F32(Mat::new(&a, 2, 16).unwrap()),
+        Operand::F32(Mat::new(&b, 3, 16).unwrap()),
+    );
+    let host_bias = ramp(3, 2.0);
+    let on_0 = stand_in(0, host_bias.clone());
+    let mut params = GemmParams {
+        alpha: 0.5,
+        bias: Some(Bias::of(Values::Device(&on_0))),
+        ..GemmParams::default()
+    };
+    let contract = Contract::Gemm { k: 16, call: None };
+    let mut saved = Twin::save(&params, contract).unwrap();
+    assert_eq!(
+        saved.as_deref(),
+        Some(&host_bias[..]),
+        "downloaded before the primary runs"
+    );
+    let twin = Twin::twin(&params, &mut saved);
+    assert_eq!(twin.bias.and_then(|b| b.as_host()), Some(&host_bias[..]));
+    assert_eq!(twin.alpha, 0.5, "the scalars as they were");
+    // The twin's scalars pass the CPU arm, with the bits of a host bias.
+    let (mut got, mut want) = (vec![0.0f32; 6], vec![0.0f32; 6]);
+    CpuKernels.gemm(&a, &b, Output::F32(&mut got), twin).unwrap();
+    let host = GemmParams {
+        bias: Some(Bias::host(&host_bias)),
+        ..params
+    };
+    CpuKernels.gemm(&a, &b, Output::F32(&mut want), host).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got), bits(&want));
+    // The primary reads it where it lives; a host bias (or none) is read in place: nothing saved.
+    let primary = Twin::primary(&mut params);
+    assert!(primary.bias.is_some_and(|b| b.as_host().is_none()));
+    assert!(Twin::save(&host, contract).unwrap().is_none());
+    assert!(Twin::save(&GemmParams::default(), contract).unwrap().is_none());
 }
 
 #[test]
@@ -565,9 +685,9 @@ fn device_arms_match_host_arms() {
         );
         for (what, (a, b)) in [("fp8", &fp8), ("bf16", &bf), ("f32", &f)] {
             let mut host = start.clone();
-            let want = k.gemm_into(a, b, ValuesMut::Host(&mut host), &accumulate).unwrap();
+            let want = k.gemm_into(a, b, ValuesMut::Host(&mut host), accumulate).unwrap();
             let mut on_gpu = up(&start, m, n);
-            let got = k.gemm_into(a, b, on_gpu.values_mut(), &accumulate).unwrap();
+            let got = k.gemm_into(a, b, on_gpu.values_mut(), accumulate).unwrap();
             same(&format!("gemm_into {what}"), &host, &on_gpu);
             let (want, got) = (want.get().unwrap(), got.get().unwrap());
             assert_eq!(want.to_bits(), got.to_bits(), "gemm_into {what}: amax");

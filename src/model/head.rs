@@ -149,7 +149,7 @@ fn forward(backend: &Backend, h: &[f32], table: Table, rows: usize, hidden: usiz
         &h.operand_on(backend, (rows, hidden, false))?,
         &e,
         Output::F32(&mut logits),
-        &GemmParams::default(),
+        GemmParams::default(),
     )?;
     Ok(logits)
 }
@@ -177,7 +177,7 @@ fn backward(
         &dl.operand_on(backend, (rows, vocab, false))?,
         &e_t,
         Output::F32(&mut dh),
-        &GemmParams::default(),
+        GemmParams::default(),
     )?;
     let Some(dtable) = dtable else {
         dtype.round_slice(&mut dh);
@@ -189,7 +189,7 @@ fn backward(
         &dl_t.operand_on(backend, (vocab, rows, false))?,
         &h_t.operand_on(backend, (hidden, rows, false))?,
         Output::F32(dtable),
-        &GemmParams {
+        GemmParams {
             beta: 1.0,
             ..GemmParams::default()
         },

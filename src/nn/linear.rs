@@ -158,7 +158,7 @@ impl Linear {
         if self.frozen_fp8.is_none() {
             self.weight_where(x.device())?;
         }
-        let bias = self.bias.as_ref().map(|b| b.value());
+        let bias = self.bias.as_ref().map(|b| Values::Host(b.value()));
         let mut y = match &self.frozen_fp8 {
             Some(w) => {
                 let dtype = self.gemms.precision().compute_dtype();
@@ -187,7 +187,7 @@ impl Linear {
         self.weight_where(DeviceKind::Cpu)?;
         let data = x.values().to_host()?;
         let rows = x.rows();
-        let bias = self.bias.as_ref().map(|b| b.value());
+        let bias = self.bias.as_ref().map(|b| Values::Host(b.value()));
         let dtype = self.gemms.precision().compute_dtype();
         let mut y = match &self.frozen_fp8 {
             Some(w) => w
@@ -229,7 +229,7 @@ impl Linear {
         x.expect(&self.name, "input", None, self.in_features)?;
         self.gemms.expect_on("linear forward", &x)?;
         self.weight_where(x.device())?;
-        let bias = self.bias.as_ref().map(|b| b.value());
+        let bias = self.bias.as_ref().map(|b| Values::Host(b.value()));
         self.gemms.forward_owned(x, &self.weight, bias, replay)
     }
 
