@@ -448,6 +448,45 @@ fn a_layer_refuses_a_tensor_on_a_device_its_ops_do_not_run_on() {
     assert_eq!(moved.device(), DeviceKind::Cpu);
 }
 
+/// A linear fed host tensors brings a bias kept on a GPU (here a stand-in) home before its
+/// GEMMs, which take it from host memory: the bits of a layer whose bias never moved, with an
+/// f32 weight and a weight frozen in FP8 (three segments, each reading its part of the bias).
+#[test]
+fn a_host_input_brings_a_linear_bias_home() {
+    use crate::nn::{BaseScaling, Linear, Module};
+    let (rows, inp, out) = (16, 32, 48);
+    for (name, segments) in [("bf16", None), ("fp8-delayed", None), ("bf16", Some([16, 16, 16]))] {
+        let layer = || {
+            let mut l = Linear::new("fc", inp, out, true, &name.parse().unwrap(), 5).unwrap();
+            l.visit_parameters(&mut |p| {
+                if p.name() == "fc.bias" {
+                    p.value_mut().copy_from_slice(&ramp(out, 0.6));
+                    p.mark_updated();
+                }
+            });
+            if let Some(s) = segments {
+                l.freeze_to_fp8(&s, BaseScaling::Tensor).unwrap();
+            }
+            l
+        };
+        let (mut home, mut away) = (layer(), layer());
+        away.visit_parameters(&mut |p| {
+            if p.name() == "fc.bias" {
+                p.value_on_stand_in_gpu(0);
+            }
+        });
+        assert_eq!(away.bias().unwrap().value_device(), DeviceKind::Cuda(0));
+        let x = Tensor::new(ramp(rows * inp, 0.1), rows, inp).unwrap();
+        let (want, got) = (home.forward(&x).unwrap(), away.forward(&x).unwrap());
+        assert_eq!(bits(&got), bits(&want), "{name} {segments:?}");
+        assert_eq!(
+            away.bias().unwrap().value_device(),
+            DeviceKind::Cpu,
+            "{name} {segments:?}"
+        );
+    }
+}
+
 #[test]
 #[should_panic(expected = "live on cuda:2")]
 fn host_slices_of_device_values_are_a_bug_that_names_the_gpu() {
@@ -1190,6 +1229,73 @@ fn frozen_fp8_linears_keep_device_inputs_on_the_device() {
     );
 }
 
+/// On GPU 0: a `Linear` with a nonzero trainable bias fed device tensors keeps the bias's values
+/// on the device (not under fp32: its GEMM finishes on the host) and its GEMMs read them there,
+/// with the bits, gradients, slots and statistics of the same layer fed host tensors (its bias
+/// uploaded by every GEMM), under every precision; so does a weight frozen in FP8 (one segment,
+/// and three, whose parts of the bias are copied on the device). The same layer in shadow mode
+/// passes its twins, which read a download of the bias.
+#[test]
+fn linear_biases_stay_on_the_device() {
+    use crate::amp::Precision;
+    use crate::nn::{BaseScaling, Linear, Module};
+    const TEST: &str = "linear_biases_stay_on_the_device";
+    if skipped_without_a_gpu(TEST) {
+        return;
+    }
+    let (rows, inp, out) = (64, 256, 384);
+    let gpu = Backend::on(DeviceKind::Cuda(0));
+    for name in ["fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8"] {
+        let precision: Precision = name.parse().unwrap();
+        let mut weights = vec![None];
+        if matches!(name, "bf16" | "fp8-current") {
+            weights.extend([Some(vec![out]), Some(vec![128, 128, 128])]);
+        }
+        for segments in weights {
+            let case = format!("{name}, FP8 segments {segments:?}");
+            let layer = |shadow: bool| {
+                let mut l = Linear::new("fc", inp, out, true, &precision, 17).unwrap();
+                l.visit_parameters(&mut |p| {
+                    if p.name() == "fc.bias" {
+                        p.value_mut().copy_from_slice(&ramp(out, 0.4));
+                        p.mark_updated();
+                    }
+                });
+                if let Some(rows) = &segments {
+                    l.freeze_to_fp8(rows, BaseScaling::Block).unwrap();
+                }
+                l.to_device(DeviceKind::Cuda(0)).unwrap();
+                l.check_against_cpu(shadow);
+                l
+            };
+            let (mut staged, mut resident) = (layer(false), layer(false));
+            linear_passes(&case, (&mut staged, &mut resident), (rows, inp, out));
+            let want = match name {
+                "fp32" => DeviceKind::Cpu,
+                _ => DeviceKind::Cuda(0),
+            };
+            let bias = |l: &Linear| l.bias().unwrap().value_device();
+            assert_eq!(bias(&resident), want, "{case}: the bias's values");
+            assert_eq!(bias(&staged), DeviceKind::Cpu, "{case}: the staged bias's values");
+            let mut shadowed = layer(true);
+            let x = Tensor::new(ramp(rows * inp, 0.2), rows, inp).unwrap();
+            let dy = Tensor::new(ramp(rows * out, 1.3), rows, out).unwrap();
+            let (x, dy) = (gpu.to_device(&x).unwrap(), gpu.to_device(&dy).unwrap());
+            shadowed
+                .forward(&x)
+                .unwrap_or_else(|e| panic!("{case}: shadow forward: {e}"));
+            shadowed
+                .backward(&dy)
+                .unwrap_or_else(|e| panic!("{case}: shadow backward: {e}"));
+            assert_eq!(bias(&shadowed), want, "{case}: the shadowed bias's values");
+        }
+    }
+    println!(
+        "{TEST}: fp32, bf16, fp8-delayed/current/block, mxfp8, and FP8 weights of 1 and 3 segments: biases on the \
+         device (not fp32), same bits and gradients as host-fed layers; shadow mode passes"
+    );
+}
+
 /// On GPU 0: a frozen linear with LoRA adapters (no dropout) fed device tensors keeps its
 /// output, its input gradient and the adapters' gradients on the device, with the staged
 /// layer's bits and gradients: adapters on two row ranges of a fused output, B made nonzero so
@@ -1550,10 +1656,11 @@ fn linear_layers_train_in_their_arena_ranges() {
         m.visit_parameters(&mut |p| at.push((p.name().to_string(), held(p))));
         at
     };
-    // What holds its range: a bias's values stay on the host (the GEMM epilogue reads them there).
+    // What holds its range: the weight's and the bias's values and gradients (the GEMM's
+    // epilogue reads the bias on the device).
     let in_ranges = vec![
         ("fc.weight".to_string(), (true, true)),
-        ("fc.bias".to_string(), (false, true)),
+        ("fc.bias".to_string(), (true, true)),
     ];
     for name in ["bf16", "fp8-delayed"] {
         let precision: Precision = name.parse().unwrap();
