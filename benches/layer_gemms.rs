@@ -210,7 +210,7 @@ fn main() {
                 ),
             };
             let params = GemmParams {
-                bias: (pass == Pass::Forward).then_some(&bias[..]),
+                bias: (pass == Pass::Forward).then_some((&bias[..]).into()),
                 beta: if pass == Pass::Wgrad { 1.0 } else { 0.0 },
                 ..GemmParams::default()
             };

@@ -161,7 +161,7 @@ fn reference(a: &RefOperand, b: &RefOperand, params: &GemmParams, old: Option<&[
                 sum += alpha * x * y;
                 mag += (alpha * x * y).abs();
             }
-            if let Some(bias) = params.bias {
+            if let Some(bias) = params.bias.and_then(|b| b.as_host()) {
                 sum += bias[j] as f64;
                 mag += (bias[j] as f64).abs();
             }
@@ -295,7 +295,7 @@ fn random_codes_and_scales_match_f64() {
             let params = GemmParams {
                 alpha: -0.3,
                 beta: 0.75,
-                bias: Some(&bias),
+                bias: Some((&bias).into()),
                 split_accumulator: false,
                 report_amax: true,
             };
@@ -318,7 +318,7 @@ fn every_output_type_matches_f64() {
         // Small enough for f16's range (|D| reaches ~1e5 with alpha 1).
         let params = GemmParams {
             alpha: 0.03,
-            bias: Some(&bias),
+            bias: Some((&bias).into()),
             ..GemmParams::default()
         };
         let reference = reference(
@@ -388,7 +388,7 @@ fn plain_inputs_match_f64() {
             let params = GemmParams {
                 alpha: 0.5,
                 beta: 2.0,
-                bias: Some(&bias),
+                bias: Some((&bias).into()),
                 split_accumulator: split,
                 report_amax: true,
             };
@@ -565,7 +565,10 @@ fn unsupported_inputs_are_typed_errors() {
     }
 
     let bias = [0.0f32; 4];
-    let with_bias = GemmParams { bias: Some(&bias), ..p };
+    let with_bias = GemmParams {
+        bias: Some((&bias).into()),
+        ..p
+    };
     expect_args(
         gemm::cpu::gemm(&fa, &fb, Output::F32(&mut d), &with_bias),
         "bias has 4 elements, N is 5",
@@ -635,7 +638,7 @@ fn empty_and_nan_edges() {
     // K = 0: D = bias; M = 0: nothing to write; a NaN code makes the amax NaN.
     let bias = [1.0f32, -2.0, 3.0];
     let p = GemmParams {
-        bias: Some(&bias),
+        bias: Some((&bias).into()),
         ..GemmParams::default()
     };
     let none: [f32; 0] = [];
@@ -692,7 +695,7 @@ fn transposed_plain_operands_match_k_major_copies() {
     let (at, bt) = (transpose(&a, m), transpose(&b, n));
     let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.25).collect();
     let p = GemmParams {
-        bias: Some(&bias),
+        bias: Some((&bias).into()),
         ..GemmParams::default()
     };
     let run = |x: &Operand, y: &Operand| {

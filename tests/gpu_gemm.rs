@@ -239,7 +239,7 @@ fn random_params<'a>(rng: &mut StdRng, bias: &'a [f32], out: Out, split: bool) -
         } else {
             0.0
         },
-        bias: if rng.random_bool(0.5) { Some(bias) } else { None },
+        bias: if rng.random_bool(0.5) { Some(bias.into()) } else { None },
         split_accumulator: split,
         report_amax: true,
     }

@@ -199,7 +199,7 @@ fn random_params<'a>(rng: &mut StdRng, bias: &'a [f32], out: Out) -> GemmParams<
         } else {
             0.0
         },
-        bias: if rng.random_bool(0.5) { Some(bias) } else { None },
+        bias: if rng.random_bool(0.5) { Some(bias.into()) } else { None },
         split_accumulator: true,
         report_amax: true,
     }

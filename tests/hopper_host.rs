@@ -25,7 +25,7 @@ use fp8_engine::backend::cuda::hopper::{self, HopperGemm, HopperScales, PlanOver
 use fp8_engine::backend::cuda::{CudaDevice, DeviceBuffer, describe_error_flag};
 use fp8_engine::device::MemoryCategory::{Activations, Workspace};
 use fp8_engine::format::Fp8Format;
-use fp8_engine::gemm::{self, GemmParams, Operand, Output};
+use fp8_engine::gemm::{self, Bias, GemmParams, Operand, Output};
 use fp8_engine::tensor::{QuantizedMatrix, Scales};
 use half::{bf16, f16};
 use rand::rngs::StdRng;
@@ -135,7 +135,7 @@ fn check(
     let params = GemmParams {
         alpha,
         beta,
-        bias: bias.as_deref(),
+        bias: bias.as_deref().map(Bias::host),
         split_accumulator: split,
         report_amax: true,
     };

@@ -125,7 +125,7 @@ fn a_gemm_into_device_values_checks_its_arguments_and_placement_first() {
     // The CPU arm refuses a device output, naming the op.
     let mut on_0 = stand_in(0, vec![0.0; 6]);
     let err = CpuKernels
-        .gemm_into(&a, &b, ValuesMut::Device(&mut on_0), &GemmParams::default())
+        .gemm_into(&a, &b, ValuesMut::Device(&mut on_0), GemmParams::default())
         .unwrap_err();
     assert!(matches!(err, Error::DeviceMismatch { op: "gemm_into", .. }), "{err}");
     // The CUDA arm checks the shape like the CPU GEMM, then where the output lives, then opens
@@ -134,21 +134,141 @@ fn a_gemm_into_device_values_checks_its_arguments_and_placement_first() {
     let mut short = stand_in(99, vec![0.0; 5]);
     let err = cuda
         .kernels()
-        .gemm_into(&a, &b, ValuesMut::Device(&mut short), &GemmParams::default())
+        .gemm_into(&a, &b, ValuesMut::Device(&mut short), GemmParams::default())
         .unwrap_err();
     assert!(matches!(err, Error::ShapeMismatch { .. }), "{err}");
     let err = cuda
         .kernels()
-        .gemm_into(&a, &b, ValuesMut::Device(&mut on_0), &GemmParams::default())
+        .gemm_into(&a, &b, ValuesMut::Device(&mut on_0), GemmParams::default())
         .unwrap_err();
     assert!(matches!(err, Error::DeviceMismatch { op: "gemm_into", .. }), "{err}");
     let mut on_99 = stand_in(99, vec![7.0; 6]);
     let err = cuda
         .kernels()
-        .gemm_into(&a, &b, ValuesMut::Device(&mut on_99), &GemmParams::default())
+        .gemm_into(&a, &b, ValuesMut::Device(&mut on_99), GemmParams::default())
         .unwrap_err();
     assert!(matches!(err, Error::NoGpu { .. } | Error::KernelsMissing), "{err}");
     assert_eq!(on_99.to_vec().unwrap(), vec![7.0; 6], "nothing written");
+}
+
+#[test]
+fn a_gemm_bias_on_a_device_is_refused_by_the_cpu_and_placed_by_the_cuda_arm() {
+    use crate::gemm::{Bias, GemmParams, Mat, Operand, Output};
+    let (a, b) = (ramp(2 * 16, 0.0), ramp(3 * 16, 1.0));
+    let (a, b) = (
+        Operand::F32(Mat::new(&a, 2, 16).unwrap()),
+        Operand::F32(Mat::new(&b, 3, 16).unwrap()),
+    );
+    fn with(bias: &CudaStorage) -> GemmParams<'_> {
+        GemmParams {
+            bias: Some(Bias::of(Values::Device(bias))),
+            ..GemmParams::default()
+        }
+    }
+    let on_0 = stand_in(0, ramp(3, 2.0));
+    // The CPU arms and the CPU GEMM itself take host values only: the op named, nothing written.
+    let mut d = vec![7.0f32; 6];
+    let err = CpuKernels.gemm(&a, &b, Output::F32(&mut d), with(&on_0)).unwrap_err();
+    assert_eq!(
+        err,
+        Error::DeviceMismatch {
+            op: "gemm",
+            expected: "cpu".into(),
+            got: "cuda:0".into()
+        }
+    );
+    let err = CpuKernels
+        .gemm_into(&a, &b, ValuesMut::Host(&mut d), with(&on_0))
+        .unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { op: "gemm_into", .. }), "{err}");
+    let err = crate::gemm::cpu::gemm(&a, &b, Output::F32(&mut d), &with(&on_0)).unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { op: "gemm", .. }), "{err}");
+    assert_eq!(d, vec![7.0; 6], "nothing written");
+    // The CPU GEMM checks its length first, as a host bias's.
+    let short = stand_in(0, ramp(2, 2.0));
+    let err = crate::gemm::cpu::gemm(&a, &b, Output::F32(&mut d), &with(&short)).unwrap_err();
+    assert!(matches!(err, Error::KernelArgs { .. }), "{err}");
+    // The CUDA arms check that the bias is on their GPU before opening it...
+    let cuda = Backend::on(DeviceKind::Cuda(99));
+    let err = cuda
+        .kernels()
+        .gemm(&a, &b, Output::F32(&mut d), with(&on_0))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        Error::DeviceMismatch {
+            op: "gemm",
+            expected: "cuda:99".into(),
+            got: "cuda:0".into()
+        }
+    );
+    let mut out_99 = stand_in(99, vec![7.0; 6]);
+    let err = cuda
+        .kernels()
+        .gemm_into(&a, &b, ValuesMut::Device(&mut out_99), with(&on_0))
+        .unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { op: "gemm_into", .. }), "{err}");
+    // ... after its length; a bias on their own GPU passes: then GPU 99 itself is missing.
+    let err = cuda
+        .kernels()
+        .gemm(&a, &b, Output::F32(&mut d), with(&short))
+        .unwrap_err();
+    assert!(matches!(err, Error::KernelArgs { .. }), "{err}");
+    let on_99 = stand_in(99, ramp(3, 2.0));
+    let err = cuda
+        .kernels()
+        .gemm(&a, &b, Output::F32(&mut d), with(&on_99))
+        .unwrap_err();
+    assert!(matches!(err, Error::NoGpu { .. } | Error::KernelsMissing), "{err}");
+    let err = cuda
+        .kernels()
+        .gemm_into(&a, &b, ValuesMut::Device(&mut out_99), with(&on_99))
+        .unwrap_err();
+    assert!(matches!(err, Error::NoGpu { .. } | Error::KernelsMissing), "{err}");
+    assert_eq!(d, vec![7.0; 6]);
+    assert_eq!(out_99.to_vec().unwrap(), vec![7.0; 6], "nothing written");
+}
+
+#[test]
+fn shadow_mode_gives_the_gemm_twin_a_download_of_a_device_bias() {
+    use crate::gemm::{Bias, GemmParams, Mat, Operand, Output};
+    let (a, b) = (ramp(2 * 16, 0.0), ramp(3 * 16, 1.0));
+    let (a, b) = (
+        Operand::F32(Mat::new(&a, 2, 16).unwrap()),
+        Operand::F32(Mat::new(&b, 3, 16).unwrap()),
+    );
+    let host_bias = ramp(3, 2.0);
+    let on_0 = stand_in(0, host_bias.clone());
+    let mut params = GemmParams {
+        alpha: 0.5,
+        bias: Some(Bias::of(Values::Device(&on_0))),
+        ..GemmParams::default()
+    };
+    let contract = Contract::Gemm { k: 16, call: None };
+    let mut saved = Twin::save(&params, contract).unwrap();
+    assert_eq!(
+        saved.as_deref(),
+        Some(&host_bias[..]),
+        "downloaded before the primary runs"
+    );
+    let twin = Twin::twin(&params, &mut saved);
+    assert_eq!(twin.bias.and_then(|b| b.as_host()), Some(&host_bias[..]));
+    assert_eq!(twin.alpha, 0.5, "the scalars as they were");
+    // The twin's scalars pass the CPU arm, with the bits of a host bias.
+    let (mut got, mut want) = (vec![0.0f32; 6], vec![0.0f32; 6]);
+    CpuKernels.gemm(&a, &b, Output::F32(&mut got), twin).unwrap();
+    let host = GemmParams {
+        bias: Some(Bias::host(&host_bias)),
+        ..params
+    };
+    CpuKernels.gemm(&a, &b, Output::F32(&mut want), host).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got), bits(&want));
+    // The primary reads it where it lives; a host bias (or none) is read in place: nothing saved.
+    let primary = Twin::primary(&mut params);
+    assert!(primary.bias.is_some_and(|b| b.as_host().is_none()));
+    assert!(Twin::save(&host, contract).unwrap().is_none());
+    assert!(Twin::save(&GemmParams::default(), contract).unwrap().is_none());
 }
 
 #[test]
@@ -326,6 +446,45 @@ fn a_layer_refuses_a_tensor_on_a_device_its_ops_do_not_run_on() {
         .to_device(&Tensor::zeros(0, 4))
         .unwrap();
     assert_eq!(moved.device(), DeviceKind::Cpu);
+}
+
+/// A linear fed host tensors brings a bias kept on a GPU (here a stand-in) home before its
+/// GEMMs, which take it from host memory: the bits of a layer whose bias never moved, with an
+/// f32 weight and a weight frozen in FP8 (three segments, each reading its part of the bias).
+#[test]
+fn a_host_input_brings_a_linear_bias_home() {
+    use crate::nn::{BaseScaling, Linear, Module};
+    let (rows, inp, out) = (16, 32, 48);
+    for (name, segments) in [("bf16", None), ("fp8-delayed", None), ("bf16", Some([16, 16, 16]))] {
+        let layer = || {
+            let mut l = Linear::new("fc", inp, out, true, &name.parse().unwrap(), 5).unwrap();
+            l.visit_parameters(&mut |p| {
+                if p.name() == "fc.bias" {
+                    p.value_mut().copy_from_slice(&ramp(out, 0.6));
+                    p.mark_updated();
+                }
+            });
+            if let Some(s) = segments {
+                l.freeze_to_fp8(&s, BaseScaling::Tensor).unwrap();
+            }
+            l
+        };
+        let (mut home, mut away) = (layer(), layer());
+        away.visit_parameters(&mut |p| {
+            if p.name() == "fc.bias" {
+                p.value_on_stand_in_gpu(0);
+            }
+        });
+        assert_eq!(away.bias().unwrap().value_device(), DeviceKind::Cuda(0));
+        let x = Tensor::new(ramp(rows * inp, 0.1), rows, inp).unwrap();
+        let (want, got) = (home.forward(&x).unwrap(), away.forward(&x).unwrap());
+        assert_eq!(bits(&got), bits(&want), "{name} {segments:?}");
+        assert_eq!(
+            away.bias().unwrap().value_device(),
+            DeviceKind::Cpu,
+            "{name} {segments:?}"
+        );
+    }
 }
 
 #[test]
@@ -584,9 +743,9 @@ fn device_arms_match_host_arms() {
         );
         for (what, (a, b)) in [("fp8", &fp8), ("bf16", &bf), ("f32", &f)] {
             let mut host = start.clone();
-            let want = k.gemm_into(a, b, ValuesMut::Host(&mut host), &accumulate).unwrap();
+            let want = k.gemm_into(a, b, ValuesMut::Host(&mut host), accumulate).unwrap();
             let mut on_gpu = up(&start, m, n);
-            let got = k.gemm_into(a, b, on_gpu.values_mut(), &accumulate).unwrap();
+            let got = k.gemm_into(a, b, on_gpu.values_mut(), accumulate).unwrap();
             same(&format!("gemm_into {what}"), &host, &on_gpu);
             let (want, got) = (want.get().unwrap(), got.get().unwrap());
             assert_eq!(want.to_bits(), got.to_bits(), "gemm_into {what}: amax");
@@ -1089,6 +1248,73 @@ fn frozen_fp8_linears_keep_device_inputs_on_the_device() {
     );
 }
 
+/// On GPU 0: a `Linear` with a nonzero trainable bias fed device tensors keeps the bias's values
+/// on the device (not under fp32: its GEMM finishes on the host) and its GEMMs read them there,
+/// with the bits, gradients, slots and statistics of the same layer fed host tensors (its bias
+/// uploaded by every GEMM), under every precision; so does a weight frozen in FP8 (one segment,
+/// and three, whose parts of the bias are copied on the device). The same layer in shadow mode
+/// passes its twins, which read a download of the bias.
+#[test]
+fn linear_biases_stay_on_the_device() {
+    use crate::amp::Precision;
+    use crate::nn::{BaseScaling, Linear, Module};
+    const TEST: &str = "linear_biases_stay_on_the_device";
+    if skipped_without_a_gpu(TEST) {
+        return;
+    }
+    let (rows, inp, out) = (64, 256, 384);
+    let gpu = Backend::on(DeviceKind::Cuda(0));
+    for name in ["fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "mxfp8"] {
+        let precision: Precision = name.parse().unwrap();
+        let mut weights = vec![None];
+        if matches!(name, "bf16" | "fp8-current") {
+            weights.extend([Some(vec![out]), Some(vec![128, 128, 128])]);
+        }
+        for segments in weights {
+            let case = format!("{name}, FP8 segments {segments:?}");
+            let layer = |shadow: bool| {
+                let mut l = Linear::new("fc", inp, out, true, &precision, 17).unwrap();
+                l.visit_parameters(&mut |p| {
+                    if p.name() == "fc.bias" {
+                        p.value_mut().copy_from_slice(&ramp(out, 0.4));
+                        p.mark_updated();
+                    }
+                });
+                if let Some(rows) = &segments {
+                    l.freeze_to_fp8(rows, BaseScaling::Block).unwrap();
+                }
+                l.to_device(DeviceKind::Cuda(0)).unwrap();
+                l.check_against_cpu(shadow);
+                l
+            };
+            let (mut staged, mut resident) = (layer(false), layer(false));
+            linear_passes(&case, (&mut staged, &mut resident), (rows, inp, out));
+            let want = match name {
+                "fp32" => DeviceKind::Cpu,
+                _ => DeviceKind::Cuda(0),
+            };
+            let bias = |l: &Linear| l.bias().unwrap().value_device();
+            assert_eq!(bias(&resident), want, "{case}: the bias's values");
+            assert_eq!(bias(&staged), DeviceKind::Cpu, "{case}: the staged bias's values");
+            let mut shadowed = layer(true);
+            let x = Tensor::new(ramp(rows * inp, 0.2), rows, inp).unwrap();
+            let dy = Tensor::new(ramp(rows * out, 1.3), rows, out).unwrap();
+            let (x, dy) = (gpu.to_device(&x).unwrap(), gpu.to_device(&dy).unwrap());
+            shadowed
+                .forward(&x)
+                .unwrap_or_else(|e| panic!("{case}: shadow forward: {e}"));
+            shadowed
+                .backward(&dy)
+                .unwrap_or_else(|e| panic!("{case}: shadow backward: {e}"));
+            assert_eq!(bias(&shadowed), want, "{case}: the shadowed bias's values");
+        }
+    }
+    println!(
+        "{TEST}: fp32, bf16, fp8-delayed/current/block, mxfp8, and FP8 weights of 1 and 3 segments: biases on the \
+         device (not fp32), same bits and gradients as host-fed layers; shadow mode passes"
+    );
+}
+
 /// On GPU 0: a frozen linear with LoRA adapters (no dropout) fed device tensors keeps its
 /// output, its input gradient and the adapters' gradients on the device, with the staged
 /// layer's bits and gradients: adapters on two row ranges of a fused output, B made nonzero so
@@ -1458,10 +1684,11 @@ fn linear_layers_train_in_their_arena_ranges() {
         m.visit_parameters(&mut |p| at.push((p.name().to_string(), held(p))));
         at
     };
-    // What holds its range: a bias's values stay on the host (the GEMM epilogue reads them there).
+    // What holds its range: the weight's and the bias's values and gradients (the GEMM's
+    // epilogue reads the bias on the device).
     let in_ranges = vec![
         ("fc.weight".to_string(), (true, true)),
-        ("fc.bias".to_string(), (false, true)),
+        ("fc.bias".to_string(), (true, true)),
     ];
     for name in ["bf16", "fp8-delayed"] {
         let precision: Precision = name.parse().unwrap();

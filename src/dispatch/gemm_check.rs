@@ -99,16 +99,22 @@ pub(super) fn first_breach(call: &GemmCall, result: &GemmResult) -> Option<Breac
         // `alpha sum a b` = D - bias - beta C before the output's rounding, so |that| less
         // the rounding is <= S (up to the CPU's own f32 rounding): the bound with it is at
         // most the exact one, and a pass stays a pass.
-        let bias = call.params.bias.map_or(0.0, |b| b[index % n] as f64);
+        // A bias on a device gives no estimate (the twin read a download of it): the exact S.
+        let bias = match call.params.bias {
+            None => Some(0.0),
+            Some(b) => b.as_host().map(|b| b[index % n] as f64),
+        };
         // beta = 0 ignores C, even NaN.
         let c_before = match before {
             Some(d) if beta != 0.0 => beta * d[index] as f64,
             _ => 0.0,
         };
         let rounding = ulp.relative * (cd as f64).abs() + ulp.subnormal / scale as f64;
-        let estimate = ((cd as f64 - bias - c_before).abs() - rounding).max(0.0);
-        if estimate.is_finite() && within(element_bound(call, dtype, scale, estimate, pd, cd).0) {
-            continue;
+        if let Some(bias) = bias {
+            let estimate = ((cd as f64 - bias - c_before).abs() - rounding).max(0.0);
+            if estimate.is_finite() && within(element_bound(call, dtype, scale, estimate, pd, cd).0) {
+                continue;
+            }
         }
         let s = alpha * abs_product_sum(call.a, call.b, index / n, index % n);
         let (ratio, bound) = element_bound(call, dtype, scale, s, pd, cd);
@@ -192,6 +198,43 @@ mod tests {
             .map(|&v| table.iter().position(|&x| x == v).expect("exact in E4M3") as u8)
             .collect();
         QuantizedMatrix::new(codes, 1, values.len(), Scales::PerTensor(1.0)).unwrap()
+    }
+
+    /// A bias on a device gives no estimate of S from the result: each element outside the
+    /// output row is held to its exact bound, with the verdicts of the same bias in host memory.
+    #[test]
+    fn a_device_bias_holds_each_element_to_its_exact_bound() {
+        use crate::gemm::Bias;
+        use crate::tensor::device_values::Values;
+        let av = [1.5f32; 64];
+        let a = Operand::F32(Mat::new(&av, 1, 64).unwrap());
+        let host_bias = [10.0f32];
+        let on_gpu = super::super::device_values_tests::stand_in(0, host_bias.to_vec());
+        let judge = |bias: Bias, p: f64| {
+            let params = GemmParams {
+                bias: Some(bias),
+                ..GemmParams::default()
+            };
+            let call = GemmCall {
+                a: &a,
+                b: &a,
+                params: &params,
+            };
+            let result = GemmResult {
+                dtype: GemmDtype::F32,
+                scale: 1.0,
+                primary: &[p],
+                cpu: &[154.0],
+                before: None,
+            };
+            first_breach(&call, &result).map(|b| b.bound)
+        };
+        // S = 144 (D = 144 + bias): the order bound 2 gamma_64 144 = 1.1e-3 either way.
+        for bias in [Bias::host(&host_bias), Bias::of(Values::Device(&on_gpu))] {
+            assert_eq!(judge(bias, 154.001), None, "{bias:?}");
+            let bound = judge(bias, 154.002).expect("beyond the order bound");
+            assert!((bound - f32_order_bound(64, 144.0)).abs() < 1e-12, "{bias:?}: {bound}");
+        }
     }
 
     /// The amax is held to the largest element bound; the O((M + N) K) magnitude bounds it from above.

@@ -169,15 +169,17 @@ kernels! {
         -> Cast = fp8_cast::cast;
     /// `D = A B^T` scaled (`docs/numerics.md`, GEMM), any operand precision, into any output
     /// type. The layers and models write f32 through [`Kernels::gemm_into`]; this op keeps the
-    /// 16-bit and FP8 outputs reachable through the trait (its tests, shadow mode's).
+    /// 16-bit and FP8 outputs reachable through the trait (its tests, shadow mode's). `params`
+    /// by value: its bias may live on a GPU (`gemm::Bias`), which the CPU arm refuses and
+    /// shadow mode downloads for the twin, as for any device value.
     #[cfg_attr(not(test), allow(dead_code))]
-    fn gemm(a: &Operand, b: &Operand, out: Output, params: &GemmParams) -> GemmReport = crate::gemm::cpu::gemm,
-        gemm_call = contract::GemmCall { a, b, params };
+    fn gemm(a: &Operand, b: &Operand, out: Output, params: GemmParams<'_>) -> GemmReport = cpu_gemm,
+        gemm_call = contract::GemmCall { a, b, params: &params };
     /// [`Kernels::gemm`] into f32 values wherever they live (an activation's GEMM whose result
     /// stays on the device of the call); the result's amax (0 unless `params.report_amax`),
     /// left on the GPU of a device output.
-    fn gemm_into(a: &Operand, b: &Operand, out: ValuesMut<'_>, params: &GemmParams) -> Deferred<f32> = cpu_gemm_into,
-        gemm_call = contract::GemmCall { a, b, params };
+    fn gemm_into(a: &Operand, b: &Operand, out: ValuesMut<'_>, params: GemmParams<'_>) -> Deferred<f32> = cpu_gemm_into,
+        gemm_call = contract::GemmCall { a, b, params: &params };
     /// The exact transpose of FP8 codes with per-tensor or 128x128 scales (a frozen weight's
     /// `W^T`), made where the codes are held.
     fn transpose_fp8(m: &QuantizedMatrix) -> QuantizedMatrix = crate::quantize::transpose_matrix;
@@ -349,8 +351,12 @@ fn cpu_residual_add(x: &[f32], f: &[f32], dtype: Dtype, out: &mut [f32]) -> Resu
     crate::ops::elementwise::residual_add_into(x, f, dtype, out)
 }
 
-fn cpu_gemm_into(a: &Operand, b: &Operand, out: &mut [f32], params: &GemmParams) -> Result<Deferred<f32>> {
-    Ok(crate::gemm::cpu::gemm(a, b, Output::F32(out), params)?.amax.into())
+fn cpu_gemm(a: &Operand, b: &Operand, out: Output, params: GemmParams) -> Result<GemmReport> {
+    crate::gemm::cpu::gemm(a, b, out, &params)
+}
+
+fn cpu_gemm_into(a: &Operand, b: &Operand, out: &mut [f32], params: GemmParams) -> Result<Deferred<f32>> {
+    Ok(crate::gemm::cpu::gemm(a, b, Output::F32(out), &params)?.amax.into())
 }
 
 fn cpu_round(values: &mut [f32], dtype: Dtype) -> Result<()> {
@@ -674,18 +680,18 @@ mod tests {
         // f32 operands take the cuBLASLt path: GPU 99 is missing, a typed error.
         let err = Backend::on(DeviceKind::Cuda(99))
             .kernels()
-            .gemm(&a, &a, Output::F32(&mut d), &GemmParams::default())
+            .gemm(&a, &a, Output::F32(&mut d), GemmParams::default())
             .unwrap_err();
         assert!(matches!(err, Error::NoGpu { .. } | Error::KernelsMissing), "{err}");
         // A wrong output length is the CPU GEMM's own error, before any device is opened.
         let mut short = vec![0.0f32; 16 * 15];
         let cuda = Backend::on(DeviceKind::Cuda(99))
             .kernels()
-            .gemm(&a, &a, Output::F32(&mut short), &GemmParams::default())
+            .gemm(&a, &a, Output::F32(&mut short), GemmParams::default())
             .unwrap_err();
         let cpu = Backend::default()
             .kernels()
-            .gemm(&a, &a, Output::F32(&mut short), &GemmParams::default())
+            .gemm(&a, &a, Output::F32(&mut short), GemmParams::default())
             .unwrap_err();
         assert_eq!(cuda, cpu);
         // MXFP8 operands have a CUDA GEMM now: GPU 99 is missing, not the kernel.
@@ -693,17 +699,17 @@ mod tests {
         let b = Operand::Fp8(Fp8Format::E4M3, q.rowwise());
         let err = Backend::on(DeviceKind::Cuda(99))
             .kernels()
-            .gemm(&b, &b, Output::F32(&mut d), &GemmParams::default())
+            .gemm(&b, &b, Output::F32(&mut d), GemmParams::default())
             .unwrap_err();
         assert!(matches!(err, Error::NoGpu { .. } | Error::KernelsMissing), "{err}");
         // Their shape errors are the CPU GEMM's too, before any device is opened.
         let cuda = Backend::on(DeviceKind::Cuda(99))
             .kernels()
-            .gemm(&b, &b, Output::F32(&mut short), &GemmParams::default())
+            .gemm(&b, &b, Output::F32(&mut short), GemmParams::default())
             .unwrap_err();
         let cpu = Backend::default()
             .kernels()
-            .gemm(&b, &b, Output::F32(&mut short), &GemmParams::default())
+            .gemm(&b, &b, Output::F32(&mut short), GemmParams::default())
             .unwrap_err();
         assert_eq!(cuda, cpu);
         assert!(matches!(cpu, Error::ShapeMismatch { .. }), "{cpu}");

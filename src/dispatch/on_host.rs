@@ -1,9 +1,10 @@
-//! The CPU backend's view of an op's arguments: host values as they are, device values an
-//! error naming the op (modules move to a device whole, so a device value reaching a CPU op is
-//! a bug, reported instead of a panic); every other argument passes through.
+//! The CPU backend's view of an op's arguments: host values as they are, device values (a
+//! GEMM's bias among them) an error naming the op (modules move to a device whole, so a device
+//! value reaching a CPU op is a bug, reported instead of a panic); every other argument passes
+//! through.
 
 use crate::error::Result;
-use crate::gemm::Output;
+use crate::gemm::{GemmParams, Output};
 use crate::tensor::device_values::{Values, ValuesMut};
 
 pub(crate) trait OnHost {
@@ -36,6 +37,15 @@ impl<'a, T: ?Sized> OnHost for &'a T {
 impl<'a, T: ?Sized> OnHost for &'a mut T {
     type Host = &'a mut T;
     fn on_host(self, _: &'static str) -> Result<&'a mut T> {
+        Ok(self)
+    }
+}
+
+/// A GEMM's scalars, with its bias in host memory (one on a GPU is an error, as any value).
+impl<'a> OnHost for GemmParams<'a> {
+    type Host = GemmParams<'a>;
+    fn on_host(self, op: &'static str) -> Result<GemmParams<'a>> {
+        crate::gemm::host_bias(&self, op)?;
         Ok(self)
     }
 }

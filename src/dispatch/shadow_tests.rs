@@ -230,7 +230,7 @@ fn a_perturbed_gemm_is_held_to_the_tolerance_of_its_own_k() {
             &Operand::F32(a),
             &Operand::F32(b),
             Output::F32(&mut d),
-            &GemmParams::default(),
+            GemmParams::default(),
         );
         match (passes, result) {
             (true, Ok(_)) => {}
@@ -271,7 +271,7 @@ fn a_perturbed_gemm_into_is_held_like_gemm_and_accumulates_from_the_same_start()
         let result =
             shadow
                 .kernels()
-                .gemm_into(&Operand::F32(a), &Operand::F32(b), ValuesMut::Host(&mut d), &accumulate);
+                .gemm_into(&Operand::F32(a), &Operand::F32(b), ValuesMut::Host(&mut d), accumulate);
         match (passes, result) {
             (true, Ok(_)) => assert!(d.iter().zip(&start).all(|(x, s)| x > s), "accumulated: {d:?}"),
             (
@@ -307,7 +307,7 @@ fn shadowed_gemm(a: &Operand, b: &Operand, ulps: i32) -> Result<crate::gemm::Gem
     let shadow = Backend::default().checked_against_cpu(true, "probe");
     perturb_cpu_primaries(None);
     let mut d = [0.0f32];
-    shadow.kernels().gemm(a, b, Output::F32(&mut d), &GemmParams::default())
+    shadow.kernels().gemm(a, b, Output::F32(&mut d), GemmParams::default())
 }
 
 /// The ulps of `d` (a normal f32) that make `distance`, which must be a whole number of them.
@@ -376,7 +376,7 @@ fn a_perturbed_fp8_gemm_is_held_to_its_own_bound() {
         let mut plain = [0.0f32];
         Backend::default()
             .kernels()
-            .gemm(&a, &b, Output::F32(&mut plain), &GemmParams::default())
+            .gemm(&a, &b, Output::F32(&mut plain), GemmParams::default())
             .unwrap();
         assert_eq!(plain[0], *d, "{label}");
         let at_bound = ulps_of(*d, bound);

@@ -9,7 +9,7 @@ use super::gemm_check::{self, GemmResult};
 use super::{Cast, Fp8Stats, PlainMat};
 use crate::error::Result;
 use crate::format::Fp8Format;
-use crate::gemm::{GemmReport, Output};
+use crate::gemm::{Bias, GemmParams, GemmReport, Output};
 use crate::scaling::{Fp8TensorStats, SlotBank};
 use crate::tensor::device_values::{Deferred, Values, ValuesMut};
 use crate::tensor::{QuantizedMatrix, Scales};
@@ -131,6 +131,34 @@ impl<'a> Twin for Values<'a> {
     fn twin<'s>(&'s self, saved: &'s mut Option<Vec<f32>>) -> Values<'s> {
         match saved {
             Some(downloaded) => Values::Host(downloaded),
+            None => *self,
+        }
+    }
+}
+
+/// A GEMM's scalars: the twin gets the same, with a bias on a device downloaded (before the
+/// primary op runs) into host memory, where the CPU GEMM reads it.
+impl<'a> Twin for GemmParams<'a> {
+    type Saved = Option<Vec<f32>>;
+    type Arg<'s>
+        = GemmParams<'s>
+    where
+        Self: 's;
+    fn save(&self, contract: Contract) -> Result<Option<Vec<f32>>> {
+        match self.bias {
+            Some(bias) => bias.values().save(contract),
+            None => Ok(None),
+        }
+    }
+    fn primary(&mut self) -> GemmParams<'_> {
+        *self
+    }
+    fn twin<'s>(&'s self, saved: &'s mut Option<Vec<f32>>) -> GemmParams<'s> {
+        match saved {
+            Some(downloaded) => GemmParams {
+                bias: Some(Bias::host(downloaded)),
+                ..*self
+            },
             None => *self,
         }
     }

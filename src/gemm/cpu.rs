@@ -66,7 +66,7 @@ use std::cell::Cell;
 
 use rayon::prelude::*;
 
-use super::operand::{GemmParams, GemmPlan, GemmReport, Mat, Operand, Output, ScalePair, plan};
+use super::operand::{GemmParams, GemmPlan, GemmReport, Mat, Operand, Output, ScalePair, host_bias, plan};
 use crate::error::{Error, Result};
 use epilogue::{Epilogue, OutTile, nan_max, out_tiles};
 use kernel::{Panel, matmul_nt};
@@ -153,7 +153,8 @@ fn gemm_on_host(a: &Operand, b: &Operand, out: Output, params: &GemmParams, rout
             ScalePair::PerTensor => params.alpha * tensor_scale(a) * tensor_scale(b),
             _ => params.alpha,
         },
-        bias: params.bias,
+        // Host values only: a bias on a GPU is `DeviceMismatch` (modules move whole).
+        bias: host_bias(params, "gemm")?,
         beta: params.beta,
     };
     // FP8 x FP8 with per-tensor scales, bf16 x bf16: the pair order on every route (AMX tiles
@@ -267,7 +268,7 @@ fn gemm_on_host(a: &Operand, b: &Operand, out: Output, params: &GemmParams, rout
 pub(crate) fn epilogue_of_product(p: &mut [f32], n: usize, params: &GemmParams, out: Output) -> Result<GemmReport> {
     let epilogue = Epilogue {
         factor: params.alpha,
-        bias: params.bias,
+        bias: host_bias(params, "gemm")?,
         beta: params.beta,
     };
     let m = p.len().checked_div(n).unwrap_or(0);

@@ -14,6 +14,6 @@
 pub mod cpu;
 mod operand;
 
-pub(crate) use operand::plan_f32;
 pub(crate) use operand::read_back;
-pub use operand::{FP8_K_MULTIPLE, GemmParams, GemmPlan, GemmReport, Mat, Operand, Output, ScalePair, plan};
+pub use operand::{Bias, FP8_K_MULTIPLE, GemmParams, GemmPlan, GemmReport, Mat, Operand, Output, ScalePair, plan};
+pub(crate) use operand::{host_bias, plan_f32};

@@ -7,6 +7,7 @@ use half::{bf16, f16};
 
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
+use crate::tensor::device_values::Values;
 use crate::tensor::{DeviceMirror, HalfValues, QuantizedMatrix, ScaleKind};
 
 /// A borrowed `rows x cols` matrix of plain values: row-major, or read in place from its
@@ -271,6 +272,71 @@ impl Output<'_> {
     }
 }
 
+/// A GEMM's per-column bias, N f32 values: in host memory ([`Bias::host`], `From<&[f32]>`), or,
+/// inside the crate, on a GPU (a layer's bias kept where its input lives), which a GEMM on that
+/// GPU reads in place and the CPU GEMM refuses (`DeviceMismatch`: it takes host values only).
+#[derive(Clone, Copy, Debug)]
+pub struct Bias<'a>(Values<'a>);
+
+impl<'a> Bias<'a> {
+    /// Host values.
+    pub fn host(values: &'a [f32]) -> Self {
+        Bias(Values::Host(values))
+    }
+
+    /// Values wherever they live.
+    pub(crate) fn of(values: Values<'a>) -> Self {
+        Bias(values)
+    }
+
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The host values, or `None` for values on a GPU.
+    pub fn as_host(&self) -> Option<&'a [f32]> {
+        match self.0 {
+            Values::Host(v) => Some(v),
+            Values::Device(_) => None,
+        }
+    }
+
+    /// The values as an op argument.
+    pub(crate) fn values(self) -> Values<'a> {
+        self.0
+    }
+}
+
+impl<'a> From<&'a [f32]> for Bias<'a> {
+    fn from(values: &'a [f32]) -> Self {
+        Bias::host(values)
+    }
+}
+
+impl<'a> From<&'a Vec<f32>> for Bias<'a> {
+    fn from(values: &'a Vec<f32>) -> Self {
+        Bias::host(values)
+    }
+}
+
+impl<'a, const N: usize> From<&'a [f32; N]> for Bias<'a> {
+    fn from(values: &'a [f32; N]) -> Self {
+        Bias::host(values)
+    }
+}
+
+/// The bias of `params` in host memory, for a GEMM that runs there (the CPU GEMM, a host
+/// epilogue): `DeviceMismatch` naming `op` for one on a GPU.
+pub(crate) fn host_bias<'a>(params: &GemmParams<'a>, op: &'static str) -> Result<Option<&'a [f32]>> {
+    params.bias.map(|b| b.values().host(op)).transpose()
+}
+
 /// Scalars and switches of one GEMM.
 #[derive(Clone, Copy, Debug)]
 pub struct GemmParams<'a> {
@@ -279,7 +345,7 @@ pub struct GemmParams<'a> {
     /// Multiplies the f32 output's previous content; 0 ignores it (even NaN).
     pub beta: f32,
     /// Per-column bias, length N, added in f32 after alpha.
-    pub bias: Option<&'a [f32]>,
+    pub bias: Option<Bias<'a>>,
     /// Promote the partial sum to an f32 accumulator every 128 of K (FP8 inputs);
     /// forced on for block scales.
     pub split_accumulator: bool,

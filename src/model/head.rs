@@ -143,7 +143,7 @@ fn forward(backend: &Backend, h: &Tensor, table: Table, dtype: Dtype) -> Result<
         &hm.operand_on(backend, (rows, hidden, false))?,
         &e,
         logits.values_mut(),
-        &plain_params(0.0),
+        plain_params(0.0),
     )?;
     Ok(logits)
 }
@@ -178,7 +178,7 @@ fn backward(
         &dl.operand_on(backend, (rows, vocab, false))?,
         &e_t,
         dh.values_mut(),
-        &plain_params(0.0),
+        plain_params(0.0),
     )?;
     if let Some(dtable) = dtable {
         let dl_t = kernels.convert_transposed(dtype, dlogits.values(), rows, vocab)?;
@@ -187,7 +187,7 @@ fn backward(
             &dl_t.operand_on(backend, (vocab, rows, false))?,
             &h_t.operand_on(backend, (hidden, rows, false))?,
             dtable,
-            &plain_params(1.0),
+            plain_params(1.0),
         )?;
     }
     kernels.round(dh.values_mut(), dtype)?;

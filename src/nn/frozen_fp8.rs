@@ -23,7 +23,7 @@ use crate::amp::{Fp8Recipe, Precision};
 use crate::dispatch::{Backend, Values};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
-use crate::gemm::{GemmParams, Operand};
+use crate::gemm::{Bias, GemmParams, Operand};
 use crate::quantize::{ScaleRule, amax, quantize_128x128, quantize_per_tensor};
 use crate::scaling::{BlockScaling, CurrentScaling, TensorRole};
 use crate::tensor::{Dtype, QuantizedMatrix, Scales, Tensor};
@@ -197,14 +197,15 @@ impl FrozenFp8Weight {
     }
 
     /// `Y = X W^T (+ bias)` for `x` `[rows, in]`, an FP8 GEMM per segment on the stored codes,
-    /// rounded to `dtype`; `Y` lives where `x` does (host memory, or `backend`'s GPU).
+    /// rounded to `dtype`; `Y` lives where `x` does (host memory, or `backend`'s GPU), the bias
+    /// in host memory or on that GPU.
     pub(crate) fn forward(
         &self,
         backend: &Backend,
         run: &Precision,
         x: Values,
         rows: usize,
-        bias: Option<&[f32]>,
+        bias: Option<Values>,
         dtype: Dtype,
     ) -> Result<Tensor> {
         let kernels = backend.kernels();
@@ -216,8 +217,19 @@ impl FrozenFp8Weight {
         let mut offset = 0;
         for seg in &self.segments {
             let n = seg.rows();
+            // The segment's entries of the bias: a host slice read in place; on a device, the
+            // whole bias for one segment, else a copy of its part made there.
+            let copied = match bias {
+                Some(b @ Values::Device(_)) if n != out => Some(take_columns(backend, b, 1, out, offset, n)?),
+                _ => None,
+            };
+            let seg_bias = match (bias, &copied) {
+                (_, Some(part)) => Some(part.values()),
+                (Some(Values::Host(b)), None) => Some(Values::Host(&b[offset..offset + n])),
+                (whole, None) => whole,
+            };
             let params = GemmParams {
-                bias: bias.map(|b| &b[offset..offset + n]),
+                bias: seg_bias.map(Bias::of),
                 split_accumulator: false,
                 // No slot or statistic of a frozen weight's GEMMs reads it.
                 report_amax: false,
@@ -225,11 +237,11 @@ impl FrozenFp8Weight {
             };
             let b = Operand::Fp8(Fp8Format::E4M3, seg);
             if self.segments.len() == 1 {
-                kernels.gemm_into(&a, &b, y.values_mut(), &params)?;
+                kernels.gemm_into(&a, &b, y.values_mut(), params)?;
             } else {
                 // Each segment's columns of `Y`: its GEMM into a part, copied in.
                 let mut part = backend.output_at(x.device(), rows, n)?;
-                kernels.gemm_into(&a, &b, part.values_mut(), &params)?;
+                kernels.gemm_into(&a, &b, part.values_mut(), params)?;
                 put_columns(backend, part.values(), n, &mut y, offset)?;
                 part.recycle();
             }
@@ -268,7 +280,7 @@ impl FrozenFp8Weight {
                 &Operand::Fp8(dyq.tensor.format(), dyq.tensor.rowwise()),
                 &Operand::Fp8(Fp8Format::E4M3, &wt),
                 dx.values_mut(),
-                &params,
+                params,
             )?;
             if let Some(part) = part {
                 part.recycle();

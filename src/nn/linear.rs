@@ -152,10 +152,9 @@ impl Linear {
     pub(crate) fn forward_pass(&mut self, x: &Tensor, replay: bool) -> Result<Tensor> {
         x.expect(&self.name, "input", None, self.in_features)?;
         self.gemms.expect_on("linear forward", x)?;
-        if self.frozen_fp8.is_none() {
-            self.weight_where(x.device())?;
-        }
-        let bias = self.bias.as_ref().map(|b| b.value());
+        self.values_where(x.device())?;
+        let bias_host = self.bias.as_ref().and_then(Parameter::host_op_values);
+        let bias = self.bias.as_ref().map(|b| b.op_values(&bias_host));
         let mut y = match &self.frozen_fp8 {
             Some(w) => {
                 let dtype = self.gemms.precision().compute_dtype();
@@ -187,8 +186,9 @@ impl Linear {
         }
         x.expect(&self.name, "input", None, self.in_features)?;
         self.gemms.expect_on("linear forward", &x)?;
-        self.weight_where(x.device())?;
-        let bias = self.bias.as_ref().map(|b| b.value());
+        self.values_where(x.device())?;
+        let bias_host = self.bias.as_ref().and_then(Parameter::host_op_values);
+        let bias = self.bias.as_ref().map(|b| b.op_values(&bias_host));
         self.gemms.forward_owned(x, &self.weight, bias, replay)
     }
 
@@ -223,14 +223,19 @@ impl Linear {
         Ok(dx)
     }
 
-    /// Moves the trainable weight's master values to where the input lives
+    /// Moves the trainable weight's and bias's master values to where the input lives
     /// (`Parameter::value_where`): a layer on device tensors keeps them there, so its weight
-    /// casts read them in place and the optimizer's arenas update them there, instead of the
-    /// weight going up every forward and down and up every optimizer step.
-    fn weight_where(&mut self, device: DeviceKind) -> Result<()> {
+    /// casts and its GEMM's epilogue read them in place and the optimizer's arenas update them
+    /// there, instead of them going up every forward and down and up every optimizer step. A
+    /// weight frozen as FP8 codes has no master values (its codes are held apart).
+    fn values_where(&mut self, device: DeviceKind) -> Result<()> {
         let backend = self.gemms.backend().clone();
         let dtype = self.gemms.precision().compute_dtype();
-        self.weight.value_where(&backend, device, dtype)
+        let weight = self.frozen_fp8.is_none().then_some(&mut self.weight);
+        for p in weight.into_iter().chain(self.bias.as_mut()) {
+            p.value_where(&backend, device, dtype)?;
+        }
+        Ok(())
     }
 
     /// Moves the trainable gradients to where `dy` lives (`Parameter::grad_where`): a layer on

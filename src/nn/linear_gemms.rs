@@ -21,7 +21,7 @@ use crate::amp::{Fp8Recipe, Precision};
 use crate::dispatch::{Backend, Cast, Deferred, Fp8Stats, PlainMat, Values, ValuesMut, fp8_cast};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
-use crate::gemm::{FP8_K_MULTIPLE, GemmParams, Mat, Operand};
+use crate::gemm::{Bias, FP8_K_MULTIPLE, GemmParams, Mat, Operand};
 use crate::scaling::Fp8TensorStats;
 use crate::scaling::{DelayedSlot, SlotBank, TensorRole};
 use crate::tensor::QuantizedMatrix;
@@ -405,14 +405,15 @@ impl LinearGemms {
     }
 
     /// `Y = X W^T (+ bias)` for `x` `[rows, in]`, rounded to the compute dtype, where `x` lives
-    /// (host memory, or the backend's GPU). `replay`: a recompute in backward, which casts with
-    /// the scales of the original forward and records nothing.
+    /// (host memory, or the backend's GPU; the bias in either, read where it is). `replay`: a
+    /// recompute in backward, which casts with the scales of the original forward and records
+    /// nothing.
     pub(crate) fn forward(
         &mut self,
         x: Values,
         rows: usize,
         weight: &Parameter,
-        bias: Option<&[f32]>,
+        bias: Option<Values>,
         replay: bool,
     ) -> Result<Tensor> {
         self.forward_input(Input::Borrowed(x), rows, weight, bias, replay)
@@ -424,7 +425,7 @@ impl LinearGemms {
         &mut self,
         x: Tensor,
         weight: &Parameter,
-        bias: Option<&[f32]>,
+        bias: Option<Values>,
         replay: bool,
     ) -> Result<Tensor> {
         let rows = x.rows();
@@ -436,7 +437,7 @@ impl LinearGemms {
         input: Input,
         rows: usize,
         weight: &Parameter,
-        bias: Option<&[f32]>,
+        bias: Option<Values>,
         replay: bool,
     ) -> Result<Tensor> {
         let x = input.values();
@@ -464,13 +465,13 @@ impl LinearGemms {
             (Precision::Fp8(recipe), WeightCopy::Fp8(w)) => {
                 let xq = kernels.quantize(recipe, TensorRole::Input, x, rows, inp, input_scale)?;
                 let params = GemmParams {
-                    bias,
+                    bias: bias.map(Bias::of),
                     split_accumulator: false, // forward: fast accumulation allowed (`docs/numerics.md`, GEMM)
                     ..GemmParams::default()
                 };
                 let a = Operand::Fp8(xq.tensor.format(), xq.tensor.rowwise());
                 let b = Operand::Fp8(w.tensor.format(), w.tensor.rowwise());
-                let report = kernels.gemm_into(&a, &b, y.values_mut(), &params)?;
+                let report = kernels.gemm_into(&a, &b, y.values_mut(), params)?;
                 let stats = match replay {
                     true => None,
                     false => Some(kernels.cast_stats(self.stat_name(TensorRole::Input), x, &xq)?),
@@ -498,12 +499,12 @@ impl LinearGemms {
                 };
                 // Only FP8 records an output amax: a plain GEMM's is not read back.
                 let params = GemmParams {
-                    bias,
+                    bias: bias.map(Bias::of),
                     report_amax: false,
                     ..GemmParams::default()
                 };
                 let xo = xm.operand_on(&self.backend, (rows, inp, false))?;
-                let report = kernels.gemm_into(&xo, &w, y.values_mut(), &params)?;
+                let report = kernels.gemm_into(&xo, &w, y.values_mut(), params)?;
                 (SavedInput::Plain(xm), report, None)
             }
             _ => return Err(internal(&self.layer, "the weight copy does not follow the precision")),
@@ -573,14 +574,14 @@ impl LinearGemms {
                     &Operand::Fp8(dy_format, dyq.tensor.rowwise()),
                     &Operand::Fp8(w.tensor.format(), fp8_cast::columnwise(&w.tensor)),
                     dx.values_mut(),
-                    &GemmParams::default(),
+                    GemmParams::default(),
                 )?;
                 if let Some(dw) = weight_grad {
                     kernels.gemm_into(
                         &Operand::Fp8(dy_format, fp8_cast::columnwise(&dyq.tensor)),
                         &Operand::Fp8(*x_format, xt),
                         dw,
-                        &accumulate,
+                        accumulate,
                     )?;
                 }
                 let stats = kernels.cast_stats(self.stat_name(TensorRole::OutputGrad), dy, &dyq)?;
@@ -604,13 +605,13 @@ impl LinearGemms {
                     report_amax: false,
                     ..GemmParams::default()
                 };
-                let dgrad = kernels.gemm_into(&dym_op, &wt, dx.values_mut(), &plain)?;
+                let dgrad = kernels.gemm_into(&dym_op, &wt, dx.values_mut(), plain)?;
                 if let Some(dw) = weight_grad {
                     // dW = dY^T X: A is dY^T `[out, tokens]`, B is X^T `[in, tokens]`, both read
                     // from their `[tokens, ...]` storage.
                     let dyt = dym.operand_on(&backend, (out, rows, true))?;
                     let xt = x.operand_on(&backend, (inp, rows, true))?;
-                    kernels.gemm_into(&dyt, &xt, dw, &accumulate)?;
+                    kernels.gemm_into(&dyt, &xt, dw, accumulate)?;
                 }
                 (dgrad, None)
             }

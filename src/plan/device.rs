@@ -1,14 +1,14 @@
 //! What a run on a GPU holds there beside the plan's categories: with resident layers (the
-//! default) a trainable linear weight, a norm's gamma and beta, a LoRA adapter, the embedding
-//! tables and the output head keep their f32 master values and gradients on the device
-//! (`nn::param`, `model::ends`, `docs/cuda-backend.md`), a second copy of each beside the
+//! default) a trainable linear weight and bias, a norm's gamma and beta, a LoRA adapter, the
+//! embedding tables and the output head keep their f32 master values and gradients on the
+//! device (`nn::param`, `model::ends`, `docs/cuda-backend.md`), a second copy of each beside the
 //! optimizer's arenas (the plan's master weights and gradients). The ledger books them as
 //! workspace; so does this.
 //!
-//! fp32 keeps them in host memory (its GEMM finishes there), and so do the biases' values (read
-//! by the GEMM epilogue from the host; their gradients are on the device, but not those of a
-//! linear frozen in FP8). Earlier micro-batches' gradient sums stay where the gradients are: one
-//! more copy of the gradients while micro-batches accumulate.
+//! fp32 keeps them in host memory (its GEMM finishes there). A linear frozen in FP8 keeps a
+//! trainable bias's values on the device (its GEMMs' epilogue reads them there) and its gradient
+//! in host memory. Earlier micro-batches' gradient sums stay where the gradients are: one more
+//! copy of the gradients while micro-batches accumulate.
 //!
 //! With `FP8_CUDA_ARENA_VIEWS=1` (opt-in until a GPU run validates it) the master values and
 //! gradients kept on the device are the arenas' own ranges (`train::adamw_arena`): only the
@@ -58,17 +58,18 @@ pub fn device_copies(config: &HfConfig, settings: &PlanSettings) -> u128 {
     // The token table, and a separate head (a tied one is the table).
     let tables = if config.tie_word_embeddings { 1 } else { 2 } * config.vocab_size as u128 * h;
     let (q, kv) = super::q_kv_widths(config);
-    let (linears, biases) = match settings.base {
-        // The FP8 base freezes every decoder linear (its codes are the plan's FP8 copies), and
-        // its linears' bias gradients stay on the host.
+    let biases = if config.qkv_bias { layers * (q + 2 * kv) } else { 0 };
+    let (linears, bias_grads) = match settings.base {
+        // The FP8 base freezes every decoder linear (its codes are the plan's FP8 copies); their
+        // biases train, values on the device and gradients on the host.
         super::BasePrecision::Fp8 => (0, 0),
         super::BasePrecision::Same => (
             layers * layer_linears(config).iter().map(|w| w.out * w.inp).sum::<u128>(),
-            if config.qkv_bias { layers * (q + 2 * kv) } else { 0 },
+            biases,
         ),
     };
-    let trained = linears + norms + tables;
-    copies(trained, trained + biases, settings.accumulate)
+    let values = linears + norms + tables + biases;
+    copies(values, linears + norms + tables + bias_grads, settings.accumulate)
 }
 
 /// Device copies of the built-in decoder of `fp8 train` ([`super::plan_decoder`]'s model).
@@ -87,8 +88,8 @@ pub fn decoder_device_copies(model: &ModelConfig, dtype: Dtype, accumulate: bool
     let vocab = model.vocab as u128;
     let head = if model.tied_head { 0 } else { vocab };
     let tables = (vocab + model.max_seq as u128 + head).saturating_mul(h);
-    let values = weights.saturating_add(norms).saturating_add(tables);
-    copies(values, values.saturating_add(biases), accumulate)
+    let values = weights.saturating_add(biases).saturating_add(norms).saturating_add(tables);
+    copies(values, values, accumulate)
 }
 
 #[cfg(test)]
@@ -99,8 +100,8 @@ mod tests {
     use crate::nn::Module;
     use crate::plan::{BasePrecision, LoraPlan, parse_targets};
 
-    /// The decoder's count follows the model's own parameters: every value, the biases only as
-    /// gradients.
+    /// The decoder's count follows the model's own parameters: every value and gradient, biases
+    /// included.
     #[test]
     fn the_decoder_copies_are_its_parameters() {
         for (swiglu, rmsnorm, tied_head) in [(false, false, false), (true, true, true), (true, false, false)] {
@@ -118,18 +119,20 @@ mod tests {
             };
             let precision: Precision = "bf16".parse().unwrap();
             let mut m = DecoderModel::new(&model, &precision, 1).unwrap();
-            let (mut values, mut grads) = (0u128, 0u128);
+            let (mut grads, mut biases) = (0u128, 0u128);
             m.visit_parameters(&mut |p| {
                 let n = p.len() as u128;
                 let name = p.name();
                 grads += n;
                 // Biases: 1-D parameters of linears (norms' gamma and beta are 1-D too).
                 let norm = name.contains("norm") || name.contains("ln");
-                if p.shape().len() != 1 || norm {
-                    values += n;
+                if p.shape().len() == 1 && !norm {
+                    biases += n;
                 }
             });
-            let want = 4 * values + 4 * grads;
+            assert!(biases > 0, "the decoder has biases");
+            // Values and gradients alike, biases' values included.
+            let want = 8 * grads;
             let got = decoder_device_copies(&model, Dtype::Bf16, false);
             assert_eq!(got, want, "swiglu {swiglu} rmsnorm {rmsnorm} tied {tied_head}");
             assert_eq!(decoder_device_copies(&model, Dtype::Bf16, true), want + 4 * grads);
@@ -172,7 +175,10 @@ mod tests {
             device_copies(&c, &settings("bf16", BasePrecision::Fp8, Some(lora.clone()))),
             8 * adapters
         );
-        assert_eq!(device_copies(&c, &settings("fp32", BasePrecision::Same, Some(lora))), 0);
+        assert_eq!(
+            device_copies(&c, &settings("fp32", BasePrecision::Same, Some(lora.clone()))),
+            0
+        );
         // Full training: every value (the config has no biases).
         let full = device_copies(&c, &settings("bf16", BasePrecision::Same, None));
         assert_eq!(full, 8 * c.parameter_count());
@@ -180,5 +186,20 @@ mod tests {
         let fp8_base = device_copies(&c, &settings("fp8-block", BasePrecision::Fp8, None));
         let (table, head) = (50 * 64, 50 * 64);
         assert_eq!(fp8_base, 8 * ((2 * 3 + 1) * 64 + table + head));
+        // Biases (Qwen2's q/k/v): values and gradients in full training; under an FP8 base the
+        // values only (the frozen linears' bias gradients stay home); frozen under LoRA.
+        let with_bias = HfConfig::from_json(
+            r#"{"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
+                "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 2,
+                "vocab_size": 50}"#,
+        )
+        .unwrap();
+        assert!(with_bias.qkv_bias);
+        let biases = 3 * (64 + 2 * 16);
+        let full_with_bias = device_copies(&with_bias, &settings("bf16", BasePrecision::Same, None));
+        assert_eq!(full_with_bias, 8 * with_bias.parameter_count());
+        assert_eq!(full_with_bias, full + 8 * biases);
+        let fp8_base_with_bias = device_copies(&with_bias, &settings("fp8-block", BasePrecision::Fp8, None));
+        assert_eq!(fp8_base_with_bias, fp8_base + 4 * biases);
     }
 }

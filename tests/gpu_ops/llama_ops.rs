@@ -130,7 +130,7 @@ fn gemm_f32(ctx: &mut Ctx, (m, n, k): (usize, usize, usize)) -> Check {
     let params = GemmParams {
         alpha: 0.5,
         beta: 1.0,
-        bias: Some(&bias),
+        bias: Some((&bias).into()),
         ..GemmParams::default()
     };
     let mut lt = gpu(CublasLt::new(&ctx.gpu))?;

@@ -122,7 +122,9 @@ pub fn gemm_host(
     gemm_host_with(device, None, a, b, out, params)
 }
 
-/// [`gemm_host`] with a kernel override (see [`DeviceGemmParams::kernel`]).
+/// [`gemm_host`] with a kernel override (see [`DeviceGemmParams::kernel`]). The bias, if any,
+/// must be host values (uploaded here); one on a device is `DeviceMismatch` (the op arm reads
+/// those in place: [`gemm_host_biased`]).
 pub fn gemm_host_with(
     device: &CudaDevice,
     kernel: Option<GemmKernel>,
@@ -132,7 +134,31 @@ pub fn gemm_host_with(
     params: &GemmParams,
 ) -> Result<GemmReport> {
     plan(a, b, &out, params)?;
-    let amax = gemm_to(device, kernel, a, b, Destination::Host(out), params, None)?;
+    let bias = crate::gemm::host_bias(params, "gemm")?
+        .map(|b| device.upload(b, MemoryCategory::Workspace))
+        .transpose()?;
+    let dest = Destination::Host(out);
+    let amax = gemm_to(device, kernel, a, b, dest, params, bias.as_ref(), None)?;
+    host_report(device, amax)
+}
+
+/// [`gemm_host`] with `params.bias` already on the device in `bias` (a layer's bias kept there,
+/// read in place, or host values the caller uploaded): the staged op arm's GEMM.
+pub(crate) fn gemm_host_biased(
+    device: &CudaDevice,
+    a: &Operand,
+    b: &Operand,
+    out: Output,
+    params: &GemmParams,
+    bias: Option<&DeviceBuffer<f32>>,
+) -> Result<GemmReport> {
+    plan(a, b, &out, params)?;
+    let amax = gemm_to(device, None, a, b, Destination::Host(out), params, bias, None)?;
+    host_report(device, amax)
+}
+
+/// The report of a GEMM into host memory: its amax read back, if it made one.
+fn host_report(device: &CudaDevice, amax: Option<DeviceBuffer<f32>>) -> Result<GemmReport> {
     Ok(GemmReport {
         amax: match &amax {
             Some(amax) => device.download(amax)?[0],
@@ -142,7 +168,8 @@ pub fn gemm_host_with(
 }
 
 /// [`gemm_host`] into an f32 buffer of the device, written in place (`beta` reads what it
-/// holds): the output of an op whose result stays on the device. Operands as [`gemm_host`].
+/// holds): the output of an op whose result stays on the device. Operands as [`gemm_host`];
+/// `params.bias` already on the device in `bias`, as [`gemm_host_biased`].
 /// Its amax (with `params.report_amax`) stays on the device, unread, in `amax` (one zeroed
 /// value; a new buffer if `None`): the caller folds it into a slot bank there or reads it when
 /// it needs it.
@@ -152,10 +179,11 @@ pub(crate) fn gemm_into_device(
     b: &Operand,
     out: &mut DeviceBuffer<f32>,
     params: &GemmParams,
+    bias: Option<&DeviceBuffer<f32>>,
     amax: Option<DeviceBuffer<f32>>,
 ) -> Result<Option<DeviceBuffer<f32>>> {
     crate::gemm::plan_f32(a, b, out.len(), params)?;
-    gemm_to(device, None, a, b, Destination::Device(out), params, amax)
+    gemm_to(device, None, a, b, Destination::Device(out), params, bias, amax)
 }
 
 /// Where [`gemm_to`] writes.
@@ -167,8 +195,9 @@ enum Destination<'a> {
 }
 
 /// The GEMM of checked arguments (the caller ran [`plan`]): operands uploaded (or their
-/// mirrors read), the result written to `dest`; the device buffer of its amax where
-/// `params.report_amax` asks for one.
+/// mirrors read), the bias read from `bias` (`params.bias`'s values on the device), the result
+/// written to `dest`; the device buffer of its amax where `params.report_amax` asks for one.
+#[allow(clippy::too_many_arguments)] // the GEMM's own arguments, and where its bias is
 fn gemm_to(
     device: &CudaDevice,
     kernel: Option<GemmKernel>,
@@ -176,14 +205,22 @@ fn gemm_to(
     b: &Operand,
     dest: Destination,
     params: &GemmParams,
+    bias: Option<&DeviceBuffer<f32>>,
     amax_buffer: Option<DeviceBuffer<f32>>,
 ) -> Result<Option<DeviceBuffer<f32>>> {
+    // A bias asked for and none given (or the other way round) would change the result silently.
+    if params.bias.map(|b| b.len()) != bias.map(|b| b.len()) {
+        return Err(Error::KernelArgs {
+            kernel: "gemm",
+            detail: format!(
+                "the bias has {:?} values and its device copy {:?}",
+                params.bias.map(|b| b.len()),
+                bias.map(|b| b.len())
+            ),
+        });
+    }
     let a_dev = HostUpload::new(device, a)?;
     let b_dev = HostUpload::new(device, b)?;
-    let bias = params
-        .bias
-        .map(|b| device.upload(b, MemoryCategory::Workspace))
-        .transpose()?;
     // Only a reported amax is reduced (reading it back is a stream sync: the caller decides).
     let mut amax = match (params.report_amax, amax_buffer) {
         (true, Some(given)) if given.len() == 1 => Some(given),
@@ -200,7 +237,7 @@ fn gemm_to(
             DeviceGemmParams {
                 alpha: params.alpha,
                 beta: params.beta,
-                bias: bias.as_ref(),
+                bias,
                 split_accumulator: params.split_accumulator,
                 amax: amax.as_mut(),
                 kernel,

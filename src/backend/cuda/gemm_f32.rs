@@ -118,7 +118,7 @@ mod tests {
         let params = GemmParams {
             alpha: 0.75,
             beta: -1.5,
-            bias: Some(&bias),
+            bias: Some((&bias).into()),
             ..GemmParams::default()
         };
         let (mut want, mut got) = (old.clone(), old.clone());
@@ -132,7 +132,7 @@ mod tests {
         // Narrow outputs: no beta (the CPU GEMM accumulates into f32 outputs only).
         let params = GemmParams {
             alpha: 2.0,
-            bias: Some(&bias),
+            bias: Some((&bias).into()),
             ..GemmParams::default()
         };
         let (mut want, mut got) = (vec![bf16::ZERO; m * n], vec![bf16::ZERO; m * n]);

@@ -6,14 +6,14 @@ use super::resident::staged_for;
 use super::{Lease, Staged, slot_bank, staged};
 use crate::amp::Fp8Recipe;
 use crate::backend::cuda::gemm::{
-    Fp8Mirror, UploadedScales, device_scales, fp8_mirror, gemm_host, gemm_into_device, resident_mirror,
+    Fp8Mirror, UploadedScales, device_scales, fp8_mirror, gemm_host_biased, gemm_into_device, resident_mirror,
 };
 use crate::backend::cuda::gemm_f32::gemm_f32_host;
 use crate::backend::cuda::{DeviceBuffer, ScaleAt, StatsVerdict};
 use crate::dispatch::{Cast, CudaKernels, Deferred, Fp8Stats, Values, ValuesMut, fp8_cast};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
-use crate::gemm::{GemmParams, GemmReport, Operand, Output};
+use crate::gemm::{Bias, GemmParams, GemmReport, Operand, Output};
 use crate::memory::MemoryCategory;
 use crate::quantize::ScaleRule;
 use crate::scaling::{BlockDims, DelayedScaling, RecipeFormat, SlotBank, TensorRole};
@@ -441,16 +441,23 @@ pub(crate) fn current_scale(
 /// The GEMM through the CUDA GEMM dispatch (portable mma.sync kernels, MXFP8 operands on
 /// their E8M0 variant, or the Hopper path where `gemm_path` picks it, with its self-check);
 /// f32 operands on the cuBLASLt reference path (`docs/cuda-backend.md`, GEMM operands). The
-/// arguments are checked like the CPU GEMM's before the device is opened.
-pub(crate) fn gemm(k: &CudaKernels, a: &Operand, b: &Operand, out: Output, params: &GemmParams) -> Result<GemmReport> {
-    crate::gemm::plan(a, b, &out, params)?;
+/// arguments are checked like the CPU GEMM's before the device is opened. A bias on the device
+/// is read in place; a host one is uploaded.
+pub(crate) fn gemm(k: &CudaKernels, a: &Operand, b: &Operand, out: Output, params: GemmParams) -> Result<GemmReport> {
+    const OP: &str = "gemm";
+    crate::gemm::plan(a, b, &out, &params)?;
+    let s = staged_for(k, OP, [bias_ordinal(&params)])?;
     if let (Operand::F32(a), Operand::F32(b)) = (a, b) {
         // The f32 reference path (cuBLASLt, f32 compute, TF32 off).
-        let s = staged(k)?;
-        return s.with_cublaslt(|lt| gemm_f32_host(s.device(), lt, (a, b), out, params));
+        let bias = host_bias(&params)?;
+        let params = GemmParams {
+            bias: bias.as_deref().map(Bias::host),
+            ..params
+        };
+        return s.with_cublaslt(|lt| gemm_f32_host(s.device(), lt, (a, b), out, &params));
     }
-    let s = staged(k)?;
-    gemm_host(s.device(), a, b, out, params)
+    let bias = params.bias.map(|b| s.input(OP, b.values())).transpose()?;
+    gemm_host_biased(s.device(), a, b, out, &params, bias.as_deref())
 }
 
 /// [`gemm`] into f32 values wherever they live: host values take [`gemm`]'s staged path; a
@@ -463,7 +470,7 @@ pub(crate) fn gemm_into(
     a: &Operand,
     b: &Operand,
     out: ValuesMut<'_>,
-    params: &GemmParams,
+    params: GemmParams,
 ) -> Result<Deferred<f32>> {
     const OP: &str = "gemm_into";
     let device_out = match out {
@@ -471,8 +478,8 @@ pub(crate) fn gemm_into(
         ValuesMut::Host(host) => return Ok(gemm(k, a, b, Output::F32(host), params)?.amax.into()),
         device => device,
     };
-    crate::gemm::plan_f32(a, b, device_out.len(), params)?;
-    let s = staged_for(k, OP, [device_out.ordinal()])?;
+    crate::gemm::plan_f32(a, b, device_out.len(), &params)?;
+    let s = staged_for(k, OP, [device_out.ordinal(), bias_ordinal(&params)])?;
     // With beta = 0 nothing reads the old values: a shared output is replaced, not copied.
     let mut d = match params.beta != 0.0 {
         true => s.in_place(OP, device_out)?,
@@ -484,8 +491,13 @@ pub(crate) fn gemm_into(
                 true => s.down_vec(&d)?,
                 false => vec![0.0; d.len()],
             };
+            let bias = host_bias(&params)?;
+            let params = GemmParams {
+                bias: bias.as_deref().map(Bias::host),
+                ..params
+            };
             let report =
-                s.with_cublaslt(|lt| gemm_f32_host(s.device(), lt, (fa, fb), Output::F32(&mut host), params))?;
+                s.with_cublaslt(|lt| gemm_f32_host(s.device(), lt, (fa, fb), Output::F32(&mut host), &params))?;
             if !host.is_empty() {
                 s.device().write(&host, &mut d)?;
             }
@@ -493,13 +505,29 @@ pub(crate) fn gemm_into(
         }
         // The amax stays on the device until read (a bank there folds it in place).
         // A zeroed amax from the pool (given back there when the result is dropped).
-        _ => match gemm_into_device(s.device(), a, b, &mut d, params, leased_amax(&s, params)?)? {
-            Some(amax) => DeviceScalar::deferred(&s, amax),
-            None => 0.0.into(),
-        },
+        _ => {
+            let bias = params.bias.map(|b| s.input(OP, b.values())).transpose()?;
+            let amax = leased_amax(&s, &params)?;
+            match gemm_into_device(s.device(), a, b, &mut d, &params, bias.as_deref(), amax)? {
+                Some(amax) => DeviceScalar::deferred(&s, amax),
+                None => 0.0.into(),
+            }
+        }
     };
     // A device output is written in place: nothing to bring back.
     Ok(report)
+}
+
+/// The GPU of a GEMM's bias, if it lives on one (checked against the op's before any work).
+fn bias_ordinal(params: &GemmParams) -> Option<usize> {
+    params.bias.and_then(|b| b.values().ordinal())
+}
+
+/// A GEMM's bias in host memory (a download of one on the device) for the f32 reference path,
+/// whose epilogue runs on the host. fp32 layers keep their biases there, so nothing is
+/// downloaded on their path.
+fn host_bias<'a>(params: &GemmParams<'a>) -> Result<Option<std::borrow::Cow<'a, [f32]>>> {
+    params.bias.map(|b| b.values().to_host()).transpose()
 }
 
 /// One zeroed value from the pool for a GEMM's amax, if it reports one.

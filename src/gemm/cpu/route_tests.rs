@@ -75,7 +75,7 @@ fn assert_routes_agree(what: &str, a: &Operand, b: &Operand, m: usize, n: usize,
                     let params = GemmParams {
                         alpha,
                         beta,
-                        bias,
+                        bias: bias.map(crate::gemm::Bias::host),
                         split_accumulator,
                         report_amax: true,
                     };

@@ -232,7 +232,7 @@ mod tests {
         let params = GemmParams {
             alpha: p.alpha,
             beta: p.beta,
-            bias: p.bias.as_deref(),
+            bias: p.bias.as_deref().map(crate::gemm::Bias::host),
             split_accumulator: b.split,
             report_amax: true,
         };
