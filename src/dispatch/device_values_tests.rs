@@ -552,6 +552,19 @@ fn device_arms_match_host_arms() {
     k.dropout_add(gbd.values(), mask, Dtype::F16, droppedd.values_mut())
         .unwrap();
     same("dropout_add", &dropped, &droppedd);
+    // Mixed placements, f32: a device input into a host output and a device gradient into a
+    // host accumulator (uploaded, added on the device, downloaded).
+    let (mut host_out, mut mixed) = (vec![0.0; big], vec![0.0; big]);
+    k.dropout(Values::Host(&xb), mask, Dtype::F32, ValuesMut::Host(&mut host_out))
+        .unwrap();
+    k.dropout(xbd.values(), mask, Dtype::F32, ValuesMut::Host(&mut mixed))
+        .unwrap();
+    assert_eq!(bits(&host_out), bits(&mixed), "dropout into host values");
+    k.dropout_add(Values::Host(&gb), mask, Dtype::F32, ValuesMut::Host(&mut host_out))
+        .unwrap();
+    k.dropout_add(gbd.values(), mask, Dtype::F32, ValuesMut::Host(&mut mixed))
+        .unwrap();
+    assert_eq!(bits(&host_out), bits(&mixed), "dropout_add into host values");
 
     // LayerNorm forward and backward, the gamma/beta gradients accumulating into device values.
     let shape = NormShape { rows, cols };
@@ -1295,6 +1308,8 @@ fn linear_biases_stay_on_the_device() {
             };
             let bias = |l: &Linear| l.bias().unwrap().value_device();
             assert_eq!(bias(&resident), want, "{case}: the bias's values");
+            let bias_grad = resident.bias().unwrap().grad_device();
+            assert_eq!(bias_grad, want, "{case}: the bias's gradient (FP8-frozen weights' too)");
             assert_eq!(bias(&staged), DeviceKind::Cpu, "{case}: the staged bias's values");
             let mut shadowed = layer(true);
             let x = Tensor::new(ramp(rows * inp, 0.2), rows, inp).unwrap();
@@ -1315,7 +1330,7 @@ fn linear_biases_stay_on_the_device() {
     );
 }
 
-/// On GPU 0: a frozen linear with LoRA adapters (no dropout) fed device tensors keeps its
+/// On GPU 0: a frozen linear with LoRA adapters (with and without dropout) fed device tensors keeps its
 /// output, its input gradient and the adapters' gradients on the device, with the staged
 /// layer's bits and gradients: adapters on two row ranges of a fused output, B made nonzero so
 /// every GEMM of the update counts; an FP8 base and a bf16 one.
@@ -1365,6 +1380,9 @@ fn lora_adapters_keep_device_inputs_on_the_device() {
             };
             let (mut staged, mut resident) = (layer(), layer());
             linear_passes(&case, (&mut staged, &mut resident), (rows, inp, out));
+            if dropout > 0.0 {
+                replayed_pass(&case, (&mut staged, &mut resident), (rows, inp, out));
+            }
             let on_device = resident.adapters().iter().all(|a| {
                 [a.a(), a.b()]
                     .iter()
@@ -1380,6 +1398,37 @@ fn lora_adapters_keep_device_inputs_on_the_device() {
         "lora_adapters_keep_device_inputs_on_the_device: bf16, fp8-delayed, fp8-block, and bf16 and fp8-delayed \
          with dropout, x FP8 and bf16 bases, two adapters: same bits and gradients, adapter values and gradients on \
          the device"
+    );
+}
+
+/// One more pass where the resident layer recomputes: its saved state dropped after the
+/// forward and the forward replayed before the backward (the dropout kernel redraws that
+/// forward's mask), against the staged layer's plain pass: the same bits and state.
+fn replayed_pass(
+    case: &str,
+    (staged, resident): (&mut crate::nn::Linear, &mut crate::nn::Linear),
+    (rows, inp, out): (usize, usize, usize),
+) {
+    let gpu = Backend::on(DeviceKind::Cuda(0));
+    let x = Tensor::new(ramp(rows * inp, 3.2), rows, inp).unwrap();
+    let dy = Tensor::new(ramp(rows * out, 4.3), rows, out).unwrap();
+    let (xd, dyd) = (gpu.to_device(&x).unwrap(), gpu.to_device(&dy).unwrap());
+    let y = staged.forward(&x).unwrap();
+    let yd = resident.forward(&xd).unwrap();
+    resident.clear_saved();
+    let replayed = resident.forward_pass(&xd, true).unwrap();
+    assert_eq!(bits(&y), bits(&yd), "{case} recompute: forward");
+    assert_eq!(
+        bits(&yd),
+        bits(&replayed),
+        "{case} recompute: the replay redraws the mask"
+    );
+    let (dx, dxd) = (staged.backward(&dy).unwrap(), resident.backward(&dyd).unwrap());
+    assert_eq!(bits(&dx), bits(&dxd), "{case} recompute: backward");
+    assert_eq!(
+        state(staged),
+        state(resident),
+        "{case} recompute: gradients, slots, statistics"
     );
 }
 

@@ -197,9 +197,11 @@ impl Linear {
     pub fn backward(&mut self, dy: &Tensor) -> Result<Tensor> {
         dy.expect(&self.name, "output gradient", None, self.out_features)?;
         self.gemms.expect_on("linear backward", dy)?;
+        // The trainable gradients where `dy` lives (a weight frozen in FP8 has none: only its
+        // bias, if any, trains).
+        self.grads_where(dy.device())?;
         let mut dx = match &self.frozen_fp8 {
             Some(w) => {
-                // Only the bias (if any) trains: its gradient stays in host memory.
                 if let Some(db) = self.bias.as_mut().and_then(|b| b.trainable_grad_values()) {
                     self.gemms
                         .backend()
@@ -210,7 +212,6 @@ impl Linear {
                 w.backward(self.gemms.backend(), self.gemms.precision(), dy.values(), dtype)?
             }
             None => {
-                self.grads_where(dy.device())?;
                 let bias_grad = self.bias.as_mut().and_then(|b| b.trainable_grad_values());
                 let (stored, weight_grad) = self.weight.half_and_trainable_grad();
                 self.gemms.backward(dy.values(), stored, weight_grad, bias_grad)?

@@ -196,13 +196,12 @@ impl LoraAdapter {
         }
         let dropped = match self.dropout_active && self.settings.dropout > 0.0 {
             true => {
-                if !replay {
-                    self.forwards += 1;
-                }
-                let mask = self.mask_of(self.forwards)?;
+                // A replay redraws its forward's mask; a new forward counts once its mask is made.
+                let n = if replay { self.forwards } else { self.forwards + 1 };
+                let mask = self.mask_of(n)?;
                 let mut d = backend.output_at(x.device(), rows, self.in_features)?;
                 backend.kernels().dropout(x, mask, self.dtype, d.values_mut())?;
-                self.mask = Some(mask);
+                (self.forwards, self.mask) = (n, Some(mask));
                 Some(d)
             }
             false => None,

@@ -18,9 +18,9 @@ const CHUNK: usize = 16 * 1024;
 /// of the stream of `state`, as a fraction of 2^53, fall under `p`, else scaled by `keep`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DropoutMask {
-    pub state: u64,
-    pub p: f64,
-    pub keep: f32,
+    state: u64,
+    p: f64,
+    keep: f32,
 }
 
 impl DropoutMask {
@@ -40,6 +40,21 @@ impl DropoutMask {
             p,
             keep: (1.0 / (1.0 - p)) as f32,
         })
+    }
+
+    /// The stream's counter before element 0.
+    pub fn state(&self) -> u64 {
+        self.state
+    }
+
+    /// The drop probability, widened from the setting.
+    pub fn p(&self) -> f64 {
+        self.p
+    }
+
+    /// The multiplier of a kept value, `1 / (1 - p)` rounded once to f32.
+    pub fn keep(&self) -> f32 {
+        self.keep
     }
 
     /// The multiplier of element `i`: 0 or `keep`.

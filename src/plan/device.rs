@@ -6,8 +6,7 @@
 //! workspace; so does this.
 //!
 //! fp32 keeps them in host memory (its GEMM finishes there). A linear frozen in FP8 keeps a
-//! trainable bias's values on the device (its GEMMs' epilogue reads them there) and its gradient
-//! in host memory. Earlier micro-batches' gradient sums stay where the gradients are: one more
+//! trainable bias's values and gradient on the device too. Earlier micro-batches' gradient sums stay where the gradients are: one more
 //! copy of the gradients while micro-batches accumulate.
 //!
 //! With `FP8_CUDA_ARENA_VIEWS=1` (opt-in until a GPU run validates it) the master values and
@@ -59,17 +58,14 @@ pub fn device_copies(config: &HfConfig, settings: &PlanSettings) -> u128 {
     let tables = if config.tie_word_embeddings { 1 } else { 2 } * config.vocab_size as u128 * h;
     let (q, kv) = super::q_kv_widths(config);
     let biases = if config.qkv_bias { layers * (q + 2 * kv) } else { 0 };
-    let (linears, bias_grads) = match settings.base {
+    let linears = match settings.base {
         // The FP8 base freezes every decoder linear (its codes are the plan's FP8 copies); their
-        // biases train, values on the device and gradients on the host.
-        super::BasePrecision::Fp8 => (0, 0),
-        super::BasePrecision::Same => (
-            layers * layer_linears(config).iter().map(|w| w.out * w.inp).sum::<u128>(),
-            biases,
-        ),
+        // biases train.
+        super::BasePrecision::Fp8 => 0,
+        super::BasePrecision::Same => layers * layer_linears(config).iter().map(|w| w.out * w.inp).sum::<u128>(),
     };
-    let values = linears + norms + tables + biases;
-    copies(values, linears + norms + tables + bias_grads, settings.accumulate)
+    let trained = linears + norms + tables + biases;
+    copies(trained, trained, settings.accumulate)
 }
 
 /// Device copies of the built-in decoder of `fp8 train` ([`super::plan_decoder`]'s model).
@@ -88,7 +84,10 @@ pub fn decoder_device_copies(model: &ModelConfig, dtype: Dtype, accumulate: bool
     let vocab = model.vocab as u128;
     let head = if model.tied_head { 0 } else { vocab };
     let tables = (vocab + model.max_seq as u128 + head).saturating_mul(h);
-    let values = weights.saturating_add(biases).saturating_add(norms).saturating_add(tables);
+    let values = weights
+        .saturating_add(biases)
+        .saturating_add(norms)
+        .saturating_add(tables);
     copies(values, values, accumulate)
 }
 
@@ -186,8 +185,7 @@ mod tests {
         let fp8_base = device_copies(&c, &settings("fp8-block", BasePrecision::Fp8, None));
         let (table, head) = (50 * 64, 50 * 64);
         assert_eq!(fp8_base, 8 * ((2 * 3 + 1) * 64 + table + head));
-        // Biases (Qwen2's q/k/v): values and gradients in full training; under an FP8 base the
-        // values only (the frozen linears' bias gradients stay home); frozen under LoRA.
+        // Biases (Qwen2's q/k/v): values and gradients, under an FP8 base too; frozen under LoRA.
         let with_bias = HfConfig::from_json(
             r#"{"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
                 "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 2,
@@ -200,6 +198,6 @@ mod tests {
         assert_eq!(full_with_bias, 8 * with_bias.parameter_count());
         assert_eq!(full_with_bias, full + 8 * biases);
         let fp8_base_with_bias = device_copies(&with_bias, &settings("fp8-block", BasePrecision::Fp8, None));
-        assert_eq!(fp8_base_with_bias, fp8_base + 4 * biases);
+        assert_eq!(fp8_base_with_bias, fp8_base + 8 * biases);
     }
 }

@@ -52,9 +52,9 @@ impl CudaDevice {
             x: x.address(self),
             out: out.address_mut(self),
             n: x.len() as u64,
-            state: mask.state,
-            p: mask.p,
-            keep: mask.keep,
+            state: mask.state(),
+            p: mask.p(),
+            keep: mask.keep(),
             dtype: dtype_code(dtype),
         };
         launch(
