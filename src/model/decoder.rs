@@ -301,14 +301,9 @@ impl DecoderModel {
         for targets in target_sets {
             self.check_batch(targets, batch, seq, "model targets [batch, seq]")?;
         }
-        let vocab = self.config.vocab;
         self.evaluation(|m| {
             let logits = m.logits(inputs, batch, seq)?.1;
-            let losses = target_sets
-                .iter()
-                .map(|targets| Ok(ends::loss(&m.backend, &logits, targets, IGNORE)?.0))
-                .collect::<Result<Vec<f32>>>()?;
-            Ok((losses, argmax_rows(logits.into_host()?.data(), vocab)))
+            ends::evaluate(&m.backend, logits, target_sets, IGNORE)
         })
     }
 

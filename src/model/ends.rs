@@ -129,3 +129,19 @@ pub(super) fn loss_backward(
     )?;
     Ok(dlogits)
 }
+
+/// The mean loss of `logits` `[rows, vocab]` against each of `target_sets` and the most likely id
+/// of each row: a held-out evaluation's results (the logits come home once, for the argmax).
+pub(super) fn evaluate(
+    backend: &Backend,
+    logits: Tensor,
+    target_sets: &[&[u32]],
+    ignore: u32,
+) -> Result<(Vec<f32>, Vec<u32>)> {
+    let vocab = logits.cols();
+    let losses = target_sets
+        .iter()
+        .map(|targets| Ok(loss(backend, &logits, targets, ignore)?.0))
+        .collect::<Result<Vec<f32>>>()?;
+    Ok((losses, super::decoder::argmax_rows(logits.into_host()?.data(), vocab)))
+}

@@ -262,14 +262,9 @@ impl LlamaModel {
             self.check_batch(targets, batch, seq, "model targets [batch, seq]")?;
         }
         self.check_batch(inputs, batch, seq, "model inputs [batch, seq]")?;
-        let vocab = self.vocab();
         self.evaluation(|m| {
             let logits = m.logits(inputs, batch, seq)?.1;
-            let losses = target_sets
-                .iter()
-                .map(|targets| Ok(ends::loss(&m.backend, &logits, targets, IGNORE)?.0))
-                .collect::<Result<Vec<f32>>>()?;
-            Ok((losses, super::decoder::argmax_rows(logits.into_host()?.data(), vocab)))
+            ends::evaluate(&m.backend, logits, target_sets, IGNORE)
         })
     }
 
