@@ -54,6 +54,9 @@ cargo build --release --example hf_load
 cp target/release/examples/hf_load "$out/hf_load"
 cp tests/fixtures/plan/llama-2-7b.json tests/fixtures/plan/llama-2-13b.json "$out/"
 cp tests/fixtures/hf/metaspace/tokenizer.json "$out/tokenizer.json"
+# The tiny checkpoints and text of the staged-against-resident fine-tunes (`finetune_resident`).
+cp -r tests/fixtures/hf/models/qwen2 tests/fixtures/hf/models/llama "$out/"
+cp tests/fixtures/hf/text/finetune.txt "$out/finetune.txt"
 strip --strip-debug "$out"/* 2>/dev/null || true
 # Gzipped (lib_tests 14 -> 6 MiB, fp8 16 -> about 7) to keep the bundle under the 64 MiB a device
 # call carries; run.sh unpacks them.
@@ -344,6 +347,32 @@ for p in fp32 bf16 fp8-delayed; do
     else
         echo "$p: the resident run differs:"; diff <(strip "$dir_staged") <(strip "$dir_resident") | head -c 800; echo; fail=1
     fi
+done
+exit $fail'
+# Fine-tunes of the tiny checkpoints, staged against resident: a Qwen2 LoRA with dropout (untied
+# head, q/k/v biases), recompute and two micro-batches, and a full Llama fine-tune (tied head):
+# the models' ends, biases and dropout masks on the device must give every step's metrics, the
+# checkpoint and the adapter files of the staged run.
+gpu_step step_out finetune_resident 60 finetune-resident.txt bash -c '
+fail=0
+for case in "qwen2 --lora-rank 16 --lora-dropout 0.1 --recompute every" "llama"; do
+    for run in staged resident; do
+        dir=$(mktemp -d); eval "dir_$run=$dir"
+        env $([[ $run == staged ]] && echo FP8_CUDA_RESIDENT=0) ./fp8 train --device cuda --init-from $case \
+            --text finetune.txt --seq 16 --steps 8 --batch 4 --micro-batches 2 --compare bf16,fp8-delayed \
+            --quiet --out "$dir" > "$dir/log" 2>&1 || { echo "$case, $run: failed"; tail -n 3 "$dir/log"; exit 1; }
+    done
+    for p in bf16 fp8-delayed; do
+        strip() { sed -E "s/\"tokens_per_s\":[0-9.eE+-]+,?//g" "$1/$p/metrics.jsonl"; }
+        same=1
+        diff <(strip "$dir_staged") <(strip "$dir_resident") > /dev/null || same=0
+        for f in checkpoint.safetensors adapter/adapter_model.safetensors; do
+            [[ -f $dir_staged/$p/$f ]] && { cmp -s "$dir_staged/$p/$f" "$dir_resident/$p/$f" || same=0; }
+        done
+        if ((same)); then echo "${case%% *} $p: every step, the checkpoint and the adapters the same"
+        else echo "${case%% *} $p: the resident run differs:"; diff <(strip "$dir_staged") <(strip "$dir_resident") | head -c 800; echo; fail=1
+        fi
+    done
 done
 exit $fail'
 }

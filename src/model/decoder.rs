@@ -272,7 +272,12 @@ impl DecoderModel {
     pub fn predict(&mut self, inputs: &[u32], batch: usize, seq: usize) -> Result<Vec<u32>> {
         self.check_batch(inputs, batch, seq, "model inputs [batch, seq]")?;
         let vocab = self.config.vocab;
-        self.evaluation(|m| Ok(argmax_rows(m.logits(inputs, batch, seq)?.1.into_host()?.data(), vocab)))
+        self.evaluation(|m| {
+            Ok(ends::argmax_rows(
+                m.logits(inputs, batch, seq)?.1.into_host()?.data(),
+                vocab,
+            ))
+        })
     }
 
     /// Mean loss on `inputs`/`targets` and the most likely token at every position, without
@@ -348,21 +353,6 @@ impl DecoderModel {
 /// The position of each of `rows` tokens in its sequence of `seq` (the position table's ids).
 fn position_ids(rows: usize, seq: usize) -> Vec<u32> {
     (0..rows).map(|r| (r % seq.max(1)) as u32).collect()
-}
-
-pub(super) fn argmax_rows(logits: &[f32], vocab: usize) -> Vec<u32> {
-    logits
-        .chunks_exact(vocab.max(1))
-        .map(|row| {
-            let mut best = 0;
-            for (i, &v) in row.iter().enumerate() {
-                if v > row[best] {
-                    best = i;
-                }
-            }
-            best as u32
-        })
-        .collect()
 }
 
 impl Module for DecoderModel {

@@ -143,5 +143,22 @@ pub(super) fn evaluate(
         .iter()
         .map(|targets| Ok(loss(backend, &logits, targets, ignore)?.0))
         .collect::<Result<Vec<f32>>>()?;
-    Ok((losses, super::decoder::argmax_rows(logits.into_host()?.data(), vocab)))
+    Ok((losses, argmax_rows(logits.into_host()?.data(), vocab)))
+}
+
+/// The first index of the largest value of each row of `logits` `[rows, vocab]` (NaN never
+/// wins; a NaN first element keeps index 0), as the greedy decoder's argmax.
+pub(super) fn argmax_rows(logits: &[f32], vocab: usize) -> Vec<u32> {
+    logits
+        .chunks_exact(vocab.max(1))
+        .map(|row| {
+            let mut best = 0;
+            for (i, &v) in row.iter().enumerate() {
+                if v > row[best] {
+                    best = i;
+                }
+            }
+            best as u32
+        })
+        .collect()
 }
