@@ -1401,65 +1401,6 @@ fn lora_adapters_keep_device_inputs_on_the_device() {
     );
 }
 
-/// On GPU 0: a `Linear` whose frozen weight is held in 16 bits of its compute dtype (a LoRA
-/// base on a bf16 or fp16 checkpoint) fed device tensors keeps one device copy of the weight for
-/// its GEMMs (`Backend::resident_half`) instead of uploading it at every GEMM, with the bits of
-/// the same layer fed host tensors; with a trainable bias and without.
-#[test]
-fn frozen_16_bit_weights_stay_on_the_device() {
-    use crate::amp::Precision;
-    use crate::backend::cuda::transfer_times::{self, Transfer};
-    use crate::nn::{Linear, Module};
-    const TEST: &str = "frozen_16_bit_weights_stay_on_the_device";
-    if skipped_without_a_gpu(TEST) {
-        return;
-    }
-    if !crate::backend::cuda::env_switch::resident_layers() || !super::cuda_ops::switches::mirrors_enabled() {
-        // Not "skipped:", which would mark the whole bundle step skipped.
-        println!("{TEST}: not run here: staged layers (FP8_CUDA_RESIDENT=0 or FP8_CUDA_MIRRORS=0) upload the weight");
-        return;
-    }
-    let (rows, inp, out) = (64, 256, 384);
-    for (name, dtype, bias) in [("bf16", Dtype::Bf16, false), ("fp16", Dtype::F16, true)] {
-        let precision: Precision = name.parse().unwrap();
-        let layer = || {
-            let mut l = Linear::new("fc", inp, out, bias, &precision, 17).unwrap();
-            let held: Vec<f32> = l.weight().value().iter().map(|&v| dtype.round(v)).collect();
-            l.weight_mut().value_mut().copy_from_slice(&held);
-            l.weight_mut().freeze();
-            l.weight_mut().hold_frozen_in(dtype).unwrap();
-            l.to_device(DeviceKind::Cuda(0)).unwrap();
-            l
-        };
-        let case = format!("{name} bias {bias}");
-        let (mut staged, mut resident) = (layer(), layer());
-        linear_passes(&case, (&mut staged, &mut resident), (rows, inp, out));
-        // A third pass, timed: the forward and dgrad GEMMs read the weight's device copy.
-        let gpu = Backend::on(DeviceKind::Cuda(0));
-        let x = gpu
-            .to_device(&Tensor::new(ramp(rows * inp, 5.5), rows, inp).unwrap())
-            .unwrap();
-        let dy = gpu
-            .to_device(&Tensor::new(ramp(rows * out, 6.5), rows, out).unwrap())
-            .unwrap();
-        transfer_times::enable(true);
-        let _ = transfer_times::take();
-        resident.forward(&x).unwrap();
-        resident.backward(&dy).unwrap();
-        let times = transfer_times::take();
-        transfer_times::enable(false);
-        let weight_bytes = (out * inp * 2) as u64;
-        let saved = times[Transfer::SavedByHeldWeights.index()].bytes;
-        let uploaded = times[Transfer::HostToDevice.index()].bytes;
-        assert!(
-            saved >= 2 * weight_bytes,
-            "{case}: {saved} bytes read from the held copy"
-        );
-        assert!(uploaded < weight_bytes, "{case}: {uploaded} bytes uploaded in a pass");
-    }
-    println!("{TEST}: bf16 and fp16 held weights read from their device copy, the host-fed layer's bits");
-}
-
 /// One more pass where the resident layer recomputes: its saved state dropped after the
 /// forward and the forward replayed before the backward (the dropout kernel redraws that
 /// forward's mask), against the staged layer's plain pass: the same bits and state.

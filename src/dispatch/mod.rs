@@ -63,7 +63,7 @@ mod twin;
 pub(crate) use crate::ops::elementwise::ColumnCopy;
 pub(crate) use crate::ops::{AdamWStep, AttentionShape, CachedAttentionShape, NormShape, RopeShape, RopeTable};
 pub(crate) use fp8_cast::{Cast, Fp8Stats};
-pub(crate) use plain::{Halves, Mirror, PlainMat};
+pub(crate) use plain::{Halves, PlainMat};
 #[cfg(test)]
 pub(crate) use shadow::{Perturbed, perturb_cpu_primaries};
 
@@ -82,7 +82,7 @@ use crate::gemm::{GemmParams, GemmReport, Operand, Output};
 use crate::memory::MemoryCategory;
 use crate::scaling::{DelayedScaling, SlotBank, TensorRole};
 pub(crate) use crate::tensor::device_values::{Deferred, Values, ValuesMut};
-use crate::tensor::{DeviceKind, DeviceMirror, Dtype, HalfValues, QuantizedMatrix, Tensor};
+use crate::tensor::{DeviceKind, DeviceMirror, Dtype, QuantizedMatrix, Tensor};
 
 /// Declares the op trait from one list, with the CPU implementation of each op
 /// (a path to the reference function) and the CUDA arm (`cuda_ops::<op>`, staged).
@@ -511,17 +511,6 @@ impl Backend {
         match self.device() {
             DeviceKind::Cpu => Ok(None),
             DeviceKind::Cuda(ordinal) => cuda_ops::resident(&CudaKernels { ordinal }, q),
-        }
-    }
-
-    /// A frozen weight's 16-bit `values` kept on this backend's GPU for its GEMMs, which read the
-    /// copy in place: uploaded once. `None` on the CPU, staged (`FP8_CUDA_RESIDENT=0`), with
-    /// `FP8_CUDA_MIRRORS=0` or on a GPU short of room (the GEMMs then upload the values each
-    /// time). Shadow mode keeps it too: the twins read the host values.
-    pub(crate) fn resident_half(&self, values: &HalfValues) -> Result<Option<Arc<DeviceMirror>>> {
-        match self.device() {
-            DeviceKind::Cpu => Ok(None),
-            DeviceKind::Cuda(ordinal) => cuda_ops::resident_half(&CudaKernels { ordinal }, values),
         }
     }
 

@@ -153,16 +153,6 @@ impl<'a> Operand<'a> {
         })
     }
 
-    /// A 16-bit operand with the device copy of its stored values (`None`: none), which a GEMM on
-    /// that GPU reads instead of uploading them; other operands as they are.
-    pub(crate) fn with_half_mirror(self, mirror: Option<&'a Arc<DeviceMirror>>) -> Self {
-        match self {
-            Operand::Bf16(m) => Operand::Bf16(m.with_mirror(mirror)),
-            Operand::F16(m) => Operand::F16(m.with_mirror(mirror)),
-            other => other,
-        }
-    }
-
     /// The `rows x cols` transpose of 16-bit values held `cols x rows`, read in place.
     pub(crate) fn half_transposed(values: &'a HalfValues, rows: usize, cols: usize) -> Result<Self> {
         Ok(match values {

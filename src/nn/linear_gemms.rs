@@ -18,7 +18,7 @@
 use super::no_forward;
 use super::param::Parameter;
 use crate::amp::{Fp8Recipe, Precision};
-use crate::dispatch::{Backend, Cast, Deferred, Fp8Stats, Mirror, PlainMat, Values, ValuesMut, fp8_cast};
+use crate::dispatch::{Backend, Cast, Deferred, Fp8Stats, PlainMat, Values, ValuesMut, fp8_cast};
 use crate::error::{Error, Result};
 use crate::format::Fp8Format;
 use crate::gemm::{Bias, FP8_K_MULTIPLE, GemmParams, Mat, Operand};
@@ -35,10 +35,8 @@ enum WeightCopy {
     /// `[out, in]` in the compute dtype; dgrad reads it transposed.
     Plain(PlainMat),
     /// None: a frozen weight held in 16 bits of the compute dtype is read as it is held
-    /// (`stored_operand`), with its values' device copy where a GPU keeps one
-    /// (`Backend::resident_half`: uploaded once, not at every GEMM); held in the other 16-bit
-    /// dtype it gets a `Plain` copy.
-    Stored(Mirror),
+    /// (`stored_operand`); held in the other 16-bit dtype it gets a `Plain` copy.
+    Stored,
 }
 
 /// How a slice of the weight is cast exactly as the layer casts the whole weight (element-wise:
@@ -80,16 +78,14 @@ impl PlainOrHost<'_> {
 /// `[rows, cols]` or (`transposed`) read as the transpose of its `[cols, rows]` values, in place.
 fn stored_operand<'a>(
     stored: Option<&'a HalfValues>,
-    mirror: &'a Mirror,
     (rows, cols, transposed): (usize, usize, bool),
     layer: &str,
 ) -> Result<Operand<'a>> {
     let half = stored.ok_or_else(|| internal(layer, "the weight is no longer held in 16 bits"))?;
-    let operand = match transposed {
-        true => Operand::half_transposed(half, rows, cols)?,
-        false => Operand::half(half, rows, cols)?,
-    };
-    Ok(operand.with_half_mirror(mirror.as_ref()))
+    match transposed {
+        true => Operand::half_transposed(half, rows, cols),
+        false => Operand::half(half, rows, cols),
+    }
 }
 
 /// A forward's input, wherever it lives: borrowed from the caller, or handed over (then kept
@@ -399,10 +395,7 @@ impl LinearGemms {
                 }
                 WeightCopy::Fp8(Box::new(cast))
             }
-            _ if stored => WeightCopy::Stored(match weight.half_values() {
-                Some(half) => backend.resident_half(half)?,
-                None => None,
-            }),
+            _ if stored => WeightCopy::Stored,
             // Else one compute copy, as for f32 values.
             _ => WeightCopy::Plain(kernels.convert(self.dtype(), values)?),
         };
@@ -489,13 +482,10 @@ impl LinearGemms {
                     columnwise.ok_or_else(|| internal(&self.layer, "the input cast made no column-wise copy"))?;
                 (SavedInput::Fp8(format, columnwise), report, Some((amax, stats)))
             }
-            (_, copy @ (WeightCopy::Plain(_) | WeightCopy::Stored(_))) => {
+            (_, copy @ (WeightCopy::Plain(_) | WeightCopy::Stored)) => {
                 let w = match copy {
                     WeightCopy::Plain(w) => w.operand_on(&self.backend, (out, inp, false))?,
-                    WeightCopy::Stored(mirror) => {
-                        stored_operand(weight.half_values(), mirror, (out, inp, false), &self.layer)?
-                    }
-                    WeightCopy::Fp8(_) => return Err(internal(&self.layer, "an FP8 copy matched a plain arm")),
+                    _ => stored_operand(weight.half_values(), (out, inp, false), &self.layer)?,
                 };
                 // One conversion: the forward's operand, then wgrad's (an owned f32 input is
                 // kept as it is; a borrowed one is copied).
@@ -597,7 +587,7 @@ impl LinearGemms {
                 let stats = kernels.cast_stats(self.stat_name(TensorRole::OutputGrad), dy, &dyq)?;
                 (dgrad, Some((dyq.amax.clone(), stats)))
             }
-            (_, copy @ (WeightCopy::Plain(_) | WeightCopy::Stored(_)), SavedInput::Plain(x)) => {
+            (_, copy @ (WeightCopy::Plain(_) | WeightCopy::Stored), SavedInput::Plain(x)) => {
                 // f32 operands are host matrices (the f32 GEMM's reference path): a device `dy`
                 // comes back once for both GEMMs, a host one is read in place. 16-bit ones are
                 // converted where `dy` lives (a device conversion keeps its result there).
@@ -608,8 +598,7 @@ impl LinearGemms {
                 // dX = dY W: B is W^T, `[in, out]`, read from W `[out, in]`.
                 let wt = match copy {
                     WeightCopy::Plain(w) => w.operand_on(&backend, (inp, out, true))?,
-                    WeightCopy::Stored(mirror) => stored_operand(stored, mirror, (inp, out, true), &self.layer)?,
-                    WeightCopy::Fp8(_) => return Err(internal(&self.layer, "an FP8 copy matched a plain arm")),
+                    _ => stored_operand(stored, (inp, out, true), &self.layer)?,
                 };
                 let dym_op = dym.operand_on(&backend, (rows, out, false))?;
                 let plain = GemmParams {
@@ -665,7 +654,7 @@ impl LinearGemms {
             None => 0,
             Some((_, WeightCopy::Fp8(cast))) => fp8_cast::tensor_bytes(&cast.tensor),
             Some((_, WeightCopy::Plain(w))) => w.bytes(),
-            Some((_, WeightCopy::Stored(_))) => 0,
+            Some((_, WeightCopy::Stored)) => 0,
         }
     }
 

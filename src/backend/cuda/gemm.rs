@@ -467,9 +467,7 @@ fn from_mirror<T: DeviceRepr + ValidAsZeroBits + 'static>(
     if !m.cols.is_multiple_of(HALF_K_MULTIPLE) {
         return Ok(None);
     }
-    // A frozen weight's held copy is booked as parameters (`resident_half`), a conversion's not.
-    let held = stored.category() == MemoryCategory::Parameters;
-    super::transfer_times::saved_upload(m.rows * m.cols * std::mem::size_of::<T>(), held);
+    super::transfer_times::saved_upload(m.rows * m.cols * std::mem::size_of::<T>(), false);
     Ok(Some(match transposes_on_device(m) {
         true => FromMirror::KMajor(k_major_on_device(device, stored, m, category)?),
         // K-major as stored (a 1-row or 1-column transpose is the same sequence of values).

@@ -21,12 +21,11 @@ use crate::dispatch::{
     AttentionShape, CachedAttentionShape, ColumnCopy, CudaKernels, NormShape, PlainMat, RopeShape, RopeTable,
 };
 use crate::error::Result;
-use crate::memory::MemoryCategory;
 use crate::ops::DropoutMask;
 use crate::ops::attention_cached::nothing_to_do;
 use crate::tensor::DeviceMirror;
+use crate::tensor::Dtype;
 use crate::tensor::device_values::{Values, ValuesMut};
-use crate::tensor::{Dtype, HalfValues};
 
 /// `[rows, cols]` f32 values converted on the device to `T`, transposed when asked.
 fn convert_on<'s, T: DeviceElement + Pooled>(
@@ -69,25 +68,6 @@ fn convert_half<T: DeviceElement + Pooled + Send + Sync + 'static>(
         Halves::host(host),
         Some(Arc::new(half_mirror(s.device(), y.into_buffer()))),
     ))
-}
-
-/// A frozen weight's 16-bit values uploaded once as their mirror, which the GEMMs on this GPU read
-/// instead of uploading the weight at every call (booked as parameters: the frozen weight's
-/// device copy). `None` where the conversions keep no mirror either (`FP8_CUDA_RESIDENT=0`,
-/// `FP8_CUDA_MIRRORS=0`, a GPU short of room) and for no values: the GEMMs then upload them.
-pub(crate) fn resident_half(k: &CudaKernels, values: &HalfValues) -> Result<Option<Arc<DeviceMirror>>> {
-    // The device first: a model cannot move to a GPU that is not there, copies or not.
-    let s = staged(k)?;
-    let kept = crate::backend::cuda::env_switch::resident_layers() && super::cast::room_for_mirrors(&s);
-    if !kept || values.is_empty() {
-        return Ok(None);
-    }
-    let category = MemoryCategory::Parameters;
-    let mirror = match values {
-        HalfValues::Bf16(v) => half_mirror(s.device(), s.device().upload(v, category)?),
-        HalfValues::F16(v) => half_mirror(s.device(), s.device().upload(v, category)?),
-    };
-    Ok(Some(Arc::new(mirror)))
 }
 
 /// The values of a 16-bit mirror, downloaded ([`convert_half`]'s read-back): a `Vec<T>`.

@@ -26,9 +26,8 @@ pub(super) use cast::{cast_stats, current_scale, delayed_update, gemm, gemm_into
 pub(super) use deferred::read_all;
 pub(super) use layer::{
     attention_backward, attention_cached, attention_forward, column_sum, convert, convert_transposed, copy_columns,
-    dropout, dropout_add, gelu_backward, gelu_forward, layernorm_backward, layernorm_forward, multiply, resident_half,
-    residual_add, rmsnorm_backward, rmsnorm_forward, rope_backward, rope_forward, round, swiglu_backward,
-    swiglu_forward,
+    dropout, dropout_add, gelu_backward, gelu_forward, layernorm_backward, layernorm_forward, multiply, residual_add,
+    rmsnorm_backward, rmsnorm_forward, rope_backward, rope_forward, round, swiglu_backward, swiglu_forward,
 };
 pub(super) use resident::{new_values, upload};
 pub(super) use slot_bank::{bank_on, record_amax};
