@@ -6,7 +6,7 @@
 //! a micro-batch) and the loss comes back (4 bytes). Elsewhere every tensor is in host memory,
 //! as before. The ops are the same either way, so a step gives the same bits staged or resident.
 
-use crate::dispatch::{Backend, Values};
+use crate::dispatch::{Backend, Values, ValuesMut};
 use crate::error::{Error, Result};
 use crate::nn::{Parameter, Tensor};
 use crate::tensor::{DeviceKind, Dtype};
@@ -55,7 +55,7 @@ pub(super) fn embed_tokens(
     let kernels = backend.kernels();
     let written = ids.len() * hidden;
     let looked_up = match out.values_mut() {
-        crate::dispatch::ValuesMut::Host(host) => crate::dispatch::ValuesMut::Host(&mut host[..written]),
+        ValuesMut::Host(host) => ValuesMut::Host(&mut host[..written]),
         device_values => device_values,
     };
     match tokens.half_values() {

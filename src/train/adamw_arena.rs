@@ -947,19 +947,26 @@ mod tests {
         (held(p.value_values()), held(p.grad_values()))
     }
 
+    /// Two copies of the test module with their optimizers: `plain` on host values, `lent` with
+    /// parameters 0 and 2 on a stand-in GPU and an optimizer whose arenas lend them their ranges
+    /// (prepared, so the ranges are lent before the first step).
+    fn lending_pair(seed: f32, decay_vectors: bool) -> (ParamList, ParamList, AdamW, AdamW) {
+        let (plain, mut lent) = (module(seed), module(seed));
+        for i in [0, 2] {
+            lent.params[i].value_on_stand_in_gpu(0);
+            lent.params[i].grad_on_stand_in_gpu(0);
+        }
+        let plain_opt = AdamW::new(config(decay_vectors)).unwrap();
+        let mut opt = AdamW::new(config(decay_vectors)).unwrap();
+        opt.use_test_arenas(crate::train::adamw::TestArenas::Lending(0));
+        opt.prepare(&mut lent).unwrap();
+        (plain, lent, plain_opt, opt)
+    }
+
     #[test]
     fn parameters_holding_their_arena_ranges_are_updated_in_place_with_the_per_parameter_bits() {
-        use crate::train::adamw::TestArenas;
         for decay_vectors in [false, true] {
-            let (mut plain, mut lent) = (module(7.5), module(7.5));
-            for i in [0, 2] {
-                lent.params[i].value_on_stand_in_gpu(0);
-                lent.params[i].grad_on_stand_in_gpu(0);
-            }
-            let mut plain_opt = AdamW::new(config(decay_vectors)).unwrap();
-            let mut opt = AdamW::new(config(decay_vectors)).unwrap();
-            opt.use_test_arenas(TestArenas::Lending(0));
-            opt.prepare(&mut lent).unwrap();
+            let (mut plain, mut lent, mut plain_opt, mut opt) = lending_pair(7.5, decay_vectors);
             let mut snapshot = None;
             for (step, &lr) in LRS.iter().enumerate() {
                 set_grads(&mut plain, step);
@@ -1059,17 +1066,8 @@ mod tests {
     #[test]
     fn the_trainers_clip_scales_held_gradients_in_place_with_the_host_bits() {
         use crate::amp::loss_scaler::DynamicLossScaler;
-        use crate::train::adamw::TestArenas;
         use crate::train::step::apply_gradients;
-        let (mut plain, mut lent) = (module(3.0), module(3.0));
-        for i in [0, 2] {
-            lent.params[i].value_on_stand_in_gpu(0);
-            lent.params[i].grad_on_stand_in_gpu(0);
-        }
-        let mut plain_opt = AdamW::new(config(true)).unwrap();
-        let mut opt = AdamW::new(config(true)).unwrap();
-        opt.use_test_arenas(TestArenas::Lending(0));
-        opt.prepare(&mut lent).unwrap();
+        let (mut plain, mut lent, mut plain_opt, mut opt) = lending_pair(3.0, true);
         let grad_bits = |p: &crate::nn::Parameter| p.grad().iter().map(|g| g.to_bits()).collect::<Vec<u32>>();
         for (step, &lr) in LRS.iter().enumerate() {
             set_grads(&mut plain, step);

@@ -305,15 +305,16 @@ pub(crate) fn rmsnorm_backward(
 
 /// Device values run the `fp8_dropout` kernels; when both sides are host values the twin runs
 /// on the host (as [`round`]: staging a cheap elementwise op would only add copies).
+/// `add`: `dropout_add` (into `out`), else `dropout`.
 fn dropout_on(
     k: &CudaKernels,
-    op: &'static str,
+    add: bool,
     x: Values<'_>,
     mask: DropoutMask,
     dtype: Dtype,
     out: ValuesMut<'_>,
 ) -> Result<()> {
-    let add = op == "dropout_add";
+    let op = if add { "dropout_add" } else { "dropout" };
     // The GPU first, as every op of this backend: a missing one is an error here too.
     let s = staged_for(k, op, [x.ordinal(), out.ordinal()])?;
     let out = match (x, out) {
@@ -337,7 +338,7 @@ pub(crate) fn dropout(
     dtype: Dtype,
     out: ValuesMut<'_>,
 ) -> Result<()> {
-    dropout_on(k, "dropout", x, mask, dtype, out)
+    dropout_on(k, false, x, mask, dtype, out)
 }
 
 pub(crate) fn dropout_add(
@@ -347,7 +348,7 @@ pub(crate) fn dropout_add(
     dtype: Dtype,
     out: ValuesMut<'_>,
 ) -> Result<()> {
-    dropout_on(k, "dropout_add", g, mask, dtype, out)
+    dropout_on(k, true, g, mask, dtype, out)
 }
 
 pub(crate) fn gelu_forward(k: &CudaKernels, x: Values<'_>, y: ValuesMut<'_>) -> Result<()> {
