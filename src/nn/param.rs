@@ -261,6 +261,15 @@ impl Parameter {
         }
     }
 
+    /// Drops the host copy [`Parameter::value`] made of master values holding their optimizer
+    /// arena range (an update that may have changed the range, then failed before this
+    /// parameter's turn); values of their own keep their copy.
+    pub(crate) fn forget_held_value_read(&mut self) {
+        if holds_range(&self.value) {
+            self.value_read.forget();
+        }
+    }
+
     /// The device the gradient lives on.
     pub fn grad_device(&self) -> DeviceKind {
         self.grad.device()
@@ -791,9 +800,14 @@ fn lent_range(
     }
 }
 
-/// `t` brought to host memory: its host copy `read` if one was made, else a download; nothing
-/// for a host tensor.
+/// `t` brought to host memory: its host copy `read` if one was made (never for an arena range),
+/// else a download; nothing for a host tensor.
 fn bring_home(t: &mut Tensor, read: &mut HostCopy) -> Result<()> {
+    // A range is written in place by its optimizer: always download it, so that one missed
+    // drop of a stale copy cannot undo an update.
+    if holds_range(t) {
+        read.forget();
+    }
     if t.device() != DeviceKind::Cpu {
         let (rows, cols) = t.shape();
         *t = match read.0.take() {
@@ -1160,5 +1174,32 @@ mod tests {
         q.freeze();
         q.lend_from(store.lender(Arena::Values, 0, 6), None);
         assert!(q.lenders.value.is_none());
+    }
+
+    #[test]
+    fn a_range_updated_in_place_comes_home_with_its_new_values() {
+        use crate::backend::cuda::arena::ArenaLayout;
+        use crate::dispatch::arena_store::{Arena, ArenaStore, HostArenas};
+        let mut store = HostArenas::lending(ArenaLayout::new([("w", 6, true)]).unwrap(), 0);
+        let mut p = Parameter::new("w", &[2, 3], vec![0.5; 6]).unwrap();
+        p.lend_from(store.lender(Arena::Values, 0, 6), None);
+        let lent = p.lenders.value.clone();
+        assert!(into_lent_range(&mut p.value, &mut p.value_read, lent.as_ref(), DeviceKind::Cuda(0)).unwrap());
+        // A host copy made before an optimizer updates the range in place...
+        assert_eq!(p.value(), &[0.5; 6]);
+        store.write(Arena::Values, 0, &[2.0; 6]).unwrap();
+        // ...is dropped by an update that failed before this parameter's turn,
+        p.forget_held_value_read();
+        assert_eq!(p.value(), &[2.0; 6]);
+        // and, if a drop was missed, never brought home in the range's place.
+        store.write(Arena::Values, 0, &[3.0; 6]).unwrap();
+        p.value_to_host().unwrap();
+        assert_eq!((p.value_device(), p.value()), (DeviceKind::Cpu, &[3.0f32; 6][..]));
+        // Values of their own keep their copy (nothing wrote them behind its back).
+        let mut own = Parameter::new("v", &[3], vec![1.0, 2.0, 3.0]).unwrap();
+        own.value_on_stand_in_gpu(0);
+        assert_eq!(own.value(), &[1.0, 2.0, 3.0]);
+        own.forget_held_value_read();
+        assert!(own.value_read.0.get().is_some());
     }
 }

@@ -122,7 +122,11 @@ impl ArenaAdamW {
         for &arena in arenas {
             self.gather_from(module, arena)?;
         }
-        self.store.adamw(step)?;
+        if let Err(e) = self.store.adamw(step) {
+            // The update may have reached some ranges before it failed.
+            module.visit_parameters(&mut |p| p.forget_held_value_read());
+            return Err(e);
+        }
         // Weights kept on the GPU get theirs back there; the host windows stop at them.
         let mut on_device = Vec::new();
         module.visit_parameters(&mut |p| on_device.push(p.value_device() != DeviceKind::Cpu));
@@ -138,11 +142,15 @@ impl ArenaAdamW {
         let mut result = Ok(());
         module.visit_parameters(&mut |p| {
             let Some(e) = entries.next() else { return };
-            if result.is_ok() {
-                result = match p.value_values_mut() {
-                    ValuesMut::Host(host) => scatter.get(e, host),
-                    ValuesMut::Device(device) => scatter.get_device(e, device),
-                };
+            match result.is_ok() {
+                true => {
+                    result = match p.value_values_mut() {
+                        ValuesMut::Host(host) => scatter.get(e, host),
+                        ValuesMut::Device(device) => scatter.get_device(e, device),
+                    }
+                }
+                // After a failed copy: a range holder's values were still updated in place.
+                false => p.forget_held_value_read(),
             }
             p.mark_updated();
         });
@@ -163,9 +171,10 @@ impl ArenaAdamW {
     /// Multiplies the uploaded gradients by `factor`; whether all are finite. The gradients of
     /// `module` holding their ranges change with them: their host copies are dropped.
     pub(crate) fn scale_grads(&mut self, module: &mut dyn Module, factor: f32) -> Result<bool> {
-        let finite = self.store.scale_grads(factor)?;
+        // Forgotten even when the scaling fails: its kernel may have run before the error.
+        let finite = self.store.scale_grads(factor);
         module.visit_parameters(&mut |p| p.forget_held_grad_read());
-        Ok(finite)
+        finite
     }
 
     /// The sum of the uploaded gradients' squares, in f64.
