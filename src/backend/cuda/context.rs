@@ -197,6 +197,21 @@ impl CudaDevice {
         })
     }
 
+    /// Turns off cudarc's event tracking for the buffers this handle allocates from now on
+    /// (call it right after [`Self::open`]). cudarc records an event at every use of a buffer
+    /// once a context has a second stream, and creates two per allocation: two to four driver
+    /// calls per kernel argument, in steps that are launch-bound. They order nothing here, where
+    /// every access to a buffer runs on its handle's one stream (the layers' staged device,
+    /// `dispatch::cuda_ops::staged`).
+    ///
+    /// # Safety
+    /// Every buffer allocated through this handle afterwards must be used (read, written and
+    /// dropped) only on [`Self::stream`]; a second stream would need its own waits.
+    pub(crate) unsafe fn disable_event_tracking(&self) {
+        // SAFETY: the caller keeps every buffer of this handle on its one stream.
+        unsafe { self.ctx.disable_event_tracking() }
+    }
+
     /// What discovery reported about this GPU.
     pub fn info(&self) -> &GpuInfo {
         &self.info

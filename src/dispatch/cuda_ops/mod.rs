@@ -87,8 +87,13 @@ pub(crate) fn staged(kernels: &CudaKernels) -> Result<Arc<Staged>> {
     if let Some(staged) = opened.get(&kernels.ordinal) {
         return Ok(staged.clone());
     }
+    let device = CudaDevice::open(kernels.ordinal)?;
+    // SAFETY: every op runs on this device's one stream, and its buffers never leave it: the
+    // layers' device values, arenas, banks and pools are all allocated and used here (NCCL
+    // copies host slices into buffers of its own stream).
+    unsafe { device.disable_event_tracking() };
     let staged = Arc::new(Staged {
-        device: CudaDevice::open(kernels.ordinal)?,
+        device,
         cublaslt: Mutex::new(None),
         f32s: pool(),
         u8s: pool(),
