@@ -329,6 +329,10 @@ else
         "$lib_tests" backend::cuda::attention_mma::tests::gpu_self_check --test-threads=1
 fi
 gpu_step step gpu_ops_simple 40 env FP8_CUDA_ATTENTION_MMA=0 ./gpu_ops
+# The whole Llama model on the simple attention kernels too: if `gpu_llama`'s gradients (fp16's
+# bound is the tightest, and the tensor-core attention's gradients differ more from the CPU's)
+# pass here and not there, the attention kernel is the difference.
+gpu_step step gpu_llama_simple 30 env FP8_CUDA_ATTENTION_MMA=0 ./gpu_llama
 # `fp8 train` staged (FP8_CUDA_RESIDENT=0) against the default (resident): the same kernels on
 # the same values, so every step's loss, gradient norm and FP8 statistics must be the same;
 # tokens/s of both.
