@@ -59,12 +59,15 @@ fn config_of(hidden: usize, ffn: usize) -> HfConfig {
 const FINETUNE_SHAPES: [(usize, usize); 2] = [(64, 128), (320, 384)];
 
 /// Relative L2 tolerance of a whole model's results against the CPU's, per precision (the
-/// precision's own error against fp32 bounds a same-precision cross-device difference).
+/// precision's own error against fp32 bounds a same-precision cross-device difference). Measured
+/// on the CPU for this model and batch (2026-11-28): fp16's gradients differ from fp32's by up
+/// to 2.85e-3 (`layers.0.attn.qkv.norm.weight`), bf16's by up to 2.25e-2, so 2e-3 and 1.6e-2
+/// (two units of each format's rounding) were stricter than the rule they stand for.
 fn bound(precision: &str) -> f64 {
     match precision {
         "fp32" => 1e-5,
-        "bf16" => 1.6e-2,
-        "fp16" => 2e-3,
+        "bf16" => 2.4e-2,
+        "fp16" => 3e-3,
         _ => 0.25,
     }
 }
