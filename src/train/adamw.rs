@@ -239,6 +239,12 @@ impl AdamW {
     /// The state, for checkpoints: borrowed, or copied from the device where the moments live
     /// there (an error only if that copy fails).
     pub fn state(&self) -> Result<Cow<'_, AdamWState>> {
+        // Before the first step there are no moments to save, though arenas made ahead of it
+        // ([`AdamW::prepare`]) hold zeros: a checkpoint then says so (step 0, no moments), as
+        // one from the CPU does and as its loader requires.
+        if self.state.step == 0 {
+            return Ok(Cow::Owned(AdamWState::default()));
+        }
         let Some(arenas) = &self.arenas else {
             return Ok(Cow::Borrowed(&self.state));
         };

@@ -732,6 +732,15 @@ mod tests {
         let mut scaler2 = DynamicLossScaler::disabled();
         load_checkpoint(&path, &mut model(), &mut opt2, &mut scaler2).unwrap();
         assert_eq!(*opt2.state().unwrap(), AdamWState::default());
+        // The same with the optimizer's arenas made before the first step, as a GPU run makes
+        // them (zero moments in the arenas, none to save).
+        let mut arenas = AdamW::new(AdamWConfig::default()).unwrap();
+        arenas.use_host_arenas(true);
+        arenas.prepare(&mut m).unwrap();
+        assert_eq!(*arenas.state().unwrap(), AdamWState::default());
+        save_checkpoint(&path, &mut m, &arenas, &scaler, &progress()).unwrap();
+        load_checkpoint(&path, &mut model(), &mut opt2, &mut scaler2).unwrap();
+        assert_eq!(*opt2.state().unwrap(), AdamWState::default());
         // Enabled scaling in this run, disabled in the file: refused.
         let mut enabled = DynamicLossScaler::new(LossScalerConfig::default()).unwrap();
         let err = load_checkpoint(&path, &mut model(), &mut opt2, &mut enabled).unwrap_err();
