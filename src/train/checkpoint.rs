@@ -228,7 +228,16 @@ pub fn save_checkpoint(
             },
         ))
     };
-    model.visit_parameters(&mut |p| add(param_key(p.name()), p.shape().to_vec(), p.value()));
+    // Read without keeping host copies of values kept on a GPU (`Parameter::value_copy`).
+    let mut read = Ok(());
+    model.visit_parameters(&mut |p| {
+        if read.is_ok() {
+            read = p
+                .value_copy()
+                .map(|values| add(param_key(p.name()), p.shape().to_vec(), &values));
+        }
+    });
+    read?;
     for m in moments {
         let (mk, vk) = moment_keys(&m.name);
         add(mk, m.shape.clone(), &m.m);
