@@ -278,11 +278,13 @@ impl Parameter {
 
     /// Drops the host copy [`Parameter::value`] made of master values holding their optimizer
     /// arena range (an update that may have changed the range, then failed before this
-    /// parameter's turn); values of their own keep their copy.
-    pub(crate) fn forget_held_value_read(&mut self) {
-        if holds_range(&self.value) {
+    /// parameter's turn); values of their own keep their copy. Whether they hold a range.
+    pub(crate) fn forget_held_value_read(&mut self) -> bool {
+        let held = holds_range(&self.value);
+        if held {
             self.value_read.forget();
         }
+        held
     }
 
     /// The device the gradient lives on.

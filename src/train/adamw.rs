@@ -130,6 +130,30 @@ pub struct AdamW {
 }
 
 /// Tests: where [`AdamW`] keeps its arenas.
+/// [`AdamW::check_and_clip_on_arenas`] on `arenas`: the gradients uploaded, unscaled by
+/// `inv_scale` and checked (the verdict made the group's by `agree`), their norm summed, and
+/// finite ones clipped to `max_grad_norm`. Returns `(finite, norm)`.
+fn check_and_clip_in(
+    arenas: &mut ArenaAdamW,
+    module: &mut dyn Module,
+    inv_scale: Option<f32>,
+    max_grad_norm: Option<f32>,
+    agree: &mut dyn FnMut(bool) -> Result<bool>,
+) -> Result<(bool, f64)> {
+    arenas.upload_grads(module)?;
+    let mut finite = true;
+    if let Some(inv_scale) = inv_scale {
+        finite = agree(arenas.scale_grads(module, inv_scale)?)?;
+    }
+    let norm = arenas.grad_sum_squares()?.sqrt();
+    if let (true, Some(max)) = (finite, max_grad_norm)
+        && let Some(coef) = clip_coefficient(norm, max)
+    {
+        arenas.scale_grads(module, coef)?;
+    }
+    Ok((finite, norm))
+}
+
 #[cfg(test)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum TestArenas {
@@ -294,9 +318,12 @@ impl AdamW {
         let t = self.state.step + 1;
         let step = step_scalars(&self.config, lr, t);
         if self.ensure_arenas(module)? {
-            self.arenas.as_mut().expect("ensured").step(module, &step, checked)?;
+            let arenas = self.arenas.as_mut().expect("ensured");
+            arenas.update(module, &step, checked)?;
+            // The moments (and values held in their ranges) are at step t now, whatever the
+            // copies back do: a failed copy must not leave the count behind them.
             self.state.step = t;
-            return Ok(());
+            return arenas.copy_values_back(module);
         }
         self.bring_moments_home()?;
         self.check_or_init_moments(module)?;
@@ -349,18 +376,13 @@ impl AdamW {
             return Ok(None);
         }
         let arenas = self.arenas.as_mut().expect("ensured");
-        arenas.upload_grads(module)?;
-        let mut finite = true;
-        if let Some(inv_scale) = inv_scale {
-            finite = agree(arenas.scale_grads(module, inv_scale)?)?;
+        let checked = check_and_clip_in(arenas, module, inv_scale, max_grad_norm, agree);
+        // Only finite gradients, checked and clipped to the end, are for `step_checked`: after
+        // a skipped step or a failure part-way, the next step uploads them again.
+        if !matches!(checked, Ok((true, _))) {
+            arenas.discard_grads();
         }
-        let norm = arenas.grad_sum_squares()?.sqrt();
-        if let (true, Some(max)) = (finite, max_grad_norm)
-            && let Some(coef) = clip_coefficient(norm, max)
-        {
-            arenas.scale_grads(module, coef)?;
-        }
-        Ok(Some((finite, norm)))
+        checked.map(Some)
     }
 
     /// Bytes the arenas book in their device's memory ledger under `category` (0 without them).
@@ -397,7 +419,9 @@ impl AdamW {
         let moments = &self.state.moments;
         let arenas = match ArenaAdamW::open(|layout| self.arena_store(layout), moments, self.config.decay_vectors) {
             Ok(arenas) => arenas,
-            Err(e @ Error::NotEnoughMemory { .. }) => {
+            // Refused by the free-memory check, or by the driver when that check passed but
+            // the memory was fragmented or taken in between.
+            Err(e) if crate::nn::out_of_memory(&e) => {
                 eprintln!("fp8: warning: AdamW keeps its state on the host, parameter by parameter: {e}");
                 self.arenas_refused = true;
                 return Ok(false);

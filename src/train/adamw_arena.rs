@@ -111,8 +111,18 @@ impl ArenaAdamW {
     /// One AdamW step of every parameter of `module` (in the arenas' order): its weight and
     /// gradient copied in, one update, the weight copied back and its version bumped. With
     /// `checked`, the gradients [`Self::upload_grads`] left in the arena (checked and clipped
-    /// there) are used instead of the host's, if they are there.
+    /// there) are used instead of the host's, if they are there. (`AdamW` runs the two halves
+    /// itself, to count the step once the update ran.)
+    #[cfg(test)]
     pub(crate) fn step(&mut self, module: &mut dyn Module, step: &AdamWStep, checked: bool) -> Result<()> {
+        self.update(module, step, checked)?;
+        self.copy_values_back(module)
+    }
+
+    /// The first half of [`Self::step`]: the weights and gradients copied in and the update run
+    /// in the arenas. After an error here, every parameter keeps its values where it keeps
+    /// them; a range the update may have reached counts as changed (its version bumped).
+    pub(crate) fn update(&mut self, module: &mut dyn Module, step: &AdamWStep, checked: bool) -> Result<()> {
         self.check_lengths(module)?;
         let ready = std::mem::take(&mut self.grads_ready);
         let arenas: &[Arena] = match checked && ready {
@@ -123,10 +133,21 @@ impl ArenaAdamW {
             self.gather_from(module, arena)?;
         }
         if let Err(e) = self.store.adamw(step) {
-            // The update may have reached some ranges before it failed.
-            module.visit_parameters(&mut |p| p.forget_held_value_read());
+            // The update may have reached some ranges before it failed: their host copies and
+            // the layers' compute copies of them are stale.
+            module.visit_parameters(&mut |p| {
+                if p.forget_held_value_read() {
+                    p.mark_updated();
+                }
+            });
             return Err(e);
         }
+        Ok(())
+    }
+
+    /// The second half of [`Self::step`]: the updated weights copied back to where each
+    /// parameter keeps them (nothing for one holding its range), every version bumped.
+    pub(crate) fn copy_values_back(&mut self, module: &mut dyn Module) -> Result<()> {
         // Weights kept on the GPU get theirs back there; the host windows stop at them.
         let mut on_device = Vec::new();
         module.visit_parameters(&mut |p| on_device.push(p.value_device() != DeviceKind::Cpu));
@@ -150,12 +171,20 @@ impl ArenaAdamW {
                     }
                 }
                 // After a failed copy: a range holder's values were still updated in place.
-                false => p.forget_held_value_read(),
+                false => {
+                    p.forget_held_value_read();
+                }
             }
             p.mark_updated();
         });
         self.staging = scatter.staging;
         result
+    }
+
+    /// Forgets that the gradient arena holds checked gradients (a skipped step, or a check that
+    /// failed part-way): the next checked step uploads them again.
+    pub(crate) fn discard_grads(&mut self) {
+        self.grads_ready = false;
     }
 
     /// Copies the gradients of `module` into the gradient arena, where [`Self::scale_grads`] and
@@ -705,7 +734,7 @@ mod tests {
     }
 
     #[test]
-    fn a_plain_step_after_a_skipped_check_takes_the_new_host_gradients() {
+    fn a_step_after_a_skipped_check_takes_the_new_host_gradients() {
         use crate::amp::loss_scaler::{DynamicLossScaler, LossScalerConfig};
         use crate::train::step::apply_gradients;
         let (mut plain, mut arena) = (module(7.5), module(7.5));
@@ -727,6 +756,19 @@ mod tests {
         }
         plain_opt.step(&mut plain, 1e-2).unwrap();
         arena_opt.step(&mut arena, 1e-2).unwrap();
+        assert_eq!(bits(&arena), bits(&plain));
+        // So does a checked step: a skipped check leaves no gradients marked checked.
+        arena.params[0].grad_mut()[0] = f32::NAN;
+        assert!(
+            apply_gradients(&mut arena, &mut scaler, &mut arena_opt, 1e-2, Some(1.0))
+                .unwrap()
+                .skipped
+        );
+        for m in [&mut plain, &mut arena] {
+            set_grads(m, 2);
+        }
+        plain_opt.step(&mut plain, 1e-2).unwrap();
+        arena_opt.step_checked(&mut arena, 1e-2).unwrap();
         assert_eq!(bits(&arena), bits(&plain));
     }
 
