@@ -56,6 +56,10 @@ use crate::memory::MemoryCategory;
 const POOL_LIMIT_BYTES: u64 = 2 << 30;
 /// Spares kept per length: a layer stages at most a handful of tensors of one shape at once.
 const POOL_PER_LEN: usize = 8;
+/// The largest spare kept: that 256 MiB activation. A larger buffer is one of a kind (a 7B
+/// model's frozen head widened to f32 for its one conversion, 524 MB) and would sit idle in the
+/// pool for the rest of the process.
+const POOL_MAX_BUFFER_BYTES: u64 = 256 << 20;
 
 /// One GPU opened for the staged arms: the device (context, stream, modules, ledger) and a
 /// pool of staging buffers per element type.
@@ -72,7 +76,12 @@ pub(crate) struct Staged {
 }
 
 fn pool<T>() -> Mutex<SizePool<DeviceBuffer<T>>> {
-    Mutex::new(SizePool::new(size_of::<T>(), POOL_LIMIT_BYTES, POOL_PER_LEN))
+    Mutex::new(SizePool::new(
+        size_of::<T>(),
+        POOL_LIMIT_BYTES,
+        POOL_PER_LEN,
+        POOL_MAX_BUFFER_BYTES,
+    ))
 }
 
 /// The device of `kernels`, opened on first use and kept for the process (its stream, loaded
