@@ -105,6 +105,7 @@ gunzip -c fp8.gz > fp8 && chmod +x fp8
 gunzip -c hf_load.gz > hf_load && chmod +x hf_load
 trap 'rm -f "$lib_tests" fp8 hf_load' EXIT
 OUT=${OUT:-$PWD/results}
+export OUT # the steps run through `bash -c` (finetune keeps its memory samples there)
 logs=$OUT/logs$suffix
 mkdir -p "$logs"
 summary=$OUT/summary$suffix.txt
@@ -419,7 +420,7 @@ for mb in 1 2; do
         env $([[ $run == views ]] && echo FP8_CUDA_ARENA_VIEWS=1) ./fp8 train --device cuda --steps 40 \
             --micro-batches $mb --compare bf16,fp8-delayed --quiet --out "$dir" > "$dir/log" 2>&1 \
             || { echo "$run, $mb micro-batches: failed"; tail -n 3 "$dir/log"; exit 1; }
-        echo "$run copies, $mb micro-batches: $(tr -d " \n" < "$dir/summary.json" | grep -o "\"[a-z0-9-]*\":{[^}]*peak_bytes\":[0-9]*" | sed -E "s/\":\{.*tokens_per_s\":([0-9.]*).*peak_bytes\":/ \1 tokens\/s, peak /; s/\"//g" | tr "\n" ";")"
+        echo "$run copies, $mb micro-batches: $(tr -d " \n" < "$dir/summary.json" | grep -o "\"[a-z0-9-]*\":{[^}]*\"peak_bytes\":[0-9]*" | sed -E "s/\":\{.*tokens_per_s\":([0-9.]*).*\"peak_bytes\":/ \1 tokens\/s, peak /; s/\"//g" | tr "\n" ";")"
     done
     for p in bf16 fp8-delayed; do
         strip() { sed -E "s/\"tokens_per_s\":[0-9.eE+-]+,?//g" "$1/$p/metrics.jsonl"; }
@@ -429,8 +430,9 @@ for mb in 1 2; do
             echo "$p, $mb micro-batches: the run in arena ranges differs:"; diff <(strip "$dir_own") <(strip "$dir_views") | head -c 800; echo; fail=1
         fi
         # The ranges replace the device copies (8 bytes per trainable value): a lower peak says
-        # the parameters held them.
-        peak() { tr -d " \n" < "$1/summary.json" | grep -o "\"$p\":{[^}]*" | grep -o "peak_bytes\":[0-9]*" | grep -o "[0-9]*$"; }
+        # the parameters held them. (The quote keeps `device_peak_bytes`, the count of the
+        # driver, out: the ranges change the peak of the ledger, `peak_bytes`.)
+        peak() { tr -d " \n" < "$1/summary.json" | grep -o "\"$p\":{[^}]*" | grep -o "\"peak_bytes\":[0-9]*" | grep -o "[0-9]*$"; }
         own=$(peak "$dir_own"); views=$(peak "$dir_views")
         if [[ -n $own && -n $views ]] && ((views < own)); then
             echo "$p, $mb micro-batches: peak $own -> $views bytes in arena ranges"
@@ -519,15 +521,23 @@ plan() {
     ./fp8 plan --model "$1/$2" --lora-rank 16 --base-precision fp8 --recompute every --seq 2048 --micro-batch 1 \
         --precision bf16 --device cpu
 }
-# finetune DIR MODEL: 2 steps of the fine-tune, with the GPU's memory in use sampled every 200 ms.
+# finetune DIR MODEL: 2 steps of the fine-tune. Its output ends with the driver's count of the
+# allocations' peak (context excluded); beside it the GPU's memory in use before the run and
+# sampled every 50 ms (context included) into $OUT/smi-MODEL.txt, kept if the step times out.
 finetune() {
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$1/smi.txt" &
-    local smi=$! rc
+    local samples=$OUT/smi-$2.txt rc
+    echo "GPU memory in use before the run: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1) MiB"
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 50 > "$samples" &
+    local smi=$!
     ./fp8 train --init-from "$1/$2" --text text.txt --device cuda --base-precision fp8 --lora-rank 16 \
-        --recompute every --seq 2048 --batch 1 --steps 2 --precision bf16 --quiet --out "$1/out-$2"
+        --recompute every --seq 2048 --batch 1 --steps 2 --precision bf16 --quiet --out "$1/out-$2" &
+    local train=$!
+    # `timeout` signals this shell only: stop both children with it (wait returns at once).
+    trap 'kill "$train" "$smi" 2>/dev/null; exit 143' TERM
+    wait "$train"
     rc=$?
     kill "$smi"
-    echo "peak GPU memory in use (nvidia-smi, every 200 ms): $(sort -n "$1/smi.txt" | tail -1) MiB"
+    echo "peak GPU memory in use (nvidia-smi, every 50 ms, CUDA context included): $(sort -n "$samples" | tail -1) MiB"
     return $rc
 }
 # end of part

@@ -78,6 +78,11 @@ pub struct PrecisionSummary {
     pub tokens_per_s: f64,
     /// Peak bytes of all memory categories together.
     pub peak_bytes: u64,
+    /// On a GPU, the most bytes its allocations held at once during the run, as the driver
+    /// counts them (`CudaDevice::allocation_peak`: every device buffer, the CUDA context not
+    /// included); absent on the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_peak_bytes: Option<u64>,
     /// Model FLOP/s: `tokens_per_s` times the training FLOPs per token (`model::flops`); null
     /// where not counted (a fine-tuned Hugging Face model) or in an older summary.
     #[serde(with = "nullable", default = "nan_f64")]
@@ -291,6 +296,7 @@ mod tests {
             heldout_accuracy: 0.5,
             tokens_per_s: 10.0,
             peak_bytes: 7,
+            device_peak_bytes: None,
             model_flop_per_s: f64::NAN,
             mfu: f64::NAN,
         })
@@ -432,6 +438,7 @@ mod tests {
                     heldout_accuracy: 0.9,
                     tokens_per_s: 5000.0,
                     peak_bytes: 1 << 20,
+                    device_peak_bytes: (name == "fp8-delayed").then_some(3 << 30),
                     model_flop_per_s: 2.5e12,
                     mfu: 0.25,
                 },

@@ -467,6 +467,8 @@ pub fn run_model(
             heldout_accuracy: heldout.accuracy,
             tokens_per_s: tokens as f64 / seconds.max(1e-9),
             peak_bytes: report.total.peak,
+            // Read by the caller, which holds the device.
+            device_peak_bytes: None,
             // Counted by the caller, which knows the model's shape (`model::flops`).
             model_flop_per_s: f64::NAN,
             mfu: f64::NAN,

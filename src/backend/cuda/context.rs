@@ -243,6 +243,61 @@ impl CudaDevice {
         Ok((free as u64, total as u64))
     }
 
+    /// The device's default memory pool, from which every stream-ordered allocation of this
+    /// crate comes (cudarc allocates with `cuMemAllocAsync`).
+    fn default_memory_pool(&self) -> Result<cudarc::driver::sys::CUmemoryPool> {
+        use cudarc::driver::sys;
+        self.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: the context is current; `pool` is a valid out-pointer.
+        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device()) }
+            .result()
+            .call("cuDeviceGetDefaultMemPool")?;
+        Ok(pool)
+    }
+
+    /// The most bytes the device's allocations held at once since the last
+    /// [`Self::reset_allocation_peak`], as the driver counts them (its default pool's
+    /// `USED_MEM_HIGH`: every buffer of every handle on this GPU; the CUDA context and the
+    /// loaded modules are not in it). Waits for all work on the GPU first, so every queued
+    /// allocation and free is counted.
+    pub fn allocation_peak(&self) -> Result<u64> {
+        use cudarc::driver::sys;
+        self.ctx.synchronize().call("cuCtxSynchronize")?;
+        let pool = self.default_memory_pool()?;
+        let mut high: u64 = 0;
+        // SAFETY: `pool` is the device's pool; USED_MEM_HIGH is a cuuint64_t written to `high`.
+        unsafe {
+            sys::cuMemPoolGetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                (&mut high as *mut u64).cast(),
+            )
+        }
+        .result()
+        .call("cuMemPoolGetAttribute")?;
+        Ok(high)
+    }
+
+    /// Restarts [`Self::allocation_peak`] from the bytes allocated now (the driver takes the
+    /// value 0 to mean that).
+    pub fn reset_allocation_peak(&self) -> Result<()> {
+        use cudarc::driver::sys;
+        self.ctx.synchronize().call("cuCtxSynchronize")?;
+        let pool = self.default_memory_pool()?;
+        let mut zero: u64 = 0;
+        // SAFETY: as above; the driver reads a cuuint64_t 0 from `zero`.
+        unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                (&mut zero as *mut u64).cast(),
+            )
+        }
+        .result()
+        .call("cuMemPoolSetAttribute")
+    }
+
     /// Waits for all work on the device's stream, then reports a code a GEMM
     /// kernel left in the device's error flag ([`Self::check_kernel_errors`]).
     pub fn synchronize(&self) -> Result<()> {

@@ -451,7 +451,8 @@ pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
                 ..RunControl::default()
             },
         };
-        let output = match &init {
+        let gpu = allocation_peak_from(&device);
+        let mut output = match &init {
             Some(hf) => {
                 let mut model = args.base.load(hf, precision, config.model.recompute, "fp8 train")?;
                 let lora = args.lora.attach(&mut model, args.seed)?;
@@ -499,6 +500,7 @@ pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
             },
         };
         bar.finish_and_clear();
+        output.summary.device_peak_bytes = gpu.and_then(|gpu| read_or_warn(gpu.allocation_peak()));
         outputs.push((precision.clone(), output));
     }
     if args.dist.launch.as_ref().is_some_and(|env| env.rank != 0) {
@@ -551,6 +553,15 @@ pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
     }
     for (precision, out) in &outputs {
         println!("{} peak memory by category:\n{}", precision.name(), out.memory_summary);
+        if let Some(peak) = out.summary.device_peak_bytes {
+            println!(
+                "{} on {}: allocations peaked at {} (the driver's count of every device buffer; the \
+                 CUDA context is not in it)",
+                precision.name(),
+                device.describe(),
+                fp8_engine::train::memory::human_bytes(peak)
+            );
+        }
     }
     let summary_path = args.out.join("summary.json");
     if args.resume.is_some() {
@@ -609,10 +620,28 @@ fn merge_summary(
             entry.model_flop_per_s = old.model_flop_per_s;
             entry.mfu = old.mfu;
             entry.peak_bytes = old.peak_bytes;
+            entry.device_peak_bytes = old.device_peak_bytes;
         }
         merged.insert(name, entry);
     }
     Ok(merged)
+}
+
+/// On a GPU, the device with its allocation peak restarted for the run about to start (`None`
+/// on the CPU, or with a warning if the driver refuses).
+fn allocation_peak_from(device: &Device) -> Option<&fp8_engine::backend::cuda::CudaDevice> {
+    let Device::Cuda(gpu) = device else {
+        return None;
+    };
+    read_or_warn(gpu.reset_allocation_peak()).map(|()| gpu)
+}
+
+/// The value, or `None` after a warning line: the allocation peak is a measurement, not a
+/// reason to stop a run.
+fn read_or_warn<T>(result: fp8_engine::error::Result<T>) -> Option<T> {
+    result
+        .map_err(|e| eprintln!("fp8 train: warning: the GPU's allocation peak cannot be read: {e}"))
+        .ok()
 }
 
 /// A run whose last training loss is NaN or infinite diverged: an error (after every output is
