@@ -487,7 +487,7 @@ done'
 # part: finetune
 # Issue 18 on the GPU: a random Llama-2-7B-shaped checkpoint (then 13B) written here, planned
 # and fine-tuned for 2 steps with an FP8 base, LoRA r16 on q, k, v, o, seq 2048, micro-batch 1
-# and recompute; the GPU's peak memory in use (nvidia-smi, every 200 ms, CUDA context included)
+# and recompute; the GPU's peak memory in use (nvidia-smi, every 50 ms, CUDA context included)
 # beside the plan's total and the run's memory summary. Each checkpoint is removed after its run
 # (13.5 and 26 GB).
 # `run.sh finetune_7b` and `run.sh finetune_13b` run one model each (a 15-minute lease holds one
@@ -521,8 +521,8 @@ plan() {
     ./fp8 plan --model "$1/$2" --lora-rank 16 --base-precision fp8 --recompute every --seq 2048 --micro-batch 1 \
         --precision bf16 --device cpu
 }
-# finetune DIR MODEL: 2 steps of the fine-tune. Its output ends with the driver's count of the
-# allocations' peak (context excluded); beside it the GPU's memory in use before the run and
+# finetune DIR MODEL: 2 steps of the fine-tune. Its output holds, after the memory summary, the
+# driver's count of the allocations' peak (context excluded); beside it the GPU's memory in use before the run and
 # sampled every 50 ms (context included) into $OUT/smi-MODEL.txt, kept if the step times out.
 finetune() {
     local samples=$OUT/smi-$2.txt rc
@@ -532,7 +532,8 @@ finetune() {
     ./fp8 train --init-from "$1/$2" --text text.txt --device cuda --base-precision fp8 --lora-rank 16 \
         --recompute every --seq 2048 --batch 1 --steps 2 --precision bf16 --quiet --out "$1/out-$2" &
     local train=$!
-    # `timeout` signals this shell only: stop both children with it (wait returns at once).
+    # `timeout` signals the whole group; the trap makes this shell stop at once (`wait` returns)
+    # and takes the sampler down with the run.
     trap 'kill "$train" "$smi" 2>/dev/null; exit 143' TERM
     wait "$train"
     rc=$?

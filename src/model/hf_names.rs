@@ -197,6 +197,14 @@ impl LlamaModel {
                 ));
                 return;
             }
+            // One read of the whole parameter (a download where it lives on a GPU), sliced.
+            let values = match p.widened_copy() {
+                Ok(values) => values,
+                Err(e) => {
+                    result = Err(e);
+                    return;
+                }
+            };
             let mut start = 0;
             for &(ref name, part_rows) in names {
                 let shape = if p.shape().len() == 2 {
@@ -207,7 +215,7 @@ impl LlamaModel {
                 out.push((
                     name.clone(),
                     shape,
-                    p.widened()[start * cols..(start + part_rows) * cols].to_vec(),
+                    values[start * cols..(start + part_rows) * cols].to_vec(),
                 ));
                 start += part_rows;
             }

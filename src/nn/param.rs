@@ -205,6 +205,14 @@ impl Parameter {
         }
     }
 
+    /// [`Parameter::widened`], or the error of a download that failed (no panic).
+    pub(crate) fn widened_copy(&self) -> Result<Cow<'_, [f32]>> {
+        match &self.half {
+            Some(half) => Ok(Cow::Owned(half.to_f32())),
+            None => self.value_copy(),
+        }
+    }
+
     /// The f32 master values as [`Parameter::value`] reads them, without keeping a host copy of
     /// values kept on a GPU: a checkpoint's or an export's one read of every parameter holds
     /// no second copy of the model in host memory after it (28 GB for a 7B model's masters).
@@ -212,9 +220,10 @@ impl Parameter {
         if self.value.device() == DeviceKind::Cpu {
             return Ok(Cow::Borrowed(self.value.data()));
         }
+        // A range's copy is never trusted (as `bring_home`): its optimizer writes it in place.
         match self.value_read.0.get() {
-            Some(read) => Ok(Cow::Borrowed(read)),
-            None => Ok(Cow::Owned(self.value.to_host()?.into_data())),
+            Some(read) if !holds_range(&self.value) => Ok(Cow::Borrowed(read)),
+            _ => Ok(Cow::Owned(self.value.to_host()?.into_data())),
         }
     }
 

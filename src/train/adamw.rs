@@ -129,7 +129,6 @@ pub struct AdamW {
     host_arenas: TestArenas,
 }
 
-/// Tests: where [`AdamW`] keeps its arenas.
 /// [`AdamW::check_and_clip_on_arenas`] on `arenas`: the gradients uploaded, unscaled by
 /// `inv_scale` and checked (the verdict made the group's by `agree`), their norm summed, and
 /// finite ones clipped to `max_grad_norm`. Returns `(finite, norm)`.
@@ -154,6 +153,7 @@ fn check_and_clip_in(
     Ok((finite, norm))
 }
 
+/// Tests: where [`AdamW`] keeps its arenas.
 #[cfg(test)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum TestArenas {
@@ -166,6 +166,9 @@ pub(crate) enum TestArenas {
     Lending(usize),
     /// Nowhere: making them fails as on a GPU without the free memory.
     TooBig,
+    /// Nowhere: the driver refuses an allocation though the free-memory check passed
+    /// (fragmentation, or memory taken in between).
+    DriverOom,
 }
 
 impl AdamW {
@@ -216,6 +219,13 @@ impl AdamW {
                 )));
             }
             TestArenas::TooBig => return Err(layout.check_fits(0).expect_err("a layout of 0 bytes is never made")),
+            TestArenas::DriverOom => {
+                return Err(Error::Cuda {
+                    call: "cuMemAllocAsync".into(),
+                    name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+                    message: "out of memory".into(),
+                });
+            }
         }
         self.backend.arena_store(layout)
     }

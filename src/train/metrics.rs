@@ -80,7 +80,8 @@ pub struct PrecisionSummary {
     pub peak_bytes: u64,
     /// On a GPU, the most bytes its allocations held at once during the run, as the driver
     /// counts them (`CudaDevice::allocation_peak`: every device buffer, the CUDA context not
-    /// included); absent on the CPU.
+    /// included); absent on the CPU. From the second precision of a `--compare` on, it includes
+    /// what the earlier ones left allocated (the staging pool's spares live for the process).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_peak_bytes: Option<u64>,
     /// Model FLOP/s: `tokens_per_s` times the training FLOPs per token (`model::flops`); null

@@ -165,6 +165,15 @@ impl std::fmt::Debug for CudaDevice {
     }
 }
 
+/// The driver's high-water marks of a GPU's allocations ([`CudaDevice::allocation_peak`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocationPeak {
+    /// Bytes the allocations held at once, at most.
+    pub used: u64,
+    /// Bytes the memory pool reserved for them, at most (at least `used`).
+    pub reserved: u64,
+}
+
 impl CudaDevice {
     /// Opens GPU `ordinal`: checks the driver, the device, its compute capability and that kernels were compiled in.
     pub fn open(ordinal: usize) -> Result<Self> {
@@ -227,11 +236,6 @@ impl CudaDevice {
         &self.stream
     }
 
-    /// A new stream on this device.
-    pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
-        self.ctx.new_stream().call("cuStreamCreate")
-    }
-
     /// Bytes in use and peak bytes of this device, by category.
     pub fn ledger(&self) -> &Arc<MemoryLedger> {
         &self.ledger
@@ -257,45 +261,47 @@ impl CudaDevice {
     }
 
     /// The most bytes the device's allocations held at once since the last
-    /// [`Self::reset_allocation_peak`], as the driver counts them (its default pool's
-    /// `USED_MEM_HIGH`: every buffer of every handle on this GPU; the CUDA context and the
-    /// loaded modules are not in it). Waits for all work on the GPU first, so every queued
-    /// allocation and free is counted.
-    pub fn allocation_peak(&self) -> Result<u64> {
-        use cudarc::driver::sys;
+    /// [`Self::reset_allocation_peak`], and the most its pool reserved for them (fragmentation
+    /// included: what runs out first), as the driver counts them (the default pool's
+    /// `USED_MEM_HIGH` and `RESERVED_MEM_HIGH`: every buffer of every handle on this GPU; the
+    /// CUDA context and the loaded modules are not in them). Waits for all work on the GPU
+    /// first, so every queued allocation and free is counted.
+    pub fn allocation_peak(&self) -> Result<AllocationPeak> {
+        use cudarc::driver::sys::CUmemPool_attribute as Attr;
         self.ctx.synchronize().call("cuCtxSynchronize")?;
         let pool = self.default_memory_pool()?;
-        let mut high: u64 = 0;
-        // SAFETY: `pool` is the device's pool; USED_MEM_HIGH is a cuuint64_t written to `high`.
-        unsafe {
-            sys::cuMemPoolGetAttribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
-                (&mut high as *mut u64).cast(),
-            )
-        }
-        .result()
-        .call("cuMemPoolGetAttribute")?;
-        Ok(high)
+        let read = |attr: Attr| -> Result<u64> {
+            let mut value: u64 = 0;
+            // SAFETY: `pool` is the device's pool; both attributes are a cuuint64_t written to
+            // `value`.
+            unsafe { cudarc::driver::sys::cuMemPoolGetAttribute(pool, attr, (&mut value as *mut u64).cast()) }
+                .result()
+                .call("cuMemPoolGetAttribute")?;
+            Ok(value)
+        };
+        Ok(AllocationPeak {
+            used: read(Attr::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+            reserved: read(Attr::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+        })
     }
 
-    /// Restarts [`Self::allocation_peak`] from the bytes allocated now (the driver takes the
-    /// value 0 to mean that).
+    /// Restarts both of [`Self::allocation_peak`]'s counts from what is allocated and reserved
+    /// now (the driver takes the value 0 to mean that).
     pub fn reset_allocation_peak(&self) -> Result<()> {
-        use cudarc::driver::sys;
+        use cudarc::driver::sys::CUmemPool_attribute as Attr;
         self.ctx.synchronize().call("cuCtxSynchronize")?;
         let pool = self.default_memory_pool()?;
-        let mut zero: u64 = 0;
-        // SAFETY: as above; the driver reads a cuuint64_t 0 from `zero`.
-        unsafe {
-            sys::cuMemPoolSetAttribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
-                (&mut zero as *mut u64).cast(),
-            )
+        for attr in [
+            Attr::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+            Attr::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+        ] {
+            let mut zero: u64 = 0;
+            // SAFETY: as above; the driver reads a cuuint64_t 0 from `zero`.
+            unsafe { cudarc::driver::sys::cuMemPoolSetAttribute(pool, attr, (&mut zero as *mut u64).cast()) }
+                .result()
+                .call("cuMemPoolSetAttribute")?;
         }
-        .result()
-        .call("cuMemPoolSetAttribute")
+        Ok(())
     }
 
     /// Waits for all work on the device's stream, then reports a code a GEMM

@@ -43,6 +43,6 @@ pub mod staging;
 pub mod transfer_times;
 
 pub use buffer::{DeviceBuffer, DeviceElement};
-pub use context::{CudaDevice, GpuInfo, discover, driver_present, driver_version};
+pub use context::{AllocationPeak, CudaDevice, GpuInfo, discover, driver_present, driver_version};
 pub use error::describe_error_flag;
 pub use quantize::{DequantScales, ScaleAt, StatsVerdict};

@@ -432,6 +432,7 @@ pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
     );
 
     let mut outputs: Vec<(Precision, RunOutput)> = Vec::new();
+    let mut peaks = Vec::new(); // the GPU's allocation peak of each precision's run
     for precision in &precisions {
         let dir = args.out.join(precision.name());
         let bar = progress_bar(&args, precision.name());
@@ -500,8 +501,10 @@ pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
             },
         };
         bar.finish_and_clear();
-        output.summary.device_peak_bytes = gpu.and_then(|gpu| read_or_warn(gpu.allocation_peak()));
+        let peak = gpu.and_then(|gpu| read_or_warn(gpu.allocation_peak()));
+        output.summary.device_peak_bytes = peak.map(|p| p.used);
         outputs.push((precision.clone(), output));
+        peaks.push(peak);
     }
     if args.dist.launch.as_ref().is_some_and(|env| env.rank != 0) {
         // Rank 0 writes the summary, the plot and the table; every rank computed the same.
@@ -551,15 +554,16 @@ pub fn run_train(mut args: TrainArgs) -> Result<(), CliError> {
              answer loss: the mean loss over the answer digits alone"
         );
     }
-    for (precision, out) in &outputs {
+    for ((precision, out), peak) in outputs.iter().zip(&peaks) {
         println!("{} peak memory by category:\n{}", precision.name(), out.memory_summary);
-        if let Some(peak) = out.summary.device_peak_bytes {
+        if let Some(peak) = peak {
             println!(
-                "{} on {}: allocations peaked at {} (the driver's count of every device buffer; the \
-                 CUDA context is not in it)",
+                "{} on {}: allocations peaked at {}, their memory pool at {} (the driver's counts of \
+                 every device buffer; the CUDA context is not in them)",
                 precision.name(),
                 device.describe(),
-                fp8_engine::train::memory::human_bytes(peak)
+                fp8_engine::train::memory::human_bytes(peak.used),
+                fp8_engine::train::memory::human_bytes(peak.reserved)
             );
         }
     }
