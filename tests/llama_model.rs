@@ -278,3 +278,41 @@ fn every_op_of_the_model_passes_the_cpu_shadow_check() {
     model.forward_cached(&r.prompt, &mut cache).unwrap();
     assert!((f64::from(loss) - r.loss).abs() <= 1e-4 * r.loss);
 }
+
+/// A held-out evaluation between training steps leaves the FP8 scaling state as the run without
+/// it has it: the evaluation's forward makes the weights' FP8 copies after an optimizer step, and
+/// the next training forward, which finds them made, still records their amaxes.
+#[test]
+fn an_evaluation_between_steps_leaves_the_scaling_history_as_it_was() {
+    use fp8_engine::train::adamw::{AdamW, AdamWConfig};
+    let config = tiny_config(false, false, 4);
+    let precision: Precision = "fp8-delayed".parse().unwrap();
+    let inputs: Vec<u32> = (0..16).map(|i| (i * 5 % 11) as u32).collect();
+    let targets: Vec<u32> = (0..16).map(|i| (i * 3 % 11) as u32).collect();
+    let run = |evaluate: bool| {
+        let mut model = LlamaModel::new(&config, &precision, Recompute::None, 4).unwrap();
+        let mut opt = AdamW::new(AdamWConfig::default()).unwrap();
+        let mut losses = Vec::new();
+        for _ in 0..3 {
+            model.visit_parameters(&mut |p| p.zero_grad());
+            losses.push(model.forward_loss(&inputs, &targets, 2, 8).unwrap().to_bits());
+            model.backward(1.0).unwrap();
+            opt.step(&mut model, 1e-2).unwrap();
+            if evaluate {
+                model.evaluate_losses(&inputs, &[&targets], 2, 8).unwrap();
+            }
+        }
+        let mut slots = Vec::new();
+        model.visit_fp8_slots(&mut |name, slot| {
+            let bits: Vec<u32> = slot.history.iter().map(|a| a.to_bits()).collect();
+            slots.push((name.to_string(), slot.scale.to_bits(), bits));
+        });
+        assert!(!slots.is_empty(), "an fp8-delayed model has slots");
+        (losses, slots)
+    };
+    let (plain, evaluated) = (run(false), run(true));
+    assert_eq!(plain.0, evaluated.0, "every step's loss");
+    for (a, b) in plain.1.iter().zip(&evaluated.1) {
+        assert_eq!(a, b, "slot {}", a.0);
+    }
+}

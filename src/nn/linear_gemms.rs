@@ -352,6 +352,28 @@ impl LinearGemms {
         Ok(())
     }
 
+    /// The parameter version of the weight copy held (`None` before the first forward).
+    pub(crate) fn weight_version(&self) -> Option<u64> {
+        self.weight.as_ref().map(|(version, _)| *version)
+    }
+
+    /// Whether the weight copy's amax is still to be recorded by a training forward (an
+    /// installed copy's, or one a forward-only pass made: [`Self::defer_weight_record`]).
+    pub(crate) fn weight_record_pending(&self) -> bool {
+        self.installed_stats.is_some()
+    }
+
+    /// Keeps the FP8 weight copy's amax and statistics for the next training forward to record,
+    /// as an installed copy's ([`Self::install_fp8_weight`]): a forward-only pass made the copy,
+    /// and its record went with the slots the pass put back (`nn::defer_weight_records`).
+    pub(crate) fn defer_weight_record(&mut self) {
+        if let Some((_, WeightCopy::Fp8(cast))) = &self.weight
+            && let Some(stats) = &self.stats[role_index(TensorRole::Weight)]
+        {
+            self.installed_stats = Some((cast.amax.clone(), stats.clone()));
+        }
+    }
+
     /// Makes the weight copies if the parameter changed since the last ones.
     fn refresh_weight(&mut self, weight: &Parameter, replay: bool) -> Result<()> {
         if self.weight.as_ref().is_some_and(|(v, _)| *v == weight.version()) {
