@@ -745,34 +745,27 @@ mod tests {
         let mut arena_opt = AdamW::new(config(false)).unwrap();
         arena_opt.use_host_arenas(true);
         let mut scaler = DynamicLossScaler::new(LossScalerConfig::default()).unwrap();
-        // The check uploads overflowed gradients and skips the update; they stay in the arena.
-        set_grads(&mut arena, 0);
-        arena.params[0].grad_mut()[0] = f32::NAN;
-        assert!(
-            apply_gradients(&mut arena, &mut scaler, &mut arena_opt, 1e-2, Some(1.0))
-                .unwrap()
-                .skipped
-        );
-        // A plain step then updates from the host's gradients, not from those.
-        for m in [&mut plain, &mut arena] {
-            set_grads(m, 1);
+        // Each time, the check uploads overflowed gradients and skips the update (they stay in
+        // the arena); the next step, plain then checked (a skipped check leaves no gradients
+        // marked checked), updates from the host's new gradients, not from those.
+        for (round, checked) in [(1, false), (2, true)] {
+            set_grads(&mut arena, 0);
+            arena.params[0].grad_mut()[0] = f32::NAN;
+            assert!(
+                apply_gradients(&mut arena, &mut scaler, &mut arena_opt, 1e-2, Some(1.0))
+                    .unwrap()
+                    .skipped
+            );
+            for m in [&mut plain, &mut arena] {
+                set_grads(m, round);
+            }
+            plain_opt.step(&mut plain, 1e-2).unwrap();
+            match checked {
+                false => arena_opt.step(&mut arena, 1e-2).unwrap(),
+                true => arena_opt.step_checked(&mut arena, 1e-2).unwrap(),
+            }
+            assert_eq!(bits(&arena), bits(&plain), "round {round}");
         }
-        plain_opt.step(&mut plain, 1e-2).unwrap();
-        arena_opt.step(&mut arena, 1e-2).unwrap();
-        assert_eq!(bits(&arena), bits(&plain));
-        // So does a checked step: a skipped check leaves no gradients marked checked.
-        arena.params[0].grad_mut()[0] = f32::NAN;
-        assert!(
-            apply_gradients(&mut arena, &mut scaler, &mut arena_opt, 1e-2, Some(1.0))
-                .unwrap()
-                .skipped
-        );
-        for m in [&mut plain, &mut arena] {
-            set_grads(m, 2);
-        }
-        plain_opt.step(&mut plain, 1e-2).unwrap();
-        arena_opt.step_checked(&mut arena, 1e-2).unwrap();
-        assert_eq!(bits(&arena), bits(&plain));
     }
 
     /// The moments of one plain step (decaying vectors too) of a copy of `module`.
