@@ -326,7 +326,7 @@ impl DecoderModel {
     /// everything the forward saved for backward, whether or not `pass` failed.
     fn evaluation<T>(&mut self, pass: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
         let slots = self.snapshot_fp8_slots();
-        let copies = crate::nn::weight_copy_versions(self);
+        let copies = crate::nn::weight_copy_states(self);
         let result = pass(self);
         self.restore_fp8_slots(slots);
         crate::nn::defer_weight_records(self, &copies);

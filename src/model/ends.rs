@@ -146,19 +146,19 @@ pub(super) fn evaluate(
     Ok((losses, argmax_rows(logits.into_host()?.data(), vocab)))
 }
 
-/// The first index of the largest value of each row of `logits` `[rows, vocab]` (NaN never
-/// wins; a NaN first element keeps index 0), as the greedy decoder's argmax.
+/// The most likely id of each row of `logits` `[rows, vocab]` ([`argmax`]).
 pub(super) fn argmax_rows(logits: &[f32], vocab: usize) -> Vec<u32> {
-    logits
-        .chunks_exact(vocab.max(1))
-        .map(|row| {
-            let mut best = 0;
-            for (i, &v) in row.iter().enumerate() {
-                if v > row[best] {
-                    best = i;
-                }
-            }
-            best as u32
-        })
-        .collect()
+    logits.chunks_exact(vocab.max(1)).map(argmax).collect()
+}
+
+/// The first index of the largest value of `row` (NaN never wins; a NaN first element keeps
+/// index 0): the greedy decoder's pick and the evaluations' prediction.
+pub(super) fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
 }

@@ -2,6 +2,7 @@
 //! one token per step; greedy at temperature 0, otherwise temperature and nucleus (top-p)
 //! sampling from a seeded generator.
 
+use super::ends::argmax;
 use super::llama::LlamaModel;
 use crate::data::SplitMix64;
 use crate::error::{Error, Result};
@@ -73,16 +74,6 @@ impl Sampler {
         }
         kept[kept.len() - 1].0
     }
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 impl LlamaModel {

@@ -317,7 +317,7 @@ impl LlamaModel {
     fn evaluation<T>(&mut self, pass: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
         let mut slots = Vec::new();
         self.visit_fp8_slots(&mut |_, slot| slots.push(slot.clone()));
-        let copies = crate::nn::weight_copy_versions(self);
+        let copies = crate::nn::weight_copy_states(self);
         self.visit_linears(&mut |l| l.set_lora_dropout(false));
         let result = pass(self);
         self.visit_linears(&mut |l| l.set_lora_dropout(true));

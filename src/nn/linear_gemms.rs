@@ -376,7 +376,7 @@ impl LinearGemms {
 
     /// Makes the weight copies if the parameter changed since the last ones.
     fn refresh_weight(&mut self, weight: &Parameter, replay: bool) -> Result<()> {
-        if self.weight.as_ref().is_some_and(|(v, _)| *v == weight.version()) {
+        if self.weight_version() == Some(weight.version()) {
             if !replay && let Some((amax, stats)) = self.installed_stats.take() {
                 self.record(TensorRole::Weight, &amax)?;
                 self.stats[role_index(TensorRole::Weight)] = Some(stats);

@@ -20,7 +20,7 @@ impl VisitLinears for Linear {
 /// copy, in visit order: the copy's version (`None` before one is made) and whether its amax is
 /// still to be recorded (an installed copy's). Taken before a forward-only pass for
 /// [`defer_weight_records`].
-pub(crate) fn weight_copy_versions(m: &mut dyn VisitLinears) -> Vec<(Option<u64>, bool)> {
+pub(crate) fn weight_copy_states(m: &mut dyn VisitLinears) -> Vec<(Option<u64>, bool)> {
     let mut out = Vec::new();
     m.visit_linears(&mut |l| l.visit_gemms(&mut |g| out.push((g.weight_version(), g.weight_record_pending()))));
     out

@@ -47,7 +47,7 @@ pub use layernorm_linear::LayerNormLinear;
 pub use linear::Linear;
 pub(crate) use linear_gemms::WeightSliceCast;
 pub use linears::VisitLinears;
-pub(crate) use linears::{defer_weight_records, weight_copy_versions};
+pub(crate) use linears::{defer_weight_records, weight_copy_states};
 pub use llama_layer::LlamaLayer;
 pub use lora::{LoraAdapter, LoraSettings};
 pub use mlp::{Activation, LayerNormMLP};

@@ -197,12 +197,8 @@ impl Parameter {
 
     /// The values as f32: the f32 values themselves, or the 16-bit ones widened (exact, a copy).
     pub fn widened(&self) -> Cow<'_, [f32]> {
-        match &self.half {
-            Some(half) => Cow::Owned(half.to_f32()),
-            None => self
-                .value_copy()
-                .unwrap_or_else(|e| panic!("the values of '{}' could not come back from their GPU: {e}", self.name)),
-        }
+        self.widened_copy()
+            .unwrap_or_else(|e| panic!("the values of '{}' could not come back from their GPU: {e}", self.name))
     }
 
     /// [`Parameter::widened`], or the error of a download that failed (no panic).
